@@ -1,0 +1,104 @@
+"""Chapter 5: the transformer block — LayerNorm, residual connections, and three block forms.
+
+pre-LN (GPT-2/3):   Y = X + Attn(LN_1(X)),   Z = Y + MLP(LN_2(Y))
+post-LN (2017):     Y = LN_1(X + Attn(X)),   Z = LN_2(Y + MLP(Y))
+parallel:           Z = X + Attn(LN_1(X)) + MLP(LN_1(X))
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+from .mlp import MLP
+
+__all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "Block"]
+
+BLOCK_KINDS = ("pre_ln", "post_ln", "parallel")
+
+
+def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm of each row: (x - mean) / sqrt(var + eps) * w + b, with the biased variance.
+
+    >>> layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), torch.zeros(2), eps=0.0)
+    tensor([[-1.,  1.]])
+    """
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # biased: divide by d, not d - 1
+    y = (x - mean) / torch.sqrt(var + eps) * w
+    return y if b is None else y + b
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension with gain ``w`` and bias ``b`` (d_model,)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        if d_model < 1:
+            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        self.d_model, self.eps = d_model, eps
+        self.w = nn.Parameter(torch.ones(d_model))
+        self.b = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        # The fused kernel computes exactly layer_norm(x, w, b, eps); Chapter 5 checks it.
+        return F.layer_norm(x, (self.d_model,), self.w, self.b, self.eps)
+
+
+class Block(nn.Module):
+    """One transformer block of kind ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_mlp: int,
+        *,
+        d_head: int | None = None,
+        kind: str = "pre_ln",
+        dropout: float = 0.0,
+        bias: bool = True,
+        activation: str = "gelu_tanh",
+        ln_eps: float = 1e-5,
+    ):
+        super().__init__()
+        if kind not in BLOCK_KINDS:
+            raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.ln_1 = LayerNorm(d_model, ln_eps, bias)
+        self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout)
+        self.ln_2 = LayerNorm(d_model, ln_eps, bias) if kind != "parallel" else None
+        self.mlp = MLP(d_model, d_mlp, activation, bias)
+        self.mlp_drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        return_pattern: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        def attn(h: Tensor):
+            return self.attn(h, cache=cache, layer=layer, return_pattern=return_pattern)
+
+        def split(r):
+            return r if return_pattern else (r, None)
+
+        if self.kind == "pre_ln":
+            a, pattern = split(attn(self.ln_1(x)))
+            y = x + a  # (B, T, d_model)
+            z = y + self.mlp_drop(self.mlp(self.ln_2(y)))
+        elif self.kind == "post_ln":
+            a, pattern = split(attn(x))
+            y = self.ln_1(x + a)
+            z = self.ln_2(y + self.mlp_drop(self.mlp(y)))
+        else:  # parallel
+            h = self.ln_1(x)
+            a, pattern = split(attn(h))
+            z = x + a + self.mlp_drop(self.mlp(h))
+        return (z, pattern) if return_pattern else z

@@ -1,0 +1,85 @@
+"""Chapter 2: tokens as one-hot rows, the embedding W_E and the unembedding W_U.
+
+A sequence of T token ids is the one-hot matrix X in {0,1}^(T x d_vocab); embedding it is the
+matrix product X W_E, which picks rows of W_E. Unembedding maps a d_model vector back to
+d_vocab logits with W_U; GPT-2 ties W_U = W_E^T.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["one_hot", "Embedding", "Unembedding"]
+
+
+def _check_ids(ids: Tensor, d_vocab: int, name: str = "ids") -> None:
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise ValueError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids))}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= d_vocab):
+        raise ValueError(f"{name} must lie in [0, {d_vocab}), got values in [{int(ids.min())}, {int(ids.max())}]")
+
+
+def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The one-hot matrix of a sequence of ids: row t is the basis vector e_{ids[t]}.
+
+    >>> one_hot(torch.tensor([2, 0]), 3)
+    tensor([[0., 0., 1.],
+            [1., 0., 0.]])
+    """
+    if d_vocab < 1:
+        raise ValueError(f"d_vocab must be >= 1, got {d_vocab}")
+    _check_ids(ids, d_vocab)
+    return torch.nn.functional.one_hot(ids.long(), d_vocab).to(dtype)  # (..., T, d_vocab)
+
+
+class Embedding(nn.Module):
+    """Token embedding: ids -> rows of ``W_E`` (d_vocab, d_model), i.e. one_hot(ids) @ W_E."""
+
+    def __init__(self, d_vocab: int, d_model: int):
+        super().__init__()
+        if d_vocab < 1:
+            raise ValueError(f"d_vocab must be >= 1, got {d_vocab}")
+        if d_model < 1:
+            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        self.d_vocab, self.d_model = d_vocab, d_model
+        self.W_E = nn.Parameter(torch.empty(d_vocab, d_model))
+        nn.init.normal_(self.W_E, std=0.02)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        # ids: (B, T) -> (B, T, d_model); indexing equals one_hot(ids) @ W_E without the zeros.
+        return self.W_E[ids]
+
+
+class Unembedding(nn.Module):
+    """Unembedding: (…, d_model) -> logits (…, d_vocab) = x @ W_U.
+
+    With ``tied_to`` an :class:`Embedding`, ``W_U`` is ``W_E^T`` (no parameter of its own).
+    """
+
+    def __init__(self, d_model: int, d_vocab: int, tied_to: Embedding | None = None):
+        super().__init__()
+        self.d_model, self.d_vocab = d_model, d_vocab
+        if tied_to is not None:
+            if (tied_to.d_vocab, tied_to.d_model) != (d_vocab, d_model):
+                raise ValueError(
+                    f"tied_to has shape ({tied_to.d_vocab}, {tied_to.d_model}), expected ({d_vocab}, {d_model})"
+                )
+            self._tied = [tied_to]  # a list so that nn.Module does not register it twice
+            self.register_parameter("W_U_param", None)
+        else:
+            self._tied = []
+            self.W_U_param = nn.Parameter(torch.empty(d_model, d_vocab))
+            nn.init.normal_(self.W_U_param, std=0.02)
+
+    @property
+    def tied(self) -> bool:
+        return bool(self._tied)
+
+    @property
+    def W_U(self) -> Tensor:
+        """The unembedding matrix, (d_model, d_vocab)."""
+        return self._tied[0].W_E.T if self._tied else self.W_U_param
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.W_U  # (B, T, d_model) @ (d_model, d_vocab) -> (B, T, d_vocab)

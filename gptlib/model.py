@@ -1,0 +1,262 @@
+"""Chapter 6: the full transformer — embedding, decoder stack, final LayerNorm, unembedding.
+
+    X_0 = one_hot(ids) W_E + W_pos[:T]                    (T, d_model)
+    X_l = Block_l(X_{l-1}),  l = 1, …, n_layers
+    logits = LN_f(X_L) W_U                                (T, d_vocab)
+    P(next token | ids[:t+1]) = softmax(logits[t])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KVCache
+from .block import BLOCK_KINDS, Block, LayerNorm
+from .embedding import Embedding, Unembedding
+from .mlp import ACTIVATIONS
+from .positional import LearnedPositional, SinusoidalPositional
+from .runtime import atomic_write
+
+__all__ = ["GPTConfig", "PRESETS", "GPT"]
+
+POSITIONAL_KINDS = ("learned", "sinusoidal")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT. Derived values (``d_head``, ``d_mlp``) are checked on construction.
+
+    >>> GPTConfig.preset("gpt2").d_head
+    64
+    """
+
+    d_vocab: int = 50257
+    n_ctx: int = 1024
+    d_model: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    d_mlp: int | None = None  # default 4 * d_model
+    d_head: int | None = None  # default d_model // n_heads
+    dropout: float = 0.0
+    bias: bool = True
+    tie_weights: bool = True
+    positional: str = "learned"
+    block: str = "pre_ln"
+    activation: str = "gelu_tanh"
+    ln_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} (or give d_head)")
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if self.d_head < 1:
+            raise ValueError(f"d_head must be >= 1, got {self.d_head}")
+        if self.d_mlp < 1:
+            raise ValueError(f"d_mlp must be >= 1, got {self.d_mlp}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
+        if self.block not in BLOCK_KINDS:
+            raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.ln_eps < 0:
+            raise ValueError(f"ln_eps must be >= 0, got {self.ln_eps}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "GPTConfig":
+        """A named configuration (see :data:`PRESETS`), optionally with fields overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"name must be one of {sorted(PRESETS)}, got {name!r}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"config has unknown fields {unknown}")
+        return cls(**d)
+
+
+def _gpt3(d_model: int, n_heads: int, n_layers: int, d_head: int | None = None) -> GPTConfig:
+    return GPTConfig(d_vocab=50257, n_ctx=2048, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_head=d_head)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # GPT-2 (Radford et al. 2019), vocabulary 50257, context 1024.
+    "gpt2": GPTConfig(d_model=768, n_heads=12, n_layers=12),
+    "gpt2-medium": GPTConfig(d_model=1024, n_heads=16, n_layers=24),
+    "gpt2-large": GPTConfig(d_model=1280, n_heads=20, n_layers=36),
+    "gpt2-xl": GPTConfig(d_model=1600, n_heads=25, n_layers=48),
+    # GPT-3 (Brown et al. 2020, Table 2.1), context 2048. (GPT-3's alternating sparse attention is not modelled.)
+    "gpt3-small": _gpt3(768, 12, 12),
+    "gpt3-medium": _gpt3(1024, 16, 24),
+    "gpt3-large": _gpt3(1536, 16, 24, d_head=96),
+    "gpt3-xl": _gpt3(2048, 24, 24, d_head=128),
+    "gpt3-2.7b": _gpt3(2560, 32, 32),
+    "gpt3-6.7b": _gpt3(4096, 32, 32),
+    "gpt3-13b": _gpt3(5120, 40, 40),
+    "gpt3-175b": _gpt3(12288, 96, 96),
+    # Small models for the book: each trains or runs in seconds on a 2-core CPU.
+    "tiny": GPTConfig(d_vocab=512, n_ctx=64, d_model=64, n_heads=4, n_layers=2),
+    "book-small": GPTConfig(d_vocab=2048, n_ctx=128, d_model=128, n_heads=4, n_layers=4),
+}
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer: ids (B, T) -> logits (B, T, d_vocab)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+        c = self.config = config
+        self.embed = Embedding(c.d_vocab, c.d_model)
+        self.pos = LearnedPositional(c.n_ctx, c.d_model) if c.positional == "learned" else SinusoidalPositional(c.n_ctx, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(c.d_model, c.n_heads, c.d_mlp, d_head=c.d_head, kind=c.block, dropout=c.dropout,
+                  bias=c.bias, activation=c.activation, ln_eps=c.ln_eps)
+            for _ in range(c.n_layers)
+        )
+        self.ln_f = LayerNorm(c.d_model, c.ln_eps, c.bias)
+        self.unembed = Unembedding(c.d_model, c.d_vocab, tied_to=self.embed if c.tie_weights else None)
+        # GPT-2's initialisation: N(0, 0.02), with the two projections that write into the
+        # residual stream scaled by 1/sqrt(2 n_layers) so its variance does not grow with depth.
+        for blk in self.blocks:
+            nn.init.normal_(blk.attn.W_O, std=0.02 / math.sqrt(2 * c.n_layers))
+            nn.init.normal_(blk.mlp.W_out, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    # --- names of the notes -----------------------------------------------------------------
+    @property
+    def W_E(self) -> Tensor:
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> Tensor:
+        return self.unembed.W_U
+
+    def num_parameters(self, exclude_positional: bool = False) -> int:
+        """The number of trainable numbers; tied W_U = W_E^T is counted once."""
+        seen, n = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen or (exclude_positional and name.startswith("pos.")):
+                continue
+            seen.add(id(p))
+            n += p.numel()
+        return n
+
+    # --- forward ----------------------------------------------------------------------------
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: KVCache | None = None,
+        return_patterns: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits (B, T, d_vocab); with ``return_patterns`` also (B, n_layers, n_heads, T, T_k).
+
+        With a :class:`KVCache`, ``ids`` are the positions after the cached ones; the cache is
+        extended in place. Positions beyond ``n_ctx`` raise ``ValueError``: cropping the context
+        is the caller's decision (see :func:`gptlib.sampling.generate`), never a silent one.
+        """
+        if ids.dim() == 1:
+            raise ValueError(f"ids must have shape (B, T); got shape {tuple(ids.shape)} (use ids[None])")
+        if ids.dim() != 2 or ids.shape[1] < 1:
+            raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be int64 or int32, got {ids.dtype}")
+        B, T = ids.shape
+        offset = 0 if cache is None else len(cache)
+        if offset + T > self.config.n_ctx:
+            raise ValueError(
+                f"ids has {offset + T} positions{' including the cache' if offset else ''}, "
+                f"more than n_ctx={self.config.n_ctx}; crop the context first"
+            )
+        if cache is not None and cache.n_layers != self.config.n_layers:
+            raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
+        x = self.drop(self.embed(ids) + self.pos(T, offset))  # (B, T, d_model)
+        patterns = []
+        for layer, blk in enumerate(self.blocks):
+            if return_patterns:
+                x, pattern = blk(x, cache=cache, layer=layer, return_pattern=True)
+                patterns.append(pattern)  # (B, n_heads, T, T_k)
+            else:
+                x = blk(x, cache=cache, layer=layer)
+        logits = self.unembed(self.ln_f(x))  # (B, T, d_vocab)
+        if return_patterns:
+            return logits, torch.stack(patterns, dim=1)  # (B, n_layers, n_heads, T, T_k)
+        return logits
+
+    @torch.no_grad()
+    def attention_patterns(self, ids: Tensor) -> Tensor:
+        """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads, T, T)."""
+        return self(ids, return_patterns=True)[1]
+
+    # --- files ------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, deterministically)."""
+        from safetensors.torch import save
+
+        directory = Path(directory)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        atomic_write(directory / "model.safetensors", save(tensors, metadata={"format": "gptlib"}))
+        atomic_write(directory / "config.json", json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
+        """Read a model written by :meth:`save`; a file that does not match its config is an error."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        cfg_path, w_path = directory / "config.json", directory / "model.safetensors"
+        for p in (cfg_path, w_path):
+            if not p.is_file():
+                raise FileNotFoundError(f"{p} does not exist")
+        try:
+            config = GPTConfig.from_dict(json.loads(cfg_path.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+        try:
+            state = load_file(str(w_path), device=str(map_location))
+        except SafetensorError as e:
+            raise ValueError(f"{w_path} is not a valid safetensors file: {e}") from None
+        model = cls(config).to(map_location)
+        load_state_checked(model, state, source=str(w_path))
+        return model
+
+
+def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> None:
+    """``load_state_dict`` with errors that name the missing, unexpected or mis-shaped tensor."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise ValueError(f"{source} lacks tensor(s) {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    if unexpected:
+        raise ValueError(f"{source} has unexpected tensor(s) {unexpected[:5]}{' …' if len(unexpected) > 5 else ''}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k].shape):
+            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(expected[k].shape)}")
+    model.load_state_dict(state)
