@@ -1,0 +1,143 @@
+"""GPU figures for bench/README.md: training MFU in bf16 and KV-cache decoding against HF.
+
+    python bench/bench_gpu.py            # on a CUDA machine (an H100 for the book's figures)
+    python bench/bench_gpu.py --smoke    # a tiny CPU run that only checks the script works
+
+1. Training MFU: a GPT-2-small-sized gptlib model (124M parameters, n_ctx 1024), AdamW, bf16
+   autocast where ``torch.cuda.is_bf16_supported()``, optionally ``torch.compile``.
+   MFU = (6 N + 6 n_layers n_ctx d_model) tokens/s / peak FLOP/s, with the peak given on the
+   command line (989e12 for a dense bf16 H100 SXM) and the matmul rate measured in the same run.
+2. Decoding: tokens/s generating 512 tokens greedily with gptlib's KV cache vs HF
+   ``GPT2LMHeadModel.generate(use_cache=True)`` on the same random weights, batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from gptlib.model import GPT, GPTConfig
+from gptlib.runtime import autocast, autocast_dtype
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_rate(dev: torch.device, dtype: torch.dtype, n: int, reps: int) -> float:
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(dev)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile_: bool, peak: float) -> dict:
+    torch.manual_seed(0)
+    model = GPT(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
+    step_model = torch.compile(model) if compile_ else model
+    ids = torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx + 1), device=dev)
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step():
+        with autocast(dev):
+            logits = step_model(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.d_vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):  # warm-up (and compilation)
+        step()
+    sync(dev)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    t = statistics.median(times)
+    n_params = model.num_parameters(exclude_positional=True)
+    flops_per_token = 6 * n_params + 6 * cfg.n_layers * cfg.n_ctx * cfg.d_model
+    tokens_per_s = batch * cfg.n_ctx / t
+    return {"tokens_per_s": tokens_per_s, "model_flops_per_s": flops_per_token * tokens_per_s,
+            "mfu": flops_per_token * tokens_per_s / peak, "step_s": t}
+
+
+@torch.no_grad()
+def decode_rate(cfg: GPTConfig, dev: torch.device, n_new: int) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gptlib.sampling import generate
+
+    hf_cfg = GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+                        n_head=cfg.n_heads, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(hf_cfg).to(dev).eval()
+    ours = GPT.from_hf(hf).to(dev).eval()
+    prompt = torch.randint(0, cfg.d_vocab, (1, 8), device=dev)
+
+    def time_it(fn, reps=3):
+        fn()
+        sync(dev)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = fn()
+            sync(dev)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts), out
+
+    t_ours, out_ours = time_it(lambda: generate(ours, prompt, n_new, temperature=0.0, use_cache=True))
+    t_hf, out_hf = time_it(lambda: hf.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                               use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(prompt)))
+    same = bool(torch.equal(out_ours.reshape(-1)[: out_hf.numel()], out_hf.reshape(-1)))
+    return {"gptlib_tok_s": n_new / t_ours, "hf_tok_s": n_new / t_hf, "ratio": t_hf / t_ours, "same_tokens": same}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, measures nothing useful")
+    ap.add_argument("--peak", type=float, default=989e12, help="peak dense bf16 FLOP/s of the GPU (H100 SXM: 989e12)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+
+    if args.smoke:
+        dev, cfg, dcfg = torch.device("cpu"), GPTConfig.preset("tiny"), GPTConfig.preset("tiny", n_ctx=128)
+        args.batch, args.steps, n_new, compile_ = 2, 2, 32, False
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: run with --smoke on a CPU")
+        dev = torch.device("cuda")
+        cfg = GPTConfig.preset("gpt2")
+        dcfg = GPTConfig.preset("gpt2")
+        n_new, compile_ = 512, not args.no_compile
+        torch.backends.cuda.matmul.allow_tf32 = True
+        print(torch.cuda.get_device_name(), "bf16:", torch.cuda.is_bf16_supported())
+
+    dtype = autocast_dtype(dev) or torch.float32
+    rate = matmul_rate(dev, dtype, 256 if args.smoke else 8192, 3 if args.smoke else 50)
+    print(f"measured {dtype} matmul rate: {rate / 1e12:.1f} TFLOP/s")
+    r = train_mfu(cfg, dev, args.batch, args.steps, compile_, args.peak if not args.smoke else rate)
+    print(f"training: {r['tokens_per_s']:.0f} tokens/s, {r['model_flops_per_s'] / 1e12:.1f} TFLOP/s of model FLOPs, "
+          f"MFU {100 * r['mfu']:.1f}% of the {args.peak / 1e12:.0f} TFLOP/s peak "
+          f"({100 * r['model_flops_per_s'] / rate:.1f}% of the measured matmul rate)")
+    d = decode_rate(dcfg, dev, n_new)
+    print(f"decoding {n_new} tokens: gptlib {d['gptlib_tok_s']:.0f} tok/s, HF generate {d['hf_tok_s']:.0f} tok/s, "
+          f"ratio {d['ratio']:.2f}x, identical tokens: {d['same_tokens']}")
+
+
+if __name__ == "__main__":
+    main()

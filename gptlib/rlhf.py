@@ -1,0 +1,173 @@
+"""Chapter 9: fine-tuning from preferences — the losses of RLHF and DPO as small pure functions.
+
+Notation (004, after Ouyang et al. 2022): a prompt X, a response Y, the policy being trained
+pi_RL (here ``logp``), the frozen supervised policy pi_SFT (``logp_ref``), a reward model r.
+
+    reward model (eq. 14):  loss = -mean over ranked pairs of log sigma(r(X, Y_w) - r(X, Y_l))
+    RL objective (eq. 15):  E[r(X, Y) - beta log(pi_RL(Y|X) / pi_SFT(Y|X))] + gamma E[log pi_RL(X_pre)]
+    PPO:                    maximise E[min(rho A, clip(rho, 1-eps, 1+eps) A)],  rho = pi_new / pi_old
+    DPO:                    loss = -mean log sigma(beta [(log pi - log pi_ref)(Y_w) - (log pi - log pi_ref)(Y_l)])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "token_logprobs",
+    "sequence_logprob",
+    "reward_model_loss",
+    "ranking_pairs",
+    "kl_penalty",
+    "shaped_rewards",
+    "group_advantages",
+    "ppo_loss",
+    "dpo_loss",
+]
+
+
+def _same_shape(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"shapes must match, got {shapes}")
+
+
+def _check_beta(beta: float) -> None:
+    if not beta >= 0:  # also rejects NaN
+        raise ValueError(f"beta must be >= 0, got {beta}")
+
+
+def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
+    """log P(ids[:, t+1] | ids[:, :t+1]) for every t: the scorer F of 004 in one pass.
+
+    logits: (B, T, d_vocab) from ``model(ids)``; ids: (B, T). Returns (B, T-1).
+
+    >>> token_logprobs(torch.zeros(1, 3, 4), torch.tensor([[0, 1, 2]])).exp()
+    tensor([[0.2500, 0.2500]])
+    """
+    if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
+        raise ValueError(f"logits (B, T, d_vocab) and ids (B, T) must agree, got {tuple(logits.shape)} and {tuple(ids.shape)}")
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, d_vocab)
+    return logp.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
+
+
+def sequence_logprob(model, ids: Tensor, response_mask: Tensor) -> Tensor:
+    """log pi(Y | X) = sum of the response tokens' log-probabilities, from one forward pass.
+
+    ids: (B, T) prompt followed by response; response_mask: (B, T) bool, True on response tokens
+    (position 0 is never a response token: it has no context). Returns (B,).
+    """
+    if ids.shape != response_mask.shape:
+        raise ValueError(f"response_mask must have the shape of ids {tuple(ids.shape)}, got {tuple(response_mask.shape)}")
+    if response_mask[:, 0].any():
+        raise ValueError("response_mask must be False at position 0 (the first token has no context)")
+    lp = token_logprobs(model(ids), ids)  # (B, T-1)
+    return (lp * response_mask[:, 1:].to(lp.dtype)).sum(dim=-1)
+
+
+def reward_model_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
+    """Eq. 14: -mean log sigma(r_w - r_l) over the ranked pairs (the 1/C(K,2) is the mean over pairs).
+
+    >>> round(float(reward_model_loss(torch.tensor([0.0]), torch.tensor([0.0]))), 4)  # ln 2
+    0.6931
+    """
+    _same_shape(r_chosen=r_chosen, r_rejected=r_rejected)
+    if r_chosen.numel() == 0:
+        raise ValueError("r_chosen is empty")
+    return -F.logsigmoid(r_chosen - r_rejected).mean()
+
+
+def ranking_pairs(K: int) -> list[tuple[int, int]]:
+    """The C(K, 2) (better, worse) index pairs of K responses ranked best first.
+
+    >>> ranking_pairs(3)
+    [(0, 1), (0, 2), (1, 2)]
+    """
+    if K < 2:
+        raise ValueError(f"K must be >= 2, got {K}")
+    return [(i, j) for i in range(K) for j in range(i + 1, K)]
+
+
+def kl_penalty(logp: Tensor, logp_ref: Tensor, beta: float) -> Tensor:
+    """Per-token penalty beta * (log pi_RL - log pi_SFT); its sum over a response estimates beta KL.
+
+    >>> kl_penalty(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0]), beta=0.1)
+    tensor([0.0500, 0.0000])
+    """
+    _same_shape(logp=logp, logp_ref=logp_ref)
+    _check_beta(beta)
+    return beta * (logp - logp_ref)
+
+
+def shaped_rewards(reward: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """Per-token rewards of eq. 15: -beta log(pi/pi_ref) at every response token, plus r at the last.
+
+    reward: (B,); logp, logp_ref, mask: (B, T). Returns (B, T), zero where mask is False.
+    """
+    _same_shape(logp=logp, logp_ref=logp_ref, mask=mask)
+    if reward.shape != logp.shape[:1]:
+        raise ValueError(f"reward must have shape ({logp.shape[0]},), got {tuple(reward.shape)}")
+    m = mask.to(logp.dtype)
+    out = -kl_penalty(logp, logp_ref, beta) * m
+    if (m.sum(dim=-1) == 0).any():
+        raise ValueError("every row of mask needs at least one response token")
+    last = (torch.arange(m.shape[1], device=m.device) * m).argmax(dim=-1)  # (B,) index of the last response token
+    out[torch.arange(m.shape[0]), last] += reward
+    return out
+
+
+def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """Advantages against the group-mean baseline: (r - mean) / (std + eps) within each row.
+
+    rewards: (n_prompts, group_size), several responses sampled per prompt.
+
+    >>> group_advantages(torch.tensor([[1.0, 3.0]]))
+    tensor([[-0.7071,  0.7071]])
+    """
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape (n_prompts, group_size >= 2), got {tuple(rewards.shape)}")
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    return (rewards - mean) / (std + eps)
+
+
+def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | None = None, clip_eps: float = 0.2) -> Tensor:
+    """The clipped surrogate of PPO, as a loss to minimise: -mean min(rho A, clip(rho, 1-eps, 1+eps) A).
+
+    rho = exp(logp - logp_old) per token; mask selects the tokens that count.
+
+    >>> float(ppo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([2.0])))  # rho = 1
+    -2.0
+    """
+    _same_shape(logp=logp, logp_old=logp_old, advantages=advantages)
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
+    rho = torch.exp(logp - logp_old)
+    surrogate = torch.minimum(rho * advantages, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * advantages)
+    if mask is None:
+        return -surrogate.mean()
+    _same_shape(logp=logp, mask=mask)
+    m = mask.to(surrogate.dtype)
+    if m.sum() == 0:
+        raise ValueError("mask selects no token")
+    return -(surrogate * m).sum() / m.sum()
+
+
+def dpo_loss(
+    logp_chosen: Tensor, logp_rejected: Tensor, logp_ref_chosen: Tensor, logp_ref_rejected: Tensor, beta: float
+) -> Tensor:
+    """Direct preference optimisation: the reward-model loss with r = beta log(pi / pi_ref).
+
+    The maximiser of eq. 15 (gamma = 0) is pi* ∝ pi_ref exp(r / beta), so r = beta log(pi*/pi_ref) + const;
+    putting that r into eq. 14 gives this loss on the sequence log-probabilities (B,).
+
+    >>> round(float(dpo_loss(*(torch.zeros(1),) * 4, beta=0.1)), 4)  # pi = pi_ref: ln 2
+    0.6931
+    """
+    _same_shape(logp_chosen=logp_chosen, logp_rejected=logp_rejected,
+                logp_ref_chosen=logp_ref_chosen, logp_ref_rejected=logp_ref_rejected)
+    _check_beta(beta)
+    margin = (logp_chosen - logp_ref_chosen) - (logp_rejected - logp_ref_rejected)
+    return -F.logsigmoid(beta * margin).mean()

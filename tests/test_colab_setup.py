@@ -1,0 +1,123 @@
+"""The Colab set-up cell: in step with _config.yml, a no-op locally, and working in a simulated Colab.
+
+The simulated Colab is a clean virtual environment holding what Colab ships (torch, numpy, tqdm,
+ipywidgets), a fake ``google.colab`` module, and the book's own repository cloned from this checkout
+instead of GitHub. Packages come from the wheelhouse that ``make`` fills at install time, so the
+test needs no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import colab  # noqa: E402
+
+WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
+COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "tqdm", "ipywidgets"]
+
+
+def test_notebooks_and_readme_are_in_step_with_config():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "colab.py"), "check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_chapter_starts_with_the_setup_cell():
+    repo, ref = colab.read_repository()
+    source = colab.setup_source(repo, ref)
+    for path in colab.chapters():
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        assert "".join(first["source"]) == source, path.name
+        assert "colab-setup" in first["metadata"]["tags"], path.name
+
+
+def test_repository_url_is_in_one_place():
+    repo, _ = colab.read_repository()
+    hits = subprocess.run(["git", "grep", "-l", "--untracked", repo], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    # _config.yml holds it; the notebooks and the README are generated from it.
+    assert "_config.yml" in hits
+    others = [h for h in hits if h != "_config.yml" and not h.endswith(".ipynb") and h != "README.md"]
+    assert others == [], f"the repository URL is written by hand in {others}"
+
+
+def test_setup_cell_does_nothing_outside_colab(monkeypatch):
+    assert "google.colab" not in sys.modules
+    repo, ref = colab.read_repository()
+    cwd, path = os.getcwd(), list(sys.path)
+    exec(compile(colab.setup_source(repo, ref), "setup-cell", "exec"), {})
+    assert os.getcwd() == cwd and sys.path == path
+
+
+def test_read_repository_rejects_a_missing_section(tmp_path, monkeypatch):
+    (tmp_path / "_config.yml").write_text("title: x\n")
+    monkeypatch.setattr(colab, "ROOT", tmp_path)
+    with pytest.raises(ValueError, match="repository"):
+        colab.read_repository()
+
+
+SIMULATION = textwrap.dedent(
+    """
+    import json, os, sys, types
+
+    calls = []
+    google = types.ModuleType("google")
+    google.colab = types.ModuleType("google.colab")
+    google.colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append("widgets"))
+    sys.modules["google"], sys.modules["google.colab"] = google, google.colab
+
+    exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
+
+    import gptlib
+    from gptlib.widgets import BPEMergeView
+
+    view = BPEMergeView([["a", "b", "c"], ["ab", "c"]], ["a + b"])
+    bundle = view._repr_mimebundle_()
+    bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+    print(json.dumps({
+        "gptlib_file": gptlib.__file__,
+        "cwd": os.getcwd(),
+        "calls": calls,
+        "mime": sorted(bundle),
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_setup_cell_in_a_simulated_colab(tmp_path):
+    if not (WHEELHOUSE / ".done").exists():
+        pytest.skip("no wheelhouse: `make test` fills .cache/wheelhouse at install time")
+    ref = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not ref or ref == "HEAD":
+        pytest.skip("the checkout is on no branch, so there is nothing for `git clone --branch` to fetch")
+    venv = tmp_path / "colab-venv"
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    subprocess.run([py, "-m", "pip", "install", "--quiet", *COLAB_PREINSTALLED], check=True, env=env)
+
+    repo, _ = colab.read_repository()
+    cell = tmp_path / "setup_cell.py"
+    cell.write_text(colab.setup_source(repo, ref))
+    script = tmp_path / "simulate.py"
+    script.write_text(SIMULATION)
+    book = tmp_path / "book"
+    env.update(GPTLIB_BOOK_REPO=ROOT.as_uri(), GPTLIB_BOOK_REF=ref, GPTLIB_BOOK_DIR=str(book))
+    r = subprocess.run([py, str(script), str(cell)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["gptlib_file"].startswith(str(book)), result
+    assert result["cwd"] == str(book / "chapters")
+    assert result["calls"] == ["widgets"]
+    assert "application/vnd.jupyter.widget-view+json" in result["mime"]
