@@ -25,6 +25,7 @@ __all__ = [
     "group_advantages",
     "ppo_loss",
     "dpo_loss",
+    "RewardModel",
 ]
 
 
@@ -171,3 +172,33 @@ def dpo_loss(
     _check_beta(beta)
     margin = (logp_chosen - logp_ref_chosen) - (logp_rejected - logp_ref_rejected)
     return -F.logsigmoid(beta * margin).mean()
+
+
+class RewardModel(torch.nn.Module):
+    """r(X, Y): a GPT backbone with its unembedding replaced by a scalar head on the last token.
+
+    ``backbone`` is a :class:`gptlib.model.GPT` (copied, so the policy is not shared); the reward of a
+    sequence is ``w_r . h_T + b_r`` with ``h_T`` the final (normalised) residual vector of the last
+    real token. ``lengths`` (B,) gives the number of real tokens of each row (right padding).
+    """
+
+    def __init__(self, backbone):
+        super().__init__()
+        import copy
+
+        self.backbone = copy.deepcopy(backbone)
+        d_model = self.backbone.config.d_model
+        self.w_r = torch.nn.Parameter(torch.zeros(d_model))
+        self.b_r = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+        h = self.backbone.hidden_states(ids)  # (B, T, d_model)
+        B, T = ids.shape
+        if lengths is None:
+            last = torch.full((B,), T - 1, device=ids.device)
+        else:
+            if lengths.shape != (B,) or int(lengths.min()) < 1 or int(lengths.max()) > T:
+                raise ValueError(f"lengths must have shape ({B},) with values in [1, {T}], got {lengths.tolist()}")
+            last = lengths - 1
+        h_last = h[torch.arange(B, device=ids.device), last]  # (B, d_model)
+        return h_last @ self.w_r + self.b_r  # (B,)

@@ -1,0 +1,80 @@
+# The book's two commands are `make test` and `make book`; both work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WHEELHOUSE := .cache/wheelhouse
+VENDOR := book_static/vendor
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+export PYTHONHASHSEED := 0
+
+.PHONY: test book execute bench model install assets unit nbval browser chromium sync-colab clean
+
+test: install assets
+	$(PY) -m pytest -q tests -m "not browser"
+	$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) chapters
+	$(MAKE) --no-print-directory browser
+
+book: install $(VENDOR)/.done
+	@mkdir -p _build
+	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going . > _build/book.log 2>&1 \
+	    || { tail -n 40 _build/book.log; exit 1; }
+	@grep -E "WARNING|ERROR" _build/book.log || true
+	@test -f _build/html/index.html && echo "book built: _build/html/index.html"
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# Data the tests use that comes from the registries: GPT-2's ranks (verified by sha256) and the
+# wheels for the simulated-Colab test.
+assets: install $(WHEELHOUSE)/.done
+	$(PY) -m gptlib.tokenizers fetch-gpt2
+
+$(WHEELHOUSE)/.done: requirements.txt
+	$(PY) -m pip download -q --disable-pip-version-check -c requirements.txt -d $(WHEELHOUSE) \
+	    torch==2.13.0 numpy tqdm ipywidgets tiktoken anywidget safetensors
+	touch $@
+
+# The JavaScript the HTML book serves itself: npm packages pinned by package-lock.json and
+# anywidget's AMD bundle from the installed wheel.
+$(VENDOR)/.done: package.json package-lock.json $(STAMP)
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/html-manager $(VENDOR)/anywidget
+	cp node_modules/requirejs/require.js $(VENDOR)/require.js
+	cp node_modules/@jupyter-widgets/html-manager/dist/*.js $(VENDOR)/html-manager/
+	find node_modules/@jupyter-widgets/html-manager/dist -maxdepth 1 -regex '.*\.\(woff2?\|ttf\|eot\|svg\)' -exec cp {} $(VENDOR)/html-manager/ \;
+	cp "$$($(PY) -c 'import anywidget, pathlib; print(pathlib.Path(anywidget.__file__).parent / "nbextension" / "index.js")')" $(VENDOR)/anywidget/index.js
+	touch $@
+
+browser: chromium
+	@if [ -x /usr/bin/chromium ]; then \
+	    $(MAKE) --no-print-directory book && $(PY) -m pytest -q tests/test_browser.py; \
+	else echo "SKIPPED the browser test: /usr/bin/chromium is missing and could not be installed (needs root and apt)."; fi
+
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the browser test"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	        || echo "apt-get could not install chromium"; \
+	fi
+
+execute: install assets
+	$(PY) scripts/execute.py --all
+
+bench: install assets
+	@for f in bench/bench_*.py; do [ "$$f" = bench/bench_gpu.py ] && continue; echo "== $$f"; $(PY) $$f || exit 1; done
+
+model: install assets
+	$(PY) scripts/train_small_model.py
+
+sync-colab:
+	$(PY) scripts/colab.py sync
+
+clean:
+	rm -rf _build $(VENDOR) node_modules

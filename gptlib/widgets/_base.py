@@ -1,0 +1,44 @@
+"""The common base of the book's widgets: anywidget with all data in synced traits.
+
+Everything a view needs lives in the widget state, so the same widget works in Jupyter, in Colab
+and in the static HTML book, where no Python kernel runs. Reprs and state are deterministic, so a
+notebook's stored outputs do not change between runs (strict nbval).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anywidget
+
+_HERE = Path(__file__).parent
+
+
+def read_asset(name: str) -> str:
+    """The text of a JS or CSS file shipped next to this module."""
+    return (_HERE / name).read_text(encoding="utf-8")
+
+
+def rounded(x: Any, ndigits: int = 6) -> Any:
+    """Nested lists of floats rounded, for a compact and deterministic widget state.
+
+    >>> rounded([[0.1234567, 1], [2.0]], 3)
+    [[0.123, 1.0], [2.0]]
+    """
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [rounded(v, ndigits) for v in x]
+    return round(float(x), ndigits)
+
+
+class BookWidget(anywidget.AnyWidget):
+    """Base class: a repr made of a few stable facts instead of ids and full trait dumps."""
+
+    def _repr_facts(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def __repr__(self) -> str:
+        facts = ", ".join(f"{k}={v!r}" for k, v in self._repr_facts().items())
+        return f"{type(self).__name__}({facts})"

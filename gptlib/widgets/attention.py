@@ -1,0 +1,56 @@
+"""Chapter 4's attention view: a heatmap of one head's pattern, with layer and head selectors."""
+
+from __future__ import annotations
+
+import traitlets
+
+from ._base import BookWidget, read_asset, rounded
+
+
+def _as_nested(patterns):
+    if hasattr(patterns, "detach"):
+        patterns = patterns.detach().to("cpu").double()
+    if hasattr(patterns, "tolist"):
+        patterns = patterns.tolist()
+    return patterns
+
+
+class AttentionView(BookWidget):
+    """Attention patterns of shape (n_layers, n_heads, T, T) with token strings on both axes.
+
+    Row i of a pattern is the distribution of query i over keys j <= i. Hovering a query token
+    highlights its row and lists the keys it attends to most.
+    """
+
+    _esm = read_asset("attention.js")
+    _css = read_asset("widgets.css")
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    patterns = traitlets.List().tag(sync=True)
+    layer_labels = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    head_labels = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    title = traitlets.Unicode("").tag(sync=True)
+    layer = traitlets.Int(0).tag(sync=True)
+    head = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, tokens, patterns, title: str = "", layer_labels=None, head_labels=None):
+        tokens = [str(t) for t in tokens]
+        p = _as_nested(patterns)
+        try:
+            n_layers, n_heads = len(p), len(p[0])
+            shapes = {(len(p[l][h]), len(row)) for l in range(n_layers) for h in range(n_heads) for row in p[l][h]}
+        except (TypeError, IndexError):
+            raise ValueError("patterns must have shape (n_layers, n_heads, T, T)") from None
+        T = len(tokens)
+        if shapes != {(T, T)}:
+            raise ValueError(f"patterns must have shape (n_layers, n_heads, T, T) with T = len(tokens) = {T}, got rows {sorted(shapes)}")
+        layer_labels = [str(x) for x in (layer_labels or [f"layer {l}" for l in range(n_layers)])]
+        head_labels = [str(x) for x in (head_labels or [f"head {h}" for h in range(n_heads)])]
+        if len(layer_labels) != n_layers:
+            raise ValueError(f"layer_labels must have {n_layers} entries, got {len(layer_labels)}")
+        if len(head_labels) != n_heads:
+            raise ValueError(f"head_labels must have {n_heads} entries, got {len(head_labels)}")
+        super().__init__(tokens=tokens, patterns=rounded(p, 4), title=title,
+                         layer_labels=layer_labels, head_labels=head_labels)
+
+    def _repr_facts(self):
+        return {"layers": len(self.patterns), "heads": len(self.patterns[0]), "tokens": len(self.tokens)}

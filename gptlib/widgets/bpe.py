@@ -1,0 +1,37 @@
+"""Chapter 1's BPE merge explorer: a slider over merge steps, the sentence split at each step."""
+
+from __future__ import annotations
+
+import traitlets
+
+from ._base import BookWidget, read_asset
+
+
+class BPEMergeView(BookWidget):
+    """Show how a sentence is split as BPE merges apply, one merge per slider step.
+
+    steps[i] is the list of pieces after i merges (steps[0]: bytes or characters); merges[i] is a
+    label for merge i + 1, e.g. ``"'t' + 'h' -> 'th'"``. Hence ``len(steps) == len(merges) + 1``.
+    """
+
+    _esm = read_asset("bpe.js")
+    _css = read_asset("widgets.css")
+    steps = traitlets.List(traitlets.List(traitlets.Unicode())).tag(sync=True)
+    merges = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    title = traitlets.Unicode("").tag(sync=True)
+    step = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, steps: list[list[str]], merges: list[str], title: str = ""):
+        steps = [list(map(str, s)) for s in steps]
+        merges = [str(m) for m in merges]
+        if not steps:
+            raise ValueError("steps must hold at least the unmerged split (steps[0])")
+        if len(steps) != len(merges) + 1:
+            raise ValueError(f"steps must have len(merges) + 1 = {len(merges) + 1} entries, got {len(steps)}")
+        joined = {"".join(s) for s in steps}
+        if len(joined) != 1:
+            raise ValueError("steps must all concatenate to the same text")
+        super().__init__(steps=steps, merges=merges, title=title, step=len(merges))
+
+    def _repr_facts(self):
+        return {"merges": len(self.merges), "pieces": [len(s) for s in (self.steps[0], self.steps[-1])]}
