@@ -1,0 +1,552 @@
+"""Chapter 1: tokenizers, maps from texts to sequences of tokens and back.
+
+Three tokenizers of increasing sophistication:
+
+* :class:`CharTokenizer`: one token per character of a fixed alphabet;
+* :class:`WordTokenizer`: one token per word or punctuation mark, with an unknown-word token;
+* :class:`BPETokenizer`: byte-level byte-pair encoding as in GPT-2. The base vocabulary is the
+  256 bytes, so every text has an encoding; training adds one merged token per step.
+
+A byte-level BPE is stored as its *ranks*: every token's byte string with its id. Encoding a
+pre-tokenized chunk starts from its bytes and repeatedly merges the adjacent pair whose
+concatenation has the lowest rank, until no adjacent pair is a token. This is exactly what
+tiktoken does, so :meth:`BPETokenizer.to_tiktoken` gives a peer that must agree with us.
+
+Command line: ``python -m gptlib.tokenizers fetch-gpt2`` puts GPT-2's ranks where
+:func:`gpt2_tokenizer` finds them, verified by their sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import regex
+
+from .runtime import atomic_write
+
+__all__ = [
+    "GPT2_SPLIT_PATTERN",
+    "GPT2_RANKS_SHA256",
+    "get_stats",
+    "merge",
+    "CharTokenizer",
+    "WordTokenizer",
+    "BPETokenizer",
+    "gpt2_tokenizer",
+    "gpt2_ranks_path",
+    "fetch_gpt2_ranks",
+]
+
+#: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
+#: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+ENDOFTEXT = "<|endoftext|>"
+
+
+# --- the two small operations of BPE ----------------------------------------------------------
+def get_stats(ids: Sequence[int], counts: dict | None = None) -> dict[tuple[int, int], int]:
+    """Counts of adjacent pairs in ``ids`` (added into ``counts`` if given).
+
+    >>> get_stats([1, 2, 3, 1, 2])
+    {(1, 2): 2, (2, 3): 1, (3, 1): 1}
+    """
+    counts = {} if counts is None else counts
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
+    """Replace every occurrence of ``pair`` in ``ids`` by ``idx``, left to right, without overlaps.
+
+    >>> merge([1, 2, 3, 1, 2], (1, 2), 4)
+    [4, 3, 4]
+    >>> merge([1, 1, 1], (1, 1), 9)
+    [9, 1]
+    """
+    out, i, n = [], 0, len(ids)
+    while i < n:
+        if i + 1 < n and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(idx)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def _check_ids(ids: Iterable[int], size: int) -> list[int]:
+    ids = list(ids)
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < size:
+            raise ValueError(f"ids must be ints in [0, {size}), got {i!r}")
+    return ids
+
+
+# --- character and word tokenizers ------------------------------------------------------------
+class CharTokenizer:
+    """One token per character: V = the sorted set of characters of a training text.
+
+    >>> tok = CharTokenizer.from_text("hello")
+    >>> tok.vocab, tok.encode("hole")
+    (['e', 'h', 'l', 'o'], [1, 3, 2, 0])
+    """
+
+    def __init__(self, vocab: Sequence[str]):
+        vocab = list(vocab)
+        if not vocab or any(len(c) != 1 for c in vocab) or len(set(vocab)) != len(vocab):
+            raise ValueError("vocab must be a non-empty list of distinct single characters")
+        self.vocab = vocab
+        self.stoi = {c: i for i, c in enumerate(vocab)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        if not text:
+            raise ValueError("text must not be empty")
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
+
+
+class WordTokenizer:
+    """One token per word or punctuation mark; words not seen in training become ``<|unk|>``.
+
+    Decoding puts single spaces between words, so it is not an inverse: whitespace is lost.
+
+    >>> tok = WordTokenizer.from_text("the cat sat. the end")
+    >>> tok.decode(tok.encode("the dog sat."))
+    'the <|unk|> sat .'
+    """
+
+    SPLIT = regex.compile(r"\w+|[^\w\s]")
+    UNK = "<|unk|>"
+
+    def __init__(self, vocab: Sequence[str]):
+        vocab = list(vocab)
+        if self.UNK not in vocab:
+            vocab.append(self.UNK)
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("vocab must not contain duplicates")
+        self.vocab = vocab
+        self.stoi = {w: i for i, w in enumerate(vocab)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "WordTokenizer":
+        return cls(sorted(set(cls.SPLIT.findall(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        unk = self.stoi[self.UNK]
+        return [self.stoi.get(w, unk) for w in self.SPLIT.findall(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
+
+
+# --- byte-level BPE ---------------------------------------------------------------------------
+class BPETokenizer:
+    """Byte-level BPE given by its ranks (token bytes -> id), a split pattern and special tokens.
+
+    Ids 0..255 are the single bytes (trained tokenizers: id b is byte b; GPT-2 orders them
+    differently); each merge adds one id. ``merges[k]`` is the pair of ids
+    whose concatenation became token ``256 + k`` (for GPT-2's ranks the pairs are recovered).
+    """
+
+    def __init__(
+        self,
+        ranks: dict[bytes, int],
+        pattern: str = GPT2_SPLIT_PATTERN,
+        special_tokens: dict[str, int] | None = None,
+        name: str = "gptlib-bpe",
+    ):
+        n = len(ranks)
+        if sorted(ranks.values()) != list(range(n)):
+            raise ValueError("ranks must map token bytes to the ids 0..len(ranks)-1, each once")
+        if n < 256 or sorted(ranks.get(bytes([b]), n) for b in range(256)) != list(range(256)):
+            raise ValueError("ranks must give the 256 single bytes the ids 0..255 (in any order)")
+        special_tokens = dict(special_tokens or {})
+        for s, i in special_tokens.items():
+            if i < n or i in ranks.values():
+                raise ValueError(f"special token {s!r} has id {i}, which collides with an ordinary token")
+        if len(set(special_tokens.values())) != len(special_tokens):
+            raise ValueError("special_tokens must have distinct ids")
+        self.ranks = dict(ranks)
+        self.pattern = pattern
+        self._split = regex.compile(pattern)
+        self.special_tokens = special_tokens
+        self.name = name
+        self.vocab: dict[int, bytes] = {i: b for b, i in ranks.items()}
+        self.vocab.update({i: s.encode("utf-8") for s, i in special_tokens.items()})
+        self._special_split = (
+            regex.compile("(" + "|".join(regex.escape(s) for s in sorted(special_tokens, key=len, reverse=True)) + ")")
+            if special_tokens else None
+        )
+        self._cache: dict[bytes, tuple[int, ...]] = {}
+        self._merges: list[tuple[int, int]] | None = None
+
+    # -- sizes and views --
+    @property
+    def vocab_size(self) -> int:
+        """Ordinary tokens plus special tokens (ids run up to ``vocab_size - 1``)."""
+        return max(self.vocab) + 1
+
+    @property
+    def merges(self) -> list[tuple[int, int]]:
+        """For each merged token 256, 257, …: the pair of earlier tokens it is the merge of."""
+        if self._merges is None:
+            self._merges = [self._split_token(self.vocab[i], i) for i in range(256, len(self.ranks))]
+        return self._merges
+
+    def _split_token(self, token: bytes, rank: int) -> tuple[int, int]:
+        # Encoding the token's bytes with the ranks below its own stops one merge short: two parts.
+        parts = self._bpe(token, max_rank=rank)
+        if len(parts) != 2:
+            raise ValueError(f"token {token!r} (id {rank}) is not the merge of two earlier tokens")
+        return parts[0], parts[1]
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.vocab[_check_ids([i], self.vocab_size)[0]]
+
+    def token_str(self, i: int) -> str:
+        """A token as text (bytes that are not valid UTF-8 on their own show as U+FFFD)."""
+        return self.token_bytes(i).decode("utf-8", errors="replace")
+
+    # -- encoding --
+    def _bpe(self, piece: bytes, max_rank: int | None = None) -> list[int]:
+        """Merge the lowest-ranked adjacent pair until none is a token (ranks < max_rank only)."""
+        parts = [bytes([b]) for b in piece]
+        ranks = self.ranks
+        limit = len(ranks) if max_rank is None else max_rank
+        while len(parts) > 1:
+            best, best_i = limit, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1], limit)
+                if r < best:
+                    best, best_i = r, i
+            if best_i < 0:
+                break
+            parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        return [ranks[p] for p in parts]
+
+    def _encode_chunk(self, chunk: bytes) -> tuple[int, ...]:
+        ids = self._cache.get(chunk)
+        if ids is None:
+            ids = self.ranks.get(chunk)
+            ids = (ids,) if ids is not None else tuple(self._bpe(chunk))
+            if len(self._cache) < 500_000:
+                self._cache[chunk] = ids
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode ``text`` treating special-token strings as ordinary text."""
+        out: list[int] = []
+        for chunk in self._split.findall(text):
+            out.extend(self._encode_chunk(chunk.encode("utf-8")))
+        return out
+
+    def encode(self, text: str, allowed_special: str | set[str] = frozenset()) -> list[int]:
+        """Text -> token ids. Special tokens are recognised only if listed in ``allowed_special``
+        (or ``"all"``); otherwise their text is encoded like any other text.
+
+        >>> tok = BPETokenizer.train("aaabdaaabac", 259, special_tokens=())
+        >>> tok.encode("aaabdaaabac")
+        [258, 100, 258, 97, 99]
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        unknown = allowed - set(self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names unknown special tokens {sorted(unknown)}")
+        if not allowed or self._special_split is None:
+            return self.encode_ordinary(text)
+        out: list[int] = []
+        for part in self._special_split.split(text):
+            if part in allowed:
+                out.append(self.special_tokens[part])
+            elif part:
+                out.extend(self.encode_ordinary(part))
+        return out
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        ids = list(ids)
+        try:
+            return b"".join(self.vocab[i] for i in ids)
+        except (KeyError, TypeError):
+            _check_ids(ids, self.vocab_size)
+            raise ValueError(f"ids contain an id that is not a token of this vocabulary: {ids}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> text. Byte sequences that are not valid UTF-8 become U+FFFD, never an error."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def merge_trace(self, text: str) -> tuple[list[list[str]], list[str]]:
+        """How ``text`` is split after each merge that fires on it, for the BPE widget.
+
+        Returns ``(steps, labels)``: ``steps[0]`` is one piece per byte, ``steps[k]`` the pieces
+        after k merges (the lowest-ranked available merge first), ``labels[k-1]`` names merge k.
+        The last step equals :meth:`encode_ordinary`.
+        """
+        chunks = [[bytes([b]) for b in c.encode("utf-8")] for c in self._split.findall(text)]
+        show = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
+        steps = [[show(p) for c in chunks for p in c]]
+        labels = []
+        while True:
+            best = (len(self.ranks), -1, -1)
+            for ci, c in enumerate(chunks):
+                for i in range(len(c) - 1):
+                    r = self.ranks.get(c[i] + c[i + 1])
+                    if r is not None and r < best[0]:
+                        best = (r, ci, i)
+            r, ci, i = best
+            if ci < 0:
+                break
+            c = chunks[ci]
+            labels.append(f"{show(c[i])!r} + {show(c[i + 1])!r} -> {show(c[i] + c[i + 1])!r}  (token {r})")
+            c[i : i + 2] = [c[i] + c[i + 1]]
+            steps.append([show(p) for c in chunks for p in c])
+        return steps, labels
+
+    # -- training --
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        pattern: str = GPT2_SPLIT_PATTERN,
+        special_tokens: Sequence[str] = (ENDOFTEXT,),
+    ) -> "BPETokenizer":
+        """Learn ``vocab_size - len(special_tokens) - 256`` merges from ``text``.
+
+        Each step merges the most frequent adjacent pair (ties: the smallest pair of ids), counted
+        over the distinct pre-tokenized chunks weighted by their frequency. Pair counts are updated
+        incrementally: a merge touches only the chunks that contain the merged pair.
+        """
+        special_tokens = list(special_tokens)
+        if not isinstance(vocab_size, int) or vocab_size < 256 + len(special_tokens):
+            raise ValueError(f"vocab_size must be an int >= 256 + {len(special_tokens)} special tokens, got {vocab_size!r}")
+        if len(set(special_tokens)) != len(special_tokens) or any(not s for s in special_tokens):
+            raise ValueError("special_tokens must be distinct non-empty strings")
+        n_merges = vocab_size - 256 - len(special_tokens)
+        split = regex.compile(pattern)
+        freq = Counter(split.findall(text))
+        words = [list(w.encode("utf-8")) for w in freq]
+        counts = list(freq.values())
+        pair_count: dict[tuple[int, int], int] = defaultdict(int)
+        where: dict[tuple[int, int], set[int]] = defaultdict(set)
+        for wi, w in enumerate(words):
+            for pair in zip(w, w[1:]):
+                pair_count[pair] += counts[wi]
+                where[pair].add(wi)
+        heap = [(-c, p) for p, c in pair_count.items()]
+        heapq.heapify(heap)
+        vocab = {i: bytes([i]) for i in range(256)}
+        ranks = {bytes([i]): i for i in range(256)}
+        while len(ranks) < 256 + n_merges and heap:
+            neg, pair = heapq.heappop(heap)
+            if pair_count.get(pair, 0) != -neg or neg == 0:
+                continue  # stale heap entry
+            merged = vocab[pair[0]] + vocab[pair[1]]
+            new_id = ranks.get(merged)
+            if new_id is None:  # a new token (the same bytes may already exist via another pair)
+                new_id = len(ranks)
+                ranks[merged], vocab[new_id] = new_id, merged
+            changed: dict[tuple[int, int], int] = defaultdict(int)
+            for wi in list(where[pair]):
+                w, c = words[wi], counts[wi]
+                for p in zip(w, w[1:]):
+                    changed[p] -= c
+                    where[p].discard(wi)
+                w = words[wi] = merge(w, pair, new_id)
+                for p in zip(w, w[1:]):
+                    changed[p] += c
+                    where[p].add(wi)
+            for p, d in changed.items():
+                if d:
+                    pair_count[p] += d
+                    if pair_count[p] > 0:
+                        heapq.heappush(heap, (-pair_count[p], p))
+                    else:
+                        del pair_count[p]
+        first_special = len(ranks)
+        specials = {s: first_special + k for k, s in enumerate(special_tokens)}
+        return cls(ranks, pattern, specials)
+
+    # -- files --
+    def to_dict(self) -> dict:
+        import base64
+
+        return {
+            "format": "gptlib-bpe",
+            "version": 1,
+            "name": self.name,
+            "pattern": self.pattern,
+            "special_tokens": self.special_tokens,
+            # ranks in id order, each token's bytes in base64 (the tiktoken file format, as JSON)
+            "tokens": [base64.b64encode(self.vocab[i]).decode("ascii") for i in range(len(self.ranks))],
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the tokenizer as JSON (atomically)."""
+        return atomic_write(path, json.dumps(self.to_dict(), indent=0, ensure_ascii=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BPETokenizer":
+        """Read a tokenizer written by :meth:`save`; a corrupt file fails naming what is wrong."""
+        import base64
+        import binascii
+
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(d, dict) or d.get("format") != "gptlib-bpe":
+            raise ValueError(f"{path} is not a gptlib BPE tokenizer file (format field missing or wrong)")
+        if d.get("version") != 1:
+            raise ValueError(f"{path} has unsupported version {d.get('version')!r}")
+        for key in ("pattern", "tokens", "special_tokens"):
+            if key not in d:
+                raise ValueError(f"{path} lacks the field {key!r}")
+        try:
+            ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(d["tokens"])}
+        except (binascii.Error, TypeError, ValueError):
+            raise ValueError(f"{path}: field 'tokens' holds an entry that is not base64") from None
+        if len(ranks) != len(d["tokens"]):
+            raise ValueError(f"{path}: field 'tokens' lists the same bytes twice")
+        try:
+            return cls(ranks, d["pattern"], d["special_tokens"], d.get("name", "gptlib-bpe"))
+        except (ValueError, regex.error) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    # -- tiktoken, the peer --
+    def to_tiktoken(self):
+        """A ``tiktoken.Encoding`` with the same ranks, pattern and special tokens."""
+        import tiktoken
+
+        return tiktoken.Encoding(
+            name=self.name,
+            pat_str=self.pattern,
+            mergeable_ranks=dict(self.ranks),
+            special_tokens=dict(self.special_tokens),
+        )
+
+    @classmethod
+    def from_tiktoken(cls, encoding) -> "BPETokenizer":
+        """The BPE tokenizer of a ``tiktoken.Encoding`` (its ranks, pattern and special tokens)."""
+        return cls(dict(encoding._mergeable_ranks), encoding._pat_str, dict(encoding._special_tokens), encoding.name)
+
+
+# --- GPT-2's tokenizer, offline ----------------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPTLIB_CACHE_DIR") or Path.home() / ".cache" / "gptlib")
+
+
+def gpt2_ranks_path() -> Path:
+    return cache_dir() / "gpt2.tiktoken"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _from_whisper_sdist() -> bytes:
+    """GPT-2's ranks as shipped in the openai-whisper sdist on PyPI (whisper/assets/gpt2.tiktoken)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "openai-whisper==20250625", "-d", tmp]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        (sdist,) = Path(tmp).glob("openai*whisper*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
+            return tar.extractfile(member).read()
+
+
+def fetch_gpt2_ranks(force: bool = False) -> Path:
+    """Put GPT-2's ranks (r50k_base) into the cache, verified by sha256; return the path."""
+    path = gpt2_ranks_path()
+    if path.is_file() and not force and _sha256(path.read_bytes()) == GPT2_RANKS_SHA256:
+        return path
+    errors = []
+    for source in (_from_whisper_sdist, _from_tiktoken_download):
+        try:
+            data = source()
+        except Exception as e:  # noqa: BLE001 - try the next source, report all at the end
+            errors.append(f"{source.__name__}: {type(e).__name__}: {e}")
+            continue
+        digest = _sha256(data)
+        if digest != GPT2_RANKS_SHA256:
+            errors.append(f"{source.__name__}: sha256 {digest} != expected {GPT2_RANKS_SHA256}")
+            continue
+        return atomic_write(path, data)
+    raise RuntimeError("could not obtain GPT-2's ranks:\n  " + "\n  ".join(errors))
+
+
+def _from_tiktoken_download() -> bytes:
+    import tiktoken.load
+
+    return tiktoken.load.read_file_cached(GPT2_RANKS_URL)
+
+
+def gpt2_tokenizer() -> BPETokenizer:
+    """The real GPT-2 tokenizer: 50,257 tokens, ``<|endoftext|>`` = 50256, GPT-2's split pattern.
+
+    Reads the ranks from the cache (``python -m gptlib.tokenizers fetch-gpt2`` puts them there);
+    the file's sha256 is checked every time.
+    """
+    path = gpt2_ranks_path()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GPT-2's ranks are not at {path}; run `python -m gptlib.tokenizers fetch-gpt2` (needs PyPI or the internet)"
+        )
+    data = path.read_bytes()
+    if _sha256(data) != GPT2_RANKS_SHA256:
+        raise ValueError(f"{path} does not have the sha256 of GPT-2's ranks; delete it and fetch again")
+    import base64
+
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return BPETokenizer(ranks, GPT2_SPLIT_PATTERN, {ENDOFTEXT: 50256}, name="gpt2")
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] != ["fetch-gpt2"] or len(argv) > 2 or (len(argv) == 2 and argv[1] != "--force"):
+        print("usage: python -m gptlib.tokenizers fetch-gpt2 [--force]", file=sys.stderr)
+        return 2
+    path = fetch_gpt2_ranks(force="--force" in argv)
+    print(f"GPT-2 ranks: {path} (sha256 verified)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,221 @@
+"""gptlib.tokenizers: worked examples, round trips, and equality with tiktoken."""
+
+import json
+
+import pytest
+import tiktoken
+import tiktoken.load
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptlib.data import load_corpus, train_val_split
+from gptlib.tokenizers import (
+    GPT2_SPLIT_PATTERN,
+    BPETokenizer,
+    CharTokenizer,
+    WordTokenizer,
+    get_stats,
+    gpt2_ranks_path,
+    gpt2_tokenizer,
+    merge,
+)
+
+VARIED = [
+    "",
+    "Hello, world!",
+    "Not all heroes wear capes",
+    "It's, we're, they'll, I'd, you've, she'll've",
+    "tabs\tand   runs of     spaces\n\n\nand newlines  ",
+    "emoji: 🙂🚀👩‍👩‍👧 and flags 🇩🇪",
+    "mixed scripts: Ελληνικά, русский, 日本語, العربية, हिन्दी",
+    "numbers 3.14159 and 1,000,000 and 2026-11-22",
+    "code: def f(x):\n    return x**2  # square",
+    "<|endoftext|> is text here unless allowed",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus()
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    train, _ = train_val_split(corpus)
+    return BPETokenizer.train(train, 1024)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    if not gpt2_ranks_path().is_file():
+        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.tokenizers fetch-gpt2` (make test does)")
+    return gpt2_tokenizer()
+
+
+def test_get_stats_and_merge_worked_examples():
+    assert get_stats([1, 2, 3, 1, 2]) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}
+    assert merge([1, 2, 3, 1, 2], (1, 2), 4) == [4, 3, 4]
+    assert merge([1, 1, 1, 1], (1, 1), 7) == [7, 7]
+    assert merge([], (1, 2), 3) == []
+
+
+def test_aaabdaaabac_worked_example():
+    # Wikipedia's example: aa -> Z, ab -> Y, ZY -> X gives "XdXac".
+    tok = BPETokenizer.train("aaabdaaabac", 259, special_tokens=())
+    assert [tok.token_bytes(i) for i in (256, 257, 258)] == [b"aa", b"ab", b"aaab"]
+    assert tok.merges == [(97, 97), (97, 98), (256, 257)]
+    ids = tok.encode("aaabdaaabac")
+    assert ids == [258, ord("d"), 258, ord("a"), ord("c")]
+    assert tok.decode(ids) == "aaabdaaabac"
+
+
+def test_train_is_deterministic_and_sized(corpus):
+    a = BPETokenizer.train(corpus[:50_000], 400)
+    b = BPETokenizer.train(corpus[:50_000], 400)
+    assert a.ranks == b.ranks and a.vocab_size == 400
+    assert a.special_tokens == {"<|endoftext|>": 399}
+
+
+@pytest.mark.parametrize("text", VARIED)
+def test_round_trip_trained(trained, text):
+    assert trained.decode(trained.encode(text)) == text
+
+
+def test_trained_equals_its_own_tiktoken_on_held_out_text(trained, corpus):
+    _, held_out = train_val_split(corpus)
+    enc = trained.to_tiktoken()
+    for i in range(0, len(held_out), 5000):
+        piece = held_out[i : i + 5000]
+        assert trained.encode(piece) == enc.encode_ordinary(piece)
+    for text in VARIED:
+        assert trained.encode(text) == enc.encode_ordinary(text)
+
+
+def test_trained_tokenizer_compresses(trained, corpus):
+    _, held_out = train_val_split(corpus)
+    ids = trained.encode(held_out)
+    assert len(held_out.encode("utf-8")) / len(ids) > 2.5
+
+
+def test_special_tokens_only_when_allowed(trained):
+    eot = trained.special_tokens["<|endoftext|>"]
+    assert eot not in trained.encode("a<|endoftext|>b")
+    assert trained.encode("a<|endoftext|>b", allowed_special="all") == trained.encode("a") + [eot] + trained.encode("b")
+    assert trained.decode([eot]) == "<|endoftext|>"
+    with pytest.raises(ValueError, match="allowed_special"):
+        trained.encode("x", allowed_special={"<|nope|>"})
+
+
+def test_decode_invalid_utf8_gives_replacement_characters(trained):
+    e_acute = trained.encode("é")  # two bytes, each a base token in a small vocabulary
+    first_byte = [trained.ranks[bytes([0xC3])]]
+    assert trained.decode(first_byte) == "\ufffd"
+    assert trained.decode(e_acute) == "é"
+
+
+def test_save_load_round_trip_and_corrupt_files(trained, tmp_path):
+    p = tmp_path / "tok.json"
+    trained.save(p)
+    loaded = BPETokenizer.load(p)
+    assert loaded.ranks == trained.ranks and loaded.special_tokens == trained.special_tokens
+    assert loaded.pattern == GPT2_SPLIT_PATTERN
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        BPETokenizer.load(tmp_path / "bad.json")
+    d = json.loads(p.read_text())
+    d["format"] = "other"
+    (tmp_path / "fmt.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="format"):
+        BPETokenizer.load(tmp_path / "fmt.json")
+    d = json.loads(p.read_text())
+    d["tokens"][300] = "%%%"
+    (tmp_path / "b64.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="base64"):
+        BPETokenizer.load(tmp_path / "b64.json")
+    d = json.loads(p.read_text())
+    del d["tokens"][5]
+    (tmp_path / "gap.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="single bytes|ranks"):
+        BPETokenizer.load(tmp_path / "gap.json")
+
+
+def test_bad_parameters_raise_value_errors():
+    with pytest.raises(ValueError, match="vocab_size"):
+        BPETokenizer.train("abc", 100)
+    with pytest.raises(ValueError, match="special_tokens"):
+        BPETokenizer.train("abc", 300, special_tokens=("x", "x"))
+    with pytest.raises(ValueError, match="ids"):
+        BPETokenizer.train("abc", 260).decode([10_000])
+    with pytest.raises(ValueError, match="text"):
+        BPETokenizer.train("abc", 260).encode(b"abc")  # type: ignore[arg-type]
+
+
+def test_merge_trace_ends_at_the_encoding(trained):
+    text = "The import statement binds names."
+    steps, labels = trained.merge_trace(text)
+    assert len(steps) == len(labels) + 1
+    assert "".join(steps[0]) == text and len(steps[0]) == len(text.encode())
+    assert steps[-1] == [trained.token_str(i) for i in trained.encode(text)]
+    assert all(len(b) == len(a) - 1 for a, b in zip(steps, steps[1:]))
+
+
+def test_gpt2_known_encoding(gpt2):
+    assert gpt2.vocab_size == 50257
+    assert gpt2.special_tokens == {"<|endoftext|>": 50256}
+    assert gpt2.encode("Not all heroes wear capes") == [3673, 477, 10281, 5806, 1451, 274]
+
+
+def test_gpt2_equals_tiktoken_r50k(gpt2):
+    ref = tiktoken.Encoding(
+        "r50k-local", pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(gpt2_ranks_path())),
+        special_tokens={"<|endoftext|>": 50256},
+    )
+    text = load_corpus()[:20_000]
+    for t in VARIED + [text]:
+        assert gpt2.encode(t) == ref.encode_ordinary(t)
+        assert gpt2.decode(ref.encode_ordinary(t)) == t
+    assert gpt2.encode("a<|endoftext|>", allowed_special="all") == ref.encode("a<|endoftext|>", allowed_special="all")
+
+
+def test_gpt2_merges_rebuild_the_vocabulary(gpt2):
+    merges = gpt2.merges
+    assert len(merges) == 50000
+    for k in (0, 1, 100, 49_999):
+        a, b = merges[k]
+        assert gpt2.token_bytes(a) + gpt2.token_bytes(b) == gpt2.token_bytes(256 + k)
+
+
+def test_char_and_word_tokenizers():
+    c = CharTokenizer.from_text("hello world")
+    assert c.decode(c.encode("low")) == "low"
+    with pytest.raises(ValueError, match="'z'"):
+        c.encode("z")
+    with pytest.raises(ValueError, match="ids"):
+        c.decode([99])
+    w = WordTokenizer.from_text("The cat sat on the mat.")
+    assert w.decode(w.encode("The cat sat.")) == "The cat sat ."
+    assert w.encode("The dog")[1] == w.stoi["<|unk|>"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=60))
+def test_property_round_trip_any_text(text):
+    tok = _small_tokenizer()
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode(text) == tok.to_tiktoken().encode_ordinary(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=299), max_size=40))
+def test_property_decode_never_raises_on_valid_ids(ids):
+    assert isinstance(_small_tokenizer().decode(ids), str)
+
+
+_SMALL = []
+
+
+def _small_tokenizer():
+    if not _SMALL:
+        _SMALL.append(BPETokenizer.train(load_corpus()[:30_000], 300))
+    return _SMALL[0]
