@@ -84,6 +84,7 @@ function render({ model, el }) {
     // The full computed distribution, for the browser test to compare with Python.
     root.dataset.probs = JSON.stringify(p);
     root.dataset.settings = JSON.stringify({ temperature: T, top_k: k, top_p: tp });
+    root.dataset.logits = JSON.stringify(logits);
   }
   const set = (name, v) => { model.set(name, v); model.save_changes(); draw(); };
   tSlider.addEventListener("input", () => set("temperature", Number(tSlider.value)));
