@@ -1,0 +1,330 @@
+"""Chapter 10: data, tensor, pipeline and sequence parallelism, each against one process.
+
+The distributed tests start real gloo process groups on 127.0.0.1 through run_distributed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from gptlib import parallel as P
+from gptlib.attention import attention, causal_mask
+from gptlib.model import GPT, GPTConfig
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+
+def _model(**overrides):
+    cfg = GPTConfig.preset("tiny", **overrides)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    with torch.no_grad():  # non-zero biases and LayerNorm parameters, so that each one is tested
+        g = torch.Generator().manual_seed(1)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return cfg, model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _batch(cfg, B=4, T=16, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.d_vocab, (B, T), generator=g), torch.randint(0, cfg.d_vocab, (B, T), generator=g)
+
+
+def _full_grads(model, ids, targets):
+    model.zero_grad()
+    logits = model(ids)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    loss.backward()
+    return logits.detach(), loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------------------------
+# workers used only by the tests (module level, so spawned processes can import them)
+# --------------------------------------------------------------------------------------------
+
+
+def _rank_worker(rank, world_size, scale):
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": world_size, "sum": t * scale}
+
+
+def _failing_worker(rank, world_size, pid_dir):
+    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+    if rank == 1:
+        raise ValueError("boom from rank 1")
+    dist.recv(torch.empty(1), src=1)  # would wait forever: rank 1 never sends
+    return None
+
+
+def _sleeping_worker(rank, world_size):
+    time.sleep(600)
+
+
+def _four_rank_worker(rank, world_size, cfg, state, ids, targets, q, k, v):
+    return {
+        "pipe": P.pipeline_worker(rank, world_size, cfg, state, ids, targets, 2),
+        "ring": P.ring_attention_worker(rank, world_size, q, k, v),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# run_distributed: results, errors, clean-up
+# --------------------------------------------------------------------------------------------
+
+
+def test_run_distributed_returns_results_in_rank_order():
+    out = P.run_distributed(_rank_worker, 10.0)
+    assert [o["rank"] for o in out] == [0, 1]
+    assert [o["world"] for o in out] == [2, 2]
+    assert all(torch.equal(o["sum"], torch.tensor([30.0])) for o in out)
+
+
+def test_run_distributed_failure_raises_with_traceback_and_cleans_up(tmp_path):
+    port = P.free_port()
+    with pytest.raises(P.DistributedError) as e:
+        P.run_distributed(_failing_worker, str(tmp_path), port=port, timeout=120)
+    msg = str(e.value)
+    assert "rank 1" in msg and "ValueError: boom from rank 1" in msg and "Traceback" in msg
+    # no child left: neither the failed rank nor rank 0, which was blocked in recv
+    assert multiprocessing.active_children() == []
+    pids = [int((tmp_path / f"{r}.pid").read_text()) for r in range(2)]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    # and the port is free again: a new group can be set up on it at once
+    out = P.run_distributed(_rank_worker, 1.0, port=port)
+    assert float(out[1]["sum"]) == 3.0
+
+
+def test_run_distributed_timeout_stops_workers():
+    t0 = time.monotonic()
+    with pytest.raises(P.DistributedError, match="timed out"):
+        P.run_distributed(_sleeping_worker, timeout=4)
+    assert time.monotonic() - t0 < 30
+    assert multiprocessing.active_children() == []
+
+
+def test_run_distributed_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="fn"):
+        P.run_distributed(lambda rank, ws: None)
+    with pytest.raises(ValueError, match="world_size"):
+        P.run_distributed(_rank_worker, 1.0, world_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        P.run_distributed(_rank_worker, 1.0, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        P.run_distributed(_rank_worker, 1.0, timeout=0)
+
+
+# --------------------------------------------------------------------------------------------
+# the four equivalences
+# --------------------------------------------------------------------------------------------
+
+
+def test_data_parallel_equals_full_batch():
+    cfg, model, state = _model()
+    ids, targets = _batch(cfg)
+    out = P.run_distributed(P.ddp_worker, cfg, state, ids, targets, 0.1)
+    _, loss, grads = _full_grads(model, ids, targets)
+    assert sum(o["loss"] for o in out) / 2 == pytest.approx(loss, rel=1e-6)
+    for n, g in grads.items():
+        assert torch.equal(out[0]["grads"][n], out[1]["grads"][n]), n  # identical after the all-reduce
+        torch.testing.assert_close(out[0]["grads"][n], g)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    for k, w in model.state_dict().items():
+        assert torch.equal(out[0]["state"][k], out[1]["state"][k]), k
+        torch.testing.assert_close(out[0]["state"][k], w)
+
+
+@pytest.mark.parametrize("kind", ["pre_ln"])
+def test_tensor_parallel_equals_unsplit(kind):
+    cfg, model, state = _model(block=kind)
+    x = torch.randn(2, 16, cfg.d_model, generator=torch.Generator().manual_seed(3))
+    out = P.run_distributed(P.tensor_parallel_worker, cfg, state, x, 1)
+    blk = model.blocks[1]
+    probe = torch.linspace(-1, 1, x.numel()).view_as(x)
+    for name, module in (("mlp", blk.mlp), ("attn", blk.attn), ("block", blk)):
+        model.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        y = module(xi)
+        (y * probe).sum().backward()
+        for rank, o in enumerate(out):
+            torch.testing.assert_close(o[name]["y"], y.detach())
+            torch.testing.assert_close(o[name]["dx"], xi.grad)
+        full = dict(module.named_parameters())
+        for rank, o in enumerate(out):  # each shard's gradient is its slice of the full gradient
+            g = o[name]["grads"]
+            mlp_name = "W_in" if name == "mlp" else "mlp.W_in" if name == "block" else None
+            if mlp_name:
+                torch.testing.assert_close(g[mlp_name], full[mlp_name].grad[:, P.shard_range(cfg.d_mlp, rank, 2)])
+                out_name = mlp_name.replace("W_in", "W_out")
+                torch.testing.assert_close(g[out_name], full[out_name].grad[P.shard_range(cfg.d_mlp, rank, 2), :])
+            if name == "attn":
+                cols = P.shard_range(cfg.n_heads * cfg.d_head, rank, 2)
+                for w in ("W_Q", "W_K", "W_V"):
+                    torch.testing.assert_close(g[w], full[w].grad[:, cols])
+                torch.testing.assert_close(g["W_O"], full["W_O"].grad[cols, :])
+                torch.testing.assert_close(g["b_O"], full["b_O"].grad)
+            if name == "block":  # replicated LayerNorms get the whole gradient on every rank
+                torch.testing.assert_close(g["ln_1.w"], full["ln_1.w"].grad)
+                torch.testing.assert_close(g["ln_2.b"], full["ln_2.b"].grad)
+
+
+def test_tensor_parallel_single_process_is_the_module():
+    cfg, model, _ = _model(block="parallel")
+    x = torch.randn(1, 5, cfg.d_model, generator=torch.Generator().manual_seed(4))
+    blk = model.blocks[0]
+    torch.testing.assert_close(P.TensorParallelBlock(blk, 0, 1)(x), blk(x))
+    with pytest.raises(ValueError, match="world_size"):
+        P.TensorParallelMLP(blk.mlp, 0, 3)  # 3 does not divide d_mlp = 256
+
+
+def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
+    cfg, model, state = _model()
+    ids, targets = _batch(cfg)
+    out = P.run_distributed(P.pipeline_worker, cfg, state, ids, targets, 4)
+    logits, loss, grads = _full_grads(model, ids, targets)
+    torch.testing.assert_close(out[1]["logits"], logits)
+    assert out[1]["loss"] == pytest.approx(loss, rel=1e-6)
+    assert set(out[0]["grads"]) | set(out[1]["grads"]) == set(grads)
+    for o in out:
+        for n, g in o["grads"].items():
+            torch.testing.assert_close(g, grads[n])
+    grid = _grid_from_logs([o["log"] for o in out])
+    assert grid == P.gpipe_schedule(2, 4)
+    assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(2, 4)) == pytest.approx(0.2)
+
+
+def _grid_from_logs(logs):
+    n_slots = max(t for log in logs for _, t in log) + 1
+    grid = [[""] * n_slots for _ in logs]
+    for s, log in enumerate(logs):
+        for op, t in log:
+            grid[s][t] = op
+    return grid
+
+
+def test_sequence_parallel_ring_attention_equals_full_attention():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 12, 8, generator=g) for _ in range(3))
+    out = P.run_distributed(P.ring_attention_worker, q, k, v)
+    z, _ = attention(q, k, v, causal_mask(12))
+    assert [o["positions"] for o in out] == [[0, 6], [6, 12]]
+    torch.testing.assert_close(torch.cat([o["z"] for o in out], dim=-2), z)
+    peer = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(torch.cat([o["z"] for o in out], dim=-2), peer)
+
+
+def test_four_ranks_pipeline_and_ring():
+    cfg, model, state = _model(n_layers=4)
+    ids, targets = _batch(cfg, B=4, T=8)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+    out = P.run_distributed(_four_rank_worker, cfg, state, ids, targets, q, k, v, world_size=4)
+    logits, _, grads = _full_grads(model, ids, targets)
+    torch.testing.assert_close(out[3]["pipe"]["logits"], logits)
+    for o in out:
+        for n, gr in o["pipe"]["grads"].items():
+            if n == "embed.W_E" and not o["pipe"]["grads"].get(n, torch.ones(1)).any():
+                continue  # middle stages never touch the embedding
+            torch.testing.assert_close(gr, grads[n])
+    grid = _grid_from_logs([o["pipe"]["log"] for o in out])
+    assert grid == P.gpipe_schedule(4, 2)
+    assert P.bubble_fraction(grid) == pytest.approx(3 / 5)
+    z, _ = attention(q, k, v, causal_mask(16))
+    torch.testing.assert_close(torch.cat([o["ring"]["z"] for o in out], dim=-2), z)
+
+
+# --------------------------------------------------------------------------------------------
+# pure functions (no processes)
+# --------------------------------------------------------------------------------------------
+
+
+def test_shard_range():
+    assert [P.shard_range(6, r, 3) for r in range(3)] == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert P.shard_range(5, 0, 1) == slice(0, 5)
+    with pytest.raises(ValueError, match="world_size"):
+        P.shard_range(5, 0, 2)
+    with pytest.raises(ValueError, match="rank"):
+        P.shard_range(4, 2, 2)
+    with pytest.raises(ValueError, match="world_size"):
+        P.shard_range(4, 0, 0)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, 7, 16])
+def test_gpipe_schedule_bubble_matches_formula(p, m):
+    grid = P.gpipe_schedule(p, m)
+    assert len(grid) == p and all(len(row) == 2 * (m + p - 1) for row in grid)
+    for row in grid:  # every stage runs each forward and each backward exactly once
+        assert sorted(op for op in row if op) == sorted([f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)])
+    assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(p, m))
+
+
+def test_gpipe_errors():
+    with pytest.raises(ValueError, match="n_stages"):
+        P.gpipe_schedule(0, 2)
+    with pytest.raises(ValueError, match="n_micro"):
+        P.gpipe_schedule(2, 0)
+    with pytest.raises(ValueError, match="grid"):
+        P.bubble_fraction([])
+    assert list(P.stage_layers(6, 2, 3)) == [4, 5]
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 4, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_blockwise_attention_equals_attention(n_blocks, causal):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 8, 4, generator=g) * 3 for _ in range(3))
+    z, _ = attention(q, k, v, causal_mask(8) if causal else None)
+    torch.testing.assert_close(P.blockwise_attention(q, k, v, n_blocks, causal=causal), z)
+
+
+def test_online_softmax_handles_fully_masked_blocks_and_large_scores():
+    scores = torch.tensor([[float("-inf"), float("-inf")], [1000.0, 999.0]])
+    v = torch.tensor([[1.0], [2.0]])
+    state = P.online_softmax_update(None, scores, v)  # row 0 has seen nothing yet
+    state = P.online_softmax_update(state, torch.tensor([[0.0, 0.0], [1000.0, 0.0]]), v)
+    _, l, acc = state
+    out = acc / l
+    torch.testing.assert_close(out[0], torch.tensor([1.5]))
+    expect = torch.softmax(torch.tensor([1000.0, 999.0, 1000.0, 0.0]), 0) @ torch.tensor([1.0, 2.0, 1.0, 2.0])
+    torch.testing.assert_close(out[1, 0], expect)
+
+
+def test_flop_formula_matches_torch_flop_counter():
+    cfg, model, _ = _model()
+    B, T = 2, cfg.n_ctx
+    ids = torch.randint(0, cfg.d_vocab, (B, T), generator=torch.Generator().manual_seed(8))
+    with FlopCounterMode(display=False) as fwd:
+        logits, _ = model(ids, return_patterns=True)  # the readable path: attention as two matmuls
+    loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    assert fwd.get_total_flops() == B * T * P.forward_flops_per_token(cfg)
+    assert bwd.get_total_flops() == 2 * fwd.get_total_flops()
+    assert P.training_flops(cfg, B * T) == fwd.get_total_flops() + bwd.get_total_flops()
+    assert P.forward_flops_per_token(cfg, causal=True) < P.forward_flops_per_token(cfg)
+
+
+def test_flops_and_mfu_errors():
+    cfg = GPTConfig.preset("tiny")
+    with pytest.raises(ValueError, match="tokens"):
+        P.training_flops(cfg, -1)
+    with pytest.raises(ValueError, match="n_ctx"):
+        P.forward_flops_per_token(cfg, n_ctx=0)
+    with pytest.raises(ValueError, match="seconds"):
+        P.model_flops_utilization(1.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="peak"):
+        P.model_flops_utilization(1.0, 1.0, 0.0)
+    assert P.model_flops_utilization(3e12, 2.0, 3e12) == 0.5
