@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["relu", "gelu", "gelu_tanh", "ACTIVATIONS", "MLP"]
+__all__ = ["relu", "gelu", "gelu_tanh", "ACTIVATIONS", "dag_forward", "mlp_to_dag", "MLP"]
 
 
 def relu(x: Tensor) -> Tensor:
@@ -43,6 +43,74 @@ def gelu_tanh(x: Tensor) -> Tensor:
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+
+
+def dag_forward(
+    inputs: dict,
+    edges: dict,
+    biases: dict,
+    outputs: list,
+    activation: Callable[[Tensor], Tensor] | dict = relu,
+) -> Tensor:
+    """A feed-forward network as a DAG (000, section 2.1), evaluated vertex by vertex.
+
+    ``inputs`` maps each input vertex to its value; ``edges`` maps (u, v) to the weight w_uv;
+    ``biases`` maps every other vertex v to b_v. At a non-input vertex the *pre-activation* is
+    z_v = sum_{u -> v} w_uv a_u + b_v and the *activation* is a_v = phi_v(z_v); the network's
+    output is the pre-activations of the ``outputs``. ``activation`` is one function or a dict
+    vertex -> function. Vertices are processed in a topological order; a cycle is an error.
+
+    >>> one = torch.tensor(1.0)
+    >>> dag_forward({"x": one}, {("x", "h"): 2.0, ("h", "y"): 3.0, ("x", "y"): 1.0},
+    ...             {"h": -1.0, "y": 0.0}, ["y"])  # y = 3 relu(2x - 1) + x
+    tensor([4.])
+    """
+    succ: dict = {}
+    indeg: dict = {v: 0 for v in list(inputs) + list(biases)}
+    for (u, v) in edges:
+        if u not in indeg or v not in indeg:
+            raise ValueError(f"edges mention vertex {u if u not in indeg else v!r}, which has no input value or bias")
+        if v in inputs:
+            raise ValueError(f"edges must not enter the input vertex {v!r}")
+        succ.setdefault(u, []).append(v)
+        indeg[v] += 1
+    missing = [v for v in outputs if v not in biases]
+    if missing:
+        raise ValueError(f"outputs must be non-input vertices with a bias, got {missing}")
+    a = dict(inputs)  # activations
+    z = {}  # pre-activations
+    ready = [v for v in inputs]
+    done = 0
+    while ready:
+        u = ready.pop(0)
+        done += 1
+        if u not in inputs:
+            z[u] = biases[u] + sum(w * a[p] for (p, q), w in edges.items() if q == u)
+            phi = activation[u] if isinstance(activation, dict) else activation
+            a[u] = phi(torch.as_tensor(z[u]))
+        for v in succ.get(u, []):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if done != len(indeg):
+        raise ValueError("edges contain a cycle (or a vertex no input reaches)")
+    return torch.stack([torch.as_tensor(z[v], dtype=torch.float32) for v in outputs])
+
+
+def mlp_to_dag(mlp: "MLP") -> tuple[list, dict, dict, list]:
+    """The DAG of a one-hidden-layer MLP: vertices ("in", i), ("hid", j), ("out", k).
+
+    Returns (input vertices, edges, biases, output vertices) for :func:`dag_forward`;
+    w_{(in,i),(hid,j)} = W_in[i, j] and w_{(hid,j),(out,k)} = W_out[j, k].
+    """
+    ins = [("in", i) for i in range(mlp.d_model)]
+    outs = [("out", k) for k in range(mlp.d_model)]
+    edges = {(("in", i), ("hid", j)): mlp.W_in[i, j] for i in range(mlp.d_model) for j in range(mlp.d_mlp)}
+    edges.update({(("hid", j), ("out", k)): mlp.W_out[j, k] for j in range(mlp.d_mlp) for k in range(mlp.d_model)})
+    zero = torch.zeros(())
+    biases = {("hid", j): (mlp.b_in[j] if mlp.b_in is not None else zero) for j in range(mlp.d_mlp)}
+    biases.update({("out", k): (mlp.b_out[k] if mlp.b_out is not None else zero) for k in range(mlp.d_model)})
+    return ins, edges, biases, outs
 
 
 class MLP(nn.Module):

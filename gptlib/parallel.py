@@ -58,7 +58,9 @@ __all__ = [
     "forward_flops_per_token",
     "training_flops",
     "model_flops_utilization",
+    "matmul_flops_per_s",
     "ddp_worker",
+    "fsdp_worker",
     "tensor_parallel_worker",
     "pipeline_worker",
     "ring_attention_worker",
@@ -170,6 +172,7 @@ def run_distributed(
             _entry, args=(fn, args, world_size, backend, port, out_dir), nprocs=world_size, join=False, start_method="spawn"
         )
         processes = list(ctx.processes)
+        failed = None
         try:
             deadline = time.monotonic() + timeout
             running = {p.sentinel: rank for rank, p in enumerate(processes)}
@@ -181,20 +184,33 @@ def run_distributed(
                     rank = running.pop(sentinel)
                     processes[rank].join()
                     if processes[rank].exitcode != 0:
-                        raise DistributedError(_failure_message(fn, rank, processes[rank].exitcode, out_dir))
+                        failed = (rank, processes[rank].exitcode)
+                        time.sleep(0.2)  # let a rank that failed at the same moment finish its report
+                        break
+                if failed:
+                    break
         finally:
             _stop(processes)
             for f in ctx.error_files:
                 if f and os.path.exists(f):
                     os.unlink(f)
+        if failed:
+            raise DistributedError(_failure_message(fn, *failed, out_dir))
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
 
 
 def _failure_message(fn: Callable, rank: int, exitcode: int, out_dir: str) -> str:
-    err = os.path.join(out_dir, f"rank{rank}.err")
-    if os.path.exists(err):
-        with open(err, encoding="utf-8") as fh:
-            return f"rank {rank} of {fn.__name__} failed:\n{fh.read()}"
+    """The traceback of the rank that failed first (the others often fail because it did)."""
+    errs = [os.path.join(out_dir, f) for f in os.listdir(out_dir) if f.endswith(".err")]
+    if errs:
+        errs.sort(key=lambda f: os.stat(f).st_mtime_ns)
+        first = int(os.path.basename(errs[0])[4:-4])
+        with open(errs[0], encoding="utf-8") as fh:
+            msg = f"rank {first} of {fn.__name__} failed:\n{fh.read()}"
+        others = sorted(int(os.path.basename(f)[4:-4]) for f in errs[1:])
+        if others:
+            msg += f"(then rank(s) {others} failed too, after it)\n"
+        return msg
     if exitcode < 0:
         try:
             how = f"signal {signal.Signals(-exitcode).name}"
@@ -603,6 +619,28 @@ def model_flops_utilization(model_flops: float, seconds: float, peak_flops_per_s
     return model_flops / seconds / peak_flops_per_s
 
 
+def matmul_flops_per_s(n: int = 512, repeats: int = 5, device: str | torch.device = "cpu", dtype=torch.float32) -> float:
+    """The best FLOP/s of ``repeats`` (n x n) @ (n x n) products: a measured stand-in for peak.
+
+    A GPU's peak comes from its data sheet (an A100: 312e12 bf16 FLOP/s); a CPU's is rarely
+    published, so the book measures what a large matrix product reaches on it.
+    """
+    if n < 1 or repeats < 1:
+        raise ValueError(f"n and repeats must be >= 1, got {n}, {repeats}")
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    a @ b  # warm-up
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / max(best, 1e-9)
+
+
 # =============================================================================================
 # Workers: each runs on every rank under run_distributed and returns plain tensors and numbers
 # =============================================================================================
@@ -635,6 +673,26 @@ def ddp_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, tar
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     torch.optim.SGD(model.parameters(), lr=lr).step()
     return {"loss": loss.item(), "grads": grads, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def fsdp_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor) -> dict:
+    """Fully sharded data parallel (FSDP2 ``fully_shard``): each rank stores 1/world_size of every weight.
+
+    Returns how many numbers of the model this rank holds, the loss on its slice of the batch,
+    and the full gradients (gathered from the shards, for comparison).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    model = _build(config, state)
+    for blk in model.blocks:
+        fully_shard(blk)  # each block's weights are gathered just before it runs, then freed
+    fully_shard(model)
+    held = sum(p.to_local().numel() for p in model.parameters())  # this rank's shard (rows dim 0)
+    rows = shard_range(ids.shape[0], rank, world_size)
+    loss = _lm_loss(model(ids[rows]), targets[rows])
+    loss.backward()  # gradients are reduce-scattered: each rank keeps its shard's rows
+    grads = {n: p.grad.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    return {"held": held, "loss": loss.item(), "grads": grads}
 
 
 def tensor_parallel_worker(rank: int, world_size: int, config, state: dict, x: Tensor, layer: int = 0) -> dict:

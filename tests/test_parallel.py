@@ -328,3 +328,21 @@ def test_flops_and_mfu_errors():
     with pytest.raises(ValueError, match="peak"):
         P.model_flops_utilization(1.0, 1.0, 0.0)
     assert P.model_flops_utilization(3e12, 2.0, 3e12) == 0.5
+
+
+def test_fsdp_shards_the_weights_and_keeps_the_gradients():
+    cfg, model, state = _model()
+    ids, targets = _batch(cfg)
+    out = P.run_distributed(P.fsdp_worker, cfg, state, ids, targets)
+    _, _, grads = _full_grads(model, ids, targets)
+    assert sum(o["held"] for o in out) == model.num_parameters()
+    assert all(o["held"] == model.num_parameters() // 2 for o in out)
+    for n, g in grads.items():
+        torch.testing.assert_close(out[0]["grads"][n], g)
+        assert torch.equal(out[0]["grads"][n], out[1]["grads"][n])
+
+
+def test_matmul_flops_per_s_is_positive():
+    assert P.matmul_flops_per_s(64, 2) > 0
+    with pytest.raises(ValueError, match="repeats"):
+        P.matmul_flops_per_s(64, 0)
