@@ -166,19 +166,7 @@ class GPT(nn.Module):
         return n
 
     # --- forward ----------------------------------------------------------------------------
-    def forward(
-        self,
-        ids: Tensor,
-        *,
-        cache: KVCache | None = None,
-        return_patterns: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits (B, T, d_vocab); with ``return_patterns`` also (B, n_layers, n_heads, T, T_k).
-
-        With a :class:`KVCache`, ``ids`` are the positions after the cached ones; the cache is
-        extended in place. Positions beyond ``n_ctx`` raise ``ValueError``: cropping the context
-        is the caller's decision (see :func:`gptlib.sampling.generate`), never a silent one.
-        """
+    def _trunk(self, ids: Tensor, cache: KVCache | None, return_patterns: bool) -> tuple[Tensor, Tensor | None]:
         if ids.dim() == 1:
             raise ValueError(f"ids must have shape (B, T); got shape {tuple(ids.shape)} (use ids[None])")
         if ids.dim() != 2 or ids.shape[1] < 1:
@@ -202,15 +190,142 @@ class GPT(nn.Module):
                 patterns.append(pattern)  # (B, n_heads, T, T_k)
             else:
                 x = blk(x, cache=cache, layer=layer)
-        logits = self.unembed(self.ln_f(x))  # (B, T, d_vocab)
-        if return_patterns:
-            return logits, torch.stack(patterns, dim=1)  # (B, n_layers, n_heads, T, T_k)
-        return logits
+        x = self.ln_f(x)  # (B, T, d_model)
+        return x, (torch.stack(patterns, dim=1) if return_patterns else None)
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: KVCache | None = None,
+        return_patterns: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits (B, T, d_vocab); with ``return_patterns`` also (B, n_layers, n_heads, T, T_k).
+
+        With a :class:`KVCache`, ``ids`` are the positions after the cached ones; the cache is
+        extended in place. Positions beyond ``n_ctx`` raise ``ValueError``: cropping the context
+        is the caller's decision (see :func:`gptlib.sampling.generate`), never a silent one.
+        """
+        x, patterns = self._trunk(ids, cache, return_patterns)
+        logits = self.unembed(x)  # (B, T, d_vocab)
+        return (logits, patterns) if return_patterns else logits
+
+    def hidden_states(self, ids: Tensor) -> Tensor:
+        """The final residual stream after LN_f, (B, T, d_model): what W_U turns into logits."""
+        return self._trunk(ids, None, False)[0]
 
     @torch.no_grad()
     def attention_patterns(self, ids: Tensor) -> Tensor:
         """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads, T, T)."""
         return self(ids, return_patterns=True)[1]
+
+    # --- GPT-2 weights from Hugging Face ---------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_model) -> "GPT":
+        """A gptlib GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``.
+
+        Duck-typed: only ``hf_model.config`` (``to_dict()``) and ``hf_model.state_dict()`` are used,
+        so gptlib does not import transformers. HF stores GPT-2's matrices in ``Conv1D`` layers as
+        (in, out), the same x @ W layout as gptlib: only the fused ``c_attn`` needs splitting.
+        """
+        cfg = hf_model.config.to_dict() if hasattr(hf_model.config, "to_dict") else dict(vars(hf_model.config))
+        return cls._from_hf_parts(cfg, hf_model.state_dict(), source=type(hf_model).__name__)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
+        """GPT-2 weights in HF layout: a local directory (``config.json`` + ``model.safetensors`` or
+        ``pytorch_model.bin``) or, online, a Hub name such as ``"gpt2"`` (via ``huggingface_hub``)."""
+        path = Path(name_or_path)
+        if path.is_dir():
+            cfg_file = path / "config.json"
+            weights = [path / "model.safetensors", path / "pytorch_model.bin"]
+            if not cfg_file.is_file():
+                raise FileNotFoundError(f"{cfg_file} does not exist")
+            weight_file = next((w for w in weights if w.is_file()), None)
+            if weight_file is None:
+                raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+        else:
+            if str(name_or_path).startswith((".", "/")) or path.suffix:
+                raise FileNotFoundError(f"{name_or_path} is not a directory")
+            from huggingface_hub import hf_hub_download  # online only: Colab, not the tests
+
+            cfg_file = Path(hf_hub_download(str(name_or_path), "config.json"))
+            weight_file = Path(hf_hub_download(str(name_or_path), "model.safetensors"))
+        try:
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+        if weight_file.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                state = load_file(str(weight_file), device=str(map_location))
+            except SafetensorError as e:
+                raise ValueError(f"{weight_file} is not a valid safetensors file: {e}") from None
+        else:
+            try:
+                state = torch.load(weight_file, map_location=map_location, weights_only=True)
+            except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
+                raise ValueError(f"{weight_file} could not be read as a weights-only checkpoint: {e}") from None
+        return cls._from_hf_parts(cfg, state, source=str(weight_file)).to(map_location)
+
+    @classmethod
+    def _from_hf_parts(cls, cfg: dict, state: dict[str, Tensor], source: str) -> "GPT":
+        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in activation:
+            raise ValueError(f"{source}: activation_function {act!r} is not supported")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if cfg.get(flag):
+                raise ValueError(f"{source}: config option {flag}=True is not supported")
+        if cfg.get("scale_attn_weights", True) is False:
+            raise ValueError(f"{source}: scale_attn_weights=False is not supported")
+        try:
+            config = GPTConfig(
+                d_vocab=cfg["vocab_size"], n_ctx=cfg["n_positions"], d_model=cfg["n_embd"],
+                n_heads=cfg["n_head"], n_layers=cfg["n_layer"], d_mlp=cfg.get("n_inner") or None,
+                ln_eps=cfg.get("layer_norm_epsilon", 1e-5), activation=activation[act],
+                tie_weights=cfg.get("tie_word_embeddings", True),
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: config lacks the field {e.args[0]!r}") from None
+        # Checkpoints saved from GPT2Model lack the "transformer." prefix; accept both.
+        sd = {(k[len("transformer."):] if k.startswith("transformer.") else k): v for k, v in state.items()}
+        sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        d = config.d_model
+
+        def take(key: str) -> Tensor:
+            if key not in sd:
+                raise ValueError(f"{source} lacks tensor {key!r}")
+            return sd.pop(key)
+
+        ours: dict[str, Tensor] = {"embed.W_E": take("wte.weight"), "pos.W_pos": take("wpe.weight")}
+        for i in range(config.n_layers):
+            h, o = f"h.{i}.", f"blocks.{i}."
+            W_qkv, b_qkv = take(h + "attn.c_attn.weight"), take(h + "attn.c_attn.bias")
+            if W_qkv.shape != (d, 3 * d):
+                raise ValueError(f"{source}: tensor {h}attn.c_attn.weight has shape {tuple(W_qkv.shape)}, expected {(d, 3 * d)}")
+            for name, W, b in zip("QKV", W_qkv.split(d, dim=1), b_qkv.split(d)):
+                ours[o + f"attn.W_{name}"], ours[o + f"attn.b_{name}"] = W, b
+            ours[o + "attn.W_O"], ours[o + "attn.b_O"] = take(h + "attn.c_proj.weight"), take(h + "attn.c_proj.bias")
+            ours[o + "mlp.W_in"], ours[o + "mlp.b_in"] = take(h + "mlp.c_fc.weight"), take(h + "mlp.c_fc.bias")
+            ours[o + "mlp.W_out"], ours[o + "mlp.b_out"] = take(h + "mlp.c_proj.weight"), take(h + "mlp.c_proj.bias")
+            for ln in ("ln_1", "ln_2"):
+                ours[o + f"{ln}.w"], ours[o + f"{ln}.b"] = take(h + f"{ln}.weight"), take(h + f"{ln}.bias")
+        ours["ln_f.w"], ours["ln_f.b"] = take("ln_f.weight"), take("ln_f.bias")
+        lm_head = sd.pop("lm_head.weight", None)
+        if not config.tie_weights:
+            if lm_head is None:
+                raise ValueError(f"{source} lacks tensor 'lm_head.weight' (weights are not tied)")
+            ours["unembed.W_U_param"] = lm_head.T
+        elif lm_head is not None and not torch.equal(lm_head, ours["embed.W_E"]):
+            raise ValueError(f"{source}: lm_head.weight differs from wte.weight although the config ties them")
+        if sd:
+            raise ValueError(f"{source} has unexpected tensor(s) {sorted(sd)[:5]}")
+        model = cls(config)
+        load_state_checked(model, {k: v.detach().to(torch.float32).contiguous() for k, v in ours.items()}, source)
+        return model
 
     # --- files ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
