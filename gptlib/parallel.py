@@ -17,10 +17,10 @@ Worker functions (``*_worker``) are module-level so that spawned processes can i
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing.connection
 import os
-import pickle
 import signal
 import socket
 import tempfile
@@ -179,7 +179,8 @@ def run_distributed(
             while running:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DistributedError(f"{fn.__name__} timed out after {timeout} s (ranks {sorted(running.values())} still running)")
+                    still = sorted(running.values())
+                    raise DistributedError(f"{fn.__name__} timed out after {timeout} s (ranks {still} still running)")
                 for sentinel in multiprocessing.connection.wait(list(running), timeout=min(left, 1.0)):
                     rank = running.pop(sentinel)
                     processes[rank].join()
@@ -379,8 +380,8 @@ class TensorParallelBlock(nn.Module):
     def __init__(self, block: Block, rank: int, world_size: int, group=None):
         super().__init__()
         self.kind = block.kind
-        self.ln_1 = _clone_module(block.ln_1)
-        self.ln_2 = None if block.ln_2 is None else _clone_module(block.ln_2)
+        self.ln_1 = copy.deepcopy(block.ln_1)  # replicated: every rank holds the whole residual stream
+        self.ln_2 = None if block.ln_2 is None else copy.deepcopy(block.ln_2)
         self.attn = TensorParallelAttention(block.attn, rank, world_size, group)
         self.mlp = TensorParallelMLP(block.mlp, rank, world_size, group)
 
@@ -393,12 +394,6 @@ class TensorParallelBlock(nn.Module):
             return self.ln_2(y + self.mlp(y))
         h = self.ln_1(x)  # parallel block
         return x + self.attn(h) + self.mlp(h)
-
-
-def _clone_module(m: nn.Module) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(m)
 
 
 # =============================================================================================

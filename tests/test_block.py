@@ -1,0 +1,75 @@
+"""gptlib.block: LayerNorm and the three block kinds."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
+from gptlib.model import GPT
+
+
+def test_layer_norm_formula_and_peer():
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    peer = torch.nn.functional.layer_norm(x, (8,), w, b, 1e-5)
+    torch.testing.assert_close(layer_norm(x, w, b), peer)
+    ln = LayerNorm(8).double()
+    torch.testing.assert_close(ln(x), layer_norm(x, torch.ones(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)))
+    assert layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), None, eps=0.0).tolist() == [[-1.0, 1.0]]
+
+
+def test_layer_norm_errors():
+    with pytest.raises(ValueError, match="eps"):
+        LayerNorm(4, eps=-1)
+    with pytest.raises(ValueError, match="d_model"):
+        LayerNorm(0)
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+def test_block_kinds_match_their_equations(kind):
+    torch.manual_seed(0)
+    blk = Block(16, 4, 64, kind=kind).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        a, m = blk.attn, blk.mlp
+        if kind == "pre_ln":
+            y = x + a(blk.ln_1(x))
+            z = y + m(blk.ln_2(y))
+        elif kind == "post_ln":
+            y = blk.ln_1(x + a(x))
+            z = blk.ln_2(y + m(y))
+        else:
+            z = x + a(blk.ln_1(x)) + m(blk.ln_1(x))
+        torch.testing.assert_close(blk(x), z)
+        out, pattern = blk(x, return_pattern=True)
+        torch.testing.assert_close(out, z, atol=1e-6, rtol=1e-5)
+        assert pattern.shape == (2, 4, 5, 5)
+
+
+def test_block_dropout_only_in_training():
+    blk = Block(16, 4, 64, dropout=0.5)
+    x = torch.randn(1, 5, 16)
+    blk.eval()
+    with torch.no_grad():
+        assert torch.equal(blk(x), blk(x))
+    blk.train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.equal(blk(x), blk(x))
+
+
+def test_block_matches_hf_gpt2_block():
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4,
+                                    bos_token_id=0, eos_token_id=0)).eval()
+    ours = GPT.from_hf(hf).eval()
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        ref = hf.transformer.h[0](x)
+        ref = ref[0] if isinstance(ref, tuple) else ref
+        torch.testing.assert_close(ours.blocks[0](x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_block_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        Block(8, 2, 32, kind="sandwich")

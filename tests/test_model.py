@@ -1,0 +1,135 @@
+"""gptlib.model: config, forward, parameter count, HF parity, files."""
+
+import json
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gptlib.attention import KVCache
+from gptlib.model import GPT, PRESETS, GPTConfig
+
+
+def hf_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=200, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+    cfg.update(kw)
+    return GPT2LMHeadModel(GPT2Config(**cfg)).eval()
+
+
+def test_config_derived_values_and_errors():
+    c = GPTConfig.preset("gpt2")
+    assert (c.d_head, c.d_mlp) == (64, 3072)
+    with pytest.raises(ValueError, match="n_heads"):
+        GPTConfig(d_model=10, n_heads=3)
+    with pytest.raises(ValueError, match="d_vocab"):
+        GPTConfig(d_vocab=0)
+    with pytest.raises(ValueError, match="positional"):
+        GPTConfig(positional="rotary")
+    with pytest.raises(ValueError, match="name"):
+        GPTConfig.preset("gpt5")
+    with pytest.raises(ValueError, match="unknown fields"):
+        GPTConfig.from_dict({"d_vocab": 10, "colour": "red"})
+    assert GPTConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(Exception):
+        c.d_model = 5  # frozen
+
+
+def test_gpt2_parameter_count_and_presets():
+    with torch.device("meta"):
+        assert GPT(GPTConfig.preset("gpt2")).num_parameters() == 124_439_808
+        assert GPT(GPTConfig.preset("gpt2", tie_weights=False)).num_parameters() == 124_439_808 + 50257 * 768
+        assert GPT(GPTConfig.preset("gpt2-medium")).num_parameters() == 354_823_168
+    assert set(PRESETS) >= {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"}
+
+
+def test_forward_shapes_and_errors():
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 512, (3, 10))
+    assert m(ids).shape == (3, 10, 512)
+    logits, pats = m(ids, return_patterns=True)
+    assert pats.shape == (3, 2, 4, 10, 10)
+    assert m.hidden_states(ids).shape == (3, 10, 64)
+    with pytest.raises(ValueError, match="n_ctx"):
+        m(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        m(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="int64"):
+        m(torch.zeros(1, 5))
+
+
+def test_cache_forward_equals_full_forward():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 512, (2, 20))
+    with torch.no_grad():
+        full = m(ids)
+        cache = KVCache(2)
+        parts = [m(ids[:, :7], cache=cache)] + [m(ids[:, t : t + 1], cache=cache) for t in range(7, 20)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cache"):
+        m(ids, cache=KVCache(3))
+
+
+def test_from_hf_logits_parity():
+    hf = hf_model()
+    ours = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, 200, (2, 32))
+    with torch.no_grad():
+        assert float((hf(ids).logits - ours(ids)).abs().max()) <= 1e-4
+    assert ours.num_parameters() == sum(p.numel() for p in hf.parameters())
+
+
+def test_from_hf_untied_and_gelu_variants():
+    hf = hf_model(seed=1, tie_word_embeddings=False, activation_function="gelu")
+    with torch.no_grad():
+        hf.lm_head.weight.normal_()
+    ours = GPT.from_hf(hf).eval()
+    assert not ours.config.tie_weights and ours.config.activation == "gelu"
+    ids = torch.randint(0, 200, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="activation_function"):
+        GPT.from_hf(hf_model(activation_function="silu"))
+
+
+def test_from_pretrained_directory_and_errors(tmp_path):
+    hf = hf_model(seed=2)
+    hf.save_pretrained(tmp_path / "m")
+    ours = GPT.from_pretrained(tmp_path / "m").eval()
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    # a pytorch_model.bin (loaded with weights_only=True) works too
+    (tmp_path / "bin").mkdir()
+    torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    (tmp_path / "bin" / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
+    with torch.no_grad():
+        torch.testing.assert_close(GPT.from_pretrained(tmp_path / "bin").eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+    # errors name what is wrong
+    with pytest.raises(FileNotFoundError):
+        GPT.from_pretrained(tmp_path / "missing")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        GPT.from_pretrained(tmp_path / "m")
+    cfg = json.loads((tmp_path / "bin" / "config.json").read_text())
+    cfg["n_embd"] = 48
+    (tmp_path / "bin" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="c_attn.weight|shape|n_heads"):
+        GPT.from_pretrained(tmp_path / "bin")
+
+
+def test_save_load_round_trip_and_mismatch(tmp_path):
+    m = GPT(GPTConfig.preset("tiny"))
+    m.save(tmp_path / "a")
+    m2 = GPT.load(tmp_path / "a")
+    for (k, v), (k2, v2) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    # identical bytes when saved twice
+    m.save(tmp_path / "b")
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    other = GPT(GPTConfig.preset("tiny", d_model=32))
+    other.save(tmp_path / "c")
+    (tmp_path / "c" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+    with pytest.raises(ValueError, match="shape"):
+        GPT.load(tmp_path / "c")
