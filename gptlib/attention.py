@@ -175,11 +175,6 @@ class MultiHeadAttention(nn.Module):
         return W_V @ W_O
 
     # --- forward ----------------------------------------------------------------------------
-    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        B, T, _ = x.shape
-        y = x @ W if b is None else torch.addmm(b, x.reshape(B * T, -1), W).view(B, T, -1)
-        return y.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
-
     def forward(
         self,
         x: Tensor,
@@ -191,9 +186,19 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
-        q = self._project(x, self.W_Q, self.b_Q)  # (B, n_heads, T, d_head)
-        k = self._project(x, self.W_K, self.b_K)
-        v = self._project(x, self.W_V, self.b_V)
+        # Q, K and V in one matrix product: [Q | K | V] = X [W_Q | W_K | W_V] + [b_Q | b_K | b_V].
+        # The three weights stay separate parameters; concatenating them per call is cheap and
+        # one large product is faster than three small ones (forward and backward).
+        W_qkv = torch.cat([self.W_Q, self.W_K, self.W_V], dim=1)  # (d_model, 3 n_heads d_head)
+        x2 = x.reshape(B * T, self.d_model)
+        if self.b_Q is None:
+            qkv = x2 @ W_qkv
+        else:
+            qkv = torch.addmm(torch.cat([self.b_Q, self.b_K, self.b_V]), x2, W_qkv)  # (B*T, 3 n_heads d_head)
+        q, k, v = (
+            t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
+            for t in qkv.split(self.n_heads * self.d_head, dim=1)
+        )
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_heads, T_k, d_head), T_k = T_past + T
         T_k = k.shape[-2]

@@ -47,8 +47,9 @@ class Embedding(nn.Module):
         nn.init.normal_(self.W_E, std=0.02)
 
     def forward(self, ids: Tensor) -> Tensor:
-        # ids: (B, T) -> (B, T, d_model); indexing equals one_hot(ids) @ W_E without the zeros.
-        return self.W_E[ids]
+        # ids: (B, T) -> (B, T, d_model); a row lookup, equal to one_hot(ids) @ W_E without the zeros
+        # (F.embedding has a faster backward than plain indexing).
+        return torch.nn.functional.embedding(ids, self.W_E)
 
 
 class Unembedding(nn.Module):
@@ -82,4 +83,8 @@ class Unembedding(nn.Module):
         return self._tied[0].W_E.T if self._tied else self.W_U_param
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.W_U  # (B, T, d_model) @ (d_model, d_vocab) -> (B, T, d_vocab)
+        # (B, T, d_model) @ (d_model, d_vocab) -> (B, T, d_vocab). For tied weights F.linear with
+        # W_E itself avoids materialising the transpose's gradient.
+        if self._tied:
+            return torch.nn.functional.linear(x, self._tied[0].W_E)
+        return x @ self.W_U_param

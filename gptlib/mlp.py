@@ -139,11 +139,9 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
-        h = x @ self.W_in  # (B, T, d_mlp): pre-activations
-        if self.b_in is not None:
-            h = h + self.b_in
-        h = self.phi(h)  # (B, T, d_mlp): activations
-        y = h @ self.W_out  # (B, T, d_model)
-        if self.b_out is not None:
-            y = y + self.b_out
-        return y
+        shape = x.shape
+        x2 = x.reshape(-1, self.d_model)  # (B*T, d_model): the layer acts row by row
+        h = x2 @ self.W_in if self.b_in is None else torch.addmm(self.b_in, x2, self.W_in)  # pre-activations
+        h = self.phi(h)  # (B*T, d_mlp): activations
+        y = h @ self.W_out if self.b_out is None else torch.addmm(self.b_out, h, self.W_out)  # (B*T, d_model)
+        return y.view(*shape[:-1], self.d_model)
