@@ -12,7 +12,8 @@ between GPUs); nothing is a home-made message layer. Processes are started by
                        softmax accumulated online (running max m, running sum l)
     arithmetic         training FLOPs ~ 6 N D (+ 6 n_layers n_ctx d_attn D for attention)
 
-Worker functions (``*_worker``) are module-level so that spawned processes can import them.
+Worker functions (``*_worker``) are module-level so that spawned processes can import them; they
+compute on the CPU (gloo). Under nccl each process would move its model and tensors to its GPU.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "TensorParallelBlock",
     "stage_layers",
     "gpipe_schedule",
+    "timetable",
     "bubble_fraction",
     "gpipe_bubble",
     "online_softmax_update",
@@ -443,6 +445,23 @@ def gpipe_schedule(n_stages: int, n_micro: int) -> list[list[str]]:
     grid = [[""] * n_slots for _ in range(p)]
     for (kind, j, s), t in slot.items():
         grid[s][t] = f"{kind}{j}"
+    return grid
+
+
+def timetable(logs: list[list[tuple[str, int]]]) -> list[list[str]]:
+    """The (stage, slot) grid recorded by the stages' logs of (operation, slot) pairs.
+
+    >>> timetable([[("F0", 0), ("B0", 3)], [("F0", 1), ("B0", 2)]])
+    [['F0', '', '', 'B0'], ['', 'F0', 'B0', '']]
+    """
+    if not logs or not any(logs):
+        raise ValueError("logs must hold at least one operation")
+    grid = [[""] * (max(t for log in logs for _, t in log) + 1) for _ in logs]
+    for s, log in enumerate(logs):
+        for op, t in log:
+            if grid[s][t]:
+                raise ValueError(f"logs: stage {s} has two operations in slot {t}")
+            grid[s][t] = op
     return grid
 
 

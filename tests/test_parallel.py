@@ -195,18 +195,9 @@ def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
     for o in out:
         for n, g in o["grads"].items():
             torch.testing.assert_close(g, grads[n])
-    grid = _grid_from_logs([o["log"] for o in out])
+    grid = P.timetable([o["log"] for o in out])
     assert grid == P.gpipe_schedule(2, 4)
     assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(2, 4)) == pytest.approx(0.2)
-
-
-def _grid_from_logs(logs):
-    n_slots = max(t for log in logs for _, t in log) + 1
-    grid = [[""] * n_slots for _ in logs]
-    for s, log in enumerate(logs):
-        for op, t in log:
-            grid[s][t] = op
-    return grid
 
 
 def test_sequence_parallel_ring_attention_equals_full_attention():
@@ -233,7 +224,7 @@ def test_four_ranks_pipeline_and_ring():
             if n == "embed.W_E" and not o["pipe"]["grads"].get(n, torch.ones(1)).any():
                 continue  # middle stages never touch the embedding
             torch.testing.assert_close(gr, grads[n])
-    grid = _grid_from_logs([o["pipe"]["log"] for o in out])
+    grid = P.timetable([o["pipe"]["log"] for o in out])
     assert grid == P.gpipe_schedule(4, 2)
     assert P.bubble_fraction(grid) == pytest.approx(3 / 5)
     z, _ = attention(q, k, v, causal_mask(16))
@@ -273,6 +264,10 @@ def test_gpipe_errors():
         P.gpipe_schedule(2, 0)
     with pytest.raises(ValueError, match="grid"):
         P.bubble_fraction([])
+    with pytest.raises(ValueError, match="logs"):
+        P.timetable([[("F0", 0), ("F1", 0)]])
+    with pytest.raises(ValueError, match="logs"):
+        P.timetable([])
     assert list(P.stage_layers(6, 2, 3)) == [4, 5]
 
 
