@@ -1,0 +1,117 @@
+"""gptlib.sampling: next_token_probs semantics and errors; generate with and without the KV cache."""
+
+import math
+
+import pytest
+import torch
+
+from gptlib.model import GPT, GPTConfig
+from gptlib.sampling import generate, next_token_probs
+
+
+def test_worked_example_of_004():
+    y = torch.tensor([0.001, 10.0, 6.0, 1.0, 4.0], dtype=torch.float64)
+    torch.testing.assert_close(next_token_probs(y, 1.0, top_k=3)[[1, 2, 4]],
+                               torch.tensor([0.97962921, 0.01794253, 0.00242826], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(next_token_probs(y, 10.0, top_k=3)[[1, 2, 4]],
+                               torch.tensor([0.45062671, 0.30206411, 0.24730918], dtype=torch.float64), atol=1e-8, rtol=0)
+
+
+def test_temperature_limits_and_greedy():
+    y = torch.tensor([1.0, 3.0, 2.0, 3.0])
+    assert torch.equal(next_token_probs(y, temperature=0), torch.tensor([0.0, 1.0, 0.0, 0.0]))  # first argmax
+    torch.testing.assert_close(next_token_probs(y, temperature=1e7), torch.full((4,), 0.25))
+    torch.testing.assert_close(next_token_probs(y), torch.softmax(y, -1))
+
+
+def test_top_k_and_ties():
+    y = torch.tensor([5.0, 1.0, 5.0, 3.0])
+    p = next_token_probs(y, top_k=1)
+    assert torch.equal(p, torch.tensor([1.0, 0.0, 0.0, 0.0]))  # ties: lower id kept
+    p = next_token_probs(y, top_k=3)
+    assert p[1] == 0 and torch.isclose(p.sum(), torch.tensor(1.0))
+    torch.testing.assert_close(next_token_probs(y, top_k=10), torch.softmax(y, -1))
+
+
+def test_top_p_keeps_crossing_token_and_at_least_one():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    y = p.log()
+    for top_p, n in ((0.1, 1), (0.5, 1), (0.51, 2), (0.8, 2), (0.81, 3), (0.96, 4), (1.0, 4)):
+        q = next_token_probs(y, top_p=top_p)
+        assert int((q > 0).sum()) == n, (top_p, q)
+        torch.testing.assert_close(q.sum(), torch.tensor(1.0))
+
+
+def test_order_temperature_then_top_k_then_top_p_batched():
+    y = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    out = next_token_probs(y, temperature=0.7, top_k=10, top_p=0.6)
+    for b in range(3):
+        p = torch.softmax(y[b] / 0.7, -1)
+        idx = torch.argsort(y[b], descending=True)[:10]
+        pk = p[idx] / p[idx].sum()
+        n = int(((torch.cumsum(pk, 0) - pk) < 0.6).sum())
+        ref = torch.zeros(50)
+        ref[idx[:n]] = pk[:n] / pk[:n].sum()
+        torch.testing.assert_close(out[b], ref)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+])
+def test_bad_parameters(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        next_token_probs(torch.randn(5), **kwargs)
+
+
+def test_bad_logits():
+    with pytest.raises(ValueError, match="NaN"):
+        next_token_probs(torch.tensor([0.0, float("nan")]))
+    with pytest.raises(ValueError, match="shape"):
+        next_token_probs(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="floating"):
+        next_token_probs(torch.tensor([1, 2]))
+
+
+@pytest.fixture(scope="module")
+def small():
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
+
+
+def test_generate_cache_equals_no_cache_past_n_ctx(small):
+    prompt = torch.randint(0, 512, (2, 6))
+    a, la = generate(small, prompt, 30, temperature=0.0, return_logits=True)
+    b, lb = generate(small, prompt, 30, temperature=0.0, use_cache=False, return_logits=True)
+    assert torch.equal(a, b) and a.shape == (2, 36)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+    s1 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1))
+    s2 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1), use_cache=False)
+    assert torch.equal(s1, s2)
+
+
+def test_generate_1d_prompt_keeps_prefix_and_restores_mode(small):
+    small.train()
+    prompt = torch.tensor([1, 2, 3])
+    out = generate(small, prompt, 5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (8,) and torch.equal(out[:3], prompt)
+    assert small.training
+    small.eval()
+    assert torch.equal(generate(small, prompt, 0), prompt)
+
+
+def test_generate_crops_a_prompt_longer_than_n_ctx(small):
+    long = torch.randint(0, 512, (1, 40))
+    out = generate(small, long, 3, temperature=0.0)
+    ref = generate(small, long[:, -16:], 3, temperature=0.0)
+    assert torch.equal(out[:, -3:], ref[:, -3:])
+
+
+def test_generate_errors(small):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(small, torch.tensor([1]), -1)
+    with pytest.raises(ValueError, match="top_k"):
+        generate(small, torch.tensor([1]), 1, top_k=0)
+    with pytest.raises(ValueError, match="ids"):
+        generate(small, torch.zeros(1, 1, 1, dtype=torch.long), 1)
