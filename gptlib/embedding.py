@@ -12,61 +12,93 @@ from torch import Tensor, nn
 
 __all__ = ["one_hot", "Embedding", "Unembedding"]
 
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
 
 def _check_ids(ids: Tensor, d_vocab: int, name: str = "ids") -> None:
-    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise ValueError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids))}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= d_vocab):
-        raise ValueError(f"{name} must lie in [0, {d_vocab}), got values in [{int(ids.min())}, {int(ids.max())}]")
+    """Raise ValueError unless ``ids`` is an integer tensor with values in [0, d_vocab)."""
+    if not isinstance(ids, Tensor) or ids.dtype not in _INT_DTYPES:
+        raise ValueError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    # A data-dependent check: skipped under torch.compile and on the meta device (no data there).
+    if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= d_vocab:
+            raise ValueError(f"{name} must lie in [0, {d_vocab}), got values in [{lo}, {hi}]")
 
 
 def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The one-hot matrix of a sequence of ids: row t is the basis vector e_{ids[t]}.
 
+    ids of shape (..., T) give a tensor of shape (..., T, d_vocab).
+
     >>> one_hot(torch.tensor([2, 0]), 3)
     tensor([[0., 0., 1.],
             [1., 0., 0.]])
     """
-    if d_vocab < 1:
-        raise ValueError(f"d_vocab must be >= 1, got {d_vocab}")
+    _check_positive("d_vocab", d_vocab)
     _check_ids(ids, d_vocab)
     return torch.nn.functional.one_hot(ids.long(), d_vocab).to(dtype)  # (..., T, d_vocab)
 
 
 class Embedding(nn.Module):
-    """Token embedding: ids -> rows of ``W_E`` (d_vocab, d_model), i.e. one_hot(ids) @ W_E."""
+    """Token embedding: ids -> rows of ``W_E`` (d_vocab, d_model), i.e. one_hot(ids) @ W_E.
+
+    >>> emb = Embedding(3, 2)
+    >>> with torch.no_grad():
+    ...     _ = emb.W_E.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    >>> emb(torch.tensor([[2, 0]]))
+    tensor([[[5., 6.],
+             [1., 2.]]], grad_fn=<EmbeddingBackward0>)
+    """
 
     def __init__(self, d_vocab: int, d_model: int):
         super().__init__()
-        if d_vocab < 1:
-            raise ValueError(f"d_vocab must be >= 1, got {d_vocab}")
-        if d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        _check_positive("d_vocab", d_vocab)
+        _check_positive("d_model", d_model)
         self.d_vocab, self.d_model = d_vocab, d_model
         self.W_E = nn.Parameter(torch.empty(d_vocab, d_model))
         nn.init.normal_(self.W_E, std=0.02)
 
     def forward(self, ids: Tensor) -> Tensor:
-        # ids: (B, T) -> (B, T, d_model); a row lookup, equal to one_hot(ids) @ W_E without the zeros
-        # (F.embedding has a faster backward than plain indexing).
+        # ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the zeros.
+        # (F.embedding has a faster backward than plain indexing.) Ids out of range are a
+        # ValueError here rather than an IndexError on the CPU or a device-side assert on a GPU.
+        _check_ids(ids, self.d_vocab)
         return torch.nn.functional.embedding(ids, self.W_E)
+
+    def extra_repr(self) -> str:
+        return f"d_vocab={self.d_vocab}, d_model={self.d_model}"
 
 
 class Unembedding(nn.Module):
     """Unembedding: (…, d_model) -> logits (…, d_vocab) = x @ W_U.
 
-    With ``tied_to`` an :class:`Embedding`, ``W_U`` is ``W_E^T`` (no parameter of its own).
+    With ``tied_to`` an :class:`Embedding`, ``W_U`` is ``W_E^T``: a view of the same storage, no
+    parameter of its own, so gradients from both uses add up in ``W_E``.
+
+    >>> emb = Embedding(5, 3)
+    >>> Unembedding(3, 5, tied_to=emb).W_U.data_ptr() == emb.W_E.data_ptr()
+    True
     """
 
     def __init__(self, d_model: int, d_vocab: int, tied_to: Embedding | None = None):
         super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("d_vocab", d_vocab)
         self.d_model, self.d_vocab = d_model, d_vocab
         if tied_to is not None:
+            if not isinstance(tied_to, Embedding):
+                raise ValueError(f"tied_to must be an Embedding, got {type(tied_to).__name__}")
             if (tied_to.d_vocab, tied_to.d_model) != (d_vocab, d_model):
                 raise ValueError(
                     f"tied_to has shape ({tied_to.d_vocab}, {tied_to.d_model}), expected ({d_vocab}, {d_model})"
                 )
-            self._tied = [tied_to]  # a list so that nn.Module does not register it twice
+            self._tied = [tied_to]  # a list, so that nn.Module does not register W_E a second time
             self.register_parameter("W_U_param", None)
         else:
             self._tied = []
@@ -83,8 +115,13 @@ class Unembedding(nn.Module):
         return self._tied[0].W_E.T if self._tied else self.W_U_param
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1:] != (self.d_model,):
+            raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
         # (B, T, d_model) @ (d_model, d_vocab) -> (B, T, d_vocab). For tied weights F.linear with
-        # W_E itself avoids materialising the transpose's gradient.
+        # W_E itself (x W_E^T) avoids materialising the transpose's gradient.
         if self._tied:
             return torch.nn.functional.linear(x, self._tied[0].W_E)
         return x @ self.W_U_param
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_vocab={self.d_vocab}, tied={self.tied}"

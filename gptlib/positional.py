@@ -1,6 +1,7 @@
 """Chapter 2: where a token sits — learned positions W_pos and sinusoidal encodings.
 
-Both add a vector depending only on the position p to the token embedding of row p.
+Both add a vector that depends only on the position p to the token embedding in row p:
+X_0 = X W_E + PE[:T] (learned: PE = W_pos, trained; sinusoidal: a fixed matrix).
 """
 
 from __future__ import annotations
@@ -10,48 +11,95 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sinusoidal_encoding", "LearnedPositional", "SinusoidalPositional"]
+__all__ = [
+    "sinusoidal_frequencies",
+    "sinusoidal_encoding",
+    "relative_rotation",
+    "LearnedPositional",
+    "SinusoidalPositional",
+]
 
 
-def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0) -> Tensor:
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_sizes(d_model: int, base: float) -> None:
+    if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be a positive even int, got {d_model!r}")
+    if not base > 1:
+        raise ValueError(f"base must be > 1, got {base}")
+
+
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
+    """The angular frequencies omega_i = base^(-2i/d_model), i = 0 … d_model/2 - 1 (float64).
+
+    Column pair (2i, 2i+1) of the encoding turns at omega_i radians per position.
+
+    >>> sinusoidal_frequencies(4)
+    tensor([1.0000, 0.0100], dtype=torch.float64)
+    """
+    _check_sizes(d_model, base)
+    i = torch.arange(d_model // 2, dtype=torch.float64)  # pair index
+    return torch.exp(-(2 * i / d_model) * math.log(base))  # (d_model/2,)
+
+
+def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
     """The sinusoidal position matrix PE of shape (n_ctx, d_model), positions counted from 0.
 
-    For the pair index i = 0, 1, …, d_model/2 - 1 and angular frequency
-    omega_i = base^(-2i/d_model):  PE[p, 2i] = sin(p omega_i),  PE[p, 2i+1] = cos(p omega_i).
+    With the pair index i and omega_i from :func:`sinusoidal_frequencies`:
+    PE[p, 2i] = sin(p omega_i),  PE[p, 2i+1] = cos(p omega_i). Computed in float64, returned in ``dtype``.
 
     >>> sinusoidal_encoding(2, 4)
     tensor([[0.0000, 1.0000, 0.0000, 1.0000],
             [0.8415, 0.5403, 0.0100, 0.9999]])
     """
-    if n_ctx < 1:
-        raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-    if d_model < 2 or d_model % 2:
-        raise ValueError(f"d_model must be a positive even number, got {d_model}")
-    if base <= 1:
-        raise ValueError(f"base must be > 1, got {base}")
+    _check_positive("n_ctx", n_ctx)
+    omega = sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     p = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
-    i = torch.arange(d_model // 2, dtype=torch.float64)[None, :]  # (1, d_model/2)
-    angle = p * torch.exp(-(2 * i / d_model) * math.log(base))  # (n_ctx, d_model/2)
-    pe = torch.empty(n_ctx, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle)
-    return pe.to(torch.float32)
+    angle = p * omega[None, :]  # (n_ctx, d_model/2)
+    pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)  # (n_ctx, d_model/2, 2)
+    return pe.reshape(n_ctx, d_model).to(dtype)  # (n_ctx, d_model): sin, cos, sin, cos, …
+
+
+def relative_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """R_k, the (d_model, d_model) matrix with PE[p + k] = PE[p] @ R_k for every position p (float64).
+
+    R_k is block-diagonal; block i rotates the pair (sin, cos) by the angle k omega_i:
+    [[cos k omega_i, -sin k omega_i], [sin k omega_i, cos k omega_i]]. It does not depend on p.
+
+    >>> relative_rotation(1, 2)
+    tensor([[ 0.5403, -0.8415],
+            [ 0.8415,  0.5403]], dtype=torch.float64)
+    """
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise ValueError(f"k must be an int, got {k!r}")
+    angle = k * sinusoidal_frequencies(d_model, base)  # (d_model/2,)
+    c, s = torch.cos(angle), torch.sin(angle)
+    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d_model/2, 2, 2)
+    return torch.block_diag(*blocks)  # (d_model, d_model)
 
 
 def _check_len(T: int, n_ctx: int, offset: int) -> None:
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
+    if not isinstance(T, int) or isinstance(T, bool) or T < 0:
+        raise ValueError(f"T must be an int >= 0, got {T!r}")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
     if offset + T > n_ctx:
         raise ValueError(f"positions {offset}..{offset + T - 1} exceed n_ctx={n_ctx}")
 
 
 class LearnedPositional(nn.Module):
-    """Learned positions: row p of ``W_pos`` (n_ctx, d_model) is added at position p."""
+    """Learned positions: row p of ``W_pos`` (n_ctx, d_model) is added at position p.
+
+    ``forward(T, offset)`` returns rows offset … offset + T - 1, shape (T, d_model).
+    """
 
     def __init__(self, n_ctx: int, d_model: int):
         super().__init__()
-        if n_ctx < 1:
-            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+        _check_positive("n_ctx", n_ctx)
+        _check_positive("d_model", d_model)
         self.n_ctx, self.d_model = n_ctx, d_model
         self.W_pos = nn.Parameter(torch.empty(n_ctx, d_model))
         nn.init.normal_(self.W_pos, std=0.01)
@@ -60,15 +108,26 @@ class LearnedPositional(nn.Module):
         _check_len(T, self.n_ctx, offset)
         return self.W_pos[offset : offset + T]  # (T, d_model)
 
+    def extra_repr(self) -> str:
+        return f"n_ctx={self.n_ctx}, d_model={self.d_model}"
+
 
 class SinusoidalPositional(nn.Module):
-    """Fixed sinusoidal positions, held as a registered buffer so ``.to(device)`` moves them."""
+    """Fixed sinusoidal positions, held in the registered buffer ``PE`` (n_ctx, d_model).
+
+    A buffer moves with ``.to(device)`` / ``.to(dtype)`` and is listed by ``buffers()``. It is
+    registered with ``persistent=False``: PE is a function of (n_ctx, d_model, base), so it is
+    rebuilt on construction instead of being written into every checkpoint.
+    """
 
     def __init__(self, n_ctx: int, d_model: int, base: float = 10000.0):
         super().__init__()
-        self.n_ctx, self.d_model = n_ctx, d_model
+        self.n_ctx, self.d_model, self.base = n_ctx, d_model, base
         self.register_buffer("PE", sinusoidal_encoding(n_ctx, d_model, base), persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
         _check_len(T, self.n_ctx, offset)
         return self.PE[offset : offset + T]  # (T, d_model)
+
+    def extra_repr(self) -> str:
+        return f"n_ctx={self.n_ctx}, d_model={self.d_model}, base={self.base}"
