@@ -12,6 +12,7 @@ strategies reshape it before drawing:
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -23,16 +24,19 @@ __all__ = ["next_token_probs", "generate"]
 
 def _check(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not isinstance(logits, Tensor) or logits.dim() not in (1, 2) or logits.shape[-1] < 1:
-        raise ValueError(f"logits must be a tensor of shape (d_vocab,) or (B, d_vocab), got {getattr(logits, 'shape', type(logits))}")
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a tensor of shape (d_vocab,) or (B, d_vocab), got {shape}")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
+    if (logits == math.inf).any() or (logits == -math.inf).all(dim=-1).any():
+        raise ValueError("logits must not contain +inf, and each row needs a finite value")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
 
 
@@ -60,15 +64,19 @@ def next_token_probs(
         probs = torch.zeros_like(y)
         probs.scatter_(-1, y.argmax(dim=-1, keepdim=True), 1.0)
         return probs[0] if squeeze else probs
-    probs = torch.softmax(y / temperature, dim=-1)  # (B, d_vocab)
+    # Subtracting the max first keeps y / tau finite for tiny tau (ties at the max share the mass).
+    y_max = y.max(dim=-1, keepdim=True).values  # (B, 1)
+    probs = torch.softmax((y - y_max) / float(temperature), dim=-1)  # (B, d_vocab)
     order = torch.sort(y, dim=-1, descending=True, stable=True).indices  # most probable first
     keep_sorted = torch.ones_like(probs, dtype=torch.bool)  # in the order of `order`
     if top_k is not None and top_k < y.shape[-1]:
-        keep_sorted[:, top_k:] = False
+        keep_sorted[:, int(top_k):] = False
     if top_p is not None and top_p < 1:
+        # renormalise what top-k kept, then keep while the mass before a token is below top_p
         p_sorted = probs.gather(-1, order) * keep_sorted
         p_sorted = p_sorted / p_sorted.sum(dim=-1, keepdim=True)
-        before = torch.cumsum(p_sorted, dim=-1) - p_sorted  # mass strictly before each token
+        cum = torch.cumsum(p_sorted, dim=-1)  # (B, d_vocab)
+        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)  # mass strictly before each token
         keep_sorted &= before < top_p  # keeps the token that crosses top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     probs = torch.where(keep, probs, torch.zeros_like(probs))
@@ -95,9 +103,18 @@ def generate(
     With ``use_cache`` the keys and values of earlier positions are kept (:class:`KVCache`), so a
     step costs one position instead of the whole context. Once the context is full, every step
     shifts the window, which changes the absolute position of every kept token: the cache is then
-    rebuilt from the cropped window, exactly what the uncached computation does. Both paths give
-    the same tokens (and logits up to rounding). ``return_logits`` also returns the logits of
-    every step, (B, max_new_tokens, d_vocab).
+    rebuilt from the cropped window (the last ``n_ctx - 1`` tokens and the newest one), exactly what
+    the uncached computation does, so past ``n_ctx`` a step costs a full forward pass of ``n_ctx``
+    positions, as without the cache. Both paths give the same tokens (and logits up to rounding).
+    ``return_logits`` also returns the logits of every step, (B, max_new_tokens, d_vocab).
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> _ = torch.manual_seed(0)
+    >>> model = GPT(GPTConfig.preset("tiny", n_ctx=8))
+    >>> a = generate(model, torch.tensor([1, 2, 3]), 10, temperature=0.0)
+    >>> b = generate(model, torch.tensor([1, 2, 3]), 10, temperature=0.0, use_cache=False)
+    >>> a.shape, torch.equal(a, b)
+    (torch.Size([13]), True)
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -120,7 +137,8 @@ def generate(
                 logits = model(ids[:, -n_ctx:], cache=cache)[:, -1]
             else:
                 logits = model(ids[:, -1:], cache=cache)[:, -1]  # one new position
-            steps.append(logits)
+            if return_logits:
+                steps.append(logits)
             probs = next_token_probs(logits.float(), temperature, top_k, top_p)
             if temperature == 0:
                 nxt = probs.argmax(dim=-1, keepdim=True)  # (B, 1)

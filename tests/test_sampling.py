@@ -9,6 +9,15 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import generate, next_token_probs
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny tensors: one thread is as fast, and immune to an oversubscribed shared CPU.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_worked_example_of_004():
     y = torch.tensor([0.001, 10.0, 6.0, 1.0, 4.0], dtype=torch.float64)
     torch.testing.assert_close(next_token_probs(y, 1.0, top_k=3)[[1, 2, 4]],
@@ -68,10 +77,35 @@ def test_bad_parameters(kwargs, name):
 def test_bad_logits():
     with pytest.raises(ValueError, match="NaN"):
         next_token_probs(torch.tensor([0.0, float("nan")]))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="logits must be a tensor of shape"):
         next_token_probs(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="logits must be a tensor of shape"):
+        next_token_probs(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="logits must be a tensor"):
+        next_token_probs([1.0, 2.0])
+    with pytest.raises(ValueError, match="inf"):
+        next_token_probs(torch.tensor([0.0, math.inf]))
+    with pytest.raises(ValueError, match="finite"):
+        next_token_probs(torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]]))
     with pytest.raises(ValueError, match="floating"):
         next_token_probs(torch.tensor([1, 2]))
+
+
+def test_masked_logits_tiny_temperature_and_integer_types():
+    y = torch.tensor([-math.inf, 2.0, 1.0, 2.0])
+    torch.testing.assert_close(next_token_probs(y), torch.softmax(y, -1))
+    # (y - max) / tau stays finite: ties at the max share the mass as tau -> 0
+    torch.testing.assert_close(next_token_probs(y, temperature=1e-40), torch.tensor([0.0, 0.5, 0.0, 0.5]))
+    assert torch.equal(next_token_probs(y, temperature=0), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    import numpy as np
+    torch.testing.assert_close(next_token_probs(y, top_k=np.int64(1)), next_token_probs(y, top_k=1))
+    torch.testing.assert_close(next_token_probs(y, temperature=np.float32(2.0)), next_token_probs(y, temperature=2.0))
+
+
+def test_top_p_boundary_is_exact():
+    y = torch.tensor([0.5, 0.25, 0.25]).log()  # binary fractions: the sums are exact
+    assert int((next_token_probs(y, top_p=0.75) > 0).sum()) == 2  # 0.5 + 0.25 reaches 0.75 exactly
+    assert int((next_token_probs(y, top_p=0.7500001) > 0).sum()) == 3
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +123,36 @@ def test_generate_cache_equals_no_cache_past_n_ctx(small):
     s1 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1))
     s2 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1), use_cache=False)
     assert torch.equal(s1, s2)
+
+
+def test_generate_is_reproducible_with_a_seed(small):
+    prompt = torch.tensor([[5, 6, 7]])
+    draw = lambda seed, **kw: generate(small, prompt, 20, generator=torch.Generator().manual_seed(seed), **kw)  # noqa: E731
+    assert torch.equal(draw(7), draw(7)) and torch.equal(draw(7, temperature=1.5, top_k=20), draw(7, temperature=1.5, top_k=20))
+    assert not torch.equal(draw(7), draw(8))
+    # top_k = 1 is greedy whatever the temperature
+    assert torch.equal(draw(0, top_k=1, temperature=3.0), generate(small, prompt, 20, temperature=0.0))
+
+
+def test_generate_equals_a_plain_sampling_loop(small):
+    ids, g = torch.tensor([[3, 1, 4, 1, 5]]), torch.Generator().manual_seed(2)
+    for _ in range(25):  # past n_ctx = 16: crop, softmax of the last row, one draw
+        with torch.no_grad():
+            y = small(ids[:, -16:])[:, -1]  # (1, d_vocab)
+        ids = torch.cat([ids, torch.multinomial(torch.softmax(y / 0.9, dim=-1), 1, generator=g)], dim=1)
+    assert torch.equal(ids, generate(small, ids[:, :5], 25, temperature=0.9, generator=torch.Generator().manual_seed(2)))
+
+
+def test_cached_keys_of_earlier_positions_do_not_change(small):
+    from gptlib.attention import KVCache
+    ids = torch.randint(0, 512, (1, 12))
+    short, full = KVCache(small.config.n_layers), KVCache(small.config.n_layers)
+    with torch.no_grad():
+        small(ids[:, :7], cache=short)
+        small(ids, cache=full)
+    for layer in range(small.config.n_layers):
+        torch.testing.assert_close(full.k[layer][:, :, :7], short.k[layer])
+        torch.testing.assert_close(full.v[layer][:, :, :7], short.v[layer])
 
 
 def test_generate_1d_prompt_keeps_prefix_and_restores_mode(small):
