@@ -4,12 +4,18 @@
     python scripts/execute.py --all
 
 Outputs that nbval later compares are produced on the CPU (CUDA hidden), with a fixed hash seed.
+Execution counts are renumbered 1..n and widget model ids (random uuids in the kernel) are renamed
+to ids derived from the notebook's name and the widgets' order, so re-executing an unchanged
+notebook rewrites the same file.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -18,6 +24,44 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+MODEL_REF = re.compile(r"IPY_MODEL_([0-9a-f]{32})")
+
+
+def stable_widget_ids(nb, name: str):
+    """The notebook with its widget model ids renamed deterministically (same 32-hex form).
+
+    Order: models shown in outputs, cell by cell, each followed depth-first by the models its
+    state refers to (``IPY_MODEL_<id>``, e.g. its layout); then any model never shown, ordered by
+    its content. The new id of the i-th model is md5(f"{name}:{i}").
+    """
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    if not state:
+        return nb
+    order: list[str] = []
+
+    def visit(mid: str) -> None:
+        if mid in order or mid not in state:
+            return
+        order.append(mid)
+        refs = MODEL_REF.findall(json.dumps(state[mid].get("state", {}), sort_keys=True))
+        for ref in refs:
+            visit(ref)
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view and "model_id" in view:
+                visit(view["model_id"])
+    rest = [m for m in state if m not in order]
+    content = lambda m: MODEL_REF.sub("", json.dumps(state[m], sort_keys=True))  # noqa: E731
+    for mid in sorted(rest, key=content):
+        visit(mid)
+    text = nbformat.writes(nb)
+    for i, mid in enumerate(order):
+        text = text.replace(mid, hashlib.md5(f"{name}:{i}".encode()).hexdigest())
+    return nbformat.reads(text, as_version=4)
 
 
 def execute(path: Path, timeout: int = 600) -> float:
@@ -43,6 +87,7 @@ def execute(path: Path, timeout: int = 600) -> float:
                 if "execution_count" in out:
                     out["execution_count"] = n
             cell.metadata.pop("execution", None)
+    nb = stable_widget_ids(nb, path.name)
     tmp = path.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
     os.replace(tmp, path)

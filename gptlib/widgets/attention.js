@@ -41,11 +41,12 @@ function render({ model, el }) {
     options(headSel, model.get("head_labels"), head);
     grid.style.gridTemplateColumns = `max-content repeat(${T}, 22px)`;
     const cells = [document.createElement("div")];
-    tokens.forEach((t) => {
+    const keys = tokens.map((t) => {
       const k = document.createElement("div");
       k.className = "gptlib-attn-key";
       k.textContent = show(t);
       cells.push(k);
+      return k;
     });
     for (let i = 0; i < T; i++) {
       const q = document.createElement("div");
@@ -61,12 +62,19 @@ function render({ model, el }) {
       }
       const enter = () => {
         row.forEach((c) => c.style.outline = "1px solid #c00");
+        // The keys this query attends to, shaded by their weight.
+        keys.forEach((k, j) => { k.style.background = j <= i ? `rgba(204, 0, 0, ${0.6 * A[i][j]})` : ""; });
+        q.style.fontWeight = "bold";
         const top = A[i].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
         focus.textContent = `query "${show(tokens[i])}" attends to ` +
           top.map(([a, j]) => `"${show(tokens[j])}" (${a.toFixed(2)})`).join(", ");
         root.dataset.focus = String(i);
       };
-      const leave = () => row.forEach((c) => c.style.outline = "");
+      const leave = () => {
+        row.forEach((c) => c.style.outline = "");
+        keys.forEach((k) => { k.style.background = ""; });
+        q.style.fontWeight = "";
+      };
       row.forEach((c) => { c.addEventListener("mouseenter", enter); c.addEventListener("mouseleave", leave); });
       cells.push(...row);
     }

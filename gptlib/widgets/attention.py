@@ -19,7 +19,12 @@ class AttentionView(BookWidget):
     """Attention patterns of shape (n_layers, n_heads, T, T) with token strings on both axes.
 
     Row i of a pattern is the distribution of query i over keys j <= i. Hovering a query token
-    highlights its row and lists the keys it attends to most.
+    highlights its row, shades the key tokens by their weight and lists the keys it attends to
+    most. Patterns may be a torch tensor, a numpy array or nested lists; they are stored rounded
+    to 6 decimals.
+
+    >>> AttentionView(["a", "b"], [[[[1.0, 0.0], [0.25, 0.75]]]])
+    AttentionView(layers=1, heads=1, tokens=2)
     """
 
     _esm = read_asset("attention.js")
@@ -49,7 +54,7 @@ class AttentionView(BookWidget):
             raise ValueError(f"layer_labels must have {n_layers} entries, got {len(layer_labels)}")
         if len(head_labels) != n_heads:
             raise ValueError(f"head_labels must have {n_heads} entries, got {len(head_labels)}")
-        super().__init__(tokens=tokens, patterns=rounded(p, 4), title=title,
+        super().__init__(tokens=tokens, patterns=rounded(p, 6), title=title,
                          layer_labels=layer_labels, head_labels=head_labels)
 
     def _repr_facts(self):

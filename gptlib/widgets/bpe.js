@@ -34,16 +34,21 @@ function render({ model, el }) {
     const current = steps[step];
     stepLabel.textContent = ` ${step} / ${steps.length - 1}   (${current.length} tokens)`;
     info.textContent = step === 0 ? "no merge yet: one piece per byte" : `merge ${step}: ${merges[step - 1]}`;
+    // Pieces the last merge created: character spans that were not pieces one step earlier.
+    const spans = (list) => { let at = 0; return list.map((p) => `${at}:${(at += p.length)}`); };
+    const before = new Set(step > 0 ? spans(steps[step - 1]) : []);
+    const now = spans(current);
     pieces.replaceChildren(
       ...current.map((p, i) => {
         const span = document.createElement("span");
-        span.className = "gptlib-bpe-piece gptlib-bpe-c" + (i % 6);
+        span.className = "gptlib-bpe-piece gptlib-bpe-c" + (i % 6) + (step > 0 && !before.has(now[i]) ? " gptlib-bpe-new" : "");
         span.textContent = show(p);
         return span;
       })
     );
     root.dataset.step = String(step);
     root.dataset.tokens = String(current.length);
+    root.dataset.merged = String(pieces.querySelectorAll(".gptlib-bpe-new").length);
   }
 
   slider.addEventListener("input", () => {

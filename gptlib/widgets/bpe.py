@@ -12,6 +12,10 @@ class BPEMergeView(BookWidget):
 
     steps[i] is the list of pieces after i merges (steps[0]: bytes or characters); merges[i] is a
     label for merge i + 1, e.g. ``"'t' + 'h' -> 'th'"``. Hence ``len(steps) == len(merges) + 1``.
+    The view opens on the last step; the pieces the shown merge created are outlined.
+
+    >>> BPEMergeView([list("the"), ["th", "e"], ["the"]], ["'t' + 'h' -> 'th'", "'th' + 'e' -> 'the'"])
+    BPEMergeView(merges=2, pieces=[3, 1])
     """
 
     _esm = read_asset("bpe.js")

@@ -40,7 +40,9 @@ function render({ model, el }) {
     return s;
   };
   const tSlider = mk("gptlib-samp-temperature", "0", "3", "0.05");
-  const kSlider = mk("gptlib-samp-topk", "0", String(model.get("logits").length), "1");
+  // top-k: 0 (off) to a range where the bars still show a difference, or the initial k if larger.
+  const kMax = Math.max(Math.min(model.get("logits").length, 100), model.get("top_k"));
+  const kSlider = mk("gptlib-samp-topk", "0", String(kMax), "1");
   const pSlider = mk("gptlib-samp-topp", "0.05", "1", "0.05");
   const labels = [document.createElement("span"), document.createElement("span"), document.createElement("span")];
   const row = (name, s, l) => {

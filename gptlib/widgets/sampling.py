@@ -10,6 +10,7 @@ from ._base import BookWidget, read_asset, rounded
 
 MAX_FULL_VOCAB = 8192
 KEPT_WHEN_LARGER = 4096
+MASKED_LOGIT = -1e30  # stands for -inf in the (JSON) widget state
 
 
 class SamplingView(BookWidget):
@@ -18,7 +19,12 @@ class SamplingView(BookWidget):
     The browser applies exactly :func:`gptlib.sampling.next_token_probs`: temperature, then top-k,
     then top-p, then renormalisation (temperature 0 = all mass on the argmax). For vocabularies of
     at most 8192 tokens the state holds every logit, so the view is exact; above that it keeps the
-    4096 largest, and the probabilities are those of that truncated vocabulary.
+    4096 largest, and the probabilities are those of that truncated vocabulary. Logits are stored
+    rounded to 6 decimals; a logit of -inf (a token that can never be drawn) is stored as -1e30,
+    since JSON has no infinities, and keeps probability 0.
+
+    >>> SamplingView([10.0, 6.0, 4.0], ["a", "b", "c"], temperature=0.5, top_k=2)
+    SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=1.0)
     """
 
     _esm = read_asset("sampling.js")
@@ -35,11 +41,16 @@ class SamplingView(BookWidget):
     def __init__(self, logits, tokens, temperature=1.0, top_k=None, top_p=None, n_show=20, title=""):
         if hasattr(logits, "detach"):
             logits = logits.detach().to("cpu").double()
-        values = [float(v) for v in (logits.tolist() if hasattr(logits, "tolist") else logits)]
-        if not values or any(isinstance(v, list) for v in values):
-            raise ValueError("logits must be a non-empty 1-D sequence")
+        raw = logits.tolist() if hasattr(logits, "tolist") else list(logits)
+        if not raw or any(isinstance(v, (list, tuple)) or hasattr(v, "__len__") for v in raw):
+            raise ValueError("logits must be a non-empty 1-D sequence (one logit per token)")
+        values = [float(v) for v in raw]
         if any(math.isnan(v) for v in values):
             raise ValueError("logits must not contain NaN")
+        if any(v == math.inf for v in values) or max(values) == -math.inf:
+            raise ValueError("logits must be finite, apart from -inf for tokens that can never be drawn")
+        # JSON has no -inf: a logit this far below the others has probability exactly 0 anyway.
+        values = [v if v != -math.inf else MASKED_LOGIT for v in values]
         tokens = [str(t) for t in tokens]
         if len(tokens) != len(values):
             raise ValueError(f"tokens must have one string per logit ({len(values)}), got {len(tokens)}")
