@@ -18,7 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["softmax", "causal_mask", "attention", "KVCache", "MultiHeadAttention"]
+__all__ = [
+    "softmax",
+    "causal_mask",
+    "attention",
+    "head_pattern",
+    "head_output",
+    "KVCache",
+    "MultiHeadAttention",
+]
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -61,16 +69,91 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tu
 
     q: (..., T, d_head), k and v: (..., T_k, d_head), mask: additive, broadcastable to (..., T, T_k).
     pattern = softmax(q k^T / sqrt(d_head) + mask) (rows sum to 1); output = pattern v.
+    The mask is cast to the scores' dtype, so half-precision inputs stay half precision.
+
+    Two positions with equal scores: position 0 sees only itself, position 1 averages both values.
+
+    >>> q = k = torch.zeros(2, 1)
+    >>> v = torch.tensor([[1.0], [3.0]])
+    >>> out, pattern = attention(q, k, v, causal_mask(2))
+    >>> out.flatten().tolist(), pattern.tolist()
+    ([1.0, 2.0], [[1.0, 0.0], [0.5, 0.5]])
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., T, d_head), got shape {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+    if mask is not None:
+        m_shape = ((1, 1) + tuple(mask.shape))[-2:]  # the last two dims, a scalar or vector padded with 1s
+        if any(m not in (1, n) for m, n in zip(m_shape, (q.shape[-2], k.shape[-2]))):
+            raise ValueError(f"mask must broadcast to (T, T_k) = ({q.shape[-2]}, {k.shape[-2]}), got shape {tuple(mask.shape)}")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T_k)
     if mask is not None:
-        scores = scores + mask
+        scores = scores + mask.to(scores.dtype)
     pattern = softmax(scores, dim=-1)  # (..., T, T_k)
     return pattern @ v, pattern
+
+
+def _check_head_args(X: Tensor, W_QK: Tensor, d_head: int) -> None:
+    if X.dim() < 2:
+        raise ValueError(f"X must have shape (..., T, d_model), got {tuple(X.shape)}")
+    d_model = X.shape[-1]
+    if W_QK.shape != (d_model, d_model):
+        raise ValueError(f"W_QK must have shape (d_model, d_model) = ({d_model}, {d_model}), got {tuple(W_QK.shape)}")
+    if d_head < 1:
+        raise ValueError(f"d_head must be >= 1, got {d_head}")
+
+
+def head_pattern(X: Tensor, W_QK: Tensor, d_head: int, *, causal: bool = True) -> Tensor:
+    """The pattern A = softmax*(X W_QK X^T / sqrt(d_head)) of one head, (..., T, T).
+
+    Entry (i, j) comes from the bilinear form x_i W_QK x_j^T on rows i and j of X (d_model,).
+    With two positions, W_QK = I and d_head = 1, row 1 weighs its two keys by e^(x_1.x_0), e^(x_1.x_1):
+
+    >>> X = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    >>> head_pattern(X, torch.eye(2), d_head=1)
+    tensor([[1.0000, 0.0000],
+            [0.2689, 0.7311]])
+    """
+    _check_head_args(X, W_QK, d_head)
+    scores = X @ W_QK @ X.transpose(-2, -1) / math.sqrt(d_head)  # (..., T, T)
+    if causal:
+        scores = scores + causal_mask(X.shape[-2], device=X.device).to(scores.dtype)
+    return softmax(scores, dim=-1)
+
+
+def head_output(
+    X: Tensor,
+    W_QK: Tensor,
+    W_OV: Tensor,
+    d_head: int,
+    *,
+    pattern: Tensor | None = None,
+    causal: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """One attention head in the notes' form h(X) = A X W_OV; returns (h(X), A).
+
+    X: (..., T, d_model); W_QK, W_OV: (d_model, d_model). A is ``head_pattern(X, W_QK, d_head)``
+    unless a fixed ``pattern`` (..., T, T) is given, in which case the head is linear in X.
+
+    >>> X = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    >>> out, A = head_output(X, torch.eye(2), 2 * torch.eye(2), d_head=1)
+    >>> out
+    tensor([[0.0000, 0.0000],
+            [1.4621, 0.0000]])
+    """
+    _check_head_args(X, W_QK, d_head)
+    T, d_model = X.shape[-2:]
+    if W_OV.shape != (d_model, d_model):
+        raise ValueError(f"W_OV must have shape (d_model, d_model) = ({d_model}, {d_model}), got {tuple(W_OV.shape)}")
+    if pattern is None:
+        pattern = head_pattern(X, W_QK, d_head, causal=causal)  # (..., T, T)
+    elif tuple(pattern.shape[-2:]) != (T, T):
+        raise ValueError(f"pattern must have shape (..., T, T) = (..., {T}, {T}), got {tuple(pattern.shape)}")
+    return pattern @ X @ W_OV, pattern  # (..., T, d_model)
 
 
 @dataclass

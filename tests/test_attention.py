@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from gptlib.attention import KVCache, MultiHeadAttention, attention, causal_mask, softmax
+from gptlib.attention import (
+    KVCache,
+    MultiHeadAttention,
+    attention,
+    causal_mask,
+    head_output,
+    head_pattern,
+    softmax,
+)
 
 
 def test_softmax_rows_stable_and_known():
@@ -100,3 +108,109 @@ def test_bad_arguments():
         MultiHeadAttention(8, 2)(torch.randn(4, 8))
     with pytest.raises(ValueError, match="x must"):
         MultiHeadAttention(8, 2)(torch.randn(1, 4, 9))
+
+
+def test_attention_keeps_dtype_and_batch_dims():
+    for dtype in (torch.float64, torch.bfloat16):
+        q, k, v = (torch.randn(2, 3, 4, 8, dtype=dtype) for _ in range(3))
+        out, pattern = attention(q, k, v, causal_mask(4))
+        assert out.dtype == pattern.dtype == dtype
+        assert out.shape == (2, 3, 4, 8) and pattern.shape == (2, 3, 4, 4)
+    # T queries against T_k > T keys (the cached case): the mask offsets the queries
+    q, k, v = torch.randn(2, 4), torch.randn(5, 4), torch.randn(5, 3)
+    out, pattern = attention(q, k, v, causal_mask(2, 5))
+    assert out.shape == (2, 3) and pattern[0, 4] == 0 and pattern[1, 4] > 0
+
+
+def test_attention_bad_dims_name_the_argument():
+    x = torch.randn(4, 8)
+    for name, args in (("q", (x[0], x, x)), ("k", (x, x[0], x)), ("v", (x, x, x[0]))):
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            attention(*args)
+    with pytest.raises(ValueError, match="mask"):
+        attention(x, x, x, causal_mask(3))
+    attention(x, x, x, torch.zeros(4))  # a row vector broadcasts over the queries
+
+
+def test_uniform_pattern_gives_running_mean():
+    # W_Q = 0: every score is 0, so row t averages rows 0..t; with W_V W_O = I the layer outputs them.
+    mha = MultiHeadAttention(4, 1, bias=False)
+    with torch.no_grad():
+        mha.W_Q.zero_()
+        mha.W_V.copy_(torch.eye(4))
+        mha.W_O.copy_(torch.eye(4))
+        X = torch.arange(12.0).reshape(1, 3, 4)
+        out, pattern = mha(X, return_pattern=True)
+    expected = torch.tensor([[0.0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]])
+    torch.testing.assert_close(out[0], expected)
+    torch.testing.assert_close(pattern[0, 0], torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]]))
+    torch.testing.assert_close(mha(X), out)
+
+
+def test_head_pattern_known_values_and_bilinear_form():
+    X = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    A = head_pattern(X, torch.eye(2), d_head=1)
+    torch.testing.assert_close(A, torch.tensor([[1.0, 0.0], [1 / (1 + math.e), math.e / (1 + math.e)]]))
+    torch.manual_seed(3)
+    X, W_QK = torch.randn(5, 6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
+    scores = torch.tensor([[float(X[i] @ W_QK @ X[j]) for j in range(5)] for i in range(5)], dtype=torch.float64)
+    torch.testing.assert_close(head_pattern(X, W_QK, 4, causal=False), torch.softmax(scores / 2, dim=-1))
+    assert head_pattern(X, W_QK, 4).dtype == torch.float64
+
+
+def test_head_output_sums_to_the_layer_and_ranks_are_bounded():
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(12, 3, d_head=2, bias=False)
+    X = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        total = sum(head_output(X, mha.W_QK(h), mha.W_OV(h), mha.d_head)[0] for h in range(3))
+        torch.testing.assert_close(total, mha(X), atol=1e-6, rtol=1e-5)
+        _, pattern = mha(X, return_pattern=True)
+        torch.testing.assert_close(head_output(X, mha.W_QK(1), mha.W_OV(1), 2)[1], pattern[:, 1])
+        for h in range(3):  # generic weights: the rank is exactly d_head, far below d_model
+            assert int(torch.linalg.matrix_rank(mha.W_QK(h))) == 2
+            assert int(torch.linalg.matrix_rank(mha.W_OV(h))) == 2
+
+
+def test_fixed_pattern_heads_compose_with_residual_terms():
+    torch.manual_seed(5)
+    T, d = 6, 5
+    X = torch.randn(T, d, dtype=torch.float64)
+    W1, W2 = torch.randn(d, d, dtype=torch.float64), torch.randn(d, d, dtype=torch.float64)
+    A1, A2 = (softmax(torch.randn(T, T, dtype=torch.float64) + causal_mask(T)) for _ in range(2))
+    Y = X + head_output(X, W1, W1, 1, pattern=A1)[0]  # residual layer 1 (W_QK unused: pattern fixed)
+    Z = Y + head_output(Y, W2, W2, 1, pattern=A2)[0]  # residual layer 2
+    expanded = X + A1 @ X @ W1 + A2 @ X @ W2 + (A2 @ A1) @ X @ (W1 @ W2)
+    torch.testing.assert_close(Z, expanded)
+
+
+def test_head_functions_reject_bad_shapes():
+    X, W = torch.randn(4, 3), torch.eye(3)
+    with pytest.raises(ValueError, match="^X must"):
+        head_pattern(X[0], W, 1)
+    with pytest.raises(ValueError, match="^W_QK must"):
+        head_pattern(X, torch.eye(4), 1)
+    with pytest.raises(ValueError, match="^d_head must"):
+        head_pattern(X, W, 0)
+    with pytest.raises(ValueError, match="^W_OV must"):
+        head_output(X, W, torch.eye(2), 1)
+    with pytest.raises(ValueError, match="^pattern must"):
+        head_output(X, W, W, 1, pattern=torch.eye(3))
+
+
+def test_readable_path_with_cache_equals_fast_path_float64():
+    torch.manual_seed(6)
+    mha = MultiHeadAttention(8, 2).double()
+    with torch.no_grad():
+        for b in (mha.b_Q, mha.b_K, mha.b_V, mha.b_O):
+            b.normal_()
+        X = torch.randn(2, 7, 8, dtype=torch.float64)
+        full = mha(X)
+        cache = KVCache(2)
+        steps = []
+        for t in range(7):
+            out, pattern = mha(X[:, t : t + 1], cache=cache, layer=1, return_pattern=True)
+            assert pattern.shape == (2, 2, 1, t + 1)
+            steps.append(out)
+        assert len(cache) == 0 and cache.k[1].shape == (2, 2, 7, 4)  # layer 0 untouched, layer 1 filled
+    torch.testing.assert_close(torch.cat(steps, 1), full)
