@@ -12,11 +12,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .mlp import MLP
+from .mlp import ACTIVATIONS, MLP
 
-__all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "Block"]
+__all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "FUSED_ACTIVATIONS", "gelu_tanh_fused", "Block"]
 
 BLOCK_KINDS = ("pre_ln", "post_ln", "parallel")
+
+
+def gelu_tanh_fused(x: Tensor) -> Tensor:
+    """GELU_tanh by PyTorch's kernel, ``F.gelu(x, approximate="tanh")``: :func:`gptlib.mlp.gelu_tanh`
+    up to float rounding.
+
+    >>> x = torch.linspace(-6, 6, 1001)
+    >>> float((gelu_tanh_fused(x) - ACTIVATIONS["gelu_tanh"](x)).abs().max()) < 1e-6
+    True
+    """
+    return F.gelu(x, approximate="tanh")
+
+
+# The activations of gptlib.mlp as PyTorch's fused kernels: the same functions, evaluated in one
+# pass forward and one backward instead of a chain of element-wise operations (GELU_tanh is seven).
+# They agree with the formulas to float rounding (a few ulps; Chapter 5 and the tests check).
+FUSED_ACTIVATIONS = {"gelu_tanh": gelu_tanh_fused, "gelu": F.gelu, "relu": F.relu}
 
 
 def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Tensor:
@@ -50,7 +67,21 @@ class LayerNorm(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block of kind ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``."""
+    """One transformer block of kind ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``.
+
+    Sub-layers: ``ln_1``, ``attn`` (:class:`MultiHeadAttention`), ``ln_2`` (not in a parallel
+    block), ``mlp`` (:class:`MLP`). With ``dropout`` p > 0, training drops entries of the attention
+    pattern, of the attention output and of the MLP output with probability p (as GPT-2 does).
+    ``fused_activation`` (default) evaluates the MLP's activation with PyTorch's fused kernel
+    (:data:`FUSED_ACTIVATIONS`), which is faster and equal to the formula up to float rounding;
+    ``False`` keeps the formula of :mod:`gptlib.mlp`.
+
+    >>> blk = Block(8, 2, 32).eval()
+    >>> X = torch.randn(1, 3, 8)  # (B, T, d_model)
+    >>> Y = X + blk.attn(blk.ln_1(X))
+    >>> torch.allclose(blk(X), Y + blk.mlp(blk.ln_2(Y)))
+    True
+    """
 
     def __init__(
         self,
@@ -64,6 +95,7 @@ class Block(nn.Module):
         bias: bool = True,
         activation: str = "gelu_tanh",
         ln_eps: float = 1e-5,
+        fused_activation: bool = True,
     ):
         super().__init__()
         if kind not in BLOCK_KINDS:
@@ -73,6 +105,8 @@ class Block(nn.Module):
         self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout)
         self.ln_2 = LayerNorm(d_model, ln_eps, bias) if kind != "parallel" else None
         self.mlp = MLP(d_model, d_mlp, activation, bias)
+        if fused_activation:
+            self.mlp.phi = FUSED_ACTIVATIONS[activation]  # same function, one fused kernel
         self.mlp_drop = nn.Dropout(dropout)
 
     def forward(

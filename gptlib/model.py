@@ -249,8 +249,14 @@ class GPT(nn.Module):
                 raise FileNotFoundError(f"{name_or_path} is not a directory")
             from huggingface_hub import hf_hub_download  # online only: Colab, not the tests
 
-            cfg_file = Path(hf_hub_download(str(name_or_path), "config.json"))
-            weight_file = Path(hf_hub_download(str(name_or_path), "model.safetensors"))
+            try:
+                cfg_file = Path(hf_hub_download(str(name_or_path), "config.json"))
+                weight_file = Path(hf_hub_download(str(name_or_path), "model.safetensors"))
+            except Exception as e:  # noqa: BLE001 - offline, unknown repo, no safetensors file, ...
+                raise OSError(
+                    f"could not fetch {name_or_path!r} from the Hugging Face Hub ({type(e).__name__}: {e}); "
+                    "offline, pass a local directory with config.json and model.safetensors"
+                ) from e
         try:
             cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:

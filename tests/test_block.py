@@ -73,3 +73,55 @@ def test_block_matches_hf_gpt2_block():
 def test_block_rejects_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         Block(8, 2, 32, kind="sandwich")
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
+def test_fused_activations_equal_the_formulas(activation):
+    from gptlib.block import FUSED_ACTIVATIONS
+    from gptlib.mlp import ACTIVATIONS
+
+    x = torch.linspace(-10, 10, 20_001, dtype=torch.float64, requires_grad=True)
+    fused, formula = FUSED_ACTIVATIONS[activation](x), ACTIVATIONS[activation](x)
+    torch.testing.assert_close(fused, formula, atol=1e-14, rtol=0)
+    (g1,) = torch.autograd.grad(fused.sum(), x)
+    (g2,) = torch.autograd.grad(formula.sum(), x)
+    torch.testing.assert_close(g1, g2, atol=1e-13, rtol=0)
+    x32 = x.detach().float()
+    assert float((FUSED_ACTIVATIONS[activation](x32) - ACTIVATIONS[activation](x32)).abs().max()) <= 2e-6
+
+
+def test_fused_and_formula_blocks_agree():
+    torch.manual_seed(0)
+    fused = Block(16, 4, 64).eval()
+    formula = Block(16, 4, 64, fused_activation=False).eval()
+    formula.load_state_dict(fused.state_dict())
+    from gptlib.mlp import gelu_tanh
+
+    assert formula.mlp.phi is gelu_tanh and fused.mlp.phi is not gelu_tanh
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), formula(x), atol=1e-6, rtol=1e-6)
+
+
+def test_block_dropout_fraction_and_scaling():
+    p = 0.3
+    blk = Block(16, 4, 64, dropout=p).train()
+    seen = {}
+    blk.mlp_drop.register_forward_hook(lambda mod, inp, out: seen.update(before=inp[0], after=out))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        blk(torch.randn(16, 32, 16))
+    kept = seen["after"] != 0
+    assert abs(1 - float(kept.float().mean()) - p) < 0.02
+    torch.testing.assert_close(seen["after"][kept], seen["before"][kept] / (1 - p))
+
+
+def test_block_deepcopy_and_pickle_round_trip():
+    import copy
+    import pickle
+
+    blk = Block(8, 2, 32).eval()
+    x = torch.randn(1, 4, 8)
+    with torch.no_grad():
+        for other in (copy.deepcopy(blk), pickle.loads(pickle.dumps(blk))):
+            assert torch.equal(other(x), blk(x))

@@ -133,3 +133,116 @@ def test_save_load_round_trip_and_mismatch(tmp_path):
     (tmp_path / "c" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
     with pytest.raises(ValueError, match="shape"):
         GPT.load(tmp_path / "c")
+
+
+def test_preset_counts_equal_the_formula_and_hf():
+    known = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+    for name, c in PRESETS.items():
+        d, d_a, m = c.d_model, c.n_heads * c.d_head, c.d_mlp
+        block = 4 * d * d_a + 3 * d_a + d + 2 * d * m + m + d + 4 * d
+        with torch.device("meta"):
+            n = GPT(c).num_parameters()
+        assert n == c.n_layers * block + c.d_vocab * d + c.n_ctx * d + 2 * d, name
+        if name in known:
+            assert n == known[name], name
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16))
+        assert hf.num_parameters() == known["gpt2-medium"]
+        assert GPT(GPTConfig.preset("gpt2")).num_parameters(exclude_positional=True) == 124_439_808 - 1024 * 768
+
+
+def test_attention_patterns_equal_block_by_block():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 512, (2, 9))
+    with torch.no_grad():
+        pats = m.attention_patterns(ids)
+        x = m.embed(ids) + m.pos(9, 0)
+        for layer, blk in enumerate(m.blocks):
+            _, A = blk.attn(blk.ln_1(x), return_pattern=True)
+            torch.testing.assert_close(pats[:, layer], A)
+            x = blk(x)
+        torch.testing.assert_close(m.ln_f(x) @ m.W_U, m(ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pats.sum(-1), torch.ones(2, 2, 4, 9))
+    assert torch.all(pats.triu(1) == 0)
+
+
+def test_from_pretrained_hub_layout_via_a_fake_hub(tmp_path, monkeypatch):
+    """The Hub's gpt2 checkpoint has no "transformer." prefix, keeps attn.bias buffers, lacks lm_head."""
+    import huggingface_hub
+    from safetensors.torch import save_file
+
+    hf = hf_model(seed=3)
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    state = {k: v.contiguous() for k, v in hf.transformer.state_dict().items()}
+    for i in range(hf.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
+    save_file(state, str(hub / "model.safetensors"))
+    hf.config.to_json_file(str(hub / "config.json"))
+    calls = []
+
+    def fake_download(repo_id, filename, **kw):
+        calls.append((repo_id, filename))
+        return str(hub / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    ours = GPT.from_pretrained("someone/gpt2-like").eval()
+    assert calls == [("someone/gpt2-like", "config.json"), ("someone/gpt2-like", "model.safetensors")]
+    ids = torch.randint(0, 200, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+    def offline(repo_id, filename, **kw):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(OSError, match="Hugging Face Hub.*local directory"):
+        GPT.from_pretrained("gpt2")
+
+
+def test_from_hf_errors_name_the_problem(tmp_path):
+    hf = hf_model(seed=4)
+    hf.save_pretrained(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    for key, value, match in [("n_layer", None, "n_layer"), ("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
+                              ("n_layer", 3, "h.2.attn.c_attn.weight")]:
+        bad = dict(cfg)
+        if value is None:
+            del bad[key]
+        else:
+            bad[key] = value
+        (tmp_path / "m" / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            GPT.from_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        GPT.from_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT.from_pretrained(tmp_path / "m")
+    # a checkpoint with an extra tensor is refused, naming it
+    sd = hf.state_dict()
+    sd["transformer.h.0.extra"] = torch.zeros(3)
+
+    class Fake:
+        config = hf.config
+
+        def state_dict(self):
+            return sd
+
+    with pytest.raises(ValueError, match="h.0.extra"):
+        GPT.from_hf(Fake())
+
+
+def test_model_deepcopy_is_independent():
+    import copy
+
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    m2 = copy.deepcopy(m)
+    ids = torch.randint(0, 512, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(m(ids), m2(ids))
+        m2.W_E.add_(1.0)
+        assert not torch.equal(m(ids), m2(ids))
+        assert m2.unembed.W_U.data_ptr() == m2.W_E.data_ptr()  # the copy's W_U is tied to the copy's W_E
