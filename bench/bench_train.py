@@ -17,18 +17,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from gptlib.model import GPT
 from gptlib.training import Trainer, TrainConfig, param_groups
 
+from bench_model import matmul_rate  # the same measurement of the fp32 matmul rate (bench/ is on sys.path)
+
 D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB, STEPS = 128, 4, 4, 128, 16, 2048, 30
-
-
-def matmul_peak(n: int = 1024, reps: int = 20) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best
 
 
 def main() -> None:
@@ -66,7 +57,7 @@ def main() -> None:
         hf_steps(5)
         t_hf += time.perf_counter() - t0
     tokens = STEPS * BATCH * N_CTX
-    peak = matmul_peak()
+    peak = matmul_rate()
     n = ours.num_parameters(exclude_positional=True)
     flops = (6 * n + 6 * N_LAYERS * N_CTX * D_MODEL) * tokens
     print(f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_ctx={N_CTX}, batch={BATCH}, d_vocab={VOCAB}; {STEPS} steps each")
