@@ -41,7 +41,7 @@ assets: gpt2-ranks $(WHEELHOUSE)/.done
 # GPT-2's 50,257 ranks from the openai-whisper sdist on PyPI, checked against their sha256;
 # a no-op once they are cached.
 gpt2-ranks: install
-	$(PY) -m gptlib.tokenizers fetch-gpt2
+	$(PY) -m gptlib.assets fetch gpt2-ranks
 
 $(WHEELHOUSE)/.done: requirements.txt
 	$(PY) -m pip download -q --disable-pip-version-check -c requirements.txt -d $(WHEELHOUSE) \

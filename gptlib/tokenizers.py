@@ -12,47 +12,38 @@ pre-tokenized chunk starts from its bytes and repeatedly merges the adjacent pai
 concatenation has the lowest rank, until no adjacent pair is a token. This is exactly what
 tiktoken does, so :meth:`BPETokenizer.to_tiktoken` gives a peer that must agree with us.
 
-Command line: ``python -m gptlib.tokenizers fetch-gpt2`` puts GPT-2's ranks where
-:func:`gpt2_tokenizer` finds them, verified by their sha256.
+GPT-2's own ranks come from a registry package at install time (:mod:`gptlib.assets`).
 """
 
 from __future__ import annotations
 
-import hashlib
+import base64
+import binascii
 import heapq
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tarfile
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import regex
 
+from .assets import asset_path
 from .runtime import atomic_write
 
 __all__ = [
     "GPT2_SPLIT_PATTERN",
-    "GPT2_RANKS_SHA256",
     "get_stats",
     "merge",
     "CharTokenizer",
     "WordTokenizer",
     "BPETokenizer",
     "gpt2_tokenizer",
-    "gpt2_ranks_path",
-    "fetch_gpt2_ranks",
 ]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 ENDOFTEXT = "<|endoftext|>"
 
 
@@ -401,8 +392,6 @@ class BPETokenizer:
 
     # -- files --
     def to_dict(self) -> dict:
-        import base64
-
         return {
             "format": "gptlib-bpe",
             "version": 1,
@@ -420,9 +409,6 @@ class BPETokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BPETokenizer":
         """Read a tokenizer written by :meth:`save`; a corrupt file fails naming what is wrong."""
-        import base64
-        import binascii
-
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -465,71 +451,13 @@ class BPETokenizer:
 
 
 # --- GPT-2's tokenizer, offline ----------------------------------------------------------------
-def cache_dir() -> Path:
-    return Path(os.environ.get("GPTLIB_CACHE_DIR") or Path.home() / ".cache" / "gptlib")
-
-
-def gpt2_ranks_path() -> Path:
-    return cache_dir() / "gpt2.tiktoken"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _from_whisper_sdist() -> bytes:
-    """GPT-2's ranks as shipped in the openai-whisper sdist on PyPI (whisper/assets/gpt2.tiktoken)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "openai-whisper==20250625", "-d", tmp]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        (sdist,) = Path(tmp).glob("openai*whisper*.tar.gz")
-        with tarfile.open(sdist) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
-            return tar.extractfile(member).read()
-
-
-def fetch_gpt2_ranks(force: bool = False) -> Path:
-    """Put GPT-2's ranks (r50k_base) into the cache, verified by sha256; return the path."""
-    path = gpt2_ranks_path()
-    if path.is_file() and not force and _sha256(path.read_bytes()) == GPT2_RANKS_SHA256:
-        return path
-    errors = []
-    for source in (_from_whisper_sdist, _from_tiktoken_download):
-        try:
-            data = source()
-        except Exception as e:  # noqa: BLE001 - try the next source, report all at the end
-            errors.append(f"{source.__name__}: {type(e).__name__}: {e}")
-            continue
-        digest = _sha256(data)
-        if digest != GPT2_RANKS_SHA256:
-            errors.append(f"{source.__name__}: sha256 {digest} != expected {GPT2_RANKS_SHA256}")
-            continue
-        return atomic_write(path, data)
-    raise RuntimeError("could not obtain GPT-2's ranks:\n  " + "\n  ".join(errors))
-
-
-def _from_tiktoken_download() -> bytes:
-    import tiktoken.load
-
-    return tiktoken.load.read_file_cached(GPT2_RANKS_URL)
-
-
 def gpt2_tokenizer() -> BPETokenizer:
     """The real GPT-2 tokenizer: 50,257 tokens, ``<|endoftext|>`` = 50256, GPT-2's split pattern.
 
-    Reads the ranks from the cache (``python -m gptlib.tokenizers fetch-gpt2`` puts them there);
-    the file's sha256 is checked every time.
+    Reads the ranks fetched by ``python -m gptlib.assets fetch gpt2-ranks`` (``make`` runs it);
+    :func:`gptlib.assets.asset_path` checks their sha256 every time.
     """
-    path = gpt2_ranks_path()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"GPT-2's ranks are not at {path}; run `python -m gptlib.tokenizers fetch-gpt2` (needs PyPI or the internet)"
-        )
-    data = path.read_bytes()
-    if _sha256(data) != GPT2_RANKS_SHA256:
-        raise ValueError(f"{path} does not have the sha256 of GPT-2's ranks; delete it and fetch again")
-    import base64
+    data = asset_path("gpt2-ranks").read_bytes()
 
     ranks = {}
     for line in data.splitlines():
@@ -537,16 +465,3 @@ def gpt2_tokenizer() -> BPETokenizer:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
     return BPETokenizer(ranks, GPT2_SPLIT_PATTERN, {ENDOFTEXT: 50256}, name="gpt2")
-
-
-def _main(argv: list[str]) -> int:
-    if argv[:1] != ["fetch-gpt2"] or len(argv) > 2 or (len(argv) == 2 and argv[1] != "--force"):
-        print("usage: python -m gptlib.tokenizers fetch-gpt2 [--force]", file=sys.stderr)
-        return 2
-    path = fetch_gpt2_ranks(force="--force" in argv)
-    print(f"GPT-2 ranks: {path} (sha256 verified)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -8,6 +8,7 @@ import tiktoken.load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gptlib.assets import ASSETS, asset_path, cache_dir
 from gptlib.data import load_corpus, train_val_split
 from gptlib.tokenizers import (
     GPT2_SPLIT_PATTERN,
@@ -15,7 +16,6 @@ from gptlib.tokenizers import (
     CharTokenizer,
     WordTokenizer,
     get_stats,
-    gpt2_ranks_path,
     gpt2_tokenizer,
     merge,
 )
@@ -47,8 +47,8 @@ def trained(corpus):
 
 @pytest.fixture(scope="module")
 def gpt2():
-    if not gpt2_ranks_path().is_file():
-        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.tokenizers fetch-gpt2` (make test does)")
+    if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
+        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
     return gpt2_tokenizer()
 
 
@@ -168,7 +168,7 @@ def test_gpt2_known_encoding(gpt2):
 def test_gpt2_equals_tiktoken_r50k(gpt2):
     ref = tiktoken.Encoding(
         "r50k-local", pat_str=GPT2_SPLIT_PATTERN,
-        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(gpt2_ranks_path())),
+        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks"))),
         special_tokens={"<|endoftext|>": 50256},
     )
     text = load_corpus()[:20_000]

@@ -1,0 +1,92 @@
+"""Reading tensors out of a forward pass: hook points, and one way to capture attention patterns.
+
+A :class:`HookPoint` is an identity module placed where a tensor of interest is computed (an
+attention pattern, a residual stream). It changes nothing; PyTorch's forward hooks on it read the
+tensor. This is TransformerLens's mechanism, and the only one the library uses: ``forward``
+methods keep a single return type, and a caller who wants the patterns asks for them with
+:func:`capture_patterns`.
+
+Attention modules carry an explicit switch ``fused``: ``True`` runs PyTorch's fused kernel, which
+never hands the pattern back; ``False`` runs the readable path, which computes the pattern and
+passes it through ``hook_pattern``. :func:`capture_patterns` turns the switch off while it records
+and restores it afterwards.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from torch import Tensor, nn
+
+__all__ = ["HookPoint", "capture", "capture_patterns"]
+
+
+class HookPoint(nn.Identity):
+    """The identity map, as a module that forward hooks can be attached to.
+
+    >>> import torch
+    >>> hp = HookPoint()
+    >>> seen = []
+    >>> handle = hp.register_forward_hook(lambda module, args, out: seen.append(out))
+    >>> hp(torch.ones(2)).tolist(), len(seen)
+    ([1.0, 1.0], 1)
+    >>> handle.remove()
+    """
+
+
+@contextmanager
+def capture(model: nn.Module, name: str) -> Iterator[list[Tensor]]:
+    """Record, in call order, every tensor that passes through a :class:`HookPoint` called ``name``.
+
+    Yields a list that fills as the model runs; the hooks are removed on exit, also after an
+    error. The tensors are detached: recording never keeps a graph alive.
+
+    >>> import torch
+    >>> class Double(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.hook_out = HookPoint()
+    ...     def forward(self, x):
+    ...         return self.hook_out(2 * x)
+    >>> model = Double()
+    >>> with capture(model, "hook_out") as seen:
+    ...     _ = model(torch.ones(1))
+    ...     _ = model(torch.full((1,), 3.0))
+    >>> [t.tolist() for t in seen]
+    [[2.0], [6.0]]
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    points = [m for path, m in model.named_modules() if isinstance(m, HookPoint) and path.rsplit(".", 1)[-1] == name]
+    if not points:
+        raise ValueError(f"model has no HookPoint called {name!r}")
+    seen: list[Tensor] = []
+    handles = [p.register_forward_hook(lambda module, args, out: seen.append(out.detach())) for p in points]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
+    """Record every attention pattern the model computes: one tensor (B, n_heads, T, T_k) per call.
+
+    Every submodule with a ``hook_pattern`` takes its readable path while recording (its
+    ``fused`` switch is set to ``False``, and restored on exit). For one forward pass of a GPT the
+    list holds the layers' patterns in order, layer 0 first.
+    """
+    owners = [m for m in model.modules() if isinstance(getattr(m, "hook_pattern", None), HookPoint)]
+    if not owners:
+        raise ValueError("model has no attention module with a hook_pattern")
+    before = [m.fused for m in owners]
+    for m in owners:
+        m.fused = False
+    try:
+        with capture(model, "hook_pattern") as seen:
+            yield seen
+    finally:
+        for m, f in zip(owners, before):
+            m.fused = f
