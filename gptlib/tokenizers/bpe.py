@@ -78,10 +78,11 @@ def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None =
     [b'abb']
     """
     limit = len(ranks) if limit is None else limit
+    rank_of = ranks.get  # bound once: this loop is the encoder's hot path
     while len(parts) > 1:
         best, best_i = limit, -1
         for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1], limit)
+            r = rank_of(parts[i] + parts[i + 1], limit)
             if r < best:
                 best, best_i = r, i
         if best_i < 0:
