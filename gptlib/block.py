@@ -96,10 +96,13 @@ class Block(nn.Module):
         activation: str = "gelu_tanh",
         ln_eps: float = 1e-5,
         fused_activation: bool = True,
+        attn_only: bool = False,
     ):
         super().__init__()
         if kind not in BLOCK_KINDS:
             raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
+        if attn_only and kind != "pre_ln":  # attention-only blocks (Chapter 8's induction heads)
+            raise ValueError(f"attn_only needs kind='pre_ln', got kind={kind!r}")
         self.kind = kind
         self.ln_1 = LayerNorm(d_model, ln_eps, bias)
         self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout)
@@ -108,6 +111,8 @@ class Block(nn.Module):
         if fused_activation:
             self.mlp.phi = FUSED_ACTIVATIONS[activation]  # same function, one fused kernel
         self.mlp_drop = nn.Dropout(dropout)
+        if attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X))
+            self.ln_2 = self.mlp = None
 
     def forward(
         self,
@@ -126,7 +131,7 @@ class Block(nn.Module):
         if self.kind == "pre_ln":
             a, pattern = split(attn(self.ln_1(x)))
             y = x + a  # (B, T, d_model)
-            z = y + self.mlp_drop(self.mlp(self.ln_2(y)))
+            z = y if self.mlp is None else y + self.mlp_drop(self.mlp(self.ln_2(y)))
         elif self.kind == "post_ln":
             a, pattern = split(attn(x))
             y = self.ln_1(x + a)
