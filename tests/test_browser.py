@@ -175,18 +175,21 @@ def _rgb(a: float) -> str:
     return f"rgb({c[0]}, {c[1]}, {c[2]})"
 
 
-def check_attention_view(p: Page, root, tokens_repeat: bool):
+def check_attention_view(root) -> list[str]:
     """Every interaction of the attention view: thumbnails and their scores, click to enlarge,
-    the colour legend, the head selector, hover on a query row and on a token of the text."""
-    from gptlib.widgets.attention import first_token_score, induction_score, previous_token_score
+    the colour legend, the head selector, hover on a query row and on a token of the text.
+    Returns the names of the scores shown."""
+    from gptlib.widgets.attention import first_token_score, induction_pairs, induction_score, previous_token_score
 
     root.wait_for(timeout=20_000)
+    tokens = [t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()]
+    repeats = bool(induction_pairs(tokens))
     layers = root.locator(".gptlib-attn-layer option").count()
     heads = root.locator(".gptlib-attn-head option").count()
     thumbs = root.locator(".gptlib-attn-thumb")
     assert thumbs.count() == layers * heads, "one thumbnail per head"
     assert root.locator(".gptlib-attn-thumb canvas").count() == layers * heads
-    names = ["previous token", "first token"] + (["induction"] if tokens_repeat else [])
+    names = ["previous token", "first token"] + (["induction"] if repeats else [])
     assert root.locator(".gptlib-attn-score").count() == layers * heads * len(names)
     assert root.locator(".gptlib-attn-thumb.selected").count() == 1
     # the colour scale's legend: a gradient from the colour of 0 to the colour of 1
@@ -200,9 +203,8 @@ def check_attention_view(p: Page, root, tokens_repeat: bool):
     assert root.get_attribute("data-view").startswith(f"{l}/{h}:") and root.get_attribute("data-view") != before
     assert "selected" in last.get_attribute("class") and root.locator(".gptlib-attn-thumb.selected").count() == 1
     A = torch.tensor(json.loads(root.get_attribute("data-pattern")), dtype=torch.float64)
-    tokens = [t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()]
     want = {"previous token": previous_token_score(A), "first token": first_token_score(A)}
-    if tokens_repeat:
+    if repeats:
         want["induction"] = induction_score(A, tokens)
     shown = {e.get_attribute("data-name"): float(e.get_attribute("data-value"))
              for e in last.locator(".gptlib-attn-score").all()}
@@ -232,6 +234,7 @@ def check_attention_view(p: Page, root, tokens_repeat: bool):
     assert colours[: i + 1] == [_rgb(a) for a in A[i][: i + 1]] and not any(colours[i + 1:])
     assert "gptlib-attn-hot" in words.nth(i).get_attribute("class")
     assert root.locator(".gptlib-attn-focus").text_content().startswith("query ")
+    return names
 
 
 @browser_test
@@ -246,8 +249,7 @@ def test_attention_widget_head_selector_changes_heatmap(browser, site):
     heads.select_option("1")
     after = root.get_attribute("data-view")
     assert after != before and after.split(":")[0].endswith("/1")
-    tokens = [t.text_content() for t in root.locator(".gptlib-attn-tok").all()]
-    check_attention_view(p, root, tokens_repeat=len(set(tokens)) < len(tokens))
+    check_attention_view(root)
     p.screenshot("attention_widget.png", ".gptlib-attn")
     p.check_maths()
     p.check_offline()
@@ -364,6 +366,35 @@ def test_sampling_widget_matches_python(browser, site):
     p.close()
 
 
+@browser_test
+def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
+    """Chapter 7's SamplingView.from_model (several prompts), once the chapter shows one: prompt
+    switch, the maths, and sample steps through the stored continuations."""
+    p = Page(browser, site, "07_sampling")
+    p.page.locator(".gptlib-samp").first.wait_for(timeout=20_000)
+    multi = [r for r in p.page.locator(".gptlib-samp").all() if r.locator(".gptlib-samp-prompt option").count() >= 2]
+    if not multi:
+        p.close()
+        pytest.skip("chapter 7 shows no SamplingView.from_model(model, tokenizer, prompts) yet; "
+                    "test_sampling_view_on_the_shipped_model tests that form on a page beside the book")
+    root, checked = multi[0], []
+    select = root.locator(".gptlib-samp-prompt")
+    first = root.get_attribute("data-logits")
+    select.select_option("1")
+    assert root.get_attribute("data-prompt") == "1" and root.get_attribute("data-logits") != first
+    check_sampling_distribution(root, checked)
+    _set_temperature(root, 0.0)
+    check_sampling_distribution(root, checked)
+    for _ in range(6):  # argmax draws follow the stored tree to its end, then the page stops
+        check_sample_step(root)
+        if root.get_attribute("data-stuck") == "1":
+            break
+    assert root.get_attribute("data-stuck") == "1" and "cannot run the model" in root.locator(".gptlib-samp-msg").text_content()
+    p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp")
+    p.check_offline()
+    p.close()
+
+
 @pytest.fixture(scope="module")
 def shipped_page(site, tmp_path_factory):
     """A page with both widgets on the shipped model, served beside the book: it loads only the
@@ -413,7 +444,7 @@ def test_attention_view_on_the_shipped_model(browser, site, shipped_page):
     url, attention, _ = shipped_page
     p = Page(browser, site, "", url=url)
     root = p.page.locator(".gptlib-attn").first
-    check_attention_view(p, root, tokens_repeat=True)
+    assert "induction" in check_attention_view(root)  # the text repeats
     p.screenshot("attention_widget_shipped.png", ".gptlib-attn")
     p.check_offline()
     p.close()

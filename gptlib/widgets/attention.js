@@ -77,7 +77,7 @@ function render({ model, el }) {
   });
   const key = div("gptlib-attn-score-key");
   key.textContent = scores.length
-    ? "Scores: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ` +
+    ? "Scores on this text: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ` +
         `${s.uniform.toFixed(2)} for a uniform head)`).join(", ") + ". Bold: the highest head of each score."
     : "";
 
@@ -117,7 +117,9 @@ function render({ model, el }) {
     s.addEventListener("mouseleave", unfocus);
     return s;
   });
-  text.append(...words);
+  // Sub-word tokens carry their own spaces (" cat"); whole words get one between them.
+  const spaced = !tokens.some((t) => /^\s|\s$/.test(t));
+  words.forEach((w, i) => text.append(...(spaced && i > 0 ? [" ", w] : [w])));
   const focus = div("gptlib-attn-focus", "hover a token of the text, or a query row, to see where it looks");
   root.append(title, thumbs, key, controls, current, grid, div("gptlib-attn-text-label", "text (hover a token):"), text, focus);
   el.appendChild(root);
