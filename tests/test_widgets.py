@@ -354,6 +354,22 @@ def test_from_model_stores_the_models_distributions(tiny):
     assert repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=10, top_p=0.9)"
 
 
+def test_from_model_names_tokens_with_token_str():
+    """A byte-level BPE tokenizer names each stored id by token_str (a byte that is not valid
+    UTF-8 on its own is shown, not dropped)."""
+    from gptlib.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(TEXT * 4, 300)
+    torch.manual_seed(1)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
+    V = tok.vocab_size  # the short text may run out of pairs to merge before 300
+    w = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=2, n_logits=V)
+    assert sorted(w.prompts[0]["root"]["ids"]) == list(range(V)) and w.prompts[0]["root"]["mass"] == 1.0
+    assert w.tokens == {str(i): tok.token_str(i) for i in range(V)}
+    assert 0xE9 < V and w.tokens[str(0xE9)] == tok.token_str(0xE9) != ""  # a lone byte of a 2-byte character
+    assert repr(w) == f"SamplingView(prompts=1, vocab={V}, depth=1, temperature=1.0, top_k=None, top_p=1.0)"
+
+
 def test_from_model_is_deterministic_and_compact(tiny):
     model, tok = tiny
     a = SamplingView.from_model(model, tok, ["the cat", "the dog"])
