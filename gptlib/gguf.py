@@ -47,6 +47,7 @@ __all__ = [
     "q4_1_roundtrip",
     "GGUFTokenizer",
     "export_smollm2",
+    "stored_types",
     "load_smollm2",
 ]
 
@@ -229,7 +230,12 @@ def to_hf_llama(model: ModernGPT):
         sd[p + "mlp.gate_proj.weight"] = m.W_gate.T
         sd[p + "mlp.up_proj.weight"] = m.W_up.T
         sd[p + "mlp.down_proj.weight"] = m.W_out.T
-    hf = LlamaForCausalLM(hf_config)
+    try:  # the weights are overwritten below: skip the random initialisation (seconds at 135M)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        from contextlib import nullcontext as no_init_weights
+    with no_init_weights():
+        hf = LlamaForCausalLM(hf_config)
     missing, unexpected = hf.load_state_dict({k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False)
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         raise ValueError(f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -424,6 +430,18 @@ def export_smollm2(force: bool = False) -> tuple[Path, Path]:
     atomic_write(w_path, save({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=meta))
     GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).save(t_path)
     return w_path, t_path
+
+
+def stored_types() -> dict[str, str]:
+    """GGUF tensor name -> its storage type in the file (Q4_1, Q8_0, F32), as recorded by the export."""
+    from safetensors import safe_open
+
+    w_path, _ = _export_paths()
+    with safe_open(str(w_path), "pt") as f:
+        meta = f.metadata() or {}
+    if "gguf_types" not in meta:
+        raise ValueError(f"{w_path} does not record the GGUF tensor types; run `python -m gptlib.gguf export --force`")
+    return json.loads(meta["gguf_types"])
 
 
 def load_smollm2(map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
