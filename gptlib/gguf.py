@@ -437,6 +437,8 @@ def stored_types() -> dict[str, str]:
     from safetensors import safe_open
 
     w_path, _ = _export_paths()
+    if not w_path.is_file():
+        raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
     with safe_open(str(w_path), "pt") as f:
         meta = f.metadata() or {}
     if "gguf_types" not in meta:

@@ -252,3 +252,16 @@ def test_smollm2_tokenizer_matches_the_peer_and_chat_template(smollm2):
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
                       "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_missing_cache_says_how_to_make_it(tmp_path, monkeypatch):
+    from gptlib.gguf import _main, export_smollm2, load_smollm2, stored_types
+
+    monkeypatch.setenv("GPTLIB_CACHE_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="make smollm2"):
+        load_smollm2()
+    with pytest.raises(FileNotFoundError, match="gptlib.assets fetch smollm2-gguf"):
+        export_smollm2()
+    with pytest.raises(FileNotFoundError, match="make smollm2"):
+        stored_types()
+    assert _main(["nope"]) == 2
