@@ -126,6 +126,18 @@ def test_hf_llama_parity_on_the_tiny_model(tiny):
         torch.testing.assert_close(tiny(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
 
 
+def test_untied_unembedding_round_trips_and_matches_hf(tmp_path):
+    torch.manual_seed(3)
+    untied = ModernGPT(ModernConfig.preset("tiny", tie_weights=False)).eval()
+    path = write_gguf(tmp_path / "untied.gguf", untied)
+    assert "output.weight" in read_gguf(path, tensors=False).types
+    model = model_from_gguf(path)
+    assert not model.config.tie_weights and torch.equal(model.W_U, untied.W_U)
+    ids = torch.tensor([[5, 17, 250, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), to_hf_llama(model)(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_unpermute_rope_is_a_permutation_of_each_heads_columns():
     W = torch.arange(2 * 8.0).view(1, 16)
     P = unpermute_rope(W, 2)
