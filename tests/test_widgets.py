@@ -324,7 +324,7 @@ TEXT = "the cat sat on the mat. the dog sat on the log."
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    tok = CharTokenizer.from_text(TEXT)
+    tok = CharTokenizer.train(TEXT)
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16)).train()
     return model, tok
 
