@@ -16,53 +16,12 @@ module-level so that spawned processes can import them; they compute on the CPU 
 nccl each process would move its model and tensors to its GPU.
 """
 
-from .context import blockwise_attention, online_softmax_update, ring_attention, ring_attention_worker
-from .data import ddp_worker, fsdp_worker
-from .launch import DistributedError, free_port, run_distributed, shard_range
-from .pipeline import (
-    apply_blocks,
-    bubble_fraction,
-    embed_input,
-    gpipe_bubble,
-    gpipe_schedule,
-    pipeline_worker,
-    stage_layers,
-    timetable,
-    unembed_output,
-)
-from .tensor import (
-    TensorParallelAttention,
-    TensorParallelBlock,
-    TensorParallelMLP,
-    copy_to_parallel,
-    reduce_from_parallel,
-    tensor_parallel_worker,
-)
+# Every public name of the five modules, so that ``from gptlib.parallel import X`` finds it.
+from . import context, data, launch, pipeline, tensor
+from .context import *  # noqa: F403
+from .data import *  # noqa: F403
+from .launch import *  # noqa: F403
+from .pipeline import *  # noqa: F403
+from .tensor import *  # noqa: F403
 
-__all__ = [
-    "DistributedError",
-    "free_port",
-    "run_distributed",
-    "shard_range",
-    "ddp_worker",
-    "fsdp_worker",
-    "copy_to_parallel",
-    "reduce_from_parallel",
-    "TensorParallelMLP",
-    "TensorParallelAttention",
-    "TensorParallelBlock",
-    "tensor_parallel_worker",
-    "embed_input",
-    "apply_blocks",
-    "unembed_output",
-    "stage_layers",
-    "gpipe_schedule",
-    "timetable",
-    "bubble_fraction",
-    "gpipe_bubble",
-    "pipeline_worker",
-    "online_softmax_update",
-    "blockwise_attention",
-    "ring_attention",
-    "ring_attention_worker",
-]
+__all__ = [*launch.__all__, *data.__all__, *tensor.__all__, *pipeline.__all__, *context.__all__]
