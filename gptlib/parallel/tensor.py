@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, attention, causal_mask
+from ..attention import KVCache, MultiHeadAttention, attention, causal_mask
 from ..block import Block
 from ..mlp import MLP
 from .launch import shard_range, worker_model
@@ -156,11 +156,10 @@ class TensorParallelAttention(nn.Module):
         z = z.transpose(1, 2).reshape(B, T, self.n_heads_local * self.d_head)  # (B, T, n_local*d_head)
         return z @ self.W_O  # (B, T, d_model)
 
-    def forward(self, x: Tensor, cache=None, layer: int = 0, return_pattern: bool = False) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model), the same on every rank; ``cache`` must be None."""
         if cache is not None:
             raise ValueError("cache must be None: tensor-parallel attention keeps no KV cache")
-        if return_pattern:
-            raise ValueError("return_pattern must be False: the pattern is split across ranks")
         y = reduce_from_parallel(self.partial(copy_to_parallel(x, self.group)), self.group)  # (B, T, d_model)
         return y if self.b_O is None else y + self.b_O
 
