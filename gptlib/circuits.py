@@ -1,15 +1,10 @@
 """Chapter 8: reading heads — attention scores on repeated sequences, composition of two heads, copying.
 
-An attention pattern A (T, T) is row-stochastic and causal: row t holds the weights query t puts on
-keys 0..t. On a sequence that repeats, [r_0 .. r_{L-1}, r_0 .. r_{L-1}], three scores describe a head:
-
-    previous-token score   mean over t >= 1   of A[t, t-1]
-    first-token score      mean over t >= 1   of A[t, 0]
-    induction score        mean over t >= L   of A[t, t-L+1]   (the token after the previous
-                                                               occurrence of the current token)
-
-A uniform causal head (A[t, s] = 1/(t+1)) is the chance level of each; :func:`uniform_pattern` builds
-it so that the chance level is the same function applied to it.
+The per-head scores of a pattern (previous-token, first-token, induction along the token pairs
+"query i, key after the previous occurrence of token i") and the uniform causal head that is their
+chance level live in :mod:`gptlib.widgets.attention`, which stores them in the attention view;
+:func:`score_table` averages them over a batch of sequences. On [r, r] with no token repeated inside r
+the induction pairs are (t, t - L + 1) for t >= L: the token after the previous occurrence.
 
 Composition, in the book's row-vector convention (x W, Chapter 4): a head's score is
 x_q W_QK x_k^T and its output is A X W_OV. If an earlier head writes y W_OV^1 into the stream that a
@@ -29,12 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .widgets.attention import first_token_score, induction_score, previous_token_score
+
 __all__ = [
     "repeated_sequences",
-    "uniform_pattern",
-    "previous_token_score",
-    "first_token_score",
-    "induction_score",
     "score_table",
     "composition_score",
     "k_composition",
@@ -69,88 +62,36 @@ def repeated_sequences(
     return r.repeat(1, -(-total // length))[:, :total]  # (n, total)
 
 
-def uniform_pattern(T: int) -> Tensor:
-    """The uniform causal head, A[t, s] = 1/(t+1) for s <= t: the chance level of every score here.
-
-    >>> uniform_pattern(3)
-    tensor([[1.0000, 0.0000, 0.0000],
-            [0.5000, 0.5000, 0.0000],
-            [0.3333, 0.3333, 0.3333]])
-    """
-    if not isinstance(T, int) or isinstance(T, bool) or T < 1:
-        raise ValueError(f"T must be a positive int, got {T!r}")
-    return torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
-
-
-def _check_pattern(pattern: Tensor, min_T: int = 2) -> int:
-    if not isinstance(pattern, Tensor) or pattern.dim() < 2 or pattern.shape[-1] != pattern.shape[-2]:
-        shape = tuple(pattern.shape) if isinstance(pattern, Tensor) else type(pattern).__name__
-        raise ValueError(f"pattern must have shape (..., T, T), got {shape}")
-    T = pattern.shape[-1]
-    if T < min_T:
-        raise ValueError(f"pattern must have T >= {min_T}, got T = {T}")
-    return T
-
-
-def previous_token_score(pattern: Tensor) -> Tensor:
-    """Mean attention on the previous token, A[t, t-1] over t >= 1; leading dimensions are kept.
-
-    >>> A = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])
-    >>> float(previous_token_score(A))  # (1 + 0.5) / 2
-    0.75
-    """
-    _check_pattern(pattern)
-    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1)
-
-
-def first_token_score(pattern: Tensor) -> Tensor:
-    """Mean attention on the first token, A[t, 0] over t >= 1; leading dimensions are kept.
-
-    >>> A = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])
-    >>> float(first_token_score(A))  # (1 + 0) / 2
-    0.5
-    """
-    _check_pattern(pattern)
-    return pattern[..., 1:, 0].mean(dim=-1)
-
-
-def induction_score(pattern: Tensor, length: int) -> Tensor:
-    """Mean attention from each t >= ``length`` to key t - length + 1, on a sequence of period ``length``.
-
-    Key t - length + 1 holds the token that followed the previous occurrence of token t. With
-    length 2 and T = 4 (tokens a b a b) the rows are t = 2, 3 and the keys 1, 2.
-
-    >>> A = torch.zeros(4, 4)
-    >>> A[0, 0] = A[1, 1] = 1.0
-    >>> A[2, 1], A[2, 2] = 1.0, 0.0
-    >>> A[3, 2], A[3, 0] = 0.5, 0.5
-    >>> float(induction_score(A, 2))  # (1 + 0.5) / 2
-    0.75
-    """
-    T = _check_pattern(pattern)
-    if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length < T:
-        raise ValueError(f"length must be an int in [1, T) with T = {T}, got {length!r}")
-    rows = torch.arange(length, T, device=pattern.device)
-    return pattern[..., rows, rows - length + 1].mean(dim=-1)
-
-
-def score_table(patterns: Tensor, length: int) -> dict[str, Tensor]:
+def score_table(patterns: Tensor, ids: Tensor) -> dict[str, Tensor]:
     """Previous-token, induction and first-token scores of every head, averaged over a batch.
 
-    ``patterns``: (n_layers, n_heads, T, T) or (B, n_layers, n_heads, T, T), as
-    ``GPT.attention_patterns`` returns it. Each entry of the result is (n_layers, n_heads).
+    ``patterns``: (B, n_layers, n_heads, T, T) as ``GPT.attention_patterns(ids)`` returns it, ``ids``
+    (B, T); or one sequence, (n_layers, n_heads, T, T) and (T,). Each entry of the result is
+    (n_layers, n_heads). Every sequence needs a repeated token (else there is no induction pair).
+    The chance level is the same table for a uniform causal head on the same ``ids``.
 
-    >>> table = score_table(uniform_pattern(4).expand(2, 3, 4, 4), length=2)
-    >>> {k: round(float(v[1, 2]), 4) for k, v in table.items()}  # chance: rows 1..3, 2..3, 1..3
+    >>> from gptlib.widgets.attention import uniform_causal_pattern
+    >>> table = score_table(uniform_causal_pattern(4).expand(2, 3, 4, 4), torch.tensor([1, 2, 1, 2]))
+    >>> {k: round(float(v[1, 2]), 4) for k, v in table.items()}  # the pairs (2, 1) and (3, 2)
     {'previous-token': 0.3611, 'induction': 0.2917, 'first-token': 0.3611}
     """
     if not isinstance(patterns, Tensor) or patterns.dim() not in (4, 5):
         shape = tuple(patterns.shape) if isinstance(patterns, Tensor) else type(patterns).__name__
         raise ValueError(f"patterns must have shape ([B,] n_layers, n_heads, T, T), got {shape}")
     p = patterns if patterns.dim() == 5 else patterns[None]  # (B, n_layers, n_heads, T, T)
+    ids = torch.as_tensor(ids)
+    ids = ids if ids.dim() == 2 else ids[None]  # (B, T)
+    if tuple(ids.shape) != (p.shape[0], p.shape[-1]):
+        raise ValueError(f"ids must have shape (B, T) = {(p.shape[0], p.shape[-1])}, got {tuple(ids.shape)}")
+    induction = []
+    for b, seq in enumerate(ids.tolist()):
+        score = induction_score(p[b], seq)  # (n_layers, n_heads), or None without a repeat
+        if score is None:
+            raise ValueError(f"ids: sequence {b} repeats no token, so it has no induction score")
+        induction.append(score)
     return {
         "previous-token": previous_token_score(p).mean(0),
-        "induction": induction_score(p, length).mean(0),
+        "induction": torch.stack(induction).mean(0),
         "first-token": first_token_score(p).mean(0),
     }
 

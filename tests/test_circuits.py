@@ -11,16 +11,13 @@ from gptlib.circuits import (
     composition_scores,
     copying_score,
     diagonal_argmax_rate,
-    first_token_score,
-    induction_score,
     k_composition,
-    previous_token_score,
     q_composition,
     repeated_sequences,
     score_table,
-    uniform_pattern,
     v_composition,
 )
+from gptlib.widgets.attention import first_token_score, induction_score, previous_token_score, uniform_causal_pattern
 
 
 def shifted_pattern(T: int, offset: int) -> torch.Tensor:
@@ -48,72 +45,48 @@ def test_repeated_sequences_errors(kw, name):
         repeated_sequences(**args)
 
 
-def test_uniform_pattern_is_causal_and_stochastic():
-    A = uniform_pattern(6)
-    torch.testing.assert_close(A.sum(-1), torch.ones(6))
-    assert torch.equal(A.triu(1), torch.zeros(6, 6))
-    with pytest.raises(ValueError, match="T"):
-        uniform_pattern(0)
+def test_score_table_on_hand_made_heads():
+    L = 4
+    ids = repeated_sequences(3, L, 1000, torch.Generator().manual_seed(0))  # (3, 8), no repeat inside r
+    assert all(len(set(seq[:L])) == L for seq in ids.tolist())
+    heads = torch.stack([shifted_pattern(2 * L, 1), shifted_pattern(2 * L, L - 1), shifted_pattern(2 * L, 2 * L)])
+    table = score_table(heads[None, None].expand(3, 1, 3, 2 * L, 2 * L), ids)  # one layer of 3 heads, batch of 3
+    torch.testing.assert_close(table["previous-token"][0], torch.tensor([1.0, 1 / 7, 1 / 7]))
+    torch.testing.assert_close(table["induction"][0], torch.tensor([0.0, 1.0, 0.0]))
+    torch.testing.assert_close(table["first-token"][0], torch.tensor([1 / 7, 3 / 7, 1.0]))  # rows 1-3 of the second head sit on key 0
 
 
-def test_scores_on_hand_made_heads():
-    T, L = 8, 4
-    prev = shifted_pattern(T, 1)
-    induct = shifted_pattern(T, L - 1)  # key t - L + 1
-    first = shifted_pattern(T, T)  # everything on key 0
-    assert float(previous_token_score(prev)) == 1.0
-    assert float(induction_score(induct, L)) == 1.0
-    assert float(first_token_score(first)) == 1.0
-    assert math.isclose(float(previous_token_score(first)), 1 / 7, rel_tol=1e-6)  # only row 1 puts weight on its previous key (0)
-    assert float(induction_score(prev, L)) == 0.0
-    # the identity head (every token attends to itself) scores 0 everywhere except induction with L = 1
-    eye = torch.eye(T)
-    assert float(previous_token_score(eye)) == 0.0 and float(first_token_score(eye)) == 0.0
-    assert float(induction_score(eye, 1)) == 1.0
-
-
-def test_chance_levels_of_uniform_head():
+def test_score_table_chance_on_repeats():
     T, L = 48, 24
-    A = uniform_pattern(T)
-    assert math.isclose(float(previous_token_score(A)), sum(1 / (t + 1) for t in range(1, T)) / (T - 1), rel_tol=1e-6)
-    assert math.isclose(float(first_token_score(A)), float(previous_token_score(A)), rel_tol=1e-6)
-    assert math.isclose(float(induction_score(A, L)), sum(1 / (t + 1) for t in range(L, T)) / L, rel_tol=1e-6)
+    ids = repeated_sequences(2, L, 10_000, torch.Generator().manual_seed(1))
+    assert all(len(set(seq[:L])) == L for seq in ids.tolist())
+    U = uniform_causal_pattern(T).expand(2, 1, 1, T, T)
+    table = score_table(U, ids)
+    assert math.isclose(float(table["previous-token"]), sum(1 / (t + 1) for t in range(1, T)) / (T - 1), rel_tol=1e-9)
+    assert math.isclose(float(table["induction"]), sum(1 / (t + 1) for t in range(L, T)) / L, rel_tol=1e-9)
 
 
-def test_induction_score_on_a_real_repeat():
-    # An exact induction head built from tokens: row t attends to the key after the previous occurrence.
-    ids = repeated_sequences(1, 6, 1000, torch.Generator().manual_seed(0))[0].tolist()
-    T, L = len(ids), 6
-    assert len(set(ids[:L])) == L  # no accidental repeat inside r
-    A = torch.zeros(T, T)
-    for t in range(T):
-        earlier = [s for s in range(t) if ids[s] == ids[t]]
-        A[t, earlier[-1] + 1 if earlier else t] = 1.0
-    assert float(induction_score(A, L)) == 1.0 and float(previous_token_score(A)) < 0.5
-
-
-def test_score_table_shapes_and_batch_mean():
-    p = torch.stack([uniform_pattern(6), shifted_pattern(6, 1)])  # two heads
-    batch = torch.stack([p[None].expand(2, 2, 6, 6), p.flip(0)[None].expand(2, 2, 6, 6)])  # (2, 2, 2, 6, 6)
-    table = score_table(batch, length=3)
-    assert set(table) == {"previous-token", "induction", "first-token"}
-    assert table["previous-token"].shape == (2, 2)
-    expected = (float(previous_token_score(uniform_pattern(6))) + 1.0) / 2
+def test_score_table_averages_the_batch():
+    p = torch.stack([uniform_causal_pattern(6).float(), shifted_pattern(6, 1)])  # two heads
+    ids = torch.tensor([[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 4, 5]])
+    batch = torch.stack([p[None], p.flip(0)[None]])  # (2, 1, 2, 6, 6)
+    table = score_table(batch, ids)
+    assert table["previous-token"].shape == (1, 2)
+    expected = (float(previous_token_score(uniform_causal_pattern(6))) + 1.0) / 2
     assert math.isclose(float(table["previous-token"][0, 0]), expected, rel_tol=1e-6)
-    torch.testing.assert_close(score_table(batch[0], 3)["induction"], induction_score(batch[0], 3))
+    ind = (induction_score(batch[0], ids[0].tolist()) + induction_score(batch[1], ids[1].tolist())) / 2
+    torch.testing.assert_close(table["induction"], ind)
+    torch.testing.assert_close(score_table(batch[0], ids[0])["first-token"], first_token_score(batch[0]))
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(2, 3), torch.zeros(1, 1)])
-def test_pattern_errors(bad):
-    with pytest.raises(ValueError, match="pattern"):
-        previous_token_score(bad)
-
-
-def test_other_errors():
-    with pytest.raises(ValueError, match="length"):
-        induction_score(uniform_pattern(4), 4)
+def test_errors():
+    U = uniform_causal_pattern(4).expand(1, 1, 4, 4)
     with pytest.raises(ValueError, match="patterns"):
-        score_table(uniform_pattern(4), 2)
+        score_table(uniform_causal_pattern(4), torch.tensor([1, 2, 1, 2]))
+    with pytest.raises(ValueError, match="ids"):
+        score_table(U, torch.tensor([1, 2, 1]))
+    with pytest.raises(ValueError, match="ids"):
+        score_table(U, torch.tensor([1, 2, 3, 4]))  # no repeat
     with pytest.raises(ValueError, match="W_A"):
         composition_score(torch.zeros(3), torch.zeros(3, 3))
     with pytest.raises(ValueError, match="W_B"):
