@@ -47,7 +47,8 @@ def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
 
     f_i is the fraction of the n k routed slots that chose expert i (piecewise constant: no
     gradient), P_i the mean of the router probabilities p_i over the n tokens (differentiable).
-    By the rearrangement inequality the sum is smallest when f and P are spread evenly.
+    Its gradient, d L_aux / d p_ti = n_experts f_i / n, lowers the probabilities of each expert in
+    proportion to the load it already has.
 
     >>> p = torch.full((4, 2), 0.5)
     >>> float(load_balancing_loss(p, torch.tensor([[0], [1], [0], [1]]), 2))
