@@ -3,7 +3,8 @@
     python bench/bench_train.py
 
 Same config, same batches, same AdamW settings, measured back to back in one run; tokens/s of each,
-and CPU model FLOP utilisation against the fp32 matmul rate measured in the same run.
+and CPU model FLOP utilisation (``gptlib.flops.training_flops``) against the fp32 matmul rate
+measured in the same run (``gptlib.flops.matmul_flops_per_s``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gptlib.flops import matmul_flops_per_s, training_flops
 from gptlib.model import GPT
 from gptlib.training import Trainer, TrainConfig, param_groups
 
-from bench_model import matmul_rate  # the same measurement of the fp32 matmul rate (bench/ is on sys.path)
 
 D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB, STEPS = 128, 4, 4, 128, 16, 2048, 30
 
@@ -57,9 +58,8 @@ def main() -> None:
         hf_steps(5)
         t_hf += time.perf_counter() - t0
     tokens = STEPS * BATCH * N_CTX
-    peak = matmul_rate()
-    n = ours.num_parameters(exclude_positional=True)
-    flops = (6 * n + 6 * N_LAYERS * N_CTX * D_MODEL) * tokens
+    peak = matmul_flops_per_s(1024, repeats=3, products=8)
+    flops = training_flops(ours.config, tokens)  # the book's convention (gptlib.flops)
     print(f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_ctx={N_CTX}, batch={BATCH}, d_vocab={VOCAB}; {STEPS} steps each")
     print(f"gptlib Trainer: {tokens / t_ours:,.0f} tokens/s | plain HF loop: {tokens / t_hf:,.0f} tokens/s | "
           f"ratio {t_hf / t_ours:.2f}x")
