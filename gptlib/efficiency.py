@@ -136,9 +136,10 @@ def activation_elements(
     attention output, which W_O multiplies (d_attn), the residual Y and LN_2's output (2 d_model),
     the MLP's pre-activation and activation (2 d_mlp), and each LayerNorm's mean and 1/std (4).
     The fused kernel (``scaled_dot_product_attention``) keeps one log-sum-exp per head (n_heads)
-    and recomputes the pattern in the backward pass; Chapter 4's ``attention`` keeps the scores,
-    exp(scores - max) and the pattern (3 n_heads T per token), a max and a sum per row (2 n_heads),
-    and copies of Q, K, V (3 d_attn) instead of [Q|K|V]:
+    and recomputes the pattern in the backward pass; the readable path (``fused=False``, which
+    forms the pattern as in Chapter 4) keeps the scores, exp(scores - max) and the pattern
+    (3 n_heads T per token), a max and a sum per row (2 n_heads), and copies of Q, K, V (3 d_attn)
+    instead of [Q|K|V]:
 
         fused:   B T (4 d_model + 4 d_attn + 2 d_mlp + n_heads + 4)
         pattern: B T (4 d_model + 4 d_attn + 2 d_mlp + 4) + B n_heads (3 T^2 + 2 T)
