@@ -7,7 +7,7 @@ about two passes over the 116k training tokens) with the tokenizer of the shippe
 (models/small/tokenizer.json). Writes one JSON record per size: its shape, its parameter counts
 (all, and without the embeddings, N), the tokens it trained on, its final training loss and its
 loss on every validation window. Each size takes under two minutes on one CPU core; the chapter
-reads the JSON and fits L(N) live. Deterministic for a given machine and thread count.
+reads the JSON and fits L(N) live. Every random source is seeded (weights, batches).
 """
 
 from __future__ import annotations
