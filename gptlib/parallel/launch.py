@@ -23,10 +23,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import GPT
+from ..training import lm_loss  # re-exported: the workers' loss
 
 __all__ = ["DistributedError", "free_port", "run_distributed", "shard_range", "worker_model", "lm_loss"]
 
@@ -186,11 +186,6 @@ def worker_model(config, state: dict) -> GPT:
     model = GPT(config)
     model.load_state_dict(state)
     return model
-
-
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """The mean next-token cross-entropy over all B*T positions: logits (B, T, d_vocab), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def shard_range(n: int, rank: int, world_size: int) -> slice:
