@@ -98,10 +98,13 @@ class Block(nn.Module):
         ln_eps: float = 1e-5,
         fused_activation: bool = True,
         layer: int = 0,
+        attn_only: bool = False,
     ):
         super().__init__()
         if kind not in BLOCK_KINDS:
             raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
+        if attn_only and kind != "pre_ln":  # attention-only blocks (Chapter 8's induction heads)
+            raise ValueError(f"attn_only needs kind='pre_ln', got kind={kind!r}")
         self.kind = kind
         self.ln_1 = LayerNorm(d_model, ln_eps, bias)
         self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout, layer=layer)
@@ -110,12 +113,14 @@ class Block(nn.Module):
         if fused_activation:
             self.mlp.phi = FUSED_ACTIVATIONS[activation]  # same function, one fused kernel
         self.mlp_drop = nn.Dropout(dropout)
+        if attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X))
+            self.ln_2 = self.mlp = None
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model); ``cache`` is passed to the attention layer."""
         if self.kind == "pre_ln":
             y = x + self.attn(self.ln_1(x), cache)  # (B, T, d_model)
-            return y + self.mlp_drop(self.mlp(self.ln_2(y)))
+            return y if self.mlp is None else y + self.mlp_drop(self.mlp(self.ln_2(y)))
         if self.kind == "post_ln":
             y = self.ln_1(x + self.attn(x, cache))
             return self.ln_2(y + self.mlp_drop(self.mlp(y)))

@@ -52,6 +52,7 @@ class GPTConfig:
     block: str = "pre_ln"
     activation: str = "gelu_tanh"
     ln_eps: float = 1e-5
+    attn_only: bool = False  # blocks without MLPs (Chapter 8's induction heads); pre-LN only
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
@@ -78,6 +79,8 @@ class GPTConfig:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.ln_eps < 0:
             raise ValueError(f"ln_eps must be >= 0, got {self.ln_eps}")
+        if self.attn_only and self.block != "pre_ln":
+            raise ValueError(f"attn_only needs block='pre_ln', got block={self.block!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
@@ -136,7 +139,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.d_model, c.n_heads, c.d_mlp, d_head=c.d_head, kind=c.block, dropout=c.dropout,
-                  bias=c.bias, activation=c.activation, ln_eps=c.ln_eps, layer=layer)
+                  bias=c.bias, activation=c.activation, ln_eps=c.ln_eps, layer=layer, attn_only=c.attn_only)
             for layer in range(c.n_layers)
         )
         self.ln_f = LayerNorm(c.d_model, c.ln_eps, c.bias)
@@ -145,7 +148,8 @@ class GPT(nn.Module):
         # residual stream scaled by 1/sqrt(2 n_layers) so its variance does not grow with depth.
         for blk in self.blocks:
             nn.init.normal_(blk.attn.W_O, std=0.02 / math.sqrt(2 * c.n_layers))
-            nn.init.normal_(blk.mlp.W_out, std=0.02 / math.sqrt(2 * c.n_layers))
+            if blk.mlp is not None:
+                nn.init.normal_(blk.mlp.W_out, std=0.02 / math.sqrt(2 * c.n_layers))
 
     # --- names of the notes -----------------------------------------------------------------
     @property

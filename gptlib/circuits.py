@@ -1,0 +1,176 @@
+"""Chapter 8: reading heads — attention scores on repeated sequences, composition of two heads, copying.
+
+The per-head scores of a pattern (previous-token, first-token, induction along the token pairs
+"query i, key after the previous occurrence of token i") and the uniform causal head that is their
+chance level live in :mod:`gptlib.widgets.attention`, which stores them in the attention view;
+:func:`score_table` averages them over a batch of sequences. On [r, r] with no token repeated inside r
+the induction pairs are (t, t - L + 1) for t >= L: the token after the previous occurrence.
+
+Composition, in the book's row-vector convention (x W, Chapter 4): a head's score is
+x_q W_QK x_k^T and its output is A X W_OV. If an earlier head writes y W_OV^1 into the stream that a
+later head reads, the later head's bilinear forms pick up
+
+    K-composition (keys):     x_q W_QK^2 (y W_OV^1)^T = x_q (W_QK^2 (W_OV^1)^T) y^T
+    Q-composition (queries):  (y W_OV^1) W_QK^2 x_k^T = y (W_OV^1 W_QK^2) x_k^T
+    V-composition (values):   (y W_OV^1) W_OV^2      = y (W_OV^1 W_OV^2)
+
+and the size of each product relative to its factors, ||W_A W_B||_F / (||W_A||_F ||W_B||_F), measures
+how much the second head reads what the first writes (Elhage et al. 2021, "A Mathematical Framework
+for Transformer Circuits", who write column vectors: their W_OV is our W_OV^T, the same score).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .widgets.attention import first_token_score, induction_score, previous_token_score
+
+__all__ = [
+    "repeated_sequences",
+    "score_table",
+    "composition_score",
+    "k_composition",
+    "q_composition",
+    "v_composition",
+    "composition_scores",
+    "copying_score",
+    "diagonal_argmax_rate",
+]
+
+
+def repeated_sequences(
+    n: int, length: int, d_vocab: int, generator: torch.Generator | None = None, total: int | None = None
+) -> Tensor:
+    """``n`` sequences of ``length`` uniformly random tokens, each followed by itself: (n, 2*length).
+
+    With ``total``, the random block is repeated until the sequence has ``total`` tokens (a period of
+    ``length``; the last copy may be cut short).
+
+    >>> ids = repeated_sequences(2, 3, 10, torch.Generator().manual_seed(0))
+    >>> ids.shape, bool((ids[:, :3] == ids[:, 3:]).all())
+    (torch.Size([2, 6]), True)
+    >>> ids = repeated_sequences(1, 2, 10, torch.Generator().manual_seed(0), total=5)
+    >>> bool((ids[0, 2:] == ids[0, :3]).all())
+    True
+    """
+    total = 2 * length if total is None else total
+    for name, value in (("n", n), ("length", length), ("d_vocab", d_vocab), ("total", total)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    r = torch.randint(0, d_vocab, (n, length), generator=generator)  # (n, length)
+    return r.repeat(1, -(-total // length))[:, :total]  # (n, total)
+
+
+def score_table(patterns: Tensor, ids: Tensor) -> dict[str, Tensor]:
+    """Previous-token, induction and first-token scores of every head, averaged over a batch.
+
+    ``patterns``: (B, n_layers, n_heads, T, T) as ``GPT.attention_patterns(ids)`` returns it, ``ids``
+    (B, T); or one sequence, (n_layers, n_heads, T, T) and (T,). Each entry of the result is
+    (n_layers, n_heads). Every sequence needs a repeated token (else there is no induction pair).
+    The chance level is the same table for a uniform causal head on the same ``ids``.
+
+    >>> from gptlib.widgets.attention import uniform_causal_pattern
+    >>> table = score_table(uniform_causal_pattern(4).expand(2, 3, 4, 4), torch.tensor([1, 2, 1, 2]))
+    >>> {k: round(float(v[1, 2]), 4) for k, v in table.items()}  # the pairs (2, 1) and (3, 2)
+    {'previous-token': 0.3611, 'induction': 0.2917, 'first-token': 0.3611}
+    """
+    if not isinstance(patterns, Tensor) or patterns.dim() not in (4, 5):
+        shape = tuple(patterns.shape) if isinstance(patterns, Tensor) else type(patterns).__name__
+        raise ValueError(f"patterns must have shape ([B,] n_layers, n_heads, T, T), got {shape}")
+    p = patterns if patterns.dim() == 5 else patterns[None]  # (B, n_layers, n_heads, T, T)
+    ids = torch.as_tensor(ids)
+    ids = ids if ids.dim() == 2 else ids[None]  # (B, T)
+    if tuple(ids.shape) != (p.shape[0], p.shape[-1]):
+        raise ValueError(f"ids must have shape (B, T) = {(p.shape[0], p.shape[-1])}, got {tuple(ids.shape)}")
+    induction = []
+    for b, seq in enumerate(ids.tolist()):
+        score = induction_score(p[b], seq)  # (n_layers, n_heads), or None without a repeat
+        if score is None:
+            raise ValueError(f"ids: sequence {b} repeats no token, so it has no induction score")
+        induction.append(score)
+    return {
+        "previous-token": previous_token_score(p).mean(0),
+        "induction": torch.stack(induction).mean(0),
+        "first-token": first_token_score(p).mean(0),
+    }
+
+
+def composition_score(W_A: Tensor, W_B: Tensor) -> Tensor:
+    """||W_A W_B||_F / (||W_A||_F ||W_B||_F): in [0, 1], 1 when W_A's rows lie where W_B reads.
+
+    >>> e1, e2 = torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, 1.0]])
+    >>> float(composition_score(e1, e1)), float(composition_score(e1, e2))
+    (1.0, 0.0)
+    """
+    for name, W in (("W_A", W_A), ("W_B", W_B)):
+        if not isinstance(W, Tensor) or W.dim() != 2:
+            raise ValueError(f"{name} must be a matrix, got {tuple(W.shape) if isinstance(W, Tensor) else type(W).__name__}")
+    if W_A.shape[1] != W_B.shape[0]:
+        raise ValueError(f"W_A (m, n) and W_B (n, p) must agree, got {tuple(W_A.shape)} and {tuple(W_B.shape)}")
+    return torch.linalg.matrix_norm(W_A @ W_B) / (torch.linalg.matrix_norm(W_A) * torch.linalg.matrix_norm(W_B))
+
+
+def k_composition(W_QK2: Tensor, W_OV1: Tensor) -> Tensor:
+    """How much a later head's keys read an earlier head's output: score of W_QK^2 (W_OV^1)^T."""
+    return composition_score(W_QK2, W_OV1.T)
+
+
+def q_composition(W_QK2: Tensor, W_OV1: Tensor) -> Tensor:
+    """How much a later head's queries read an earlier head's output: score of W_OV^1 W_QK^2."""
+    return composition_score(W_OV1, W_QK2)
+
+
+def v_composition(W_OV2: Tensor, W_OV1: Tensor) -> Tensor:
+    """How much a later head's values read an earlier head's output: score of W_OV^1 W_OV^2."""
+    return composition_score(W_OV1, W_OV2)
+
+
+_COMPOSITIONS = {"K": k_composition, "Q": q_composition, "V": v_composition}
+
+
+def composition_scores(first, second, kind: str = "K") -> Tensor:
+    """Composition of every head of attention layer ``first`` with every head of a later ``second``.
+
+    ``first``, ``second``: :class:`gptlib.attention.MultiHeadAttention` (anything with ``n_heads``,
+    ``W_QK(h)`` and ``W_OV(h)``). Returns (first.n_heads, second.n_heads); entry (i, j) scores head
+    i of ``first`` feeding head j of ``second`` through the keys, queries or values (``kind``).
+    """
+    if kind not in _COMPOSITIONS:
+        raise ValueError(f"kind must be one of {sorted(_COMPOSITIONS)}, got {kind!r}")
+    score = _COMPOSITIONS[kind]
+    with torch.no_grad():
+        return torch.stack([
+            torch.stack([score(second.W_OV(j) if kind == "V" else second.W_QK(j), first.W_OV(i))
+                         for j in range(second.n_heads)])
+            for i in range(first.n_heads)
+        ])
+
+
+def copying_score(M: Tensor) -> Tensor:
+    """sum(eigenvalues) / sum(|eigenvalues|) of a square matrix: 1 for a copying map, -1 for an anti-copying one.
+
+    Used on a head's token-to-token OV circuit W_E W_OV W_U (d_vocab, d_vocab): row a holds the logits
+    the head adds when it attends to token a. Complex eigenvalues come in conjugate pairs, so the sum
+    is real.
+
+    >>> float(copying_score(torch.diag(torch.tensor([2.0, 1.0])))), float(copying_score(-torch.eye(3)))
+    (1.0, -1.0)
+    >>> round(float(copying_score(torch.diag(torch.tensor([3.0, -1.0])))), 4)  # (3 - 1) / (3 + 1)
+    0.5
+    """
+    if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
+        raise ValueError(f"M must be a square matrix, got {tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}")
+    eig = torch.linalg.eigvals(M.detach().to(torch.float64))
+    return (eig.sum().real / eig.abs().sum()).to(M.dtype)
+
+
+def diagonal_argmax_rate(M: Tensor) -> Tensor:
+    """Share of rows i whose largest entry is M[i, i] (chance for a random matrix: 1/n).
+
+    >>> float(diagonal_argmax_rate(torch.tensor([[2.0, 1.0], [3.0, 0.0]])))
+    0.5
+    """
+    if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
+        raise ValueError(f"M must be a square matrix, got {tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}")
+    return (M.argmax(dim=-1) == torch.arange(M.shape[0], device=M.device)).float().mean()

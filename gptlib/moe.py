@@ -1,0 +1,151 @@
+"""Chapter 11: mixture of experts — a top-k routed MLP and its load-balancing loss.
+
+    router     p(x) = softmax(x W_r)                       W_r: (d_model, n_experts)
+    top-k      S(x) = the k experts with the largest p_i(x)
+    output     y(x) = sum_{i in S(x)} g_i(x) MLP_i(x),     g_i = p_i (k = 1) or p_i / sum_{j in S} p_j (k > 1)
+    balance    L_aux = n_experts sum_i f_i P_i,  f_i = share of routed slots sent to i,
+                                                 P_i = mean router probability of i
+
+Each expert is a :class:`gptlib.mlp.MLP`. A token touches k of the n_experts MLPs, so the layer
+holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .mlp import MLP
+
+__all__ = ["route", "load_balancing_loss", "sort_by_expert", "MoE", "moe_parameters", "moe_flops_per_token"]
+
+
+def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Router probabilities (n, n_experts), gates (n, k) and expert indices (n, k) for rows x (n, d_model).
+
+    Indices are in decreasing order of probability. With k = 1 the gate is the probability itself
+    (Switch Transformer), so the router still gets a gradient; with k > 1 the k probabilities are
+    renormalised to sum to 1 (GShard, Mixtral).
+
+    >>> p, g, i = route(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]]), 2)
+    >>> i.tolist(), [round(v, 4) for v in g[0].tolist()]
+    ([[2, 1]], [0.7311, 0.2689])
+    """
+    if x.dim() != 2 or W_r.dim() != 2 or x.shape[1] != W_r.shape[0]:
+        raise ValueError(f"x (n, d_model) and W_r (d_model, n_experts) must agree, got {tuple(x.shape)}, {tuple(W_r.shape)}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= W_r.shape[1]:
+        raise ValueError(f"top_k must be an int in [1, n_experts={W_r.shape[1]}], got {top_k!r}")
+    probs = torch.softmax((x @ W_r).float(), dim=-1)  # (n, n_experts), in fp32 even under autocast
+    top, idx = probs.topk(top_k, dim=-1)  # (n, k) each
+    gates = top if top_k == 1 else top / top.sum(dim=-1, keepdim=True)
+    return probs, gates, idx
+
+
+def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
+    """n_experts * sum_i f_i P_i: 1 when routing is uniform, n_experts when every token goes to one expert.
+
+    f_i is the fraction of the n k routed slots that chose expert i (piecewise constant: no
+    gradient), P_i the mean of the router probabilities p_i over the n tokens (differentiable).
+    Its gradient, d L_aux / d p_ti = n_experts f_i / n, lowers the probabilities of each expert in
+    proportion to the load it already has.
+
+    >>> p = torch.full((4, 2), 0.5)
+    >>> float(load_balancing_loss(p, torch.tensor([[0], [1], [0], [1]]), 2))
+    1.0
+    """
+    if probs.dim() != 2 or probs.shape[1] != n_experts:
+        raise ValueError(f"probs must have shape (n, n_experts={n_experts}), got {tuple(probs.shape)}")
+    if idx.dim() != 2 or idx.shape[0] != probs.shape[0]:
+        raise ValueError(f"idx must have shape (n, k) with n = {probs.shape[0]}, got {tuple(idx.shape)}")
+    f = torch.bincount(idx.flatten(), minlength=n_experts).to(probs.dtype) / idx.numel()  # (n_experts,)
+    P = probs.mean(dim=0)  # (n_experts,)
+    return n_experts * (f * P).sum()
+
+
+def sort_by_expert(idx: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
+    """The routed slots grouped by expert: (order, counts).
+
+    ``order`` lists the flat slot numbers t k + j of ``idx`` (n, k) expert by expert (stable, so
+    tokens keep their order within an expert); ``counts[e]`` is how many slots chose expert e.
+    Slot s belongs to token s // k.
+
+    >>> sort_by_expert(torch.tensor([[1, 0], [0, 2]]), 3)
+    (tensor([1, 2, 0, 3]), tensor([2, 1, 1]))
+    """
+    flat = idx.flatten()
+    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < n_experts:
+        raise ValueError(f"idx must lie in [0, n_experts={n_experts})")
+    return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=n_experts)
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of them.
+
+    ``forward(x)`` maps (..., d_model) to (..., d_model); ``forward(x, return_aux=True)`` also
+    returns the load-balancing loss of this batch, to be added (times a small coefficient, 0.01 in
+    Switch) to the language-model loss.
+
+    >>> moe = MoE(8, 32, n_experts=4, top_k=1)
+    >>> x = torch.randn(5, 8)
+    >>> _, g, i = route(x, moe.W_r, 1)
+    >>> torch.allclose(moe(x)[0], g[0, 0] * moe.experts[int(i[0, 0])](x[:1])[0])
+    True
+    """
+
+    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int = 2, activation: str = "gelu_tanh", bias: bool = True):
+        super().__init__()
+        if not isinstance(n_experts, int) or n_experts < 1:
+            raise ValueError(f"n_experts must be a positive int, got {n_experts!r}")
+        if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
+        self.d_model, self.d_mlp, self.n_experts, self.top_k = d_model, d_mlp, n_experts, top_k
+        self.experts = nn.ModuleList(MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts))
+        self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
+        nn.init.normal_(self.W_r, std=0.02)
+
+    def forward(self, x: Tensor, return_aux: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        if x.shape[-1:] != (self.d_model,):
+            raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
+        x2 = x.reshape(-1, self.d_model)  # (n, d_model), n = B*T tokens
+        probs, gates, idx = route(x2, self.W_r, self.top_k)  # (n, E), (n, k), (n, k)
+        order, counts = sort_by_expert(idx, self.n_experts)
+        y = torch.zeros_like(x2)  # (n, d_model)
+        for e, slots in enumerate(order.split(counts.tolist())):
+            if slots.numel() == 0:
+                continue
+            tokens = slots // self.top_k  # which rows of x2 expert e processes
+            out = self.experts[e](x2[tokens])  # (n_e, d_model)
+            y.index_add_(0, tokens, out * gates.flatten()[slots, None].to(out.dtype))
+        y = y.view(x.shape)  # (..., d_model)
+        return (y, load_balancing_loss(probs, idx, self.n_experts)) if return_aux else y
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}"
+
+
+def moe_parameters(d_model: int, d_mlp: int, n_experts: int, top_k: int, bias: bool = True) -> tuple[int, int]:
+    """(all parameters, parameters a token uses) of an MoE layer: the router plus n_experts or top_k MLPs.
+
+    >>> moe_parameters(8, 32, 4, 2)  # one MLP: 2*8*32 + 32 + 8 = 552; router 8*4 = 32
+    (2240, 1136)
+    """
+    for name, v in (("d_model", d_model), ("d_mlp", d_mlp), ("n_experts", n_experts)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
+    mlp = 2 * d_model * d_mlp + (d_mlp + d_model if bias else 0)
+    router = d_model * n_experts
+    return router + n_experts * mlp, router + top_k * mlp
+
+
+def moe_flops_per_token(d_model: int, d_mlp: int, n_experts: int, top_k: int) -> int:
+    """Forward matrix-product FLOPs per token: 2 per weight used, router 2 d_model n_experts plus
+    top_k MLPs of 4 d_model d_mlp each. Independent of n_experts apart from the router.
+
+    >>> moe_flops_per_token(8, 32, 4, 2)
+    2112
+    """
+    moe_parameters(d_model, d_mlp, n_experts, top_k)  # validates the arguments
+    return 2 * d_model * n_experts + top_k * 4 * d_model * d_mlp
