@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .hooks import HookPoint
+from .runtime import check_positive_int
 
 __all__ = [
     "softmax",
@@ -226,16 +227,14 @@ class MultiHeadAttention(nn.Module):
         layer: int = 0,
     ):
         super().__init__()
-        if d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {d_model}")
-        if n_heads < 1:
-            raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+        # A GPT's sizes are checked once, in GPTConfig; these checks serve a layer built on its own.
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
         if d_head is None:
             if d_model % n_heads:
                 raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (or give d_head)")
             d_head = d_model // n_heads
-        if d_head < 1:
-            raise ValueError(f"d_head must be >= 1, got {d_head}")
+        check_positive_int("d_head", d_head)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head

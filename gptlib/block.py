@@ -12,28 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .mlp import ACTIVATIONS, MLP
+from .mlp import MLP
+from .runtime import check_positive_int
 
-__all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "FUSED_ACTIVATIONS", "gelu_tanh_fused", "Block"]
+__all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "Block"]
 
 BLOCK_KINDS = ("pre_ln", "post_ln", "parallel")
-
-
-def gelu_tanh_fused(x: Tensor) -> Tensor:
-    """GELU_tanh by PyTorch's kernel, ``F.gelu(x, approximate="tanh")``: :func:`gptlib.mlp.gelu_tanh`
-    up to float rounding.
-
-    >>> x = torch.linspace(-6, 6, 1001)
-    >>> float((gelu_tanh_fused(x) - ACTIVATIONS["gelu_tanh"](x)).abs().max()) < 1e-6
-    True
-    """
-    return F.gelu(x, approximate="tanh")
-
-
-# The activations of gptlib.mlp as PyTorch's fused kernels: the same functions, evaluated in one
-# pass forward and one backward instead of a chain of element-wise operations (GELU_tanh is seven).
-# They agree with the formulas to float rounding (a few ulps; Chapter 5 and the tests check).
-FUSED_ACTIVATIONS = {"gelu_tanh": gelu_tanh_fused, "gelu": F.gelu, "relu": F.relu}
 
 
 def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Tensor:
@@ -53,8 +37,7 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
-        if d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        check_positive_int("d_model", d_model)
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
         self.d_model, self.eps = d_model, eps
@@ -74,7 +57,7 @@ class Block(nn.Module):
     pattern, of the attention output and of the MLP output with probability p (as GPT-2 does).
     ``layer`` is the block's index in the stack, which its attention layer uses in a :class:`KVCache`.
     ``fused_activation`` (default) evaluates the MLP's activation with PyTorch's fused kernel
-    (:data:`FUSED_ACTIVATIONS`), which is faster and equal to the formula up to float rounding;
+    (:class:`gptlib.mlp.Activation`), which is faster and equal to the formula up to float rounding;
     ``False`` keeps the formula of :mod:`gptlib.mlp`.
 
     >>> blk = Block(8, 2, 32).eval()
@@ -109,9 +92,7 @@ class Block(nn.Module):
         self.ln_1 = LayerNorm(d_model, ln_eps, bias)
         self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout, layer=layer)
         self.ln_2 = LayerNorm(d_model, ln_eps, bias) if kind != "parallel" else None
-        self.mlp = MLP(d_model, d_mlp, activation, bias)
-        if fused_activation:
-            self.mlp.phi = FUSED_ACTIVATIONS[activation]  # same function, one fused kernel
+        self.mlp = MLP(d_model, d_mlp, activation, bias, fused=fused_activation)
         self.mlp_drop = nn.Dropout(dropout)
         if attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X))
             self.ln_2 = self.mlp = None

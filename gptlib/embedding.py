@@ -10,14 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .runtime import check_positive_int
+
 __all__ = ["one_hot", "Embedding", "Unembedding"]
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_ids(ids: Tensor, d_vocab: int, name: str = "ids") -> None:
@@ -40,7 +37,7 @@ def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Te
     tensor([[0., 0., 1.],
             [1., 0., 0.]])
     """
-    _check_positive("d_vocab", d_vocab)
+    check_positive_int("d_vocab", d_vocab)
     _check_ids(ids, d_vocab)
     return torch.nn.functional.one_hot(ids.long(), d_vocab).to(dtype)  # (..., T, d_vocab)
 
@@ -58,8 +55,8 @@ class Embedding(nn.Module):
 
     def __init__(self, d_vocab: int, d_model: int):
         super().__init__()
-        _check_positive("d_vocab", d_vocab)
-        _check_positive("d_model", d_model)
+        check_positive_int("d_vocab", d_vocab)
+        check_positive_int("d_model", d_model)
         self.d_vocab, self.d_model = d_vocab, d_model
         self.W_E = nn.Parameter(torch.empty(d_vocab, d_model))
         nn.init.normal_(self.W_E, std=0.02)
@@ -78,18 +75,21 @@ class Embedding(nn.Module):
 class Unembedding(nn.Module):
     """Unembedding: (…, d_model) -> logits (…, d_vocab) = x @ W_U.
 
-    With ``tied_to`` an :class:`Embedding`, ``W_U`` is ``W_E^T``: a view of the same storage, no
-    parameter of its own, so gradients from both uses add up in ``W_E``.
+    Untied, ``W_U`` (d_model, d_vocab) is a parameter of its own. Tied to an :class:`Embedding`
+    (``tied_to``, as GPT-2), the module holds that embedding's parameter ``W_E`` itself, the same
+    Parameter object in both modules, and ``W_U`` is its transpose W_E^T, a view of the same
+    storage: gradients from both uses add up in the one tensor.
 
     >>> emb = Embedding(5, 3)
-    >>> Unembedding(3, 5, tied_to=emb).W_U.data_ptr() == emb.W_E.data_ptr()
-    True
+    >>> tied = Unembedding(3, 5, tied_to=emb)
+    >>> tied.W_E is emb.W_E, tied.W_U.data_ptr() == emb.W_E.data_ptr(), tuple(tied.W_U.shape)
+    (True, True, (3, 5))
     """
 
     def __init__(self, d_model: int, d_vocab: int, tied_to: Embedding | None = None):
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("d_vocab", d_vocab)
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_vocab", d_vocab)
         self.d_model, self.d_vocab = d_model, d_vocab
         if tied_to is not None:
             if not isinstance(tied_to, Embedding):
@@ -98,30 +98,32 @@ class Unembedding(nn.Module):
                 raise ValueError(
                     f"tied_to has shape ({tied_to.d_vocab}, {tied_to.d_model}), expected ({d_vocab}, {d_model})"
                 )
-            self._tied = [tied_to]  # a list, so that nn.Module does not register W_E a second time
-            self.register_parameter("W_U_param", None)
+            self.W_E = tied_to.W_E  # shared, not copied
         else:
-            self._tied = []
-            self.W_U_param = nn.Parameter(torch.empty(d_model, d_vocab))
-            nn.init.normal_(self.W_U_param, std=0.02)
+            self.W_U = nn.Parameter(torch.empty(d_model, d_vocab))
+            nn.init.normal_(self.W_U, std=0.02)
 
     @property
     def tied(self) -> bool:
-        return bool(self._tied)
+        return "W_E" in self._parameters
 
     @property
     def W_U(self) -> Tensor:
-        """The unembedding matrix, (d_model, d_vocab)."""
-        return self._tied[0].W_E.T if self._tied else self.W_U_param
+        """The unembedding matrix, (d_model, d_vocab): the parameter, or W_E^T when tied."""
+        if self.tied:
+            return self._parameters["W_E"].T
+        if "W_U" not in self._parameters:  # only while __init__ registers the parameter
+            raise AttributeError("W_U")
+        return self._parameters["W_U"]
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != (self.d_model,):
             raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
         # (B, T, d_model) @ (d_model, d_vocab) -> (B, T, d_vocab). For tied weights F.linear with
         # W_E itself (x W_E^T) avoids materialising the transpose's gradient.
-        if self._tied:
-            return torch.nn.functional.linear(x, self._tied[0].W_E)
-        return x @ self.W_U_param
+        if self.tied:
+            return torch.nn.functional.linear(x, self.W_E)
+        return x @ self.W_U
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_vocab={self.d_vocab}, tied={self.tied}"

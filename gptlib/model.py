@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from .embedding import Embedding, Unembedding
 from .hooks import capture_patterns
 from .mlp import ACTIVATIONS
 from .positional import LearnedPositional, SinusoidalPositional
-from .runtime import atomic_write
+from .runtime import check_positive_int
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
 
@@ -56,19 +55,15 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} (or give d_head)")
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        if self.d_head < 1:
-            raise ValueError(f"d_head must be >= 1, got {self.d_head}")
-        if self.d_mlp < 1:
-            raise ValueError(f"d_mlp must be >= 1, got {self.d_mlp}")
+        check_positive_int("d_head", self.d_head)
+        check_positive_int("d_mlp", self.d_mlp)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.positional not in POSITIONAL_KINDS:
@@ -215,165 +210,30 @@ class GPT(nn.Module):
             self(ids)
         return torch.stack(patterns, dim=1)
 
-    # --- GPT-2 weights from Hugging Face ---------------------------------------------------
+    # --- files (gptlib.checkpoint; imported here because it imports this module) ---------------
     @classmethod
     def from_hf(cls, hf_model) -> "GPT":
-        """A gptlib GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``.
+        """A GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``: :func:`gptlib.checkpoint.from_hf`."""
+        from .checkpoint import from_hf
 
-        Duck-typed: only ``hf_model.config`` (``to_dict()``) and ``hf_model.state_dict()`` are used,
-        so gptlib does not import transformers. HF stores GPT-2's matrices in ``Conv1D`` layers as
-        (in, out), the same x @ W layout as gptlib: only the fused ``c_attn`` needs splitting.
-        """
-        cfg = hf_model.config.to_dict() if hasattr(hf_model.config, "to_dict") else dict(vars(hf_model.config))
-        return cls._from_hf_parts(cfg, hf_model.state_dict(), source=type(hf_model).__name__)
+        return from_hf(hf_model)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
-        """GPT-2 weights in HF layout: a local directory (``config.json`` + ``model.safetensors`` or
-        ``pytorch_model.bin``) or, online, a Hub name such as ``"gpt2"`` (via ``huggingface_hub``)."""
-        path = Path(name_or_path)
-        if path.is_dir():
-            cfg_file = path / "config.json"
-            weights = [path / "model.safetensors", path / "pytorch_model.bin"]
-            if not cfg_file.is_file():
-                raise FileNotFoundError(f"{cfg_file} does not exist")
-            weight_file = next((w for w in weights if w.is_file()), None)
-            if weight_file is None:
-                raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
-        else:
-            if str(name_or_path).startswith((".", "/")) or path.suffix:
-                raise FileNotFoundError(f"{name_or_path} is not a directory")
-            from huggingface_hub import hf_hub_download  # online only: Colab, not the tests
+        """GPT-2 weights in HF layout, a directory or a Hub name: :func:`gptlib.checkpoint.from_pretrained`."""
+        from .checkpoint import from_pretrained
 
-            try:
-                cfg_file = Path(hf_hub_download(str(name_or_path), "config.json"))
-                weight_file = Path(hf_hub_download(str(name_or_path), "model.safetensors"))
-            except Exception as e:  # noqa: BLE001 - offline, unknown repo, no safetensors file, ...
-                raise OSError(
-                    f"could not fetch {name_or_path!r} from the Hugging Face Hub ({type(e).__name__}: {e}); "
-                    "offline, pass a local directory with config.json and model.safetensors"
-                ) from e
-        try:
-            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
-        if weight_file.suffix == ".safetensors":
-            from safetensors import SafetensorError
-            from safetensors.torch import load_file
+        return from_pretrained(name_or_path, map_location)
 
-            try:
-                state = load_file(str(weight_file), device=str(map_location))
-            except SafetensorError as e:
-                raise ValueError(f"{weight_file} is not a valid safetensors file: {e}") from None
-        else:
-            try:
-                state = torch.load(weight_file, map_location=map_location, weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
-                raise ValueError(f"{weight_file} could not be read as a weights-only checkpoint: {e}") from None
-        return cls._from_hf_parts(cfg, state, source=str(weight_file)).to(map_location)
-
-    @classmethod
-    def _from_hf_parts(cls, cfg: dict, state: dict[str, Tensor], source: str) -> "GPT":
-        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
-        act = cfg.get("activation_function", "gelu_new")
-        if act not in activation:
-            raise ValueError(f"{source}: activation_function {act!r} is not supported")
-        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-            if cfg.get(flag):
-                raise ValueError(f"{source}: config option {flag}=True is not supported")
-        if cfg.get("scale_attn_weights", True) is False:
-            raise ValueError(f"{source}: scale_attn_weights=False is not supported")
-        try:
-            config = GPTConfig(
-                d_vocab=cfg["vocab_size"], n_ctx=cfg["n_positions"], d_model=cfg["n_embd"],
-                n_heads=cfg["n_head"], n_layers=cfg["n_layer"], d_mlp=cfg.get("n_inner") or None,
-                ln_eps=cfg.get("layer_norm_epsilon", 1e-5), activation=activation[act],
-                tie_weights=cfg.get("tie_word_embeddings", True),
-            )
-        except KeyError as e:
-            raise ValueError(f"{source}: config lacks the field {e.args[0]!r}") from None
-        # Checkpoints saved from GPT2Model lack the "transformer." prefix; accept both.
-        sd = {(k[len("transformer."):] if k.startswith("transformer.") else k): v for k, v in state.items()}
-        sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-        d = config.d_model
-
-        def take(key: str) -> Tensor:
-            if key not in sd:
-                raise ValueError(f"{source} lacks tensor {key!r}")
-            return sd.pop(key)
-
-        ours: dict[str, Tensor] = {"embed.W_E": take("wte.weight"), "pos.W_pos": take("wpe.weight")}
-        for i in range(config.n_layers):
-            h, o = f"h.{i}.", f"blocks.{i}."
-            W_qkv, b_qkv = take(h + "attn.c_attn.weight"), take(h + "attn.c_attn.bias")
-            if W_qkv.shape != (d, 3 * d):
-                raise ValueError(f"{source}: tensor {h}attn.c_attn.weight has shape {tuple(W_qkv.shape)}, expected {(d, 3 * d)}")
-            for name, W, b in zip("QKV", W_qkv.split(d, dim=1), b_qkv.split(d)):
-                ours[o + f"attn.W_{name}"], ours[o + f"attn.b_{name}"] = W, b
-            ours[o + "attn.W_O"], ours[o + "attn.b_O"] = take(h + "attn.c_proj.weight"), take(h + "attn.c_proj.bias")
-            ours[o + "mlp.W_in"], ours[o + "mlp.b_in"] = take(h + "mlp.c_fc.weight"), take(h + "mlp.c_fc.bias")
-            ours[o + "mlp.W_out"], ours[o + "mlp.b_out"] = take(h + "mlp.c_proj.weight"), take(h + "mlp.c_proj.bias")
-            for ln in ("ln_1", "ln_2"):
-                ours[o + f"{ln}.w"], ours[o + f"{ln}.b"] = take(h + f"{ln}.weight"), take(h + f"{ln}.bias")
-        ours["ln_f.w"], ours["ln_f.b"] = take("ln_f.weight"), take("ln_f.bias")
-        lm_head = sd.pop("lm_head.weight", None)
-        if not config.tie_weights:
-            if lm_head is None:
-                raise ValueError(f"{source} lacks tensor 'lm_head.weight' (weights are not tied)")
-            ours["unembed.W_U_param"] = lm_head.T
-        elif lm_head is not None and not torch.equal(lm_head, ours["embed.W_E"]):
-            raise ValueError(f"{source}: lm_head.weight differs from wte.weight although the config ties them")
-        if sd:
-            raise ValueError(f"{source} has unexpected tensor(s) {sorted(sd)[:5]}")
-        model = cls(config)
-        load_state_checked(model, {k: v.detach().to(torch.float32).contiguous() for k, v in ours.items()}, source)
-        return model
-
-    # --- files ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, deterministically)."""
-        from safetensors.torch import save
+        """Write ``model.safetensors`` and ``config.json`` into ``directory``: :func:`gptlib.checkpoint.save`."""
+        from .checkpoint import save
 
-        directory = Path(directory)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
-        atomic_write(directory / "model.safetensors", save(tensors, metadata={"format": "gptlib"}))
-        atomic_write(directory / "config.json", json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
-        return directory
+        return save(self, directory)
 
     @classmethod
     def load(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
-        """Read a model written by :meth:`save`; a file that does not match its config is an error."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        """Read a model written by :meth:`save`: :func:`gptlib.checkpoint.load`."""
+        from .checkpoint import load
 
-        directory = Path(directory)
-        cfg_path, w_path = directory / "config.json", directory / "model.safetensors"
-        for p in (cfg_path, w_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"{p} does not exist")
-        try:
-            config = GPTConfig.from_dict(json.loads(cfg_path.read_text(encoding="utf-8")))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
-        try:
-            state = load_file(str(w_path), device=str(map_location))
-        except SafetensorError as e:
-            raise ValueError(f"{w_path} is not a valid safetensors file: {e}") from None
-        model = cls(config).to(map_location)
-        load_state_checked(model, state, source=str(w_path))
-        return model
-
-
-def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> None:
-    """``load_state_dict`` with errors that name the missing, unexpected or mis-shaped tensor."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise ValueError(f"{source} lacks tensor(s) {missing[:5]}{' …' if len(missing) > 5 else ''}")
-    if unexpected:
-        raise ValueError(f"{source} has unexpected tensor(s) {unexpected[:5]}{' …' if len(unexpected) > 5 else ''}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
-            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(expected[k].shape)}")
-    model.load_state_dict(state)
+        return load(directory, map_location)

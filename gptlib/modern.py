@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, attention, causal_mask
 from .hooks import HookPoint, capture
-from .model import load_state_checked
+from .checkpoint import load_state_checked
 from .positional import sinusoidal_frequencies
 from .runtime import atomic_write
 

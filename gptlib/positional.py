@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .runtime import check_positive_int
+
 __all__ = [
     "sinusoidal_frequencies",
     "sinusoidal_encoding",
@@ -18,11 +20,6 @@ __all__ = [
     "LearnedPositional",
     "SinusoidalPositional",
 ]
-
-
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_sizes(d_model: int, base: float) -> None:
@@ -55,7 +52,7 @@ def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: 
     tensor([[0.0000, 1.0000, 0.0000, 1.0000],
             [0.8415, 0.5403, 0.0100, 0.9999]])
     """
-    _check_positive("n_ctx", n_ctx)
+    check_positive_int("n_ctx", n_ctx)
     omega = sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     p = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
     angle = p * omega[None, :]  # (n_ctx, d_model/2)
@@ -98,8 +95,8 @@ class LearnedPositional(nn.Module):
 
     def __init__(self, n_ctx: int, d_model: int):
         super().__init__()
-        _check_positive("n_ctx", n_ctx)
-        _check_positive("d_model", d_model)
+        check_positive_int("n_ctx", n_ctx)
+        check_positive_int("d_model", d_model)
         self.n_ctx, self.d_model = n_ctx, d_model
         self.W_pos = nn.Parameter(torch.empty(n_ctx, d_model))
         nn.init.normal_(self.W_pos, std=0.01)

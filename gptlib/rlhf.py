@@ -11,6 +11,8 @@ pi_RL (here ``logp``), the frozen supervised policy pi_SFT (``logp_ref``), a rew
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,7 +23,6 @@ __all__ = [
     "reward_model_loss",
     "ranking_pairs",
     "kl_penalty",
-    "shaped_rewards",
     "group_advantages",
     "ppo_loss",
     "dpo_loss",
@@ -102,23 +103,6 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, beta: float) -> Tensor:
     return beta * (logp - logp_ref)
 
 
-def shaped_rewards(reward: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, beta: float) -> Tensor:
-    """Per-token rewards of eq. 15: -beta log(pi/pi_ref) at every response token, plus r at the last.
-
-    reward: (B,); logp, logp_ref, mask: (B, T). Returns (B, T), zero where mask is False.
-    """
-    _same_shape(logp=logp, logp_ref=logp_ref, mask=mask)
-    if reward.shape != logp.shape[:1]:
-        raise ValueError(f"reward must have shape ({logp.shape[0]},), got {tuple(reward.shape)}")
-    m = mask.to(logp.dtype)
-    out = -kl_penalty(logp, logp_ref, beta) * m
-    if (m.sum(dim=-1) == 0).any():
-        raise ValueError("every row of mask needs at least one response token")
-    last = (torch.arange(m.shape[1], device=m.device) * m).argmax(dim=-1)  # (B,) index of the last response token
-    out[torch.arange(m.shape[0]), last] += reward
-    return out
-
-
 def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     """Advantages against the group-mean baseline: (r - mean) / (std + eps) within each row.
 
@@ -184,8 +168,6 @@ class RewardModel(torch.nn.Module):
 
     def __init__(self, backbone):
         super().__init__()
-        import copy
-
         self.backbone = copy.deepcopy(backbone)
         d_model = self.backbone.config.d_model
         self.w_r = torch.nn.Parameter(torch.zeros(d_model))

@@ -1,4 +1,4 @@
-"""Where the book runs: device choice, precision, seeding and atomic file writes.
+"""Where the book runs: device choice, precision, seeding, atomic file writes and argument checks.
 
 Every chapter asks this module, and only this module, which device to use, so the rule
 "CUDA when present, CPU otherwise" lives in one place.
@@ -13,9 +13,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
-__all__ = ["device", "autocast_dtype", "autocast", "seed_everything", "atomic_write"]
+__all__ = ["device", "autocast_dtype", "autocast", "seed_everything", "atomic_write", "check_positive_int"]
+
+
+def check_positive_int(name: str, value: object) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (``bool`` is not accepted).
+
+    >>> check_positive_int("d_model", 8)
+    >>> check_positive_int("d_model", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: d_model must be a positive int, got 0
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def device(prefer: str | None = None) -> torch.device:
@@ -68,12 +82,7 @@ def seed_everything(seed: int) -> torch.Generator:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
+    np.random.seed(seed % 2**32)
     return torch.Generator().manual_seed(seed)
 
 

@@ -8,7 +8,6 @@ cross-entropy between the targets and the softmax of the logits. Its exponential
 from __future__ import annotations
 
 import io
-import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from .checkpoint import load_state_checked
 from .runtime import atomic_write, autocast
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "cross_entropy_from_formula",
     "perplexity",
     "lr_at",
+    "train_step",
     "param_groups",
     "TrainConfig",
     "Trainer",
@@ -88,6 +90,28 @@ def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0
         return max_lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> float:
+    """One optimiser step on ``loss``: zero the gradients, back-propagate, clip their global norm to
+    ``grad_clip`` (if given), step. Returns the loss as a float.
+
+    >>> w = torch.nn.Parameter(torch.tensor([3.0]))
+    >>> model = torch.nn.ParameterList([w])
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> train_step(model, (w**2).sum(), opt, grad_clip=1.0)  # gradient 6, clipped to norm 1
+    9.0
+    >>> round(float(w.detach()), 4)
+    2.9
+    """
+    if grad_clip is not None and grad_clip <= 0:
+        raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach())
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -180,8 +204,6 @@ class Trainer:
 
     def run(self, n_steps: int | None = None, progress: bool = False) -> History:
         """Train for ``n_steps`` (default: up to ``config.steps``); return the history so far."""
-        from tqdm.auto import tqdm
-
         c = self.config
         end = c.steps if n_steps is None else min(c.steps, self.step + n_steps)
         self.model.train()
@@ -191,13 +213,9 @@ class Trainer:
             for group in self.opt.param_groups:
                 group["lr"] = lr
             x, y = self._batch(self.train_x, self.train_y, self.gen)
-            loss = self.loss_on(x, y)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-            self.opt.step()
+            loss = train_step(self.model, self.loss_on(x, y), self.opt, c.grad_clip)
             self.history.step.append(self.step)
-            self.history.loss.append(float(loss.detach()))
+            self.history.loss.append(loss)
             self.history.lr.append(lr)
             self.step += 1
             if self.val is not None and (self.step % c.eval_every == 0 or self.step == c.steps):
@@ -231,8 +249,6 @@ class Trainer:
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a checkpoint into this trainer; a different model config fails naming the tensor."""
-        from .model import load_state_checked
-
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - corrupt or foreign file
@@ -250,6 +266,3 @@ class Trainer:
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
-
-def save_history_json(history: History, path: str | Path) -> Path:
-    return atomic_write(path, json.dumps(asdict(history)) + "\n")

@@ -226,3 +226,22 @@ def test_readable_path_with_cache_equals_fast_path_float64():
             steps.append(out)
         assert len(cache) == 0 and cache.k[1].shape == (2, 2, 7, 4)  # layer 0 untouched, layer 1 filled
     torch.testing.assert_close(torch.cat(steps, 1), full)
+
+
+def test_readable_path_dropout_acts_on_the_hooked_pattern():
+    torch.manual_seed(7)
+    mha = MultiHeadAttention(8, 2, dropout=0.5, fused=False).train()
+    X = torch.randn(1, 6, 8)
+    with capture_patterns(mha) as seen:
+        mha(X)
+    torch.testing.assert_close(seen[0].sum(-1), torch.ones(1, 2, 6))  # recorded before dropout
+    # a forward hook that returns a tensor replaces the pattern: a uniform causal pattern here
+    uniform = softmax(torch.zeros(6, 6) + causal_mask(6)).expand(1, 2, 6, 6)
+    handle = mha.hook_pattern.register_forward_hook(lambda m, args, out: uniform)
+    mha.eval()
+    with torch.no_grad():
+        out = mha(X)
+    handle.remove()
+    v = (X @ mha.W_V + mha.b_V).view(1, 6, 2, 4).transpose(1, 2)
+    z = (uniform @ v).transpose(1, 2).reshape(1, 6, 8)
+    torch.testing.assert_close(out, z @ mha.W_O + mha.b_O)

@@ -6,6 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
 from gptlib.hooks import capture_patterns
+from gptlib.mlp import ACTIVATIONS, gelu_tanh
 from gptlib.model import GPT
 
 
@@ -80,17 +81,15 @@ def test_block_rejects_unknown_kind():
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
 def test_fused_activations_equal_the_formulas(activation):
-    from gptlib.block import FUSED_ACTIVATIONS
-    from gptlib.mlp import ACTIVATIONS
-
+    act = ACTIVATIONS[activation]
     x = torch.linspace(-10, 10, 20_001, dtype=torch.float64, requires_grad=True)
-    fused, formula = FUSED_ACTIVATIONS[activation](x), ACTIVATIONS[activation](x)
+    fused, formula = act.fused(x), act.formula(x)
     torch.testing.assert_close(fused, formula, atol=1e-14, rtol=0)
     (g1,) = torch.autograd.grad(fused.sum(), x)
     (g2,) = torch.autograd.grad(formula.sum(), x)
     torch.testing.assert_close(g1, g2, atol=1e-13, rtol=0)
     x32 = x.detach().float()
-    assert float((FUSED_ACTIVATIONS[activation](x32) - ACTIVATIONS[activation](x32)).abs().max()) <= 2e-6
+    assert float((act.fused(x32) - act.formula(x32)).abs().max()) <= 2e-6
 
 
 def test_fused_and_formula_blocks_agree():
@@ -98,8 +97,6 @@ def test_fused_and_formula_blocks_agree():
     fused = Block(16, 4, 64).eval()
     formula = Block(16, 4, 64, fused_activation=False).eval()
     formula.load_state_dict(fused.state_dict())
-    from gptlib.mlp import gelu_tanh
-
     assert formula.mlp.phi is gelu_tanh and fused.mlp.phi is not gelu_tanh
     x = torch.randn(2, 9, 16)
     with torch.no_grad():

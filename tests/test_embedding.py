@@ -79,7 +79,7 @@ def test_unembedding_tied_and_untied():
     tied = Unembedding(3, 7, tied_to=emb)
     assert tied.tied and tied.W_U.data_ptr() == emb.W_E.data_ptr()
     assert tied.W_U.shape == (3, 7)
-    assert len(list(tied.parameters())) == 0
+    assert list(tied.parameters()) == [emb.W_E] and tied.W_E is emb.W_E  # shared, not copied
     free = Unembedding(3, 7)
     assert not free.tied and free.W_U.shape == (3, 7)
     x = torch.randn(2, 5, 3)
@@ -107,7 +107,7 @@ def test_tied_module_follows_to_and_state_dict():
     tied = Unembedding(3, 7, tied_to=emb)
     emb.to(torch.float64)
     assert tied.W_U.dtype == torch.float64 and tied.W_U.data_ptr() == emb.W_E.data_ptr()
-    assert tied.state_dict() == {}
+    assert list(tied.state_dict()) == ["W_E"] and list(Unembedding(3, 7).state_dict()) == ["W_U"]
 
 
 def test_unembedding_rejects_bad_arguments():

@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.attention import KVCache
+from gptlib.checkpoint import load_state_checked, tied_aliases
 from gptlib.hooks import capture_patterns
 from gptlib.model import GPT, PRESETS, GPTConfig
 
@@ -134,6 +135,36 @@ def test_save_load_round_trip_and_mismatch(tmp_path):
     (tmp_path / "c" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
     with pytest.raises(ValueError, match="shape"):
         GPT.load(tmp_path / "c")
+
+
+def test_tied_weights_are_shared_saved_once_and_restored(tmp_path):
+    from safetensors.torch import load_file
+
+    m = GPT(GPTConfig.preset("tiny"))
+    assert m.unembed.W_E is m.embed.W_E and tied_aliases(m) == {"unembed.W_E": "embed.W_E"}
+    m.save(tmp_path / "t")
+    stored = load_file(str(tmp_path / "t" / "model.safetensors"))
+    assert "embed.W_E" in stored and not any(k.startswith("unembed.") for k in stored)
+    m2 = GPT.load(tmp_path / "t")
+    assert m2.unembed.W_E is m2.embed.W_E and torch.equal(m2.W_U, m.W_U)
+    untied = GPT(GPTConfig.preset("tiny", tie_weights=False))
+    assert "unembed.W_U" in untied.state_dict() and tied_aliases(untied) == {}
+    untied.save(tmp_path / "u")
+    assert torch.equal(GPT.load(tmp_path / "u").W_U, untied.W_U)
+    bad = dict(m.state_dict())
+    bad["unembed.W_E"] = bad["embed.W_E"] + 1
+    with pytest.raises(ValueError, match="ties"):
+        load_state_checked(GPT(GPTConfig.preset("tiny")), bad)
+
+
+def test_shipped_model_loads_bit_identically():
+    from safetensors.torch import load_file
+
+    stored = load_file("models/small/model.safetensors")
+    m = GPT.load("models/small")
+    state = m.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in stored.items())
+    assert set(state) - set(stored) == {"unembed.W_E"} and m.unembed.W_E is m.embed.W_E
 
 
 def test_preset_counts_equal_the_formula_and_hf():

@@ -58,18 +58,6 @@ def test_kl_penalty_sums_to_a_kl_estimate():
     assert float(est) == pytest.approx(exact, abs=5e-3)
 
 
-def test_shaped_rewards_puts_reward_on_last_response_token():
-    logp = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
-    ref = torch.tensor([[0.0, -2.0, -2.0, 0.0]])
-    mask = torch.tensor([[False, True, True, False]])
-    out = rlhf.shaped_rewards(torch.tensor([5.0]), logp, ref, mask, beta=0.5)
-    torch.testing.assert_close(out, torch.tensor([[0.0, -0.5, 5.0, 0.0]]))
-    with pytest.raises(ValueError, match="reward"):
-        rlhf.shaped_rewards(torch.tensor([5.0, 1.0]), logp, ref, mask, beta=0.5)
-    with pytest.raises(ValueError, match="mask"):
-        rlhf.shaped_rewards(torch.tensor([5.0]), logp, ref, torch.zeros_like(mask), beta=0.5)
-
-
 def test_group_advantages_are_centred_and_scaled():
     r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 1.0, 1.0]])
     a = rlhf.group_advantages(r)

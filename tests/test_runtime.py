@@ -58,3 +58,10 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
         runtime.atomic_write(p, Boom())  # type: ignore[arg-type]
     assert p.read_text() == "old"
     assert os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_check_positive_int_names_the_parameter():
+    runtime.check_positive_int("n_ctx", 1)
+    for bad in (0, -3, 2.0, True, "4", None):
+        with pytest.raises(ValueError, match="^n_ctx must be a positive int"):
+            runtime.check_positive_int("n_ctx", bad)

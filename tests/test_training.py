@@ -116,3 +116,25 @@ def test_checkpoint_for_another_config_names_the_tensor(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="checkpoint"):
         t.load_checkpoint(tmp_path / "junk.pt")
+
+
+def test_train_step_equals_the_written_out_step():
+    from gptlib.training import train_step
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 3)
+    b = torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = torch.optim.AdamW(a.parameters(), lr=0.1), torch.optim.AdamW(b.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        loss_a = a(x).square().sum()
+        assert train_step(a, loss_a, opt_a, grad_clip=0.5) == float(loss_a.detach())
+        opt_b.zero_grad()
+        b(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 0.5)
+        opt_b.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="grad_clip"):
+        train_step(a, a(x).sum(), opt_a, grad_clip=0.0)
