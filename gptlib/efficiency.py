@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from .training import lm_loss
 
 __all__ = [
     "BYTES",
@@ -29,7 +30,6 @@ __all__ = [
     "master_weights_step",
     "activation_elements",
     "saved_tensor_bytes",
-    "lm_loss",
     "accumulate_gradients",
     "checkpointed_logits",
     "unit_roundoff",
@@ -196,11 +196,6 @@ def saved_tensor_bytes(fn: Callable[..., Tensor], *args, exclude: Iterable[Tenso
 # =============================================================================================
 # Gradient accumulation and activation checkpointing
 # =============================================================================================
-
-
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean next-token cross-entropy over all B T positions: logits (B, T, d_vocab), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def accumulate_gradients(model: nn.Module, ids: Tensor, targets: Tensor, n_micro: int, forward: Callable | None = None) -> float:

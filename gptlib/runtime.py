@@ -89,13 +89,17 @@ def seed_everything(seed: int) -> torch.Generator:
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file in the same folder, then rename.
 
-    A reader never sees a half-written file, and a crash leaves the old file intact.
+    A reader never sees a half-written file, and a crash leaves the old file intact. The file gets
+    the permissions an ordinary ``open(path, "w")`` would give it (``mkstemp`` alone makes it 0600).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()

@@ -24,6 +24,7 @@ from .runtime import atomic_write, autocast
 __all__ = [
     "make_windows",
     "cross_entropy_from_formula",
+    "lm_loss",
     "perplexity",
     "lr_at",
     "train_step",
@@ -67,6 +68,17 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
         raise ValueError(f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
     log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -log_probs.gather(-1, targets[..., None])[..., 0].mean()
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """The training loss: mean next-token cross-entropy over all B T positions, computed in float32.
+
+    logits (B, T, d_vocab), targets (B, T). Equal to :func:`cross_entropy_from_formula`.
+
+    >>> round(float(lm_loss(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))), 4)  # ln 4
+    1.3863
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 def perplexity(loss: float | Tensor) -> float:
@@ -188,7 +200,7 @@ class Trainer:
     def loss_on(self, x: Tensor, y: Tensor) -> Tensor:
         with autocast(self.device):
             logits = self.model(x)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return lm_loss(logits, y)
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -71,13 +71,6 @@ def _sleeping_worker(rank, world_size):
     time.sleep(600)
 
 
-def _four_rank_worker(rank, world_size, cfg, state, ids, targets, q, k, v):
-    return {
-        "pipe": P.pipeline_worker(rank, world_size, cfg, state, ids, targets, 2),
-        "ring": P.ring_attention_worker(rank, world_size, q, k, v),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # run_distributed: results, errors, clean-up
 # --------------------------------------------------------------------------------------------
@@ -248,19 +241,57 @@ def test_four_ranks_pipeline_and_ring():
     ids, targets = _batch(cfg, B=4, T=8)
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
-    out = P.run_distributed(_four_rank_worker, cfg, state, ids, targets, q, k, v, world_size=4)
+    out = P.run_together(
+        {"pipe": (P.pipeline_worker, (cfg, state, ids, targets, 2)), "ring": (P.ring_attention_worker, (q, k, v))},
+        world_size=4,
+    )
+    assert list(out) == ["pipe", "ring"] and all(len(results) == 4 for results in out.values())
     logits, _, grads = _full_grads(model, ids, targets)
-    torch.testing.assert_close(out[3]["pipe"]["logits"], logits)
-    for o in out:
-        for n, gr in o["pipe"]["grads"].items():
-            if n == "embed.W_E" and not o["pipe"]["grads"].get(n, torch.ones(1)).any():
+    torch.testing.assert_close(out["pipe"][3]["logits"], logits)
+    for o in out["pipe"]:
+        for n, gr in o["grads"].items():
+            if n == "embed.W_E" and not o["grads"].get(n, torch.ones(1)).any():
                 continue  # middle stages never touch the embedding
             torch.testing.assert_close(gr, grads[n])
-    grid = P.timetable([o["pipe"]["log"] for o in out])
+    grid = P.timetable([o["log"] for o in out["pipe"]])
     assert grid == P.gpipe_schedule(4, 2)
     assert P.bubble_fraction(grid) == pytest.approx(3 / 5)
     z, _ = attention(q, k, v, causal_mask(16))
-    torch.testing.assert_close(torch.cat([o["ring"]["z"] for o in out], dim=-2), z)
+    torch.testing.assert_close(torch.cat([o["z"] for o in out["ring"]], dim=-2), z)
+
+
+def test_run_together_returns_what_separate_runs_return():
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
+    out = P.run_together({"sum": (_rank_worker, (10.0,)), "ring": (P.ring_attention_worker, (q, k, v))})
+    alone = P.run_distributed(P.ring_attention_worker, q, k, v)
+    assert [o["rank"] for o in out["sum"]] == [0, 1]
+    assert all(torch.equal(o["sum"], torch.tensor([30.0])) for o in out["sum"])
+    for together, separate in zip(out["ring"], alone):
+        assert together["positions"] == separate["positions"]
+        assert torch.equal(together["z"], separate["z"])  # the same computation, bit for bit
+
+
+def test_run_together_names_the_failing_job_and_cleans_up(tmp_path):
+    jobs = {"fine": (_rank_worker, (1.0,)), "broken": (_failing_worker, (str(tmp_path),))}
+    with pytest.raises(P.DistributedError) as e:
+        P.run_together(jobs, timeout=120)
+    msg = str(e.value)
+    assert "job 'broken' (_failing_worker) failed on rank 1" in msg and "ValueError: boom from rank 1" in msg
+    assert multiprocessing.active_children() == []
+
+
+def test_run_together_rejects_bad_jobs():
+    with pytest.raises(ValueError, match="jobs"):
+        P.run_together({})
+    with pytest.raises(ValueError, match=r"jobs\['a'\] must be a pair"):
+        P.run_together({"a": _rank_worker})
+    with pytest.raises(ValueError, match=r"jobs\['a'\] must be a pair"):
+        P.run_together({"a": (_rank_worker, 1.0)})
+    with pytest.raises(ValueError, match=r"jobs\['a'\] must be a module-level function"):
+        P.run_together({"a": (lambda rank, ws: None, ())})
+    with pytest.raises(ValueError, match="world_size"):
+        P.run_together({"a": (_rank_worker, (1.0,))}, world_size=0)
 
 
 # --------------------------------------------------------------------------------------------

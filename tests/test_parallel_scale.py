@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from gptlib.efficiency import lm_loss
+from gptlib.training import lm_loss
 from gptlib.model import GPT, GPTConfig
 from gptlib.moe import MoE
 from gptlib.parallel import run_distributed, timetable

@@ -65,3 +65,15 @@ def test_check_positive_int_names_the_parameter():
     for bad in (0, -3, 2.0, True, "4", None):
         with pytest.raises(ValueError, match="^n_ctx must be a positive int"):
             runtime.check_positive_int("n_ctx", bad)
+
+
+def test_atomic_write_gives_ordinary_file_permissions(tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        p = runtime.atomic_write(tmp_path / "perm.txt", "x")
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644  # what open(p, "w") gives under umask 022, not mkstemp's 0600
+    finally:
+        os.umask(umask)

@@ -10,13 +10,15 @@ GPUs); nothing is a home-made message layer.
     pipeline.py  pipeline parallel (GPipe): stage r holds layers L_r; micro-batches by send/recv
     context.py   context parallel (ring attention): rank r holds positions T_r; keys and values go
                  round a ring, the softmax accumulated online (running max m, running sum l)
+    sharding.py  Chapter 11: ZeRO-1 (ZeroRedundancyOptimizer) and FSDP2, losses equal to one process
+    experts.py   Chapter 11: expert parallelism, tokens routed to their experts by all-to-all
 
 The FLOP arithmetic of training is :mod:`gptlib.flops`. Worker functions (``*_worker``) are
 module-level so that spawned processes can import them; they compute on the CPU (gloo). Under
 nccl each process would move its model and tensors to its GPU.
 """
 
-# Every public name of the five modules, so that ``from gptlib.parallel import X`` finds it.
+# Every public name of the five Chapter 10 modules (sharding and experts are imported as submodules), so that ``from gptlib.parallel import X`` finds it.
 from . import context, data, launch, pipeline, tensor
 from .context import *  # noqa: F403
 from .data import *  # noqa: F403

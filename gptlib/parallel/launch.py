@@ -4,8 +4,10 @@
 join a ``torch.distributed`` process group on 127.0.0.1 (gloo between CPU processes, nccl between
 GPUs), calls a worker function in each and returns their results in rank order. Whatever happens,
 every process is reaped and every process group destroyed before it returns: a failing rank's
-traceback comes back as :class:`DistributedError`, the others are terminated. The workers of
-:mod:`gptlib.parallel` build their model with :func:`worker_model` and score it with
+traceback comes back as :class:`DistributedError`, the others are terminated. Starting the
+processes (each imports PyTorch) costs far more than the small workers of the book, so
+:func:`run_together` runs several workers one after another in a single process group. The workers
+of :mod:`gptlib.parallel` build their model with :func:`worker_model` and score it with
 :func:`lm_loss`.
 """
 
@@ -15,6 +17,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -23,12 +26,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import GPT
+from ..training import lm_loss  # re-exported: the workers' loss
 
-__all__ = ["DistributedError", "free_port", "run_distributed", "shard_range", "worker_model", "lm_loss"]
+__all__ = ["DistributedError", "free_port", "run_distributed", "run_together", "shard_range", "worker_model", "lm_loss"]
 
 
 class DistributedError(RuntimeError):
@@ -75,6 +78,12 @@ def _entry(rank: int, fn: Callable, args: tuple, world_size: int, backend: str, 
         raise
     finally:
         dist.destroy_process_group()
+    # The result is on disk and the group is gone: leave now. The interpreter's normal shutdown
+    # in a process that has loaded torch and gloo spends seconds in native teardown (longer
+    # than the book's workers run), and nothing is left for it to do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _stop(processes: list) -> None:
@@ -89,6 +98,15 @@ def _stop(processes: list) -> None:
         if p.is_alive():
             p.kill()
         p.join()
+
+
+def _check_importable(fn: Callable, name: str) -> None:
+    """Raise ValueError unless a spawned process can import ``fn`` (a module-level function)."""
+    if not callable(fn):
+        raise ValueError(f"{name} must be callable, got {type(fn).__name__}")
+    qualname = getattr(fn, "__qualname__", "")
+    if getattr(fn, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname:
+        raise ValueError(f"{name} must be a module-level function in an importable module, got {qualname or fn!r}")
 
 
 def run_distributed(
@@ -112,11 +130,7 @@ def run_distributed(
     ``fn`` must be importable by the spawned processes: a module-level function, not a lambda
     or a function defined in a notebook.
     """
-    if not callable(fn):
-        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    qualname = getattr(fn, "__qualname__", "")
-    if getattr(fn, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname:
-        raise ValueError(f"fn must be a module-level function in an importable module, got {qualname or fn!r}")
+    _check_importable(fn, "fn")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if backend not in ("gloo", "nccl"):
@@ -159,6 +173,41 @@ def run_distributed(
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
 
 
+def _run_jobs(rank: int, world_size: int, jobs: dict) -> dict:
+    """The worker of :func:`run_together`: each job in turn, a barrier after each; results by name."""
+    out = {}
+    for name, (fn, args) in jobs.items():
+        try:
+            out[name] = fn(rank, world_size, *args)
+        except Exception as e:
+            raise RuntimeError(f"job {name!r} ({fn.__name__}) failed on rank {rank}") from e
+        dist.barrier()  # no job starts while another rank still works on the previous one
+    return out
+
+
+def run_together(jobs: dict, *, world_size: int = 2, backend: str = "gloo", timeout: float = 300.0) -> dict:
+    """Run several workers in one set of processes: ``{name: (fn, args)}`` -> ``{name: results}``.
+
+    Equivalent to ``{name: run_distributed(fn, *args) for name, (fn, args) in jobs.items()}``,
+    with each ``results`` a list in rank order, but the processes are started, and PyTorch
+    imported in them, once: the jobs run one after another, in the given order, in the same
+    process group, with a barrier between them. A failing job's name is in the error.
+
+    >>> run_together({"ddp": ("not a function", ())})
+    Traceback (most recent call last):
+    ...
+    ValueError: jobs['ddp'] must be callable, got str
+    """
+    if not isinstance(jobs, dict) or not jobs:
+        raise ValueError(f"jobs must be a non-empty dict {{name: (fn, args)}}, got {jobs!r}")
+    for name, job in jobs.items():
+        if not (isinstance(job, tuple) and len(job) == 2 and isinstance(job[1], tuple)):
+            raise ValueError(f"jobs[{name!r}] must be a pair (fn, args) with args a tuple, got {job!r}")
+        _check_importable(job[0], f"jobs[{name!r}]")
+    results = run_distributed(_run_jobs, jobs, world_size=world_size, backend=backend, timeout=timeout)
+    return {name: [r[name] for r in results] for name in jobs}
+
+
 def _failure_message(fn: Callable, rank: int, exitcode: int, out_dir: str) -> str:
     """The traceback of the rank that failed first (the others often fail because it did)."""
     errs = [os.path.join(out_dir, f) for f in os.listdir(out_dir) if f.endswith(".err")]
@@ -186,11 +235,6 @@ def worker_model(config, state: dict) -> GPT:
     model = GPT(config)
     model.load_state_dict(state)
     return model
-
-
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """The mean next-token cross-entropy over all B*T positions: logits (B, T, d_vocab), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def shard_range(n: int, rank: int, world_size: int) -> slice:
