@@ -17,3 +17,58 @@ def test_train_val_split():
     assert (train, val) == ("0123456", "789")
     with pytest.raises(ValueError, match="val_fraction"):
         train_val_split("abc", 1.0)
+
+
+# --- the Brown corpus (load_english) ----------------------------------------------------------
+
+import math  # noqa: E402
+
+from gptlib.assets import ASSETS, cache_dir  # noqa: E402
+from gptlib.data import bits_per_byte, brown_documents, detokenize, load_english, untag_brown  # noqa: E402
+
+needs_brown = pytest.mark.skipif(not (cache_dir() / ASSETS["brown"].filename).is_file(),
+                                 reason="Brown corpus not fetched: run `python -m gptlib.assets fetch brown` (make does)")
+
+
+def test_detokenize_punctuation_and_quotes():
+    assert detokenize(["``", "Yes", "''", ",", "she", "said", "."]) == '"Yes", she said.'
+    assert detokenize(["a", "--", "b", ";", "c", "?", "!"]) == "a -- b; c?!"
+    assert detokenize(["(", "see", "[", "1", "]", ")", "."]) == "(see [1])."
+    assert detokenize(["U.S.", "."]) == "U.S."
+    assert detokenize([]) == ""
+
+
+def test_untag_brown_strips_tags_and_keeps_paragraphs():
+    raw = "\n\n\tHe/pps saw/vbd 3/cd dogs/nns ./.\n\tThey/ppss ran/vbd ./.\n\n\n\tEnd/nn ./.\n"
+    assert untag_brown(raw) == "He saw 3 dogs. They ran.\nEnd."
+    assert untag_brown("\r\n\r\n\tand/or/cc ./.\r\n") == "and/or."
+    assert untag_brown("") == ""
+
+
+def test_bits_per_byte():
+    assert bits_per_byte(math.log(2), 4, 4) == pytest.approx(1.0)
+    assert bits_per_byte(2.0, 300, 1200) == pytest.approx(2.0 * 300 / (math.log(2) * 1200))
+    with pytest.raises(ValueError, match="n_bytes"):
+        bits_per_byte(1.0, 10, 0)
+
+
+@needs_brown
+def test_brown_documents_are_clean_english():
+    docs = brown_documents()
+    assert len(docs) == 500 and [n for n, _ in docs] == sorted(n for n, _ in docs)
+    assert docs[0][0] == "ca01" and docs[0][1].startswith("The Fulton County Grand Jury said Friday")
+    text = "\n\n".join(t for _, t in docs)
+    assert 5_500_000 < len(text.encode()) < 6_500_000
+    assert text.isascii() and "``" not in text and "/at " not in text and "/nn" not in text
+
+
+@needs_brown
+def test_load_english_fixed_disjoint_split():
+    train, val = load_english()
+    assert (train, val) == load_english()
+    docs = [t for _, t in brown_documents()]
+    assert val == "\n\n".join(docs[19::20]) + "\n"  # samples 20, 40, ..., 500
+    assert all(d not in train for d in docs[19::20])
+    assert 0.04 < len(val) / (len(train) + len(val)) < 0.06
+    with pytest.raises(ValueError, match="val_every"):
+        load_english(1)
