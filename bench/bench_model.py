@@ -8,9 +8,9 @@ round) so that machine noise hits both, and the medians are compared. The fp32 m
 measured in the same rounds. Targets (issue 4): time ratio gptlib / HF <= 1.00; model FLOP/s >= 75%
 of the measured matmul rate at d_model 256.
 
-Model FLOPs per step (Kaplan et al. 2020; PaLM's "model FLOPs"): 6 N per token for the weight
-matrices (2 N forward, 4 N backward), N the parameters without the positional table, plus
-6 n_layers n_ctx d_model per token for the attention scores and their weighted sums.
+Model FLOPs per step: ``gptlib.flops.training_flops``, the book's one convention (PaLM's model
+FLOPs): 6 N_mm + 12 n_layers n_ctx d_attn per token, N_mm the weights of the matrix products,
+attention counted over all n_ctx keys. The matmul rate is ``gptlib.flops.matmul_flops_per_s``.
 """
 
 from __future__ import annotations
@@ -23,22 +23,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gptlib.flops import matmul_flops_per_s, training_flops
 from gptlib.model import GPT
 
 D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB = 256, 4, 4, 256, 8, 8192
-
-
-def matmul_rate(n: int = 1024, reps: int = 8) -> float:
-    """The fp32 rate of an (n, n) @ (n, n) product, FLOP/s, best of three timings."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best
 
 
 def step_fn(model, logits_of, ids, targets):
@@ -80,13 +68,11 @@ def main() -> None:
             t0 = time.perf_counter()
             steps[k]()
             times[k].append(time.perf_counter() - t0)
-        rates.append(matmul_rate())
+        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
     med = {k: statistics.median(v) for k, v in times.items()}
     peak = statistics.median(rates)
-    n_params = ours.num_parameters(exclude_positional=True)
-    assert n_params == sum(p.numel() for n, p in hf.named_parameters() if "wpe" not in n)
     tokens = BATCH * N_CTX
-    flops = 6 * n_params * tokens + 6 * N_LAYERS * N_CTX * D_MODEL * tokens
+    flops = training_flops(ours.config, tokens)
     ratios = [a / b for a, b in zip(times["gptlib"], times["HF"])]
     print(f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_heads={N_HEADS}, n_ctx={N_CTX}, batch={BATCH}, "
           f"d_vocab={VOCAB}; {torch.get_num_threads()} threads; {args.repeats} alternating rounds")

@@ -6,8 +6,9 @@ matmul rate measured in the same run, and a plain HF GPT2LMHeadModel loop as a p
 The config is the CPU preset of scripts/train_small_model.py (the one `make model` trains), on the
 thread count it trains with. Rounds alternate (and swap their order): 5 Trainer steps, 5 HF steps,
 one fp32 matmul-rate measurement, so machine noise hits all three alike; medians are compared.
-Model FLOPs are gptlib's count (3 forward passes per token, matrix products only, every key position
-counted as in PaLM's MFU). Target (issue 12): Trainer model FLOP/s >= 70% of the matmul rate.
+Model FLOPs are ``gptlib.flops.training_flops`` (3 forward passes per token, matrix products only,
+every key position counted as in PaLM's MFU); the rate is ``gptlib.flops.matmul_flops_per_s``.
+Target (issue 12): Trainer model FLOP/s >= 70% of the matmul rate.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from train_small_model import PRESETS  # noqa: E402
 
-from bench_model import matmul_rate  # noqa: E402  (bench/ is on sys.path)
+from gptlib.flops import matmul_flops_per_s, training_flops  # noqa: E402
 from gptlib.model import GPT  # noqa: E402
-from gptlib.parallel import training_flops  # noqa: E402
 from gptlib.training import Trainer, param_groups  # noqa: E402
 
 BLOCK = 5
@@ -74,7 +74,7 @@ def main() -> None:
             t0 = time.perf_counter()
             runs[k]()
             times[k].append((time.perf_counter() - t0) / BLOCK)
-        rates.append(matmul_rate())
+        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
     tokens = tc.batch_size * cfg.n_ctx
     flops = training_flops(cfg, tokens)  # per step
     peak = statistics.median(rates)

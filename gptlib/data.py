@@ -2,6 +2,7 @@
 
 ``pydoc_data.topics``, shipped with every CPython, holds about 465 KB of English technical prose,
 the pages that ``help()`` shows: no download is needed, so every chapter can train on it instantly.
+:func:`book_tokenizer` is the 1024-token BPE that chapter 1 trains on it and later chapters reuse.
 
 The Brown corpus (W. N. Francis and H. Kucera, Brown University, 1964, revised 1971 and 1979) is
 the shipped model's corpus: 500 samples of about 2,000 words of edited American English prose
@@ -14,8 +15,14 @@ part-of-speech tags (``The/at jury/nn said/vbd ./.``), which :func:`untag_brown`
 
 from __future__ import annotations
 
-__all__ = ["load_corpus", "train_val_split", "detokenize", "untag_brown", "brown_documents", "load_english",
-           "bits_per_byte"]
+from functools import lru_cache
+
+from pydoc_data.topics import topics
+
+from .tokenizers import BPETokenizer
+
+__all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
+           "load_english", "bits_per_byte"]
 
 
 def load_corpus() -> str:
@@ -25,8 +32,6 @@ def load_corpus() -> str:
     >>> len(text) > 400_000 and "Assert statements are a convenient way" in text
     True
     """
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[name].strip() for name in sorted(topics)) + "\n"
 
 
@@ -40,6 +45,24 @@ def train_val_split(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     cut = int(round(len(text) * (1 - val_fraction)))
     return text[:cut], text[cut:]
+
+
+def book_tokenizer(vocab_size: int = 1024) -> BPETokenizer:
+    """The book's BPE: ``BPETokenizer.train`` on the training split of the corpus, once per process.
+
+    Chapter 1 trains it and checks the training; later chapters call this instead of retraining.
+    The result is shared between callers: do not change it.
+
+    >>> tok = book_tokenizer()
+    >>> tok.vocab_size, tok.special_tokens, tok is book_tokenizer(vocab_size=1024)
+    (1024, {'<|endoftext|>': 1023}, True)
+    """
+    return _book_bpe(vocab_size)  # one cache key per size, however the size was passed
+
+
+@lru_cache(maxsize=None)
+def _book_bpe(vocab_size: int) -> BPETokenizer:
+    return BPETokenizer.train(train_val_split(load_corpus())[0], vocab_size)
 
 
 # --- the Brown corpus: the shipped model's English ---------------------------------------------

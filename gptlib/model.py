@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .attention import KVCache
 from .block import BLOCK_KINDS, Block, LayerNorm
 from .embedding import Embedding, Unembedding
+from .hooks import capture_patterns
 from .mlp import ACTIVATIONS
 from .positional import LearnedPositional, SinusoidalPositional
 from .runtime import atomic_write
@@ -135,8 +136,8 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.d_model, c.n_heads, c.d_mlp, d_head=c.d_head, kind=c.block, dropout=c.dropout,
-                  bias=c.bias, activation=c.activation, ln_eps=c.ln_eps)
-            for _ in range(c.n_layers)
+                  bias=c.bias, activation=c.activation, ln_eps=c.ln_eps, layer=layer)
+            for layer in range(c.n_layers)
         )
         self.ln_f = LayerNorm(c.d_model, c.ln_eps, c.bias)
         self.unembed = Unembedding(c.d_model, c.d_vocab, tied_to=self.embed if c.tie_weights else None)
@@ -166,7 +167,7 @@ class GPT(nn.Module):
         return n
 
     # --- forward ----------------------------------------------------------------------------
-    def _trunk(self, ids: Tensor, cache: KVCache | None, return_patterns: bool) -> tuple[Tensor, Tensor | None]:
+    def _trunk(self, ids: Tensor, cache: KVCache | None) -> Tensor:
         if ids.dim() == 1:
             raise ValueError(f"ids must have shape (B, T); got shape {tuple(ids.shape)} (use ids[None])")
         if ids.dim() != 2 or ids.shape[1] < 1:
@@ -183,41 +184,32 @@ class GPT(nn.Module):
         if cache is not None and cache.n_layers != self.config.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
         x = self.drop(self.embed(ids) + self.pos(T, offset))  # (B, T, d_model)
-        patterns = []
-        for layer, blk in enumerate(self.blocks):
-            if return_patterns:
-                x, pattern = blk(x, cache=cache, layer=layer, return_pattern=True)
-                patterns.append(pattern)  # (B, n_heads, T, T_k)
-            else:
-                x = blk(x, cache=cache, layer=layer)
-        x = self.ln_f(x)  # (B, T, d_model)
-        return x, (torch.stack(patterns, dim=1) if return_patterns else None)
+        for blk in self.blocks:
+            x = blk(x, cache)
+        return self.ln_f(x)  # (B, T, d_model)
 
-    def forward(
-        self,
-        ids: Tensor,
-        *,
-        cache: KVCache | None = None,
-        return_patterns: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits (B, T, d_vocab); with ``return_patterns`` also (B, n_layers, n_heads, T, T_k).
+    def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits (B, T, d_vocab).
 
         With a :class:`KVCache`, ``ids`` are the positions after the cached ones; the cache is
         extended in place. Positions beyond ``n_ctx`` raise ``ValueError``: cropping the context
         is the caller's decision (see :func:`gptlib.sampling.generate`), never a silent one.
         """
-        x, patterns = self._trunk(ids, cache, return_patterns)
-        logits = self.unembed(x)  # (B, T, d_vocab)
-        return (logits, patterns) if return_patterns else logits
+        return self.unembed(self._trunk(ids, cache))  # (B, T, d_vocab)
 
     def hidden_states(self, ids: Tensor) -> Tensor:
         """The final residual stream after LN_f, (B, T, d_model): what W_U turns into logits."""
-        return self._trunk(ids, None, False)[0]
+        return self._trunk(ids, None)
 
     @torch.no_grad()
     def attention_patterns(self, ids: Tensor) -> Tensor:
-        """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads, T, T)."""
-        return self(ids, return_patterns=True)[1]
+        """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads, T, T).
+
+        The layers run their readable path while the patterns are recorded (:func:`capture_patterns`).
+        """
+        with capture_patterns(self) as patterns:
+            self(ids)
+        return torch.stack(patterns, dim=1)
 
     # --- GPT-2 weights from Hugging Face ---------------------------------------------------
     @classmethod

@@ -4,7 +4,8 @@
 
 Each run trains from the same seed on the Brown training split (the tokenizer too is trained on the
 training split only) and is scored on the whole validation split, in nats per token and in bits per
-byte, so runs with different vocabularies compare. Every run changes one thing from ``base``.
+byte, so runs with different vocabularies compare. Every run of the first round changes one thing from ``base``; the second round (``long-*``) trains
+the leaders six times longer.
 Results are merged into --out by run name (two processes may run disjoint --runs into two files).
 Timings depend on the machine's load; compare the losses, and time only within one process.
 """
@@ -42,6 +43,15 @@ RUNS: dict[str, RunConfig] = {
     "steps100": replace(BASE, steps=100),
     "steps400": replace(BASE, steps=400),
 }
+# Second round, 6x the tokens: the leaders of the first round, where their differences are larger
+# than those of the first few hundred steps.
+LONG = replace(BASE, steps=1200, warmup=50, eval_every=100)
+RUNS.update({
+    "long-base": LONG,
+    "long-v4096": replace(LONG, d_vocab=4096),
+    "long-v4096-d192": replace(LONG, d_vocab=4096, d_model=192),
+    "long-v4096-L6": replace(LONG, d_vocab=4096, n_layers=6),
+})
 
 
 def main() -> int:

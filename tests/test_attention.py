@@ -14,6 +14,14 @@ from gptlib.attention import (
     head_pattern,
     softmax,
 )
+from gptlib.hooks import capture_patterns
+
+
+def run_with_pattern(mha, X, cache=None):
+    """The layer's output and the pattern that passed through its hook_pattern."""
+    with capture_patterns(mha) as seen:
+        out = mha(X, cache)
+    return out, seen[0]
 
 
 def test_softmax_rows_stable_and_known():
@@ -66,8 +74,12 @@ def test_fast_and_readable_paths_agree_and_pattern_shape():
     mha = MultiHeadAttention(12, 3, d_head=5)
     X = torch.randn(2, 7, 12)
     with torch.no_grad():
-        out, pattern = mha(X, return_pattern=True)
+        out, pattern = run_with_pattern(mha, X)
+        assert mha.fused  # restored after recording
         torch.testing.assert_close(mha(X), out, atol=1e-6, rtol=1e-5)
+        readable = MultiHeadAttention(12, 3, d_head=5, fused=False)
+        readable.load_state_dict(mha.state_dict())
+        assert not readable.fused and torch.equal(readable(X), out)
     assert pattern.shape == (2, 3, 7, 7) and out.dtype == X.dtype
 
 
@@ -91,7 +103,7 @@ def test_kv_cache_equals_full_pass():
         assert len(cache) == 10
         torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-6, rtol=1e-5)
         cache = KVCache(1)
-        steps = [mha(X[:, i : i + 1], cache=cache, return_pattern=True)[0] for i in range(10)]
+        steps = [run_with_pattern(mha, X[:, i : i + 1], cache)[0] for i in range(10)]
         torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="layer"):
         KVCache(1).append(1, torch.zeros(1), torch.zeros(1))
@@ -140,7 +152,7 @@ def test_uniform_pattern_gives_running_mean():
         mha.W_V.copy_(torch.eye(4))
         mha.W_O.copy_(torch.eye(4))
         X = torch.arange(12.0).reshape(1, 3, 4)
-        out, pattern = mha(X, return_pattern=True)
+        out, pattern = run_with_pattern(mha, X)
     expected = torch.tensor([[0.0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]])
     torch.testing.assert_close(out[0], expected)
     torch.testing.assert_close(pattern[0, 0], torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]]))
@@ -165,7 +177,7 @@ def test_head_output_sums_to_the_layer_and_ranks_are_bounded():
     with torch.no_grad():
         total = sum(head_output(X, mha.W_QK(h), mha.W_OV(h), mha.d_head)[0] for h in range(3))
         torch.testing.assert_close(total, mha(X), atol=1e-6, rtol=1e-5)
-        _, pattern = mha(X, return_pattern=True)
+        _, pattern = run_with_pattern(mha, X)
         torch.testing.assert_close(head_output(X, mha.W_QK(1), mha.W_OV(1), 2)[1], pattern[:, 1])
         for h in range(3):  # generic weights: the rank is exactly d_head, far below d_model
             assert int(torch.linalg.matrix_rank(mha.W_QK(h))) == 2
@@ -200,7 +212,7 @@ def test_head_functions_reject_bad_shapes():
 
 def test_readable_path_with_cache_equals_fast_path_float64():
     torch.manual_seed(6)
-    mha = MultiHeadAttention(8, 2).double()
+    mha = MultiHeadAttention(8, 2, layer=1).double()
     with torch.no_grad():
         for b in (mha.b_Q, mha.b_K, mha.b_V, mha.b_O):
             b.normal_()
@@ -209,7 +221,7 @@ def test_readable_path_with_cache_equals_fast_path_float64():
         cache = KVCache(2)
         steps = []
         for t in range(7):
-            out, pattern = mha(X[:, t : t + 1], cache=cache, layer=1, return_pattern=True)
+            out, pattern = run_with_pattern(mha, X[:, t : t + 1], cache)
             assert pattern.shape == (2, 2, 1, t + 1)
             steps.append(out)
         assert len(cache) == 0 and cache.k[1].shape == (2, 2, 7, 4)  # layer 0 untouched, layer 1 filled

@@ -3,6 +3,10 @@
 Needs `make book` first (`make test` runs it) and Debian's Chromium at /usr/bin/chromium, driven
 by Playwright. Screenshots go to test-artifacts/. GPTLIB_BOOK_HTML points the test at another
 built book (default: _build/html). A chapter whose page is not in the book is skipped, by name.
+
+Besides the chapters, one page is made here, served beside the built book and loading only the
+book's own scripts: both widgets on the shipped model (models/small), so that every interaction
+is tested on a trained model whatever the chapters show.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+
+from gptlib.sampling import next_token_probs
 
 browser_test = pytest.mark.browser
 
@@ -65,10 +71,10 @@ def browser():
 
 
 class Page:
-    """A chapter page with every request, failure and script error recorded."""
+    """A chapter page (or ``url``) with every request, failure and script error recorded."""
 
-    def __init__(self, browser, site: str, chapter: str):
-        if not (HTML / "chapters" / f"{chapter}.html").is_file():
+    def __init__(self, browser, site: str, chapter: str, url: str | None = None):
+        if url is None and not (HTML / "chapters" / f"{chapter}.html").is_file():
             pytest.skip(f"chapter {chapter} is not in the built book")
         self.requests, self.failed, self.errors = [], [], []
         self.page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -76,7 +82,7 @@ class Page:
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
         self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(f"{site}/chapters/{chapter}.html", wait_until="networkidle")
+        self.page.goto(url or f"{site}/chapters/{chapter}.html", wait_until="networkidle")
 
     def check_offline(self):
         hosts = {urlparse(u).hostname for u in self.requests if urlparse(u).scheme in ("http", "https")}
@@ -159,6 +165,78 @@ def test_bpe_widget_slider_changes_the_split(browser, site):
     p.close()
 
 
+def _rgb(a: float) -> str:
+    """The page's colour for attention weight a (attention.js's scale), as the browser writes it."""
+    stops = [(247, 251, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107)]
+    x = min(max(a, 0.0), 1.0) * (len(stops) - 1)
+    i = min(int(x), len(stops) - 2)
+    f = x - i
+    c = [round(u + f * (v - u)) for u, v in zip(stops[i], stops[i + 1])]
+    return f"rgb({c[0]}, {c[1]}, {c[2]})"
+
+
+def check_attention_view(root) -> list[str]:
+    """Every interaction of the attention view: thumbnails and their scores, click to enlarge,
+    the colour legend, the head selector, hover on a query row and on a token of the text.
+    Returns the names of the scores shown."""
+    from gptlib.widgets.attention import first_token_score, induction_pairs, induction_score, previous_token_score
+
+    root.wait_for(timeout=20_000)
+    tokens = [t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()]
+    repeats = bool(induction_pairs(tokens))
+    layers = root.locator(".gptlib-attn-layer option").count()
+    heads = root.locator(".gptlib-attn-head option").count()
+    thumbs = root.locator(".gptlib-attn-thumb")
+    assert thumbs.count() == layers * heads, "one thumbnail per head"
+    assert root.locator(".gptlib-attn-thumb canvas").count() == layers * heads
+    names = ["previous token", "first token"] + (["induction"] if repeats else [])
+    assert root.locator(".gptlib-attn-score").count() == layers * heads * len(names)
+    assert root.locator(".gptlib-attn-thumb.selected").count() == 1
+    # the colour scale's legend: a gradient from the colour of 0 to the colour of 1
+    legend = root.locator(".gptlib-attn-legend-bar").evaluate("e => e.style.background")
+    assert _rgb(0) in legend and _rgb(1) in legend, legend
+    # click the last thumbnail: it is enlarged, and its scores are those of the shown pattern
+    last = thumbs.last
+    l, h = int(last.get_attribute("data-layer")), int(last.get_attribute("data-head"))
+    before = root.get_attribute("data-view")
+    last.click()
+    assert root.get_attribute("data-view").startswith(f"{l}/{h}:") and root.get_attribute("data-view") != before
+    assert "selected" in last.get_attribute("class") and root.locator(".gptlib-attn-thumb.selected").count() == 1
+    A = torch.tensor(json.loads(root.get_attribute("data-pattern")), dtype=torch.float64)
+    want = {"previous token": previous_token_score(A), "first token": first_token_score(A)}
+    if repeats:
+        want["induction"] = induction_score(A, tokens)
+    shown = {e.get_attribute("data-name"): float(e.get_attribute("data-value"))
+             for e in last.locator(".gptlib-attn-score").all()}
+    assert shown.keys() == want.keys()
+    for name, value in want.items():
+        assert abs(shown[name] - float(value)) <= 1e-3 + 1e-9, (name, shown[name], float(value))
+    assert all(f"{name} score" in root.locator(".gptlib-attn-current").text_content() for name in names)
+    # the selector still works and moves the selection
+    root.locator(".gptlib-attn-head").select_option("0")
+    root.locator(".gptlib-attn-layer").select_option("0")
+    assert root.get_attribute("data-view").startswith("0/0:")
+    assert root.locator(".gptlib-attn-thumb.selected").first.get_attribute("data-head") == "0"
+    A = json.loads(root.get_attribute("data-pattern"))
+    T = root.locator(".gptlib-attn-query").count()
+    # hover a query row of the heatmap: the key tokens are shaded by its weights
+    root.locator(".gptlib-attn-query").last.hover()  # the last query sees every key
+    assert root.get_attribute("data-focus") == str(T - 1)
+    shaded = [k.evaluate("e => e.style.background") for k in root.locator(".gptlib-attn-key").all()]
+    assert shaded == [_rgb(a) for a in A[T - 1]], "hovering a query shades the keys it attends to"
+    # hover a token of the text: every token is coloured by the weight it gets from that one
+    i = T // 2
+    words = root.locator(".gptlib-attn-tok")
+    assert words.count() == T
+    words.nth(i).hover()
+    assert root.get_attribute("data-focus") == str(i)
+    colours = [w.evaluate("e => e.style.background") for w in words.all()]
+    assert colours[: i + 1] == [_rgb(a) for a in A[i][: i + 1]] and not any(colours[i + 1:])
+    assert "gptlib-attn-hot" in words.nth(i).get_attribute("class")
+    assert root.locator(".gptlib-attn-focus").text_content().startswith("query ")
+    return names
+
+
 @browser_test
 def test_attention_widget_head_selector_changes_heatmap(browser, site):
     p = Page(browser, site, "04_attention")
@@ -171,11 +249,7 @@ def test_attention_widget_head_selector_changes_heatmap(browser, site):
     heads.select_option("1")
     after = root.get_attribute("data-view")
     assert after != before and after.split(":")[0].endswith("/1")
-    T = root.locator(".gptlib-attn-query").count()
-    root.locator(".gptlib-attn-query").last.hover()  # the last query sees every key
-    assert root.get_attribute("data-focus") == str(T - 1)
-    shaded = [k.evaluate("e => e.style.background") for k in root.locator(".gptlib-attn-key").all()]
-    assert len(shaded) == T and any(shaded), "hovering a query shades the keys it attends to"
+    check_attention_view(root)
     p.screenshot("attention_widget.png", ".gptlib-attn")
     p.check_maths()
     p.check_offline()
@@ -183,11 +257,82 @@ def test_attention_widget_head_selector_changes_heatmap(browser, site):
 
 
 def _python_probs(logits, settings):
-    from gptlib.sampling import next_token_probs
-
     return next_token_probs(torch.tensor(logits, dtype=torch.float64), temperature=settings["temperature"],
                             top_k=settings["top_k"] or None,
                             top_p=settings["top_p"] if settings["top_p"] < 1 else None)
+
+
+SHIPPED = ROOT / "models" / "small"
+PROMPTS = ["The", "It is", "Once upon a time"]
+X0, W = 120, 320  # sampling.js: where the probability axis starts, and its length (0 to 1)
+
+
+def _widths(root, cls):
+    return [float(b.get_attribute("width")) for b in root.locator(f".{cls}").all()]
+
+
+def check_sampling_distribution(root, checked: list):
+    """The browser's distribution equals gptlib.sampling.next_token_probs to 1e-5; the bars, the
+    temperature-1 ghosts and the cumulative-mass line are drawn from it on the fixed axis."""
+    logits = json.loads(root.get_attribute("data-logits"))
+    probs = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
+    settings = json.loads(root.get_attribute("data-settings"))
+    torch.testing.assert_close(probs, _python_probs(logits, settings), atol=1e-5, rtol=0,
+                               msg=lambda m: f"at {settings}: {m}")
+    y = torch.tensor(logits, dtype=torch.float64)
+    order = torch.sort(y, descending=True, stable=True).indices
+    n = root.locator(".gptlib-samp-bar").count()
+    assert n >= 1 and root.locator(".gptlib-samp-ghost").count() == n
+    shown = order[:n]
+    assert _widths(root, "gptlib-samp-bar") == pytest.approx((W * probs[shown]).tolist(), abs=0.01)
+    ghost = next_token_probs(y)  # temperature 1, nothing cut
+    assert _widths(root, "gptlib-samp-ghost") == pytest.approx((W * ghost[shown]).tolist(), abs=0.01)
+    q = next_token_probs(y, temperature=settings["temperature"], top_k=settings["top_k"] or None)
+    cum = torch.cumsum(q[order], 0)[:n]
+    xs = [float(pt.split(",")[0]) for pt in root.locator(".gptlib-samp-cum").get_attribute("points").split()]
+    assert xs == pytest.approx((X0 + W * cum).tolist(), abs=0.01), "the cumulative mass line"
+    pline = root.locator(".gptlib-samp-pline")
+    if settings["top_p"] < 1:
+        assert float(pline.get_attribute("x1")) == pytest.approx(X0 + W * settings["top_p"], abs=0.01)
+    else:
+        assert pline.count() == 0
+    checked.append(settings)
+
+
+def check_sample_step(root, tree_root: dict | None = None) -> int:
+    """One "sample next token" step: the token drawn is the inverse CDF, at the page's seeded u,
+    of the distribution shown (most probable first); the text grows by it; the view moves on to
+    the stored distribution after it, or says plainly that it has none. Returns the drawn id."""
+    path = json.loads(root.get_attribute("data-path"))
+    probs = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
+    logits = torch.tensor(json.loads(root.get_attribute("data-logits")), dtype=torch.float64)
+    ids = json.loads(root.get_attribute("data-ids"))
+    new = root.locator(".gptlib-samp-new").count()
+    root.locator(".gptlib-samp-step").click()
+    u = float(root.get_attribute("data-u"))
+    after = json.loads(root.get_attribute("data-path"))
+    assert after[:-1] == path and len(after) == len(path) + 1
+    expected, mass = None, 0.0  # the inverse CDF at u, most probable first, as the page defines it
+    for i in torch.sort(logits, descending=True, stable=True).indices.tolist():
+        if probs[i] > 0:
+            mass += float(probs[i])
+            expected = i
+            if u < mass:
+                break
+    assert after[-1] == ids[expected] and probs[expected] > 0
+    assert root.locator(".gptlib-samp-new").count() == new + 1
+    if tree_root is not None:
+        node = tree_root
+        for t in path:
+            node = node["next"][str(t)]
+        child = node["next"].get(str(after[-1]))
+        if child is None:
+            assert root.get_attribute("data-stuck") == "1" and root.locator(".gptlib-samp-step").is_disabled()
+            assert "cannot run the model" in root.locator(".gptlib-samp-msg").text_content()
+        else:
+            assert root.get_attribute("data-stuck") == "0"
+            assert json.loads(root.get_attribute("data-logits")) == child["logits"]
+    return after[-1]
 
 
 @browser_test
@@ -195,35 +340,180 @@ def test_sampling_widget_matches_python(browser, site):
     p = Page(browser, site, "07_sampling")
     root = p.page.locator(".gptlib-samp").first
     root.wait_for(timeout=20_000)
-    widths = lambda: [b.evaluate("e => e.style.width") for b in root.locator(".gptlib-samp-bar").all()]  # noqa: E731
-    logits = json.loads(root.get_attribute("data-logits"))
     checked = []
-
-    def matches_python():
-        """The browser's distribution equals gptlib.sampling.next_token_probs to 1e-5."""
-        probs = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
-        settings = json.loads(root.get_attribute("data-settings"))
-        torch.testing.assert_close(probs, _python_probs(logits, settings), atol=1e-5, rtol=0,
-                                   msg=lambda m: f"at {settings}: {m}")
-        checked.append(settings)
-
-    before = widths()
-    matches_python()
+    before = _widths(root, "gptlib-samp-bar")
+    check_sampling_distribution(root, checked)
     p.screenshot("sampling_widget_initial.png", ".gptlib-samp")
     t = root.locator(".gptlib-samp-temperature")
     t.focus()
     for _ in range(10):
         t.press("ArrowLeft")  # lower the temperature: a sharper distribution
-    assert widths() != before
-    matches_python()
+    assert _widths(root, "gptlib-samp-bar") != before
+    check_sampling_distribution(root, checked)
     p.screenshot("sampling_widget.png", ".gptlib-samp")  # temperature lowered by 0.5
     for slider, key in ((".gptlib-samp-topp", "Home"), (".gptlib-samp-topk", "ArrowRight"),
                         (".gptlib-samp-temperature", "Home"), (".gptlib-samp-topp", "End")):
         root.locator(slider).focus()
         root.locator(slider).press(key)
-        matches_python()
+        check_sampling_distribution(root, checked)
     assert len({json.dumps(c, sort_keys=True) for c in checked}) == 6, checked
+    # a sample step from the stored distribution (temperature 0 now: the argmax)
+    logits = json.loads(root.get_attribute("data-logits"))
+    argmax = json.loads(root.get_attribute("data-ids"))[max(range(len(logits)), key=lambda i: (logits[i], -i))]
+    assert check_sample_step(root) == argmax
     p.check_maths()
+    p.check_offline()
+    p.close()
+
+
+@browser_test
+def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
+    """Chapter 7's SamplingView.from_model (several prompts), once the chapter shows one: prompt
+    switch, the maths, and sample steps through the stored continuations."""
+    p = Page(browser, site, "07_sampling")
+    p.page.locator(".gptlib-samp").first.wait_for(timeout=20_000)
+    multi = [r for r in p.page.locator(".gptlib-samp").all() if r.locator(".gptlib-samp-prompt option").count() >= 2]
+    if not multi:
+        p.close()
+        pytest.skip("chapter 7 shows no SamplingView.from_model(model, tokenizer, prompts) yet; "
+                    "test_sampling_view_on_the_shipped_model tests that form on a page beside the book")
+    root, checked = multi[0], []
+    select = root.locator(".gptlib-samp-prompt")
+    first = root.get_attribute("data-logits")
+    select.select_option("1")
+    assert root.get_attribute("data-prompt") == "1" and root.get_attribute("data-logits") != first
+    check_sampling_distribution(root, checked)
+    _set_temperature(root, 0.0)
+    check_sampling_distribution(root, checked)
+    for _ in range(6):  # argmax draws follow the stored tree to its end, then the page stops
+        check_sample_step(root)
+        if root.get_attribute("data-stuck") == "1":
+            break
+    assert root.get_attribute("data-stuck") == "1" and "cannot run the model" in root.locator(".gptlib-samp-msg").text_content()
+    p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp")
+    p.check_offline()
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def shipped_page(site, tmp_path_factory):
+    """A page with both widgets on the shipped model, served beside the book: it loads only the
+    book's own scripts (its _static), as a chapter page does. Yields (url, attention, sampling)."""
+    from ipywidgets.embed import embed_data
+
+    from gptlib.model import GPT
+    from gptlib.tokenizers import BPETokenizer
+    from gptlib.widgets import AttentionView, SamplingView
+
+    if not (SHIPPED / "config.json").is_file():
+        pytest.skip(f"no shipped model at {SHIPPED}")
+    torch.manual_seed(0)
+    model = GPT.load(SHIPPED).eval()
+    tok = BPETokenizer.load(SHIPPED / "tokenizer.json")
+    ids = tok.encode("The cat sat on the mat, and then the dog came in.")
+    ids = (ids + ids)[: model.config.n_ctx]  # a repeated text: induction heads have something to find
+    with torch.no_grad():
+        patterns = model.attention_patterns(torch.tensor([ids]))[0]  # (n_layers, n_heads, T, T)
+    attention = AttentionView([tok.token_str(i) for i in ids], patterns, title="the shipped model, a text repeated")
+    sampling = SamplingView.from_model(model, tok, PROMPTS, top_p=0.9, title="the shipped model's next token")
+    data = embed_data(views=[attention, sampling], drop_defaults=False)
+    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
+    views = "".join(f'<div><script type="application/vnd.jupyter.widget-view+json">{json.dumps(v)}</script></div>'
+                    for v in data["view_specs"])
+    root = tmp_path_factory.mktemp("shipped")
+    (root / "_static").symlink_to(HTML / "_static", target_is_directory=True)
+    (root / "index.html").write_text(
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+        '<script src="_static/vendor/require.js"></script><script src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head><body>{views}</body></html>',
+        encoding="utf-8")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", attention, sampling
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@browser_test
+def test_attention_view_on_the_shipped_model(browser, site, shipped_page):
+    url, attention, _ = shipped_page
+    p = Page(browser, site, "", url=url)
+    root = p.page.locator(".gptlib-attn").first
+    assert "induction" in check_attention_view(root)  # the text repeats
+    p.screenshot("attention_widget_shipped.png", ".gptlib-attn")
+    p.check_offline()
+    p.close()
+
+
+def _set_temperature(root, value: float):
+    t = root.locator(".gptlib-samp-temperature")
+    t.focus()
+    t.press("Home")
+    for _ in range(round(value / 0.05)):
+        t.press("ArrowRight")
+    assert json.loads(root.get_attribute("data-settings"))["temperature"] == pytest.approx(value)
+
+
+@browser_test
+def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
+    url, _, sampling = shipped_page
+    p = Page(browser, site, "", url=url)
+    root = p.page.locator(".gptlib-samp").first
+    root.wait_for(timeout=20_000)
+    trees = [q["root"] for q in sampling.prompts]
+    checked = []
+    # the prompt selector: each prompt shows the model's distribution after it
+    select = root.locator(".gptlib-samp-prompt")
+    assert [o.text_content() for o in select.locator("option").all()] == PROMPTS
+    for k in (1, 2, 0):
+        select.select_option(str(k))
+        assert root.get_attribute("data-prompt") == str(k)
+        assert json.loads(root.get_attribute("data-logits")) == trees[k]["logits"]
+        assert root.locator(".gptlib-samp-ctx").text_content() == PROMPTS[k]
+        check_sampling_distribution(root, checked)
+    # sliders: the maths stays next_token_probs; the ghost stays the temperature-1 distribution
+    ghost = _widths(root, "gptlib-samp-ghost")
+    _set_temperature(root, 1.5)
+    assert _widths(root, "gptlib-samp-ghost") == ghost and _widths(root, "gptlib-samp-bar") != ghost
+    check_sampling_distribution(root, checked)
+    for slider, key in ((".gptlib-samp-topk", "ArrowRight"), (".gptlib-samp-topp", "ArrowLeft"),
+                        (".gptlib-samp-topp", "End")):
+        root.locator(slider).focus()
+        root.locator(slider).press(key)
+        check_sampling_distribution(root, checked)
+    p.screenshot("sampling_widget_shipped.png", ".gptlib-samp")
+    # at temperature 0 every draw is the argmax, which the tree always stores: depth 3 steps
+    # move through it, and the fourth token is drawn from a leaf, after which the page stops
+    _set_temperature(root, 0.0)
+    for step in range(4):
+        check_sample_step(root, trees[0])
+        assert root.get_attribute("data-stuck") == ("1" if step == 3 else "0")
+    assert "stores no distribution" in root.locator(".gptlib-samp-msg").text_content()
+    p.screenshot("sampling_widget_shipped_steps.png", ".gptlib-samp")
+    root.locator(".gptlib-samp-undo").click()
+    assert len(json.loads(root.get_attribute("data-path"))) == 3 and root.get_attribute("data-stuck") == "0"
+    assert root.locator(".gptlib-samp-step").is_enabled()
+    root.locator(".gptlib-samp-reset").click()
+    assert json.loads(root.get_attribute("data-path")) == [] and root.locator(".gptlib-samp-new").count() == 0
+    # at temperature 1 with top-p 0.9: seeded draws, each the inverse CDF of what is shown, until
+    # a token outside the stored tree is drawn (then the page says so) or the tree ends
+    _set_temperature(root, 1.0)
+    root.locator(".gptlib-samp-topp").focus()
+    root.locator(".gptlib-samp-topp").press("ArrowLeft")
+    for _ in range(4):
+        check_sample_step(root, trees[0])
+        check_sampling_distribution(root, checked)
+        if root.get_attribute("data-stuck") == "1":
+            break
+    # switching the prompt starts a new text
+    select.select_option("2")
+    assert json.loads(root.get_attribute("data-path")) == [] and root.get_attribute("data-stuck") == "0"
+    assert len(checked) >= 8
     p.check_offline()
     p.close()
 

@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.attention import KVCache
+from gptlib.hooks import capture_patterns
 from gptlib.model import GPT, PRESETS, GPTConfig
 
 
@@ -47,8 +48,8 @@ def test_forward_shapes_and_errors():
     m = GPT(GPTConfig.preset("tiny")).eval()
     ids = torch.randint(0, 512, (3, 10))
     assert m(ids).shape == (3, 10, 512)
-    logits, pats = m(ids, return_patterns=True)
-    assert pats.shape == (3, 2, 4, 10, 10)
+    pats = m.attention_patterns(ids)
+    assert pats.shape == (3, 2, 4, 10, 10) and all(blk.attn.fused for blk in m.blocks)
     assert m.hidden_states(ids).shape == (3, 10, 64)
     with pytest.raises(ValueError, match="n_ctx"):
         m(torch.zeros(1, 65, dtype=torch.long))
@@ -159,8 +160,9 @@ def test_attention_patterns_equal_block_by_block():
         pats = m.attention_patterns(ids)
         x = m.embed(ids) + m.pos(9, 0)
         for layer, blk in enumerate(m.blocks):
-            _, A = blk.attn(blk.ln_1(x), return_pattern=True)
-            torch.testing.assert_close(pats[:, layer], A)
+            with capture_patterns(blk.attn) as seen:
+                blk.attn(blk.ln_1(x))
+            torch.testing.assert_close(pats[:, layer], seen[0])
             x = blk(x)
         torch.testing.assert_close(m.ln_f(x) @ m.W_U, m(ids), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pats.sum(-1), torch.ones(2, 2, 4, 9))

@@ -14,10 +14,12 @@ from gptlib.tokenizers import (
     GPT2_SPLIT_PATTERN,
     BPETokenizer,
     CharTokenizer,
+    Tokenizer,
     WordTokenizer,
     get_stats,
     gpt2_tokenizer,
     merge,
+    merge_steps,
 )
 
 VARIED = [
@@ -57,6 +59,20 @@ def test_get_stats_and_merge_worked_examples():
     assert merge([1, 2, 3, 1, 2], (1, 2), 4) == [4, 3, 4]
     assert merge([1, 1, 1, 1], (1, 1), 7) == [7, 7]
     assert merge([], (1, 2), 3) == []
+
+
+def test_merge_steps_worked_example():
+    # Ranks below: "ab" (2) beats "bb" (3); then "ab" + "b" is "abb" (4).
+    ranks = {b"a": 0, b"b": 1, b"ab": 2, b"bb": 3, b"abb": 4}
+    parts = [b"a", b"b", b"b"]
+    assert list(merge_steps(parts, ranks)) == [(2, 0), (4, 0)]
+    assert parts == [b"abb"]
+    parts = [b"a", b"b", b"b"]
+    assert list(merge_steps(parts, ranks, limit=3)) == [(2, 0)]  # "abb" is not below the limit
+    assert parts == [b"ab", b"b"]
+    parts = [b"b", b"b", b"b"]
+    assert list(merge_steps(parts, ranks)) == [(3, 0)]  # leftmost of two equal pairs; "bbb" is no token
+    assert parts == [b"bb", b"b"]
 
 
 def test_aaabdaaabac_worked_example():
@@ -187,15 +203,101 @@ def test_gpt2_merges_rebuild_the_vocabulary(gpt2):
 
 
 def test_char_and_word_tokenizers():
-    c = CharTokenizer.from_text("hello world")
+    c = CharTokenizer.train("hello world")
     assert c.decode(c.encode("low")) == "low"
     with pytest.raises(ValueError, match="'z'"):
         c.encode("z")
     with pytest.raises(ValueError, match="ids"):
         c.decode([99])
-    w = WordTokenizer.from_text("The cat sat on the mat.")
+    with pytest.raises(ValueError, match="text"):
+        CharTokenizer.train("")
+    w = WordTokenizer.train("The cat sat on the mat.")
     assert w.decode(w.encode("The cat sat.")) == "The cat sat ."
     assert w.encode("The dog")[1] == w.stoi["<|unk|>"]
+
+
+# --- the Tokenizer contract, over all three ------------------------------------------------------
+CONTRACT_TRAIN = "The cat sat on the mat. It's 3.14, ça va? 🙂\n\tindented  twice"
+CONTRACT_TEXTS = ["", "The cat sat.", "It's the mat?", "ça va 🙂", "the  cat\n\tsat  ", "mat, mat. cat"]
+
+
+def _word_survivors(tok: WordTokenizer, text: str) -> str:
+    # WordTokenizer's documented loss: whitespace becomes single spaces, unknown words <|unk|>.
+    return " ".join(w if w in tok.stoi else tok.UNK for w in tok.SPLIT.findall(text))
+
+
+TOKENIZERS = {
+    "char": (lambda: CharTokenizer.train(CONTRACT_TRAIN), lambda tok, text: text),
+    "word": (lambda: WordTokenizer.train(CONTRACT_TRAIN), _word_survivors),
+    "bpe": (lambda: BPETokenizer.train(CONTRACT_TRAIN * 3, 280), lambda tok, text: text),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+@pytest.mark.parametrize("text", CONTRACT_TEXTS + ["unseen words: dog, Ελληνικά"])
+def test_tokenizer_contract(kind, text, tmp_path):
+    make, survivors = TOKENIZERS[kind]
+    tok = make()
+    assert isinstance(tok, Tokenizer)
+    if kind == "char" and not set(text) <= set(tok.vocab):
+        with pytest.raises(ValueError, match="not in the vocabulary"):
+            tok.encode(text)
+        return
+    ids = tok.encode(text)
+    assert all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == survivors(tok, text)  # the identity for char (on its alphabet) and BPE
+    if kind != "word":
+        assert len(ids) <= len(text.encode("utf-8"))  # no tokenizer here is longer than bytes
+    loaded = type(tok).load(tok.save(tmp_path / f"{kind}.json"))
+    assert loaded.vocab_size == tok.vocab_size and loaded.encode(text) == ids
+
+
+@pytest.mark.parametrize("cls", [CharTokenizer, WordTokenizer])
+def test_char_and_word_files_and_corrupt_files(cls, tmp_path):
+    tok = cls.train("the cat sat")
+    p = tok.save(tmp_path / "tok.json")
+    assert cls.load(p).vocab == tok.vocab
+    d = json.loads(p.read_text())
+    assert d["format"] == cls.FORMAT and d["version"] == 1
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        cls.load(tmp_path / "bad.json")
+    other = CharTokenizer if cls is WordTokenizer else WordTokenizer
+    other.train("x").save(tmp_path / "other.json")
+    with pytest.raises(ValueError, match="format"):
+        cls.load(tmp_path / "other.json")
+    for field, value, match in [("version", 2, "version"), ("vocab", None, "lacks the field 'vocab'"),
+                                ("vocab", ["a", "a"], "field 'vocab'.*distinct|field 'vocab'.*duplicates"),
+                                ("vocab", [1, 2], "field 'vocab'")]:
+        bad = dict(d)
+        if value is None:
+            del bad[field]
+        else:
+            bad[field] = value
+        (tmp_path / "field.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            cls.load(tmp_path / "field.json")
+
+
+_ALPHABET = CharTokenizer.train("abc xyz.,!\n🙂é")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="abc xyz.,!\n🙂é", max_size=60))
+def test_property_char_round_trip(text):
+    assert _ALPHABET.decode(_ALPHABET.encode(text)) == text
+    assert len(_ALPHABET.encode(text)) == len(text)
+
+
+_WORDS = WordTokenizer.train("the cat sat on the mat. a dog!")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=60))
+def test_property_word_keeps_its_documented_survivors(text):
+    ids = _WORDS.encode(text)
+    assert len(ids) == len(_WORDS.SPLIT.findall(text))
+    assert _WORDS.decode(ids) == _word_survivors(_WORDS, text)
 
 
 @settings(max_examples=150, deadline=None)

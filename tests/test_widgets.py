@@ -1,5 +1,6 @@
-"""The book's widgets: their state (all data synced), validation, deterministic reprs, and the
-sampling view's JavaScript distribution against gptlib.sampling.next_token_probs (run with node)."""
+"""The book's widgets: their state (all data synced), validation, deterministic reprs, the attention
+scores, the sampling view's continuation trees, and the sampling view's JavaScript (distribution,
+cumulative mass, seeded draws) against gptlib.sampling.next_token_probs (run with node)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import numpy as np
 import pytest
 import torch
 
+from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
+from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, SamplingView
-from gptlib.widgets.sampling import KEPT_WHEN_LARGER, MAX_FULL_VOCAB
+from gptlib.widgets.attention import (first_token_score, head_scores, induction_pairs, induction_score,
+                                      previous_token_score, uniform_causal_pattern)
+from gptlib.widgets.sampling import KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, top_logits
 
 WIDGETS = Path(__file__).resolve().parents[1] / "gptlib" / "widgets"
 
@@ -117,19 +122,105 @@ def test_attention_rejects_bad_shapes(tokens, patterns):
         AttentionView(tokens, patterns)
 
 
+def test_attention_state_holds_scores_of_the_stored_patterns():
+    A = _patterns(2, 3, 6)
+    w = AttentionView(list("abcdef"), A)
+    stored = torch.tensor(w.patterns, dtype=torch.float64)
+    assert [s["name"] for s in w.scores] == ["previous token", "first token"]  # no token repeats
+    for s, f in zip(w.scores, (previous_token_score, first_token_score)):
+        assert s["values"] == [[round(v, 3) for v in row] for row in f(stored).tolist()]
+        assert s["uniform"] == round(float(f(uniform_causal_pattern(6))), 3)
+    w2 = AttentionView(list("abcabc"), A)
+    assert [s["name"] for s in w2.scores] == ["previous token", "first token", "induction"]
+    assert w2.scores[2]["values"] == [[round(v, 3) for v in row] for row in induction_score(stored, list("abcabc")).tolist()]
+    assert AttentionView(["a"], [[[[1.0]]]]).scores == []  # one position: nothing to score
+    json.dumps(_state(w2), allow_nan=False)
+
+
+def test_scores_of_ideal_heads():
+    T = 8
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1  # every query looks at the token before it
+    first = torch.zeros(T, T)
+    first[:, 0] = 1
+    assert previous_token_score(prev) == 1 and first_token_score(prev) == pytest.approx(1 / (T - 1))
+    assert first_token_score(first) == 1 and previous_token_score(first) == pytest.approx(1 / (T - 1))
+    # a uniform causal head: A[i, i-1] = 1/(i+1), averaged over i = 1..T-1
+    U = uniform_causal_pattern(T)
+    assert float(previous_token_score(U)) == pytest.approx(sum(1 / (i + 1) for i in range(1, T)) / (T - 1))
+    torch.testing.assert_close(U.sum(-1), torch.ones(T, dtype=torch.float64))
+    # batched: any leading dimensions
+    both = torch.stack([prev, first])[None]  # (1, 2, T, T)
+    torch.testing.assert_close(previous_token_score(both), torch.tensor([[1.0, 1 / (T - 1)]]))
+
+
+def test_induction_pairs_on_a_repeated_sequence_are_the_offset_diagonal():
+    """On a random sequence repeated once, with no repeat inside a half, the pairs are the
+    diagonal at offset -(L - 1) over the second half: TransformerLens's induction score."""
+    g = torch.Generator().manual_seed(0)
+    L = 10
+    half = torch.randperm(50, generator=g)[:L].tolist()
+    tokens = half + half
+    assert induction_pairs(tokens) == [(i, i - L + 1) for i in range(L, 2 * L)]
+    A = _patterns(2, 3, 2 * L)
+    want = A.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., 1:].mean(-1)  # rows L..2L-1
+    torch.testing.assert_close(induction_score(A, tokens), want)
+    ideal = torch.zeros(2 * L, 2 * L)
+    ideal[torch.arange(2 * L), torch.arange(2 * L)] = 1
+    for i, j in induction_pairs(tokens):
+        ideal[i] = 0
+        ideal[i, j] = 1
+    assert induction_score(ideal, tokens) == 1
+
+
+def test_induction_pairs_use_the_last_occurrence():
+    assert induction_pairs(list("abxab")) == [(3, 1), (4, 2)]
+    assert induction_pairs(list("abab" "ab")) == [(2, 1), (3, 2), (4, 3), (5, 4)]  # 2 -> after 0; 4 -> after 2
+    assert induction_pairs(list("aaa")) == []  # the last a before each a is just before it: the query itself
+    assert induction_pairs(list("aba")) == [(2, 1)]
+    assert induction_pairs([]) == [] and induction_pairs([7, 8, 9]) == []
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [(lambda: previous_token_score(torch.ones(1, 1)), "T >= 2"), (lambda: first_token_score(torch.ones(2, 3)), "pattern"),
+     (lambda: previous_token_score([[1.0]]), "pattern"), (lambda: induction_score(torch.ones(3, 3), "ab"), "tokens"),
+     (lambda: uniform_causal_pattern(0), "T must")],
+)
+def test_scores_reject_bad_input(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_head_scores_names_and_uniform_levels():
+    A = _patterns(1, 2, 5)
+    assert [s["name"] for s in head_scores(A, list("abcde"))] == ["previous token", "first token"]
+    scores = head_scores(A, list("abcab"))
+    assert [s["name"] for s in scores] == ["previous token", "first token", "induction"]
+    assert scores[2]["uniform"] == pytest.approx((1 / 4 + 1 / 5) / 2)  # pairs (3, 1) and (4, 2)
+    assert head_scores(A[..., :1, :1], ["a"]) == []
+
+
 # --- SamplingView -------------------------------------------------------------------------------
+
+
+def _root(w, prompt=0) -> dict:
+    return w.prompts[prompt]["root"]
 
 
 def test_sampling_state_and_repr():
     logits = torch.tensor([10.0, 6.0, 4.0])
     w = SamplingView(logits, ["a", "b", "c"], temperature=0.5, top_k=2, top_p=0.9, n_show=5, title="x")
     s = _state(w)
-    assert s["logits"] == [10.0, 6.0, 4.0] and s["tokens"] == ["a", "b", "c"] and s["ids"] == [0, 1, 2]
-    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"]) == (0.5, 2, 0.9, 3)
+    assert s["prompts"] == [{"text": "", "root": {"ids": [0, 1, 2], "logits": [10.0, 6.0, 4.0], "mass": 1.0, "next": {}}}]
+    assert s["tokens"] == {"0": "a", "1": "b", "2": "c"}
+    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["prompt"], s["seed"]) == (0.5, 2, 0.9, 3, 0, 0)
     assert repr(w) == "SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=0.9)"
     d = SamplingView([1.0, 2.0], ["a", "b"])
     assert (d.top_k, d.top_p) == (0, 1.0)  # off
     assert repr(d) == "SamplingView(vocab=2, temperature=1.0, top_k=None, top_p=1.0)"
+    assert SamplingView([1.0, 2.0], ["a", "b"], seed=7).seed == 7
 
 
 def test_sampling_logits_rounded_and_deterministic():
@@ -137,26 +228,172 @@ def test_sampling_logits_rounded_and_deterministic():
     logits = torch.randn(100, generator=g)
     a, b = SamplingView(logits, [str(i) for i in range(100)]), SamplingView(logits, [str(i) for i in range(100)])
     assert _state(a) == _state(b)
-    assert all(round(x, 6) == x for x in a.logits)
-    assert max(abs(x - y) for x, y in zip(a.logits, logits.tolist())) <= 5e-7
+    stored = _root(a)["logits"]
+    assert all(round(x, 6) == x for x in stored)
+    assert max(abs(x - y) for x, y in zip(stored, logits.tolist())) <= 5e-7
 
 
 def test_sampling_keeps_full_vocab_up_to_8192_then_top_4096():
     g = torch.Generator().manual_seed(1)
     small = torch.randn(MAX_FULL_VOCAB, generator=g)
-    assert len(SamplingView(small, [str(i) for i in range(MAX_FULL_VOCAB)]).logits) == MAX_FULL_VOCAB
+    root = _root(SamplingView(small, [str(i) for i in range(MAX_FULL_VOCAB)]))
+    assert len(root["logits"]) == MAX_FULL_VOCAB and root["mass"] == 1.0
     big = torch.randn(MAX_FULL_VOCAB + 1, generator=g)
     w = SamplingView(big, [f"t{i}" for i in range(len(big))])
     top = torch.topk(big, KEPT_WHEN_LARGER).indices.sort().values.tolist()
-    assert w.ids == top and w.tokens == [f"t{i}" for i in top]
-    assert len(w.logits) == KEPT_WHEN_LARGER
+    assert _root(w)["ids"] == top and w.tokens == {str(i): f"t{i}" for i in top}
+    assert len(_root(w)["logits"]) == KEPT_WHEN_LARGER
+    # the kept tokens' share of the full distribution is stored, to 4 decimals
+    assert _root(w)["mass"] == round(float(torch.softmax(big.double(), -1)[top].sum()), 4) < 1
 
 
 def test_sampling_minus_inf_logits_become_zero_probability():
     w = SamplingView([0.0, -math.inf, 1.0], ["a", "b", "c"])
     json.dumps(_state(w), allow_nan=False)  # valid JSON for the browser
-    p = next_token_probs(torch.tensor(w.logits, dtype=torch.float64))
+    p = next_token_probs(torch.tensor(_root(w)["logits"], dtype=torch.float64))
     assert p[1] == 0
+
+
+# --- the sampling view on a model: top logits and continuation trees ---------------------------
+
+
+def test_top_logits_order_ties_and_mass():
+    logits = torch.tensor([0.5, 2.0, -1.0, 2.0, 1.0])
+    ids, values, mass = top_logits(logits, 3)
+    assert ids == [1, 3, 4] and values == [2.0, 2.0, 1.0]  # ties: the lower id first, as torch.sort(stable)
+    assert mass == pytest.approx(float(torch.softmax(logits.double(), -1)[[1, 3, 4]].sum()), abs=1e-12)
+    assert top_logits(logits, 99)[2] == pytest.approx(1.0)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="n must"):
+            top_logits(logits, bad)
+    with pytest.raises(ValueError, match="logits"):
+        top_logits(logits[None], 2)
+
+
+def _bigram(table: torch.Tensor):
+    calls = []
+
+    def next_logits(contexts):
+        assert len({len(c) for c in contexts}) == 1  # one batch per level: all contexts of one length
+        calls.append(len(contexts))
+        return table[[c[-1] for c in contexts]]
+
+    return next_logits, calls
+
+
+def _walk(node, path=()):
+    yield path, node
+    for t, child in node["next"].items():
+        yield from _walk(child, path + (int(t),))
+
+
+def test_continuation_tree_has_the_distribution_after_each_stored_path():
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(20, 20, generator=g) * 2  # a bigram "model": the next logits depend on the last id
+    next_logits, calls = _bigram(table)
+    tree = continuation_tree(next_logits, [5, 7], depth=3, branch=3, n_logits=10, n_logits_deep=6)
+    assert calls == [1, 3, 9, 27]  # the model runs once per level
+    nodes = list(_walk(tree))
+    assert len(nodes) == 1 + 3 + 9 + 27
+    for path, node in nodes:
+        row = table[([7] + list(path))[-1]].double()
+        want_ids, want_values, want_mass = top_logits(row, 10 if not path else 6)
+        assert node["ids"] == want_ids
+        assert node["logits"] == [round(v, 4) for v in want_values]
+        assert node["mass"] == round(want_mass, 4)
+        assert list(node["next"]) == ([str(t) for t in want_ids[:3]] if len(path) < 3 else [])
+    json.dumps(tree, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [(dict(depth=-1), "depth"), (dict(branch=0), "branch"), (dict(n_logits=0), "n_logits"),
+     (dict(n_logits_deep=0), "n_logits_deep"), (dict(branch=5, n_logits=4), "branch"),
+     (dict(branch=5, n_logits_deep=4), "branch"), (dict(depth=1.5), "depth"), (dict(context=[]), "context")],
+)
+def test_continuation_tree_rejects_bad_arguments(kwargs, name):
+    next_logits, _ = _bigram(torch.zeros(8, 8))
+    args = dict(context=[1], depth=2, branch=2, n_logits=8, n_logits_deep=8) | kwargs
+    with pytest.raises(ValueError, match=name):
+        continuation_tree(next_logits, **args)
+
+
+TEXT = "the cat sat on the mat. the dog sat on the log."
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    tok = CharTokenizer.train(TEXT)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16)).train()
+    return model, tok
+
+
+def test_from_model_stores_the_models_distributions(tiny):
+    model, tok = tiny
+    prompts = ["the cat", "on the long mat and the log"]  # the second is longer than n_ctx = 16
+    w = SamplingView.from_model(model, tok, prompts, depth=2, branch=2, n_logits=12, n_logits_deep=5,
+                                temperature=0.8, top_k=10, top_p=0.9, title="tiny", seed=3)
+    assert model.training  # its mode is restored
+    assert [p["text"] for p in w.prompts] == prompts
+    model.eval()
+    for p in w.prompts:
+        for path, node in _walk(p["root"]):
+            ids = (tok.encode(p["text"]) + list(path))[-16:]
+            with torch.no_grad():
+                want = model(torch.tensor([ids]))[0, -1].double()
+            want_ids, want_values, _ = top_logits(want, 5 if path else 12)
+            assert node["ids"] == want_ids
+            torch.testing.assert_close(torch.tensor(node["logits"], dtype=torch.float64),
+                                       torch.tensor(want_values, dtype=torch.float64), atol=5e-5, rtol=0)
+        assert len(list(_walk(p["root"]))) == 1 + 2 + 4
+    model.train()
+    stored = {i for p in w.prompts for _, n in _walk(p["root"]) for i in n["ids"]}
+    assert w.tokens == {str(i): tok.decode([i]) for i in sorted(stored)}
+    assert (w.temperature, w.top_k, w.top_p, w.seed, w.title) == (0.8, 10, 0.9, 3, "tiny")
+    assert repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=10, top_p=0.9)"
+
+
+def test_from_model_names_tokens_with_token_str():
+    """A byte-level BPE tokenizer names each stored id by token_str (a byte that is not valid
+    UTF-8 on its own is shown, not dropped)."""
+    from gptlib.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(TEXT * 4, 300)
+    torch.manual_seed(1)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
+    V = tok.vocab_size  # the short text may run out of pairs to merge before 300
+    w = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=2, n_logits=V)
+    assert sorted(w.prompts[0]["root"]["ids"]) == list(range(V)) and w.prompts[0]["root"]["mass"] == 1.0
+    assert w.tokens == {str(i): tok.token_str(i) for i in range(V)}
+    assert 0xE9 < V and w.tokens[str(0xE9)] == tok.token_str(0xE9) != ""  # a lone byte of a 2-byte character
+    assert repr(w) == f"SamplingView(prompts=1, vocab={V}, depth=1, temperature=1.0, top_k=None, top_p=1.0)"
+
+
+def test_from_model_is_deterministic_and_compact(tiny):
+    model, tok = tiny
+    a = SamplingView.from_model(model, tok, ["the cat", "the dog"])
+    b = SamplingView.from_model(model, tok, ["the cat", "the dog"])
+    assert _state(a) == _state(b) and repr(a) == repr(b)
+    text = json.dumps(_state(a)["prompts"], allow_nan=False)
+    # defaults: depth 3, branch 3 (40 nodes), at most 256 logits at the root and 64 below
+    nodes = list(_walk(a.prompts[0]["root"]))
+    assert len(nodes) == 40 and all(len(n["ids"]) <= (64 if path else 256) for path, n in nodes)
+    assert len(text) < 2 * 40 * 64 * 16
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [(dict(prompts=[]), "prompts"), (dict(prompts="the cat"), "prompts"), (dict(prompts=["the", ""]), "prompts"),
+     (dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"),
+     (dict(n_show=0), "n_show"), (dict(seed=-1), "seed"), (dict(seed=2**32), "seed"), (dict(branch=0), "branch"),
+     (dict(depth=-1), "depth")],
+)
+def test_from_model_rejects_bad_input(tiny, kwargs, name):
+    model, tok = tiny
+    args = dict(prompts=["the cat"]) | kwargs
+    with pytest.raises(ValueError, match=name):
+        SamplingView.from_model(model, tok, **args)
 
 
 @pytest.mark.parametrize(
@@ -174,6 +411,8 @@ def test_sampling_minus_inf_logits_become_zero_probability():
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
         (dict(n_show=0), "n_show"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
     ],
 )
 def test_sampling_rejects_bad_input(kwargs, name):
@@ -191,30 +430,88 @@ SETTINGS = [
 ]
 
 
-def test_sampling_js_equals_next_token_probs(tmp_path):
-    """nextTokenProbs in sampling.js (what the book's readers see) equals gptlib's, to 1e-9."""
+def _node(tmp_path, script_body: str, module: str = "sampling.js"):
+    """Run an ES module snippet with node that imports the named exports of a widget's JS file."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
+    target = tmp_path / module.replace(".js", ".mjs")
+    shutil.copy(WIDGETS / module, target)
+    out = subprocess.run([node, "--input-type=module", "-e", f"import * as m from {json.dumps(target.as_uri())};\n" + script_body],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _cases():
     g = torch.Generator().manual_seed(7)
     cases = [(torch.randn(64, generator=g) * 3).double() for _ in range(3)]
     cases.append(torch.tensor([2.0, 2.0, 1.0, 2.0, 0.0, -1e30], dtype=torch.float64))  # ties, masked
-    module = tmp_path / "sampling.mjs"
-    shutil.copy(WIDGETS / "sampling.js", module)
-    calls = [(c.tolist(), t, k or 0, p if p is not None else 1.0) for c in cases for (t, k, p) in SETTINGS]
-    script = (
-        f"import {{ nextTokenProbs }} from {json.dumps(module.as_uri())};\n"
-        f"const calls = {json.dumps(calls)};\n"
-        "console.log(JSON.stringify(calls.map(([l, t, k, p]) => nextTokenProbs(l, t, k, p))));\n"
-    )
-    out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    js = json.loads(out.stdout)
+    return cases
+
+
+def test_sampling_js_equals_next_token_probs(tmp_path):
+    """nextTokenProbs in sampling.js (what the book's readers see) equals gptlib's, to 1e-9."""
+    calls = [(c.tolist(), t, k or 0, p if p is not None else 1.0) for c in _cases() for (t, k, p) in SETTINGS]
+    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
+               "console.log(JSON.stringify(calls.map(([l, t, k, p]) => m.nextTokenProbs(l, t, k, p))));")
     for (logits, t, k, p), probs in zip(calls, js):
         want = next_token_probs(torch.tensor(logits, dtype=torch.float64), temperature=t,
                                 top_k=k or None, top_p=p if p < 1 else None)
         torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want, atol=1e-9, rtol=0,
                                    msg=lambda m: f"T={t} top_k={k} top_p={p}: {m}")
+
+
+def test_sampling_js_cumulative_mass_is_what_top_p_cuts(tmp_path):
+    """The line drawn for top-p: the running sum, most probable first, of the distribution after
+    temperature and top-k; top-p keeps a token exactly when the mass before it is below p."""
+    calls = [(c.tolist(), t, k or 0) for c in _cases() for (t, k, _) in SETTINGS]
+    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
+               "console.log(JSON.stringify(calls.map(([l, t, k]) => [m.byLogit(l), m.cumulativeMass(l, t, k)])));")
+    for (logits, t, k), (order, cum) in zip(calls, js):
+        y = torch.tensor(logits, dtype=torch.float64)
+        assert order == torch.sort(y, descending=True, stable=True).indices.tolist()
+        q = next_token_probs(y, temperature=t, top_k=k or None)
+        torch.testing.assert_close(torch.tensor(cum, dtype=torch.float64), torch.cumsum(q[order], 0), atol=1e-9, rtol=0)
+        for p in (0.3, 0.8):
+            if t == 0:
+                continue
+            kept = next_token_probs(y, temperature=t, top_k=k or None, top_p=p)[order] > 0
+            before = torch.tensor([0.0] + cum[:-1], dtype=torch.float64)
+            assert torch.equal(kept, (before < p - 1e-12) & (q[order] > 0) | (kept & (before - p).abs().lt(1e-12)))
+
+
+def _xorshift32(seed: int):
+    """The page's generator, in Python: Marsaglia's xorshift32 with shifts 13, 17, 5."""
+    s = ((seed & 0xFFFFFFFF) ^ 0x9E3779B9) or 1
+    while True:
+        s ^= (s << 13) & 0xFFFFFFFF
+        s ^= s >> 17
+        s ^= (s << 5) & 0xFFFFFFFF
+        yield s / 2**32
+
+
+def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
+    js = _node(tmp_path, "const r = m.xorshift32(5), r0 = m.xorshift32(0);\n"
+               "const us = Array.from({length: 200}, () => r()), u0 = Array.from({length: 3}, () => r0());\n"
+               "const p = [0.1, 0.0, 0.6, 0.3], order = [2, 3, 0, 1];\n"
+               "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1].map((u) => m.drawIndex(p, order, u))}));")
+    py = _xorshift32(5)
+    assert js["us"] == [next(py) for _ in range(200)]  # bit for bit
+    assert all(0 <= u < 1 for u in js["us"]) and len(set(js["us"])) == 200
+    assert 0.4 < sum(js["us"]) / 200 < 0.6
+    py0 = _xorshift32(0)
+    assert js["u0"] == [next(py0) for _ in range(3)] and js["u0"][0] > 0  # seed 0 is not xorshift's fixed point
+    # order 2 (0.6), 3 (0.3), 0 (0.1): u < 0.6 -> 2, u < 0.9 -> 3, else 0; never the impossible 1
+    assert js["draws"] == [2, 2, 3, 3, 0, 0, 0]
+
+
+def test_attention_js_colour_scale(tmp_path):
+    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "attention.js")
+    assert js[0] == [247, 251, 255] and js[3] == [8, 48, 107]  # the legend's two ends
+    assert js[4] == js[0] and js[5] == js[3]  # clamped to [0, 1]
+    darkness = [sum(c) for c in js[:4]]
+    assert darkness == sorted(darkness, reverse=True)  # more weight, darker
 
 
 # --- the chapters' stored widget state is the current widget code -------------------------------

@@ -1,27 +1,148 @@
-"""Chapter 7's sampling view: the next-token distribution under temperature, top-k and top-p."""
+"""Chapter 7's sampling view: the next-token distribution under temperature, top-k and top-p.
+
+Two forms. ``SamplingView(logits, tokens)`` shows one distribution. ``SamplingView.from_model``
+shows a model's distributions after several prompts, and stores for each prompt a small tree of
+continuations (:func:`continuation_tree`), so that the page can draw a few tokens in a row with no
+kernel: after each of the most probable tokens at each step it knows the model's next distribution.
+A drawn token outside the tree is reported as such; the page never makes up a distribution.
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Callable, Sequence
 
+import torch
 import traitlets
+from torch import Tensor
 
 from ._base import BookWidget, read_asset, rounded
+
+__all__ = ["SamplingView", "top_logits", "continuation_tree"]
 
 MAX_FULL_VOCAB = 8192
 KEPT_WHEN_LARGER = 4096
 MASKED_LOGIT = -1e30  # stands for -inf in the (JSON) widget state
 
 
+def top_logits(logits: Tensor, n: int) -> tuple[list[int], list[float], float]:
+    """The ids and values of the ``n`` largest logits, largest first (ties: the lower id first),
+    and the probability mass those tokens hold at temperature 1.
+
+    >>> ids, values, mass = top_logits(torch.tensor([1.0, 3.0, 2.0, 3.0]), 2)
+    >>> ids, values, round(mass, 4)
+    ([1, 3], [3.0, 3.0], 0.799)
+    """
+    if logits.dim() != 1:
+        raise ValueError(f"logits must have shape (d_vocab,), got {tuple(logits.shape)}")
+    if not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    order = torch.sort(logits, descending=True, stable=True).indices[:n]  # (n,)
+    mass = float(torch.softmax(logits.double(), dim=-1)[order].sum())
+    return order.tolist(), logits[order].double().tolist(), mass
+
+
+def continuation_tree(
+    next_logits: Callable[[list[list[int]]], Tensor],
+    context: Sequence[int],
+    depth: int = 3,
+    branch: int = 3,
+    n_logits: int = 256,
+    n_logits_deep: int = 64,
+    ndigits: int = 4,
+) -> dict:
+    """The next-token distributions after ``context`` and after each of its ``branch`` most
+    probable continuations, step after step, ``depth`` tokens deep.
+
+    ``next_logits`` maps a list of contexts (lists of ids, all of one length) to their next-token
+    logits, shape (B, d_vocab). A node is ``{"ids", "logits", "mass", "next"}``: the ids of its
+    stored logits, largest first (``n_logits`` at the root, ``n_logits_deep`` below), the logits
+    rounded to ``ndigits``, the probability mass the stored tokens hold at temperature 1, and
+    ``next``, the child node of each of the ``branch`` most probable ids (keys are ids as strings,
+    as in JSON). A tree has 1 + branch + ... + branch**depth nodes.
+
+    >>> table = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # a bigram model
+    >>> bigram = lambda contexts: table[[c[-1] for c in contexts]]
+    >>> tree = continuation_tree(bigram, [0], depth=2, branch=1, n_logits=2, n_logits_deep=3)
+    >>> tree["ids"], tree["logits"], round(tree["mass"], 4), list(tree["next"])
+    ([1, 2], [2.0, 1.0], 0.91, ['1'])
+    >>> child = tree["next"]["1"]  # after 0, 1: the distribution table[1]
+    >>> child["ids"], list(child["next"]), child["next"]["0"]["next"]
+    ([0, 1, 2], ['0'], {})
+    """
+    for name, value, low in (("depth", depth, 0), ("branch", branch, 1), ("n_logits", n_logits, 1),
+                             ("n_logits_deep", n_logits_deep, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if branch > n_logits or (depth >= 2 and branch > n_logits_deep):
+        raise ValueError(f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep ({n_logits_deep})")
+    context = [int(t) for t in context]
+    if not context:
+        raise ValueError("context must hold at least one token id")
+    root: dict = {}
+    frontier = [(root, context)]
+    for level in range(depth + 1):
+        logits = next_logits([c for _, c in frontier])  # (B, d_vocab)
+        grown = []
+        for (node, c), row in zip(frontier, logits):
+            ids, values, mass = top_logits(row.detach().to("cpu").double(), n_logits if level == 0 else n_logits_deep)
+            node.update(ids=ids, logits=rounded(values, ndigits), mass=round(mass, 4), next={})
+            if level < depth:
+                for t in ids[:branch]:
+                    node["next"][str(t)] = {}
+                    grown.append((node["next"][str(t)], c + [t]))
+        frontier = grown
+    return root
+
+
+def _token_strings(tokenizer) -> Callable[[int], str]:
+    if hasattr(tokenizer, "token_str"):
+        return tokenizer.token_str
+    return lambda i: tokenizer.decode([i])
+
+
+def _model_next_logits(model) -> Callable[[list[list[int]]], Tensor]:
+    n_ctx = model.config.n_ctx
+    dev = next(model.parameters()).device
+
+    @torch.no_grad()
+    def next_logits(contexts):
+        x = torch.tensor([c[-n_ctx:] for c in contexts], device=dev)  # (B, T)
+        return model(x)[:, -1].double().cpu()  # (B, d_vocab)
+
+    return next_logits
+
+
+def _check_settings(temperature, top_k, top_p, n_show, seed) -> None:
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p}")
+    if n_show < 1:
+        raise ValueError(f"n_show must be >= 1, got {n_show}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+
+
 class SamplingView(BookWidget):
     """Bars for the most probable next tokens, recomputed live from the logits in JavaScript.
 
     The browser applies exactly :func:`gptlib.sampling.next_token_probs`: temperature, then top-k,
-    then top-p, then renormalisation (temperature 0 = all mass on the argmax). For vocabularies of
-    at most 8192 tokens the state holds every logit, so the view is exact; above that it keeps the
-    4096 largest, and the probabilities are those of that truncated vocabulary. Logits are stored
+    then top-p, then renormalisation (temperature 0 = all mass on the argmax). The axis is fixed
+    (probability 0 to 1); behind each bar is a ghost of the distribution at temperature 1; a line
+    shows the cumulative mass that top-p cuts. "Sample next token" draws from the shown
+    distribution with a seeded generator (``seed``) and moves on to the stored distribution after
+    the drawn token, if there is one.
+
+    ``SamplingView(logits, tokens)`` shows one distribution: for vocabularies of at most 8192
+    tokens the state holds every logit, so the view is exact; above that it keeps the 4096
+    largest, and the probabilities are those of that truncated vocabulary. Logits are stored
     rounded to 6 decimals; a logit of -inf (a token that can never be drawn) is stored as -1e30,
-    since JSON has no infinities, and keeps probability 0.
+    since JSON has no infinities, and keeps probability 0. :meth:`from_model` shows a model's
+    distributions after several prompts.
 
     >>> SamplingView([10.0, 6.0, 4.0], ["a", "b", "c"], temperature=0.5, top_k=2)
     SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=1.0)
@@ -29,16 +150,17 @@ class SamplingView(BookWidget):
 
     _esm = read_asset("sampling.js")
     _css = read_asset("widgets.css")
-    logits = traitlets.List(traitlets.Float()).tag(sync=True)
-    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    ids = traitlets.List(traitlets.Int()).tag(sync=True)
+    prompts = traitlets.List(traitlets.Dict()).tag(sync=True)  # [{"text", "root": node}]
+    tokens = traitlets.Dict().tag(sync=True)  # {str(id): token string} for every stored id
+    prompt = traitlets.Int(0).tag(sync=True)
     temperature = traitlets.Float(1.0).tag(sync=True)
     top_k = traitlets.Int(0).tag(sync=True)  # 0 = off
     top_p = traitlets.Float(1.0).tag(sync=True)
     n_show = traitlets.Int(20).tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
+    seed = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, logits, tokens, temperature=1.0, top_k=None, top_p=None, n_show=20, title=""):
+    def __init__(self, logits, tokens, temperature=1.0, top_k=None, top_p=None, n_show=20, title="", *, seed=0):
         if hasattr(logits, "detach"):
             logits = logits.detach().to("cpu").double()
         raw = logits.tolist() if hasattr(logits, "tolist") else list(logits)
@@ -49,28 +171,70 @@ class SamplingView(BookWidget):
             raise ValueError("logits must not contain NaN")
         if any(v == math.inf for v in values) or max(values) == -math.inf:
             raise ValueError("logits must be finite, apart from -inf for tokens that can never be drawn")
-        # JSON has no -inf: a logit this far below the others has probability exactly 0 anyway.
-        values = [v if v != -math.inf else MASKED_LOGIT for v in values]
         tokens = [str(t) for t in tokens]
         if len(tokens) != len(values):
             raise ValueError(f"tokens must have one string per logit ({len(values)}), got {len(tokens)}")
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and (int(top_k) != top_k or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be None or in (0, 1], got {top_p}")
-        if n_show < 1:
-            raise ValueError(f"n_show must be >= 1, got {n_show}")
-        ids = list(range(len(values)))
-        if len(values) > MAX_FULL_VOCAB:
-            ids = sorted(sorted(ids, key=lambda i: (-values[i], i))[:KEPT_WHEN_LARGER])
-        super().__init__(
-            logits=rounded([values[i] for i in ids], 6), tokens=[tokens[i] for i in ids], ids=ids,
-            temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p if top_p is not None else 1.0),
-            n_show=int(min(n_show, len(ids))), title=title,
+        _check_settings(temperature, top_k, top_p, n_show, seed)
+        ids, _, mass = top_logits(torch.tensor(values, dtype=torch.float64), min(len(values), KEPT_WHEN_LARGER))
+        ids = sorted(ids) if len(values) > MAX_FULL_VOCAB else list(range(len(values)))
+        # JSON has no -inf: a logit this far below the others has probability exactly 0 anyway.
+        kept = [values[i] if values[i] != -math.inf else MASKED_LOGIT for i in ids]
+        root = {"ids": ids, "logits": rounded(kept, 6), "mass": round(mass, 4) if len(ids) < len(values) else 1.0,
+                "next": {}}
+        self._facts = {"vocab": len(ids)}
+        self._setup([{"text": "", "root": root}], {str(i): tokens[i] for i in ids},
+                    temperature, top_k, top_p, n_show, title, seed)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, prompts: Sequence[str], *, depth: int = 3, branch: int = 3,
+                   n_logits: int = 256, n_logits_deep: int = 64, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, n_show: int = 20, title: str = "",
+                   seed: int = 0) -> "SamplingView":
+        """The model's next-token distributions after each prompt, with a tree of continuations.
+
+        For each prompt the state holds the ``n_logits`` largest logits after it, and
+        :func:`continuation_tree` below it: the distributions (``n_logits_deep`` logits each)
+        after each of the ``branch`` most probable tokens at each step, ``depth`` steps deep.
+        ``tokenizer`` needs ``encode`` and ``token_str`` (or ``decode``). The model runs once per
+        tree level, in eval mode, without gradients; a context longer than ``n_ctx`` is cropped
+        to its last ``n_ctx`` tokens, as in :func:`gptlib.sampling.generate`.
+        """
+        if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty strings")
+        _check_settings(temperature, top_k, top_p, n_show, seed)
+        was_training = model.training
+        model.eval()
+        try:
+            next_logits = _model_next_logits(model)
+            trees = [{"text": p, "root": continuation_tree(next_logits, tokenizer.encode(p), depth, branch,
+                                                           n_logits, n_logits_deep)} for p in prompts]
+        finally:
+            model.train(was_training)
+        token_str = _token_strings(tokenizer)
+        vocab: dict[str, str] = {}
+
+        def collect(node):
+            for i in node["ids"]:
+                vocab.setdefault(str(i), token_str(i))
+            for child in node["next"].values():
+                collect(child)
+
+        for t in trees:
+            collect(t["root"])
+        view = cls.__new__(cls)
+        view._facts = {"prompts": len(prompts), "vocab": model.config.d_vocab, "depth": depth}
+        view._setup(trees, dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))),
+                    temperature, top_k, top_p, n_show, title, seed)
+        return view
+
+    def _setup(self, prompts, vocab, temperature, top_k, top_p, n_show, title, seed) -> None:
+        _check_settings(temperature, top_k, top_p, n_show, seed)
+        longest = max(len(p["root"]["ids"]) for p in prompts)
+        BookWidget.__init__(
+            self, prompts=prompts, tokens=vocab, prompt=0, temperature=float(temperature), top_k=int(top_k or 0),
+            top_p=float(top_p if top_p is not None else 1.0), n_show=int(min(n_show, longest)), title=title,
+            seed=int(seed),
         )
 
     def _repr_facts(self):
-        return {"vocab": len(self.logits), "temperature": self.temperature, "top_k": self.top_k or None,
-                "top_p": self.top_p}
+        return {**self._facts, "temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p}

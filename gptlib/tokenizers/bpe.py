@@ -1,11 +1,4 @@
-"""Chapter 1: tokenizers, maps from texts to sequences of tokens and back.
-
-Three tokenizers of increasing sophistication:
-
-* :class:`CharTokenizer`: one token per character of a fixed alphabet;
-* :class:`WordTokenizer`: one token per word or punctuation mark, with an unknown-word token;
-* :class:`BPETokenizer`: byte-level byte-pair encoding as in GPT-2. The base vocabulary is the
-  256 bytes, so every text has an encoding; training adds one merged token per step.
+"""Byte-level BPE as in GPT-2: training, encoding by lowest-rank merges, files, and tiktoken as a peer.
 
 A byte-level BPE is stored as its *ranks*: every token's byte string with its id. Encoding a
 pre-tokenized chunk starts from its bytes and repeatedly merges the adjacent pair whose
@@ -20,26 +13,18 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
-import json
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import regex
+import tiktoken
 
-from .assets import asset_path
-from .runtime import atomic_write
+from ..assets import asset_path
+from .base import _check_ids, _read_json, _write_json
 
-__all__ = [
-    "GPT2_SPLIT_PATTERN",
-    "get_stats",
-    "merge",
-    "CharTokenizer",
-    "WordTokenizer",
-    "BPETokenizer",
-    "gpt2_tokenizer",
-]
+__all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "BPETokenizer", "gpt2_tokenizer"]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
@@ -79,86 +64,31 @@ def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
     return out
 
 
-def _check_ids(ids: Iterable[int], size: int) -> list[int]:
-    ids = list(ids)
-    for i in ids:
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < size:
-            raise ValueError(f"ids must be ints in [0, {size}), got {i!r}")
-    return ids
+def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None = None) -> Iterator[tuple[int, int]]:
+    """The lowest-rank merge loop of BPE encoding, one step at a time, editing ``parts`` in place.
 
+    Each step finds the adjacent pair whose concatenation has the lowest rank below ``limit``
+    (default: all ranks; ties: the leftmost), yields ``(rank, i)`` for the pair at ``parts[i]``,
+    ``parts[i + 1]``, and merges it when resumed. It stops when no adjacent pair is a token.
 
-# --- character and word tokenizers ------------------------------------------------------------
-class CharTokenizer:
-    """One token per character: V = the sorted set of characters of a training text.
-
-    >>> tok = CharTokenizer.from_text("hello")
-    >>> tok.vocab, tok.encode("hole")
-    (['e', 'h', 'l', 'o'], [1, 3, 2, 0])
+    >>> parts = [b"a", b"b", b"b"]
+    >>> list(merge_steps(parts, {b"a": 0, b"b": 1, b"ab": 2, b"abb": 3}))
+    [(2, 0), (3, 0)]
+    >>> parts
+    [b'abb']
     """
-
-    def __init__(self, vocab: Sequence[str]):
-        vocab = list(vocab)
-        if not vocab or any(len(c) != 1 for c in vocab) or len(set(vocab)) != len(vocab):
-            raise ValueError("vocab must be a non-empty list of distinct single characters")
-        self.vocab = vocab
-        self.stoi = {c: i for i, c in enumerate(vocab)}
-
-    @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        if not text:
-            raise ValueError("text must not be empty")
-        return cls(sorted(set(text)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self.stoi[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary") from None
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
-
-
-class WordTokenizer:
-    """One token per word or punctuation mark; words not seen in training become ``<|unk|>``.
-
-    Decoding puts single spaces between words, so it is not an inverse: whitespace is lost.
-
-    >>> tok = WordTokenizer.from_text("the cat sat. the end")
-    >>> tok.decode(tok.encode("the dog sat."))
-    'the <|unk|> sat .'
-    """
-
-    SPLIT = regex.compile(r"\w+|[^\w\s]")
-    UNK = "<|unk|>"
-
-    def __init__(self, vocab: Sequence[str]):
-        vocab = list(vocab)
-        if self.UNK not in vocab:
-            vocab.append(self.UNK)
-        if len(set(vocab)) != len(vocab):
-            raise ValueError("vocab must not contain duplicates")
-        self.vocab = vocab
-        self.stoi = {w: i for i, w in enumerate(vocab)}
-
-    @classmethod
-    def from_text(cls, text: str) -> "WordTokenizer":
-        return cls(sorted(set(cls.SPLIT.findall(text))))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str) -> list[int]:
-        unk = self.stoi[self.UNK]
-        return [self.stoi.get(w, unk) for w in self.SPLIT.findall(text)]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return " ".join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
+    limit = len(ranks) if limit is None else limit
+    rank_of = ranks.get  # bound once: this loop is the encoder's hot path
+    while len(parts) > 1:
+        best, best_i = limit, -1
+        for i in range(len(parts) - 1):
+            r = rank_of(parts[i] + parts[i + 1], limit)
+            if r < best:
+                best, best_i = r, i
+        if best_i < 0:
+            return
+        yield best, best_i
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
 
 
 # --- byte-level BPE ---------------------------------------------------------------------------
@@ -169,6 +99,8 @@ class BPETokenizer:
     differently); each merge adds one id. ``merges[k]`` is the pair of ids
     whose concatenation became token ``256 + k`` (for GPT-2's ranks the pairs are recovered).
     """
+
+    FORMAT = "gptlib-bpe"
 
     def __init__(
         self,
@@ -233,18 +165,9 @@ class BPETokenizer:
     def _bpe(self, piece: bytes, max_rank: int | None = None) -> list[int]:
         """Merge the lowest-ranked adjacent pair until none is a token (ranks < max_rank only)."""
         parts = [bytes([b]) for b in piece]
-        ranks = self.ranks
-        limit = len(ranks) if max_rank is None else max_rank
-        while len(parts) > 1:
-            best, best_i = limit, -1
-            for i in range(len(parts) - 1):
-                r = ranks.get(parts[i] + parts[i + 1], limit)
-                if r < best:
-                    best, best_i = r, i
-            if best_i < 0:
-                break
-            parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-        return [ranks[p] for p in parts]
+        for _ in merge_steps(parts, self.ranks, max_rank):
+            pass
+        return [self.ranks[p] for p in parts]
 
     def _encode_chunk(self, chunk: bytes) -> tuple[int, ...]:
         ids = self._cache.get(chunk)
@@ -309,19 +232,14 @@ class BPETokenizer:
         show = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
         steps = [[show(p) for c in chunks for p in c]]
         labels = []
-        while True:
-            best = (len(self.ranks), -1, -1)
-            for ci, c in enumerate(chunks):
-                for i in range(len(c) - 1):
-                    r = self.ranks.get(c[i] + c[i + 1])
-                    if r is not None and r < best[0]:
-                        best = (r, ci, i)
-            r, ci, i = best
-            if ci < 0:
-                break
+        # Each chunk merges on its own; across chunks, the pending merge of lowest rank goes first.
+        walkers = [merge_steps(c, self.ranks) for c in chunks]
+        pending = [next(w, None) for w in walkers]  # per chunk: (rank, i) of its next merge, or None
+        while any(pending):
+            r, ci, i = min((p[0], ci, p[1]) for ci, p in enumerate(pending) if p is not None)
             c = chunks[ci]
             labels.append(f"{show(c[i])!r} + {show(c[i + 1])!r} -> {show(c[i] + c[i + 1])!r}  (token {r})")
-            c[i : i + 2] = [c[i] + c[i + 1]]
+            pending[ci] = next(walkers[ci], None)  # merges the pair, then finds the chunk's next one
             steps.append([show(p) for c in chunks for p in c])
         return steps, labels
 
@@ -393,7 +311,7 @@ class BPETokenizer:
     # -- files --
     def to_dict(self) -> dict:
         return {
-            "format": "gptlib-bpe",
+            "format": self.FORMAT,
             "version": 1,
             "name": self.name,
             "pattern": self.pattern,
@@ -404,23 +322,12 @@ class BPETokenizer:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as JSON (atomically)."""
-        return atomic_write(path, json.dumps(self.to_dict(), indent=0, ensure_ascii=True) + "\n")
+        return _write_json(path, self.FORMAT, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BPETokenizer":
         """Read a tokenizer written by :meth:`save`; a corrupt file fails naming what is wrong."""
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(d, dict) or d.get("format") != "gptlib-bpe":
-            raise ValueError(f"{path} is not a gptlib BPE tokenizer file (format field missing or wrong)")
-        if d.get("version") != 1:
-            raise ValueError(f"{path} has unsupported version {d.get('version')!r}")
-        for key in ("pattern", "tokens", "special_tokens"):
-            if key not in d:
-                raise ValueError(f"{path} lacks the field {key!r}")
+        d = _read_json(path, cls.FORMAT, ["pattern", "tokens", "special_tokens"])
         try:
             ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(d["tokens"])}
         except (binascii.Error, TypeError, ValueError):
@@ -433,21 +340,14 @@ class BPETokenizer:
             raise ValueError(f"{path}: {e}") from None
 
     # -- tiktoken, the peer --
-    def to_tiktoken(self):
+    def to_tiktoken(self) -> tiktoken.Encoding:
         """A ``tiktoken.Encoding`` with the same ranks, pattern and special tokens."""
-        import tiktoken
-
         return tiktoken.Encoding(
             name=self.name,
             pat_str=self.pattern,
             mergeable_ranks=dict(self.ranks),
             special_tokens=dict(self.special_tokens),
         )
-
-    @classmethod
-    def from_tiktoken(cls, encoding) -> "BPETokenizer":
-        """The BPE tokenizer of a ``tiktoken.Encoding`` (its ranks, pattern and special tokens)."""
-        return cls(dict(encoding._mergeable_ranks), encoding._pat_str, dict(encoding._special_tokens), encoding.name)
 
 
 # --- GPT-2's tokenizer, offline ----------------------------------------------------------------

@@ -1,0 +1,417 @@
+"""Chapter 12: today's GPTs — rotary positions, RMSNorm, SwiGLU and grouped-query attention.
+
+Four changes turn the GPT-2 block of Chapters 4–6 into the block of Llama-style models such as
+SmolLM2 (all linear maps without biases, rows times weights as everywhere in the book):
+
+    RoPE:     q_m = x_m W_Q R_m,  k_n = x_n W_K R_n,  R_m block-diagonal rotations by m theta_i,
+              so q_m . k_n = x_m W_Q R_(m-n) (x_n W_K)^T depends on m - n only
+    RMSNorm:  x / sqrt(mean(x^2) + eps) * w                       (LayerNorm without centring)
+    SwiGLU:   (silu(x W_gate) * (x W_up)) W_out                    (a gated MLP, three matrices)
+    GQA:      n_heads query heads share n_kv_heads key/value heads, group g = n_heads / n_kv_heads
+
+    X_0 = one_hot(ids) W_E                      (no positional matrix: positions enter through RoPE)
+    X_l = X_(l-1) + Attn(RMSNorm(X_(l-1))),  then  X_l + SwiGLU(RMSNorm(X_l))
+    logits = RMSNorm_f(X_L) W_U,  W_U = W_E^T when tied
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, attention, causal_mask
+from .hooks import HookPoint, capture
+from .model import load_state_checked
+from .positional import sinusoidal_frequencies
+from .runtime import atomic_write
+
+__all__ = [
+    "rope_angles",
+    "apply_rope",
+    "rms_norm",
+    "RMSNorm",
+    "swiglu",
+    "SwiGLU",
+    "repeat_kv",
+    "kv_cache_bytes",
+    "GroupedQueryAttention",
+    "ModernConfig",
+    "MODERN_PRESETS",
+    "ModernBlock",
+    "ModernGPT",
+    "logit_lens",
+    "previous_token_scores",
+    "induction_scores",
+]
+
+
+# --- rotary position embedding ------------------------------------------------------------------
+def rope_angles(T: int, d_head: int, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
+    """The rotation angles (offset + t) theta_i, theta_i = base^(-2i/d_head): shape (T, d_head/2).
+
+    The frequencies are those of the sinusoidal encoding (Chapter 2), computed in float64.
+
+    >>> rope_angles(2, 4, base=100.0)
+    tensor([[0.0000, 0.0000],
+            [1.0000, 0.1000]], dtype=torch.float64)
+    """
+    if not isinstance(T, int) or T < 1:
+        raise ValueError(f"T must be a positive int, got {T!r}")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    theta = sinusoidal_frequencies(d_head, base).to(device)  # (d_head/2,)
+    t = torch.arange(offset, offset + T, dtype=torch.float64, device=device)  # (T,)
+    return t[:, None] * theta[None, :]  # (T, d_head/2)
+
+
+def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate each coordinate pair (x_2i, x_2i+1) of the rows of x by its angle: x R_t.
+
+    x: (..., T, d_head), angles: (T, d_head/2). With row vectors, pair i maps to
+    (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a), a = angles[t, i].
+
+    >>> (apply_rope(torch.tensor([[1.0, 0.0]]), torch.tensor([[math.pi / 2]])).round(decimals=4) + 0.0).tolist()
+    [[0.0, 1.0]]
+    """
+    if x.shape[-1] % 2 or x.dim() < 2 or tuple(angles.shape) != (x.shape[-2], x.shape[-1] // 2):
+        raise ValueError(f"angles must have shape (T, d_head/2) for x of shape {tuple(x.shape)}, got {tuple(angles.shape)}")
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d_head/2)
+    pairs = x.unflatten(-1, (-1, 2))  # (..., T, d_head/2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)  # (..., T, d_head)
+
+
+# --- RMSNorm and SwiGLU -------------------------------------------------------------------------
+def rms_norm(x: Tensor, w: Tensor, eps: float = 1e-5) -> Tensor:
+    """Each row divided by its root mean square, times the gain: x / sqrt(mean(x^2) + eps) * w.
+
+    >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0)
+    tensor([[0.8485, 1.1314]])
+    """
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension with gain ``w`` (d_model,) and no bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        if d_model < 1:
+            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        self.d_model, self.eps = d_model, eps
+        self.w = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.w, self.eps)
+
+
+def swiglu(x: Tensor, W_gate: Tensor, W_up: Tensor, W_out: Tensor) -> Tensor:
+    """The gated MLP (silu(x W_gate) * (x W_up)) W_out, silu(z) = z sigmoid(z).
+
+    >>> I = torch.eye(2)
+    >>> swiglu(torch.tensor([[1.0, -1.0]]), I, I, I)
+    tensor([[0.7311, 0.2689]])
+    """
+    return (F.silu(x @ W_gate) * (x @ W_up)) @ W_out
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU MLP: W_gate, W_up (d_model, d_mlp) and W_out (d_mlp, d_model); 3 d_model d_mlp parameters."""
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        if d_model < 1 or d_mlp < 1:
+            raise ValueError(f"d_model and d_mlp must be >= 1, got {d_model} and {d_mlp}")
+        self.W_gate = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
+        self.W_up = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
+        self.W_out = nn.Parameter(torch.randn(d_mlp, d_model) * 0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return swiglu(x, self.W_gate, self.W_up, self.W_out)
+
+
+# --- grouped-query attention --------------------------------------------------------------------
+def repeat_kv(k: Tensor, group: int) -> Tensor:
+    """(B, n_kv_heads, T, d_head) -> (B, n_kv_heads*group, T, d_head): query head h reads kv head h // group.
+
+    >>> repeat_kv(torch.tensor([[[[1.0]], [[2.0]]]]), 2).flatten().tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    if not isinstance(group, int) or group < 1:
+        raise ValueError(f"group must be an int >= 1, got {group!r}")
+    return k if group == 1 else k.repeat_interleave(group, dim=1)
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_per_number: int = 2) -> int:
+    """Memory of a KV cache: keys and values, per layer, per kv head, per position.
+
+    >>> kv_cache_bytes(30, 3, 64, 8192)  # SmolLM2-135M at its full context, in 16-bit numbers
+    188743680
+    """
+    for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head), ("T", T), ("bytes_per_number", bytes_per_number)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return 2 * n_layers * n_kv_heads * d_head * T * bytes_per_number
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal attention with RoPE and n_kv_heads key/value heads shared by groups of query heads.
+
+    W_Q (d_model, n_heads*d_head), W_K, W_V (d_model, n_kv_heads*d_head), W_O (n_heads*d_head, d_model);
+    no biases. A :class:`KVCache` stores the n_kv_heads keys and values (rotated at their
+    positions), which is the memory GQA saves. ``fused`` and ``hook_pattern`` follow
+    :mod:`gptlib.hooks`; ``layer`` is this layer's index in the cache.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *,
+                 rope_base: float = 10000.0, layer: int = 0, fused: bool = True):
+        super().__init__()
+        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+        if d_head % 2:
+            raise ValueError(f"d_head must be even for RoPE, got {d_head}")
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
+        self.group, self.rope_base, self.layer, self.fused = n_heads // n_kv_heads, rope_base, layer, fused
+        self.W_Q = nn.Parameter(torch.randn(d_model, n_heads * d_head) * 0.02)
+        self.W_K = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
+        self.W_V = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
+        self.W_O = nn.Parameter(torch.randn(n_heads * d_head, d_model) * 0.02)
+        self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
+
+    def head_weights(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """W_Q^h, W_K^g, W_V^g (d_model, d_head) and W_O^h (d_head, d_model), g = h // group."""
+        if not 0 <= h < self.n_heads:
+            raise ValueError(f"h must be in [0, {self.n_heads}), got {h}")
+        s, g = slice(h * self.d_head, (h + 1) * self.d_head), h // self.group
+        sg = slice(g * self.d_head, (g + 1) * self.d_head)
+        return self.W_Q[:, s], self.W_K[:, sg], self.W_V[:, sg], self.W_O[s, :]
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        q = (x @ self.W_Q).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
+        k = (x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, n_kv_heads, T, d_head)
+        v = (x @ self.W_V).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
+        past = 0 if cache is None or cache.k[self.layer] is None else cache.k[self.layer].shape[-2]
+        angles = rope_angles(T, self.d_head, self.rope_base, offset=past, device=x.device)  # (T, d_head/2)
+        q, k = apply_rope(q, angles), apply_rope(k, angles)
+        if cache is not None:
+            k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = past + T
+        T_k = k.shape[-2]
+        if self.fused:
+            if T_k == T:
+                z = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
+            else:
+                keep = causal_mask(T, T_k, device=x.device) == 0  # (T, T_k), True = may attend
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+        else:
+            k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)  # (B, n_heads, T_k, d_head)
+            z, pattern = attention(q, k, v, causal_mask(T, T_k, device=x.device))
+            self.hook_pattern(pattern)  # (B, n_heads, T, T_k)
+        z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
+        return z @ self.W_O  # (B, T, d_model)
+
+
+# --- the model ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModernConfig:
+    """The shape of a Llama-style GPT; ``d_head`` defaults to d_model // n_heads.
+
+    >>> c = ModernConfig.preset("smollm2-135m")
+    >>> c.d_head, c.n_heads // c.n_kv_heads
+    (64, 3)
+    """
+
+    d_vocab: int = 49152
+    n_ctx: int = 8192
+    d_model: int = 576
+    n_layers: int = 30
+    n_heads: int = 9
+    n_kv_heads: int = 3
+    d_mlp: int = 1536
+    d_head: int | None = None
+    rope_base: float = 100000.0
+    norm_eps: float = 1e-5
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} (or give d_head)")
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if not isinstance(self.d_head, int) or self.d_head < 2 or self.d_head % 2:
+            raise ValueError(f"d_head must be a positive even int, got {self.d_head!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
+        if not self.norm_eps >= 0:
+            raise ValueError(f"norm_eps must be >= 0, got {self.norm_eps}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ModernConfig":
+        if name not in MODERN_PRESETS:
+            raise ValueError(f"name must be one of {sorted(MODERN_PRESETS)}, got {name!r}")
+        return dataclasses.replace(MODERN_PRESETS[name], **overrides)
+
+
+MODERN_PRESETS: dict[str, ModernConfig] = {
+    # SmolLM2-135M (Hugging Face, 2024): the model of Chapter 12.
+    "smollm2-135m": ModernConfig(),
+    # A few-thousand-parameter model for tests.
+    "tiny": ModernConfig(d_vocab=300, n_ctx=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, rope_base=10000.0),
+}
+
+
+class ModernBlock(nn.Module):
+    """Pre-norm block: x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); ``hook_resid`` sees the output."""
+
+    def __init__(self, config: ModernConfig, layer: int = 0):
+        super().__init__()
+        c = config
+        self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.attn = GroupedQueryAttention(c.d_model, c.n_heads, c.n_kv_heads, c.d_head, rope_base=c.rope_base, layer=layer)
+        self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.mlp = SwiGLU(c.d_model, c.d_mlp)
+        self.hook_resid = HookPoint()  # (B, T, d_model)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cache)
+        return self.hook_resid(x + self.mlp(self.mlp_norm(x)))
+
+
+class ModernGPT(nn.Module):
+    """A Llama-style decoder: ids (B, T) -> logits (B, T, d_vocab). ``hook_resid`` points see the
+    residual stream after the embedding and after every block (n_layers + 1 in all)."""
+
+    def __init__(self, config: ModernConfig):
+        super().__init__()
+        if not isinstance(config, ModernConfig):
+            raise ValueError(f"config must be a ModernConfig, got {type(config).__name__}")
+        c = self.config = config
+        self.W_E = nn.Parameter(torch.randn(c.d_vocab, c.d_model) * 0.02)
+        self.hook_resid = HookPoint()
+        self.blocks = nn.ModuleList(ModernBlock(c, layer) for layer in range(c.n_layers))
+        self.norm_f = RMSNorm(c.d_model, c.norm_eps)
+        self.W_U_untied = None if c.tie_weights else nn.Parameter(torch.randn(c.d_model, c.d_vocab) * 0.02)
+
+    @property
+    def W_U(self) -> Tensor:
+        """The unembedding (d_model, d_vocab): W_E^T when the weights are tied."""
+        return self.W_E.T if self.W_U_untied is None else self.W_U_untied
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions."""
+        if ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be an int tensor of shape (B, T) with T >= 1, got {ids.dtype} {tuple(ids.shape)}")
+        if cache is not None and cache.n_layers != self.config.n_layers:
+            raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
+        past = 0 if cache is None else len(cache)
+        if past + ids.shape[1] > self.config.n_ctx:
+            raise ValueError(f"ids has {past + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; crop the context first")
+        x = self.hook_resid(F.embedding(ids, self.W_E))  # (B, T, d_model)
+        for blk in self.blocks:
+            x = blk(x, cache)
+        return self.norm_f(x) @ self.W_U  # (B, T, d_vocab)
+
+    # --- files: one safetensors file, the config in its metadata --------------------------------
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save
+
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        meta = {"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(self.config), sort_keys=True)}
+        return atomic_write(path, save(tensors, metadata=meta))
+
+    @classmethod
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ModernGPT":
+        """Read a file written by :meth:`save`; a file that does not match its config is an error."""
+        from safetensors import SafetensorError, safe_open
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (make writes it)")
+        try:
+            with safe_open(str(path), "pt") as f:
+                meta = f.metadata() or {}
+            state = load_file(str(path), device=str(map_location))
+        except SafetensorError as e:
+            raise ValueError(f"{path} is not a valid safetensors file: {e}") from None
+        if meta.get("format") != "gptlib.modern" or "config" not in meta:
+            raise ValueError(f"{path} has no gptlib.modern config in its metadata")
+        return cls.from_state(ModernConfig(**json.loads(meta["config"])), state, source=str(path))
+
+    @classmethod
+    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> "ModernGPT":
+        """A model that holds the given tensors (no copy, no random initialisation first); a missing,
+        unexpected or mis-shaped tensor raises ``ValueError`` naming it."""
+        with torch.device("meta"):
+            model = cls(config)
+        with warnings.catch_warnings():  # copying into meta tensors is a no-op: only the checks run
+            warnings.simplefilter("ignore", UserWarning)
+            load_state_checked(model, state, source)
+        model.load_state_dict(state, assign=True)
+        return model.eval()
+
+
+# --- reading the model --------------------------------------------------------------------------
+@torch.no_grad()
+def logit_lens(model: ModernGPT, ids: Tensor) -> Tensor:
+    """The final norm and unembedding applied to every residual stream: (n_layers + 1, B, T, d_vocab).
+
+    Row 0 reads the embedding, row l the output of block l; the last row is the model's logits.
+    """
+    with capture(model, "hook_resid") as seen:
+        model(ids)
+    return torch.stack([model.norm_f(x) @ model.W_U for x in seen])
+
+
+def _check_patterns(patterns: Tensor) -> None:
+    if patterns.dim() < 2 or patterns.shape[-1] != patterns.shape[-2] or patterns.shape[-1] < 2:
+        raise ValueError(f"patterns must have shape (..., T, T) with T >= 2, got {tuple(patterns.shape)}")
+
+
+def previous_token_scores(patterns: Tensor) -> Tensor:
+    """The mean weight a query puts on the position just before it: mean_i A[i, i-1], i = 1 … T-1.
+
+    >>> previous_token_scores(torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    tensor(1.)
+    """
+    _check_patterns(patterns)
+    return patterns.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1)
+
+
+def induction_scores(patterns: Tensor, period: int) -> Tensor:
+    """On a sequence that repeats with ``period``, the mean weight on the token after the previous
+    occurrence of the current one: mean_i A[i, i - period + 1] over the second copy, i >= period.
+
+    >>> A = torch.zeros(4, 4); A[2, 1] = A[3, 2] = 1.0; A[0, 0] = A[1, 0] = 1.0
+    >>> induction_scores(A, period=2)
+    tensor(1.)
+    """
+    _check_patterns(patterns)
+    T = patterns.shape[-1]
+    if not isinstance(period, int) or not 1 < period < T:
+        raise ValueError(f"period must be an int in (1, T={T}), got {period!r}")
+    return patterns.diagonal(offset=-(period - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)
