@@ -85,3 +85,33 @@ def test_load_english_fixed_disjoint_split():
     assert 0.04 < len(val) / (len(train) + len(val)) < 0.06
     with pytest.raises(ValueError, match="val_every"):
         load_english(1)
+
+
+@needs_brown
+def test_shipped_english_model_matches_its_log():
+    """models/english: the files agree with train_log.json and the model has learned the text."""
+    import json
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+
+    from gptlib.model import GPT
+    from gptlib.training import make_windows
+
+    directory = Path(__file__).resolve().parents[1] / "models" / "english"
+    log = json.loads((directory / "train_log.json").read_text())
+    model = GPT.load(directory).eval()
+    tok = BPETokenizer.load(directory / "tokenizer.json")
+    assert model.config.to_dict() == log["model_config"] and tok.vocab_size == model.config.d_vocab
+    _, val = load_english()
+    ids = tok.encode(val)
+    assert len(ids) == log["corpus"]["val_tokens"] and tok.decode(ids) == val
+    n_ctx = model.config.n_ctx
+    x, y = make_windows(ids[: 8 * n_ctx + 1], n_ctx, n_ctx)  # the first 8 windows that the log's figure scores
+    with torch.no_grad():
+        loss = float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
+    assert loss < math.log(model.config.d_vocab) - 3  # far below a uniform guess (8.3 nats)
+    assert abs(loss - log["final_val"]["nats_per_token"]) < 0.5
+    assert log["final_val"]["bits_per_byte"] == pytest.approx(
+        bits_per_byte(log["final_val"]["nats_per_token"], log["final_val"]["tokens"], log["final_val"]["bytes"]), abs=1e-3)
