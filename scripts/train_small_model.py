@@ -77,7 +77,7 @@ PRESETS = {
     "cuda": RunConfig(d_vocab=4096, n_ctx=256, d_model=160, n_layers=4, n_heads=4, dropout=0.1, batch_size=32,
                       steps=3000, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=100, eval_batches=32),
 }
-PROMPTS = ["The", "He said that", "In the morning"]
+PROMPTS = ["He said that", "She looked at", "The President said"]
 
 
 def corpus_ids(d_vocab: int, train_fraction: float = 1.0) -> tuple[BPETokenizer, torch.Tensor, torch.Tensor, str, str]:
@@ -141,11 +141,11 @@ def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.devic
 
 
 def samples(model: GPT, tok: BPETokenizer, n_tokens: int = 60, seed: int = 0) -> list[str]:
-    """One seeded sample per prompt, temperature 0.8, top-p 0.95, on the CPU."""
+    """One seeded sample per prompt, temperature 0.6, top-p 0.9, on the CPU."""
     out = []
     for k, prompt in enumerate(PROMPTS):
         g = torch.Generator().manual_seed(seed + k)
-        ids = generate(model.cpu(), torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.8, top_p=0.95, generator=g)
+        ids = generate(model.cpu(), torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.6, top_p=0.9, generator=g)
         out.append(tok.decode(ids.tolist()))
     return out
 
