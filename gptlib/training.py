@@ -127,8 +127,8 @@ def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Opti
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on matrices (2-D parameters, embeddings included, as in GPT-2),
-    none on biases and LayerNorm gains (1-D)."""
+    """AdamW groups: weight decay on matrices (2-D parameters, embeddings included), none on biases
+    and LayerNorm gains (1-D). This is the book's rule (nanoGPT's too); GPT-2's own was not published."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
