@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .runtime import check_positive_int
 
-__all__ = ["one_hot", "Embedding", "Unembedding"]
+__all__ = ["one_hot", "learned_table", "Embedding", "Unembedding"]
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -42,6 +42,19 @@ def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Te
     return torch.nn.functional.one_hot(ids.long(), d_vocab).to(dtype)  # (..., T, d_vocab)
 
 
+def learned_table(rows_name: str, rows: int, d_model: int, std: float) -> nn.Parameter:
+    """A trainable (rows, d_model) matrix drawn from N(0, std^2), its sizes checked: W_E and W_pos.
+
+    >>> tuple(learned_table("n_ctx", 4, 8, std=0.01).shape)
+    (4, 8)
+    """
+    check_positive_int(rows_name, rows)
+    check_positive_int("d_model", d_model)
+    W = nn.Parameter(torch.empty(rows, d_model))
+    nn.init.normal_(W, std=std)
+    return W
+
+
 class Embedding(nn.Module):
     """Token embedding: ids -> rows of ``W_E`` (d_vocab, d_model), i.e. one_hot(ids) @ W_E.
 
@@ -55,11 +68,8 @@ class Embedding(nn.Module):
 
     def __init__(self, d_vocab: int, d_model: int):
         super().__init__()
-        check_positive_int("d_vocab", d_vocab)
-        check_positive_int("d_model", d_model)
         self.d_vocab, self.d_model = d_vocab, d_model
-        self.W_E = nn.Parameter(torch.empty(d_vocab, d_model))
-        nn.init.normal_(self.W_E, std=0.02)
+        self.W_E = learned_table("d_vocab", d_vocab, d_model, std=0.02)
 
     def forward(self, ids: Tensor) -> Tensor:
         # ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the zeros.

@@ -22,7 +22,7 @@ from .embedding import Embedding, Unembedding
 from .hooks import capture_patterns
 from .mlp import ACTIVATIONS
 from .positional import LearnedPositional, SinusoidalPositional
-from .runtime import check_positive_int
+from .runtime import check_positive_int, named_preset
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
 
@@ -80,9 +80,7 @@ class GPTConfig:
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
         """A named configuration (see :data:`PRESETS`), optionally with fields overridden."""
-        if name not in PRESETS:
-            raise ValueError(f"name must be one of {sorted(PRESETS)}, got {name!r}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        return named_preset(PRESETS, name, **overrides)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -31,7 +31,7 @@ from .attention import KVCache, attention, causal_mask
 from .hooks import HookPoint, capture
 from .checkpoint import load_state_checked
 from .positional import sinusoidal_frequencies
-from .runtime import atomic_write
+from .runtime import atomic_write, named_preset
 
 __all__ = [
     "rope_angles",
@@ -268,9 +268,7 @@ class ModernConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModernConfig":
-        if name not in MODERN_PRESETS:
-            raise ValueError(f"name must be one of {sorted(MODERN_PRESETS)}, got {name!r}")
-        return dataclasses.replace(MODERN_PRESETS[name], **overrides)
+        return named_preset(MODERN_PRESETS, name, **overrides)
 
 
 MODERN_PRESETS: dict[str, ModernConfig] = {

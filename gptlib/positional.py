@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .embedding import learned_table
 from .runtime import check_positive_int
 
 __all__ = [
@@ -95,11 +96,8 @@ class LearnedPositional(nn.Module):
 
     def __init__(self, n_ctx: int, d_model: int):
         super().__init__()
-        check_positive_int("n_ctx", n_ctx)
-        check_positive_int("d_model", d_model)
         self.n_ctx, self.d_model = n_ctx, d_model
-        self.W_pos = nn.Parameter(torch.empty(n_ctx, d_model))
-        nn.init.normal_(self.W_pos, std=0.01)
+        self.W_pos = learned_table("n_ctx", n_ctx, d_model, std=0.01)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
         _check_len(T, self.n_ctx, offset)

@@ -6,6 +6,7 @@ Every chapter asks this module, and only this module, which device to use, so th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import tempfile
@@ -16,7 +17,19 @@ from typing import Iterator
 import numpy as np
 import torch
 
-__all__ = ["device", "autocast_dtype", "autocast", "seed_everything", "atomic_write", "check_positive_int"]
+__all__ = ["device", "autocast_dtype", "autocast", "seed_everything", "atomic_write", "check_positive_int", "named_preset"]
+
+
+def named_preset(presets: dict, name: str, **overrides):
+    """``presets[name]`` (a frozen config) with ``overrides`` replaced; an unknown name is a ``ValueError``.
+
+    >>> from gptlib.model import PRESETS
+    >>> named_preset(PRESETS, "tiny", n_layers=3).n_layers
+    3
+    """
+    if name not in presets:
+        raise ValueError(f"name must be one of {sorted(presets)}, got {name!r}")
+    return dataclasses.replace(presets[name], **overrides)
 
 
 def check_positive_int(name: str, value: object) -> None:
