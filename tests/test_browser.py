@@ -179,7 +179,7 @@ def check_attention_view(root) -> list[str]:
     """Every interaction of the attention view: thumbnails and their scores, click to enlarge,
     the colour legend, the head selector, hover on a query row and on a token of the text.
     Returns the names of the scores shown."""
-    from gptlib.widgets.attention import first_token_score, induction_pairs, induction_score, previous_token_score
+    from gptlib.circuits import first_token_score, induction_pairs, induction_score, previous_token_score
 
     root.wait_for(timeout=20_000)
     tokens = [t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()]

@@ -17,7 +17,7 @@ from gptlib.circuits import (
     score_table,
     v_composition,
 )
-from gptlib.widgets.attention import first_token_score, induction_score, previous_token_score, uniform_causal_pattern
+from gptlib.circuits import first_token_score, induction_score, previous_token_score, uniform_causal_pattern
 
 
 def shifted_pattern(T: int, offset: int) -> torch.Tensor:

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from gptlib.circuits import (first_token_score, head_scores, induction_pairs, induction_score, previous_token_score,
+                             uniform_causal_pattern)
 from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
 from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, SamplingView
-from gptlib.widgets.attention import (first_token_score, head_scores, induction_pairs, induction_score,
-                                      previous_token_score, uniform_causal_pattern)
 from gptlib.widgets.sampling import KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, top_logits
 
 WIDGETS = Path(__file__).resolve().parents[1] / "gptlib" / "widgets"
