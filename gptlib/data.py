@@ -15,10 +15,12 @@ part-of-speech tags (``The/at jury/nn said/vbd ./.``), which :func:`untag_brown`
 
 from __future__ import annotations
 
+import re
+import tarfile
 from functools import lru_cache
-
 from pydoc_data.topics import topics
 
+from .assets import asset_path
 from .tokenizers import BPETokenizer
 
 __all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
@@ -118,11 +120,6 @@ def untag_brown(raw: str) -> str:
 def brown_documents() -> list[tuple[str, str]]:
     """The 500 Brown samples as ``(name, text)`` in sorted order of name (``ca01`` ... ``cr09``;
     the letter is the genre), read from the fetched npm tarball and untagged."""
-    import re
-    import tarfile
-
-    from .assets import asset_path
-
     path = asset_path("brown")
     docs = []
     with tarfile.open(path) as tar:

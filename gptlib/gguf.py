@@ -30,6 +30,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import regex
 import torch
+from safetensors import safe_open
+from safetensors.torch import save as save_safetensors
 from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
@@ -415,27 +417,21 @@ def export_smollm2(force: bool = False) -> tuple[Path, Path]:
     gguf_path = asset_path(ASSET)
     w_path, t_path = _export_paths()
     if not force and w_path.is_file() and t_path.is_file():
-        from safetensors import safe_open
-
         with safe_open(str(w_path), "pt") as f:
             if (f.metadata() or {}).get("gguf_sha256") == sha256_file(gguf_path):
                 return w_path, t_path
     contents = read_gguf(gguf_path)
     config, state = state_from_gguf(contents)
     model = ModernGPT.from_state(config, state, source=str(gguf_path))
-    from safetensors.torch import save
-
     meta = {"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(config), sort_keys=True), "gguf_sha256": sha256_file(gguf_path),
             "gguf_types": json.dumps(contents.types, sort_keys=True)}
-    atomic_write(w_path, save({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=meta))
+    atomic_write(w_path, save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=meta))
     GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).save(t_path)
     return w_path, t_path
 
 
 def stored_types() -> dict[str, str]:
     """GGUF tensor name -> its storage type in the file (Q4_1, Q8_0, F32), as recorded by the export."""
-    from safetensors import safe_open
-
     w_path, _ = _export_paths()
     if not w_path.is_file():
         raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
 from .attention import KVCache, attention, causal_mask
-from .hooks import HookPoint, capture
 from .checkpoint import load_state_checked
+from .hooks import HookPoint, capture
 from .positional import sinusoidal_frequencies
 from .runtime import atomic_write, named_preset
 
@@ -78,6 +80,7 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
     x: (..., T, d_head), angles: (T, d_head/2). With row vectors, pair i maps to
     (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a), a = angles[t, i].
 
+    >>> import math
     >>> (apply_rope(torch.tensor([[1.0, 0.0]]), torch.tensor([[math.pi / 2]])).round(decimals=4) + 0.0).tolist()
     [[0.0, 1.0]]
     """
@@ -335,18 +338,13 @@ class ModernGPT(nn.Module):
 
     # --- files: one safetensors file, the config in its metadata --------------------------------
     def save(self, path: str | Path) -> Path:
-        from safetensors.torch import save
-
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         meta = {"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(self.config), sort_keys=True)}
-        return atomic_write(path, save(tensors, metadata=meta))
+        return atomic_write(path, save_safetensors(tensors, metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ModernGPT":
         """Read a file written by :meth:`save`; a file that does not match its config is an error."""
-        from safetensors import SafetensorError, safe_open
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist (make writes it)")

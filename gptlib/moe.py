@@ -13,7 +13,6 @@ holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .mlp import MLP
@@ -82,9 +81,9 @@ def sort_by_expert(idx: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
 class MoE(nn.Module):
     """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of them.
 
-    ``forward(x)`` maps (..., d_model) to (..., d_model); ``forward(x, return_aux=True)`` also
-    returns the load-balancing loss of this batch, to be added (times a small coefficient, 0.01 in
-    Switch) to the language-model loss.
+    ``forward(x)`` maps (..., d_model) to (..., d_model); ``aux_loss(x)`` is the load-balancing loss
+    of routing the same batch, to be added (times a small coefficient, 0.01 in Switch) to the
+    language-model loss.
 
     >>> moe = MoE(8, 32, n_experts=4, top_k=1)
     >>> x = torch.randn(5, 8)
@@ -104,7 +103,12 @@ class MoE(nn.Module):
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
         nn.init.normal_(self.W_r, std=0.02)
 
-    def forward(self, x: Tensor, return_aux: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def aux_loss(self, x: Tensor) -> Tensor:
+        """The load-balancing loss of routing ``x`` (..., d_model): :func:`load_balancing_loss`."""
+        probs, _, idx = route(x.reshape(-1, self.d_model), self.W_r, self.top_k)
+        return load_balancing_loss(probs, idx, self.n_experts)
+
+    def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != (self.d_model,):
             raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
         x2 = x.reshape(-1, self.d_model)  # (n, d_model), n = B*T tokens
@@ -118,7 +122,7 @@ class MoE(nn.Module):
             out = self.experts[e](x2[tokens])  # (n_e, d_model)
             y.index_add_(0, tokens, out * gates.flatten()[slots, None].to(out.dtype))
         y = y.view(x.shape)  # (..., d_model)
-        return (y, load_balancing_loss(probs, idx, self.n_experts)) if return_aux else y
+        return y
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}"

@@ -69,7 +69,7 @@ class RunConfig:
 
 
 PRESETS = {
-    # One CPU thread, about an hour on an idle 2-core machine; chosen from the sweep (sweep.json).
+    # One CPU thread, 14-22 minutes measured on a loaded 2-core machine; chosen from the sweep (sweep.json).
     "cpu": RunConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=4, n_heads=4, batch_size=16, steps=2000,
                      warmup=100, eval_every=100, eval_batches=16),
     # With CUDA: more tokens (about 16 epochs) with dropout against overfitting, bf16 autocast; the

@@ -1,6 +1,5 @@
 """Tests for gptlib.modern: RoPE, RMSNorm, SwiGLU, grouped-query attention and the Llama-style model."""
 
-import math
 
 import pytest
 import torch

@@ -70,7 +70,7 @@ def test_moe_equals_a_per_token_sum_over_chosen_experts(n_experts, top_k):
     torch.manual_seed(0)
     moe = MoE(8, 16, n_experts, top_k)
     x = torch.randn(2, 5, 8)  # (B, T, d_model)
-    y, aux = moe(x, return_aux=True)
+    y, aux = moe(x), moe.aux_loss(x)
     x2 = x.reshape(-1, 8)
     probs, gates, idx = route(x2, moe.W_r, top_k)
     expected = torch.stack([

@@ -33,7 +33,7 @@ def expert_parallel_forward(moe: MoE, x: Tensor, group=None) -> tuple[Tensor, di
     (n, d_model) and the sizes exchanged: slots sent to and received from each rank.
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    E, k, d = moe.n_experts, moe.top_k, moe.d_model
+    E, k = moe.n_experts, moe.top_k
     mine = shard_range(E, rank, world)  # this rank's experts
     per_rank = E // world
     probs, gates, idx = route(x, moe.W_r, k)  # (n, E), (n, k), (n, k)

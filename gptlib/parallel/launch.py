@@ -26,7 +26,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import Tensor
 
 from ..model import GPT
 from ..training import lm_loss  # re-exported: the workers' loss

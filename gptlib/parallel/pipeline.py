@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..efficiency import saved_tensor_bytes
 from ..model import GPT
 from .launch import lm_loss, shard_range, worker_model
 
@@ -256,8 +257,6 @@ def scheduled_pipeline_worker(
     the peak number of micro-batches in flight on this stage and the peak bytes autograd held for
     them (counted with ``saved_tensors_hooks``, parameters left out).
     """
-    from ..efficiency import saved_tensor_bytes
-
     model = worker_model(config, state)
     p, last = world_size, world_size - 1
     layers = stage_layers(config.n_layers, rank, p)
