@@ -1,7 +1,7 @@
 """Training-throughput benchmark at the shipped model's config: the Trainer's model FLOP/s over the
 matmul rate measured in the same run, and a plain HF GPT2LMHeadModel loop as a peer.
 
-    python bench/bench_train.py [--rounds 6] [--threads 1]
+    python bench/bench_train.py [--rounds 6] [--threads 2]
 
 The config is the CPU preset of scripts/train_small_model.py (the one `make model` trains), on the
 thread count it trains with. Rounds alternate (and swap their order): 5 Trainer steps, 5 HF steps,
@@ -36,11 +36,11 @@ BLOCK = 5
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=1, help="the shipped model trains on 1 thread")
+    ap.add_argument("--threads", type=int, default=2, help="the shipped model trains on 2 threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rc = PRESETS["cpu"]
-    cfg = rc.model_config()
+    cfg = rc.model
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model,
                                     n_layer=cfg.n_layers, n_head=cfg.n_heads, resid_pdrop=cfg.dropout,
@@ -49,7 +49,7 @@ def main() -> None:
     ours = GPT.from_hf(hf)
     data = torch.randint(0, cfg.d_vocab, (4096, cfg.n_ctx + 1), generator=torch.Generator().manual_seed(1))
     x, y = data[:, :-1], data[:, 1:]
-    tc = rc.train_config()
+    tc = rc.train
     trainer = Trainer(ours, (x, y), None, tc)
     opt = torch.optim.AdamW(param_groups(hf, tc.weight_decay), lr=tc.max_lr, betas=tc.betas)
     g = torch.Generator().manual_seed(0)

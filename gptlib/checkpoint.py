@@ -80,11 +80,25 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
-def save(model: GPT, directory: str | Path) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, deterministically)."""
+def save(model: GPT, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, deterministically).
+
+    ``dtype`` (e.g. ``torch.float16``) stores the floating-point tensors in that type, halving the file;
+    it must be a floating type, and a weight it cannot hold (beyond its range) is an error, not an
+    infinity. :func:`load` casts back to the model's own type.
+    """
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point type, got {dtype}")
     directory = Path(directory)
     aliases = tied_aliases(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    if dtype is not None:
+        for k, v in tensors.items():
+            if v.is_floating_point():
+                cast = v.to(dtype)
+                if not torch.isfinite(cast).all() and torch.isfinite(v).all():
+                    raise ValueError(f"tensor {k!r} does not fit in dtype {dtype}: values up to {v.abs().max():.3g}")
+                tensors[k] = cast
     atomic_write(directory / "model.safetensors", safetensors_bytes(tensors, metadata={"format": "gptlib"}))
     atomic_write(directory / "config.json", json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n")
     return directory

@@ -223,11 +223,11 @@ class GPT(nn.Module):
 
         return from_pretrained(name_or_path, map_location)
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write ``model.safetensors`` and ``config.json`` into ``directory``: :func:`gptlib.checkpoint.save`."""
         from .checkpoint import save
 
-        return save(self, directory)
+        return save(self, directory, dtype)
 
     @classmethod
     def load(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GPT":

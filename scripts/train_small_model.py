@@ -10,7 +10,8 @@ Then it prints a few seeded samples.
 
 On the CPU (preset "cpu", the default without CUDA) a run is byte-for-byte reproducible on the
 same kind of machine: every random source is seeded and torch runs on a fixed number of threads
-(one by default, so the order of every floating-point reduction does not depend on the cores).
+(two by default; the order of every floating-point reduction depends on the thread count, so a
+reproduction must use the same number).
 With CUDA the "cuda" preset trains a bigger model in bf16; that path is not bit-reproducible.
 The configs were chosen with scripts/sweep.py (results in models/english/sweep.json).
 """
@@ -23,7 +24,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -42,41 +43,53 @@ from gptlib.training import Trainer, TrainConfig, make_windows  # noqa: E402
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that decides a run: tokenizer, model shape, optimisation, data budget."""
+    """Everything that decides a run: the model's shape (tokenizer size included), the optimisation,
+    and the data budget (the first ``train_fraction`` of the training text).
 
-    d_vocab: int = 2048
-    n_ctx: int = 128
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    dropout: float = 0.0
-    batch_size: int = 16
-    steps: int = 1000
-    max_lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 50
-    eval_every: int = 100
-    eval_batches: int = 8
-    train_fraction: float = 1.0  # the data budget: the first fraction of the training text
+    >>> rc = PRESETS["cpu"].but(d_model=192, steps=400)
+    >>> (rc.model.d_model, rc.model.d_mlp, rc.train.steps)
+    (192, 768, 400)
+    """
 
-    def model_config(self) -> GPTConfig:
-        return GPTConfig(d_vocab=self.d_vocab, n_ctx=self.n_ctx, d_model=self.d_model, n_layers=self.n_layers,
-                         n_heads=self.n_heads, dropout=self.dropout)
+    model: GPTConfig
+    train: TrainConfig
+    train_fraction: float = 1.0
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, max_lr=self.max_lr, min_lr=self.min_lr,
-                           warmup=self.warmup, eval_every=self.eval_every, eval_batches=self.eval_batches)
+    def __post_init__(self) -> None:
+        if not 0 < self.train_fraction <= 1:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+
+    def but(self, **changes) -> "RunConfig":
+        """A copy with fields of the model config, the training config or ``train_fraction`` changed;
+        the model's derived sizes (d_head, d_mlp) are derived again."""
+        model_fields = {f.name for f in fields(GPTConfig)} - {"d_head", "d_mlp"}
+        train_fields = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(changes) - model_fields - train_fields - {"train_fraction"})
+        if unknown:
+            raise ValueError(f"unknown run fields {unknown}")
+        m = {k: v for k, v in changes.items() if k in model_fields}
+        t = {k: v for k, v in changes.items() if k in train_fields}
+        model = GPTConfig(**{**self.model.to_dict(), "d_head": None, "d_mlp": None, **m}) if m else self.model
+        return replace(self, model=model, train=replace(self.train, **t),
+                       train_fraction=changes.get("train_fraction", self.train_fraction))
 
 
 PRESETS = {
-    # One CPU thread, 14-22 minutes measured on a loaded 2-core machine; chosen from the sweep (sweep.json).
-    "cpu": RunConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=4, n_heads=4, batch_size=16, steps=2000,
-                     warmup=100, eval_every=100, eval_batches=16),
-    # With CUDA: more tokens (about 16 epochs) with dropout against overfitting, bf16 autocast; the
-    # files stay a few MB. Not bit-reproducible, and not yet run.
-    "cuda": RunConfig(d_vocab=4096, n_ctx=256, d_model=160, n_layers=4, n_heads=4, dropout=0.1, batch_size=32,
-                      steps=3000, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=100, eval_batches=32),
+    # Two CPU threads, about an hour on an idle 2-core machine. The size comes from the sweep
+    # (sweep.json) and from the throughput at this size (bench/bench_train.py): at d_model 256 the
+    # Trainer runs at about 3/4 of the matmul rate, against 55-60% at d_model 128.
+    "cpu": RunConfig(GPTConfig(d_vocab=4096, n_ctx=128, d_model=256, n_heads=4, n_layers=4, dropout=0.1),
+                     TrainConfig(steps=4000, batch_size=32, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=200,
+                                 eval_batches=16)),
+    # With CUDA: the same recipe, larger and longer, in bf16 autocast; the files stay a few MB.
+    # Not bit-reproducible, and not yet run.
+    "cuda": RunConfig(GPTConfig(d_vocab=4096, n_ctx=256, d_model=256, n_heads=4, n_layers=6, dropout=0.1),
+                      TrainConfig(steps=6000, batch_size=64, max_lr=1e-3, min_lr=1e-4, warmup=300, eval_every=200,
+                                  eval_batches=32)),
 }
+# The weights are rounded to fp16 when training ends (relative error at most 2^-11), halving the
+# files; every figure in train_log.json is measured on the rounded weights.
+SHIPPED_DTYPE = torch.float16
 PROMPTS = ["He said that", "She looked at", "The President said"]
 
 
@@ -114,26 +127,28 @@ def windows_loss(model: GPT, tok: BPETokenizer, x: torch.Tensor, y: torch.Tensor
 def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.device | None = None) -> dict:
     """Train one model; return it with its tokenizer, history and figures (train and validation)."""
     seed_everything(0)
-    tok, train_ids, val_ids, _, _ = data if data is not None else corpus_ids(rc.d_vocab, rc.train_fraction)
+    tok, train_ids, val_ids, _, _ = data if data is not None else corpus_ids(rc.model.d_vocab, rc.train_fraction)
     dev = dev or torch.device("cpu")
-    model = GPT(rc.model_config()).to(dev)
-    stride = rc.n_ctx // 2
-    trainer = Trainer(model, make_windows(train_ids, rc.n_ctx, stride), make_windows(val_ids, rc.n_ctx, rc.n_ctx),
-                      rc.train_config())
+    n_ctx = rc.model.n_ctx
+    model = GPT(rc.model).to(dev)
+    trainer = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), rc.train)
     t0 = time.perf_counter()
     hist = trainer.run(progress=progress)
     wall = time.perf_counter() - t0
     model.eval()
+    with torch.no_grad():  # the shipped weights are stored in fp16: score exactly those
+        for p in model.parameters():
+            p.copy_(p.to(SHIPPED_DTYPE).to(p.dtype))
     n_val = len(val_ids)
-    val_x, val_y = make_windows(val_ids, rc.n_ctx, rc.n_ctx)  # the whole validation text
+    val_x, val_y = make_windows(val_ids, n_ctx, n_ctx)  # the whole validation text
     # as many training windows as validation windows, evenly spaced over the training stream
-    starts = torch.linspace(0, len(train_ids) - rc.n_ctx - 1, len(val_x)).long()
-    train_w = torch.stack([train_ids[s:s + rc.n_ctx + 1] for s in starts.tolist()])  # (n, n_ctx + 1)
+    starts = torch.linspace(0, len(train_ids) - n_ctx - 1, len(val_x)).long()
+    train_w = torch.stack([train_ids[s:s + n_ctx + 1] for s in starts.tolist()])  # (n, n_ctx + 1)
     return {
         "model": model, "tokenizer": tok, "history": hist, "wall_s": wall,
         "train_tokens": len(train_ids), "val_tokens": n_val,
-        "tokens_seen": rc.steps * rc.batch_size * rc.n_ctx,
-        "epochs": rc.steps * rc.batch_size * rc.n_ctx / len(train_ids),
+        "tokens_seen": rc.train.steps * rc.train.batch_size * n_ctx,
+        "epochs": rc.train.steps * rc.train.batch_size * n_ctx / len(train_ids),
         "parameters": model.num_parameters(),
         "val": windows_loss(model, tok, val_x, val_y),
         "train": windows_loss(model, tok, train_w[:, :-1], train_w[:, 1:]),
@@ -155,13 +170,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "english")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--steps", type=int, default=None, help="override the preset's steps (e.g. a short check)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (a reproduction needs the same number)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (a reproduction needs the same number)")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args()
     preset = args.preset or ("cuda" if torch.cuda.is_available() else "cpu")
     rc = PRESETS[preset]
     if args.steps is not None:
-        rc = replace(rc, steps=args.steps, warmup=min(rc.warmup, args.steps), eval_every=min(rc.eval_every, args.steps))
+        rc = rc.but(steps=args.steps, warmup=min(rc.train.warmup, args.steps), eval_every=min(rc.train.eval_every, args.steps))
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)  # reductions are summed in the same order on every run
@@ -171,10 +186,10 @@ def main() -> int:
     r = train_run(rc, progress=args.progress, dev=dev)
     model, tok, hist = r["model"].cpu(), r["tokenizer"], r["history"]
     args.out.mkdir(parents=True, exist_ok=True)
-    model.save(args.out)
+    model.save(args.out, dtype=SHIPPED_DTYPE)
     tok.save(args.out / "tokenizer.json")
     brown = ASSETS["brown"]
-    every = max(1, rc.steps // 200)
+    every = max(1, rc.train.steps // 200)
     log = {
         "made_by": "scripts/train_small_model.py" + (f" --steps {args.steps}" if args.steps is not None else ""),
         "preset": preset,
@@ -183,7 +198,6 @@ def main() -> int:
                    "split": "validation = every 20th of the 500 samples in sorted order (25 samples); the rest trains",
                    "train_tokens": r["train_tokens"], "val_tokens": r["val_tokens"]},
         "run_config": asdict(rc),
-        "model_config": rc.model_config().to_dict(),
         "parameters": r["parameters"],
         "tokens_seen": r["tokens_seen"],
         "epochs": round(r["epochs"], 3),

@@ -5,7 +5,7 @@ by Playwright. Screenshots go to test-artifacts/. GPTLIB_BOOK_HTML points the te
 built book (default: _build/html). A chapter whose page is not in the book is skipped, by name.
 
 Besides the chapters, one page is made here, served beside the built book and loading only the
-book's own scripts: both widgets on the shipped model (models/small), so that every interaction
+book's own scripts: both widgets on the shipped English model (models/english), so that every interaction
 is tested on a trained model whatever the chapters show.
 """
 
@@ -262,8 +262,8 @@ def _python_probs(logits, settings):
                             top_p=settings["top_p"] if settings["top_p"] < 1 else None)
 
 
-SHIPPED = ROOT / "models" / "small"
-PROMPTS = ["The", "It is", "Once upon a time"]
+SHIPPED = ROOT / "models" / "english"
+PROMPTS = ["The", "It is", "She looked at the"]
 X0, W = 120, 320  # sampling.js: where the probability axis starts, and its length (0 to 1)
 
 
@@ -407,7 +407,7 @@ def shipped_page(site, tmp_path_factory):
     torch.manual_seed(0)
     model = GPT.load(SHIPPED).eval()
     tok = BPETokenizer.load(SHIPPED / "tokenizer.json")
-    ids = tok.encode("The cat sat on the mat, and then the dog came in.")
+    ids = tok.encode("Mr. Dursley said that the cat sat on the mat, and then the dog came in.")
     ids = (ids + ids)[: model.config.n_ctx]  # a repeated text: induction heads have something to find
     with torch.no_grad():
         patterns = model.attention_patterns(torch.tensor([ids]))[0]  # (n_layers, n_heads, T, T)

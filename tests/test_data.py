@@ -103,7 +103,7 @@ def test_shipped_english_model_matches_its_log():
     log = json.loads((directory / "train_log.json").read_text())
     model = GPT.load(directory).eval()
     tok = BPETokenizer.load(directory / "tokenizer.json")
-    assert model.config.to_dict() == log["model_config"] and tok.vocab_size == model.config.d_vocab
+    assert model.config.to_dict() == log["run_config"]["model"] and tok.vocab_size == model.config.d_vocab
     _, val = load_english()
     ids = tok.encode(val)
     assert len(ids) == log["corpus"]["val_tokens"] and tok.decode(ids) == val

@@ -137,6 +137,28 @@ def test_save_load_round_trip_and_mismatch(tmp_path):
         GPT.load(tmp_path / "c")
 
 
+def test_save_in_fp16_halves_the_file_and_loads_the_rounded_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    m = GPT(GPTConfig.preset("tiny"))
+    m.save(tmp_path / "f32")
+    m.save(tmp_path / "f16", dtype=torch.float16)
+    stored = load_file(str(tmp_path / "f16" / "model.safetensors"))
+    assert all(v.dtype == torch.float16 for v in stored.values() if v.is_floating_point())
+    size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("f32", "f16")}
+    assert size["f16"] < 0.51 * size["f32"]
+    m2 = GPT.load(tmp_path / "f16")
+    for (k, v), v2 in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert v2.dtype == v.dtype, k  # loaded back into the model's fp32
+        assert torch.equal(v2, v.half().float()), k  # exactly the fp16 rounding of each weight
+    with pytest.raises(ValueError, match="dtype"):
+        m.save(tmp_path / "bad", dtype=torch.int8)
+    with torch.no_grad():
+        m.embed.W_E[0, 0] = 1e6  # beyond fp16's largest finite value, 65504
+    with pytest.raises(ValueError, match="embed.W_E.*float16"):
+        m.save(tmp_path / "big", dtype=torch.float16)
+
+
 def test_tied_weights_are_shared_saved_once_and_restored(tmp_path):
     from safetensors.torch import load_file
 
