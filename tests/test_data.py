@@ -115,3 +115,26 @@ def test_shipped_english_model_matches_its_log():
     assert abs(loss - log["final_val"]["nats_per_token"]) < 0.5
     assert log["final_val"]["bits_per_byte"] == pytest.approx(
         bits_per_byte(log["final_val"]["nats_per_token"], log["final_val"]["tokens"], log["final_val"]["bytes"]), abs=1e-3)
+
+
+def test_run_config_of_the_training_script():
+    """scripts/train_small_model.py: RunConfig.but routes fields to the model or the training config,
+    derives d_head and d_mlp again, and names what it cannot place."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from train_small_model import PRESETS, RunConfig
+
+    rc = PRESETS["cpu"]
+    changed = rc.but(d_model=192, n_heads=6, steps=10, warmup=5, train_fraction=0.5)
+    assert (changed.model.d_model, changed.model.d_head, changed.model.d_mlp) == (192, 32, 768)
+    assert changed.train.steps == 10 and changed.train_fraction == 0.5
+    assert changed.train.batch_size == rc.train.batch_size and changed.model.d_vocab == rc.model.d_vocab
+    assert rc.but() == rc and rc.model.d_model == 256  # the preset itself is unchanged
+    with pytest.raises(ValueError, match="unknown run fields.*d_modle"):
+        rc.but(d_modle=64)
+    with pytest.raises(ValueError, match="train_fraction"):
+        RunConfig(rc.model, rc.train, train_fraction=0.0)
+    with pytest.raises(ValueError, match="n_heads"):
+        rc.but(n_heads=3)  # 3 does not divide 256
