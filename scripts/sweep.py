@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -80,10 +81,10 @@ def throughput(rc: RunConfig, sizes=SPEED_SIZES, rounds: int = 3, steps: int = 4
             trainers[d][1].run(steps)
             times[d].append((time.perf_counter() - t0) / steps)
         rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
-    rate = sorted(rates)[len(rates) // 2]
+    rate = statistics.median(rates)
     for d in sizes:
         r, trainer = trainers[d]
-        t = sorted(times[d])[len(times[d]) // 2]
+        t = statistics.median(times[d])
         tokens = r.train.batch_size * r.model.n_ctx
         out[f"d{d}"] = {"d_model": d, "parameters": trainer.model.num_parameters(), "tokens_per_s": round(tokens / t),
                         "tokens_per_hour_M": round(3600 * tokens / t / 1e6, 1),

@@ -75,9 +75,9 @@ class RunConfig:
 
 
 PRESETS = {
-    # Two CPU threads, about an hour on an idle 2-core machine. The size comes from the sweep
-    # (sweep.json) and from the throughput at this size (bench/bench_train.py): at d_model 256 the
-    # Trainer runs at about 3/4 of the matmul rate, against 55-60% at d_model 128.
+    # Two CPU threads, 63 minutes measured on a 2-core machine. The size comes from the sweep
+    # (sweep.json): at d_model 256 the Trainer turned 69% of the matmul rate into model FLOPs, at
+    # d_model 128 50% (its throughput table; bench/bench_train.py measured 79-81% at this config).
     "cpu": RunConfig(GPTConfig(d_vocab=4096, n_ctx=128, d_model=256, n_heads=4, n_layers=4, dropout=0.1),
                      TrainConfig(steps=4000, batch_size=32, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=200,
                                  eval_batches=16)),

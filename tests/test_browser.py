@@ -407,7 +407,7 @@ def shipped_page(site, tmp_path_factory):
     torch.manual_seed(0)
     model = GPT.load(SHIPPED).eval()
     tok = BPETokenizer.load(SHIPPED / "tokenizer.json")
-    ids = tok.encode("Mr. Dursley said that the cat sat on the mat, and then the dog came in.")
+    ids = tok.encode("Mr. Dursley said that the cat sat on the mat, and then the dog came in. ")
     ids = (ids + ids)[: model.config.n_ctx]  # a repeated text: induction heads have something to find
     with torch.no_grad():
         patterns = model.attention_patterns(torch.tensor([ids]))[0]  # (n_layers, n_heads, T, T)
