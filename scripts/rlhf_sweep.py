@@ -3,7 +3,10 @@
 The sweep runs the chapter's own code: it executes the code cells of chapters/09_rlhf.ipynb up to and
 including the one that defines ``ppo`` (set-up, SFT, the reward model, the PPO loop; the cell after it,
 which runs PPO, is not executed), then calls that ``ppo`` and the chapter's ``evaluate`` and ``kl_to``
-(the latter defined in the DPO cell, executed without its DPO run) for each beta and seed.
+(the latter defined in the DPO cell, executed without its DPO run) for each beta and seed. The
+chapter's set-up cell sets two torch threads, so the sweep computes exactly what the page does: the
+page runs beta = 0.1 with seed 5 itself and checks that it equals the stored run, and it plots the
+stored beta = 0 run of the same seed.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
     python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --out /tmp/s.json
@@ -39,7 +42,7 @@ def chapter_namespace() -> dict:
     cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
     ns: dict = {}
     cwd = os.getcwd()
-    os.chdir(NOTEBOOK.parent)  # the chapter loads ../models/small
+    os.chdir(NOTEBOOK.parent)  # the chapter loads ../models/english
     try:
         for src in cells[1:]:  # cells[0] is the Colab set-up
             exec(compile(src, str(NOTEBOOK), "exec"), ns)
@@ -54,17 +57,23 @@ def chapter_namespace() -> dict:
     return ns
 
 
+def _rounded(run: dict) -> dict:
+    """A run's floats to 4 decimals (beta excepted), the per-step histories included."""
+    def r4(v):
+        return round(v, 4) if isinstance(v, float) else v
+    return {k: v if k == "beta" else {h: [r4(x) for x in xs] for h, xs in v.items()} if k == "history" else r4(v)
+            for k, v in run.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
     ap.add_argument("--steps", type=int, default=18)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "rlhf_sweep.json")
     args = ap.parse_args()
     if any(b < 0 for b in args.betas):
         raise ValueError(f"betas must be >= 0, got {args.betas}")
-    torch.set_num_threads(args.threads)
     t0 = time.time()
     ns = chapter_namespace()
     runs = []
@@ -77,16 +86,16 @@ def main() -> None:
                 "kl_eval": ns["kl_to"](policy, ns["policy_sft"]),  # Monte Carlo KL to SFT on the eval prompts
                 "kl_last5": sum(hist["kl"][-5:]) / 5,  # mean KL of the last 5 training batches
                 "reward_last5": sum(hist["reward"][-5:]) / 5,
+                "history": hist,  # per PPO step: judged score, reward and KL of the batch
             })
             print(f"beta={beta} seed={seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1].items()
-                                                          if k not in ("beta", "seed")), flush=True)
+                                                          if k not in ("beta", "seed", "history")), flush=True)
     result = {
         "what": "chapters/09_rlhf.ipynb's ppo() per beta and seed; made by scripts/rlhf_sweep.py",
         "steps": args.steps, "betas": args.betas, "seeds": args.seeds,
         "score_sft": ns["score_sft"], "n_eval_prompts": len(ns["eval_idx"]),
         "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
-        "runs": [{k: (round(v, 4) if isinstance(v, float) and k not in ("beta",) else v) for k, v in r.items()}
-                 for r in runs],
+        "runs": [_rounded(r) for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, json.dumps(result, indent=1) + "\n")
