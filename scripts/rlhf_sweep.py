@@ -57,12 +57,19 @@ def chapter_namespace() -> dict:
     return ns
 
 
-def _rounded(run: dict) -> dict:
-    """A run's floats to 4 decimals (beta excepted), the per-step histories included."""
-    def r4(v):
-        return round(v, 4) if isinstance(v, float) else v
-    return {k: v if k == "beta" else {h: [r4(x) for x in xs] for h, xs in v.items()} if k == "history" else r4(v)
-            for k, v in run.items()}
+def _rounded(value):
+    """Floats to 4 decimals, inside dicts and lists too (the betas, 0.05 and the like, are unchanged).
+
+    >>> _rounded({"kl": [1.234567, 2.0], "seed": 5})
+    {'kl': [1.2346, 2.0], 'seed': 5}
+    """
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def main() -> None:
