@@ -7,6 +7,8 @@ Every chapter asks this module, and only this module, which device to use, so th
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import random
 import tempfile
@@ -17,7 +19,18 @@ from typing import Iterator
 import numpy as np
 import torch
 
-__all__ = ["device", "autocast_dtype", "autocast", "seed_everything", "atomic_write", "check_positive_int", "named_preset"]
+__all__ = [
+    "device",
+    "autocast_dtype",
+    "autocast",
+    "seed_everything",
+    "atomic_write",
+    "check_positive_int",
+    "check_int",
+    "check_float",
+    "check_ids",
+    "named_preset",
+]
 
 
 def named_preset(presets: dict, name: str, **overrides):
@@ -43,6 +56,113 @@ def check_positive_int(name: str, value: object) -> None:
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> int:
+    """Return ``value`` if it is an int (``bool`` is not) with ``lo <= value <= hi``; else ``ValueError`` naming ``name``.
+
+    NumPy and torch integer scalars are accepted and returned as a Python ``int``.
+
+    >>> check_int("top_k", 3, lo=1)
+    3
+    >>> check_int("top_k", 2.0, lo=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: top_k must be an int, got 2.0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        where = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {where}, got {value}")
+    return value
+
+
+def check_float(
+    name: str,
+    value: object,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
+    """Return ``value`` as a float if it is a finite real number in the range; else ``ValueError`` naming ``name``.
+
+    The range is [lo, hi], with ``lo_open``/``hi_open`` making an end open; ``None`` leaves a side
+    unbounded. NaN and the infinities are refused whatever the range; so is ``bool``.
+
+    >>> check_float("dropout", 0.1, 0.0, 1.0, hi_open=True)
+    0.1
+    >>> check_float("ln_eps", float("nan"), 0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: ln_eps must be a finite number, got nan
+    >>> check_float("max_lr", 0.0, 0.0, lo_open=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_lr must be > 0.0, got 0.0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    above = hi is not None and (value >= hi if hi_open else value > hi)
+    if below or above:
+        left = None if lo is None else ("(" if lo_open else "[") + f"{lo}"
+        right = None if hi is None else f"{hi}" + (")" if hi_open else "]")
+        if right is None:
+            where = f"> {lo}" if lo_open else f">= {lo}"
+        elif left is None:
+            where = f"< {hi}" if hi_open else f"<= {hi}"
+        else:
+            where = f"in {left}, {right}"
+        raise ValueError(f"{name} must be {where}, got {value!r}")
+    return value
+
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_ids(ids: object, size: int, name: str = "ids") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``ids`` are integer token ids in [0, size).
+
+    ``ids`` is an integer tensor (any shape) or a sequence of ints (``bool`` and floats refused).
+    For a tensor the range check reads its data (a device synchronisation on a GPU): callers on a
+    per-token path check once, before the loop.
+
+    >>> check_ids([0, 2], 3)
+    >>> check_ids(torch.tensor([[0, 3]]), 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: ids must lie in [0, 3), got values in [0, 3]
+    >>> check_ids([1, True], 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: ids must be ints in [0, 3), got True at position 1
+    """
+    check_positive_int("size", size)
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype not in _INT_DTYPES:
+            raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
+        # A data-dependent check: skipped under torch.compile and on the meta device (no data there).
+        if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
+            lo, hi = (int(v) for v in torch.aminmax(ids))
+            if lo < 0 or hi >= size:
+                raise ValueError(f"{name} must lie in [0, {size}), got values in [{lo}, {hi}]")
+        return
+    if isinstance(ids, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of ints, got {type(ids).__name__}")
+    try:
+        items = list(ids)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(f"{name} must be a tensor or a sequence of ints, got {type(ids).__name__}") from None
+    for k, i in enumerate(items):
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < size:
+            raise ValueError(f"{name} must be ints in [0, {size}), got {i!r} at position {k}")
 
 
 def device(prefer: str | None = None) -> torch.device:
