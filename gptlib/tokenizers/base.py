@@ -107,8 +107,9 @@ _AFTER_UNICODE_16 = """
     1FA54-1FA57 1FA8A-1FA8E 1FAC8 1FACC-1FACD 1FADD 1FAEA-1FAEB 1FAEF 1FAF9-1FAFA
     1FBFA 2B73A-2B73F 2B81E 2CEA2-2CEAD 323B0-33479 3D000-3FC3F
 """
-_NEWER = regex.compile("[" + "".join("-".join(regex.escape(chr(int(h, 16))) for h in r.split("-"))
-                                     for r in _AFTER_UNICODE_16.split()) + "]")
+_NEWER = frozenset(chr(c) for r in _AFTER_UNICODE_16.split()
+                   for c in range(int(r.split("-")[0], 16), int(r.split("-")[-1], 16) + 1))
+_AS_UNASSIGNED = dict.fromkeys(map(ord, _NEWER), 0xFDD0)  # (a set test is 50x faster than a regex class)
 # A text with a character of every kind a split pattern must put in some piece.
 _PROBE = "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 \ufdd0\U000f0000 <|x|>  "
 
@@ -132,7 +133,7 @@ def split_pieces(split: regex.Pattern, text: str) -> list[str]:
     ...
     ValueError: pattern '[a-z]+| ' does not cover its input: '!' at position 3 is in no piece, ...
     """
-    view = _NEWER.sub("\ufdd0", text) if _NEWER.search(text) else text
+    view = text if _NEWER.isdisjoint(set(text)) else text.translate(_AS_UNASSIGNED)
     if view is text and not split.groups:
         pieces = split.findall(text)
     else:  # (with groups, findall would return the groups: take the whole matches)
