@@ -198,8 +198,9 @@ def test_train_vocab_size_is_an_int():
 # --- audit: ids --------------------------------------------------------------------------------
 def test_decode_refuses_ids_that_are_not_ints_in_range(tok):
     # Before: True, 1.0 and numpy floats decoded as byte 1 (a dict lookup 1.0 == 1).
-    for bad in [[True], [1.0], [np.float64(1.0)], [-1], [tok.vocab_size], [None], ["a"], "ab", 5,
-                torch.tensor([1.0]), torch.tensor([[1, 2]])]:
+    for bad in [[True], [1.0], [np.float64(1.0)], [-1], [tok.vocab_size], [None], ["a"], "ab", 5, {1: 2},
+                torch.tensor([1.0]), torch.tensor([[1, 2]]), torch.tensor(1), torch.tensor([True]), np.array(1),
+                np.array([[1, 2]])]:
         with pytest.raises(ValueError, match="ids"):
             tok.decode(bad)
         with pytest.raises(ValueError, match="ids"):

@@ -77,13 +77,18 @@ def as_ids(ids: object, size: int, name: str = "ids") -> list[int]:
     ValueError: ids must be ints in [0, 3), got 1.0 at position 0
     """
     if isinstance(ids, torch.Tensor):
-        if ids.dim() > 1:
+        if ids.dim() != 1:
             raise ValueError(f"{name} must be one sequence of ids (a 1-D tensor), got shape {tuple(ids.shape)}")
         check_ids(ids, size, name)
         return ids.tolist()
-    if not isinstance(ids, (str, bytes)) and hasattr(ids, "__iter__"):
-        ids = list(ids)  # an iterator is read once, here
-    check_ids(ids, size, name)  # (str, bytes and non-iterables are refused here)
+    if isinstance(ids, dict) or (not isinstance(ids, (str, bytes)) and not hasattr(ids, "__iter__")):
+        raise ValueError(f"{name} must be a sequence of ints or a 1-D tensor, got {type(ids).__name__}")
+    if not isinstance(ids, (str, bytes)):
+        try:
+            ids = list(ids)  # an iterator is read once, here
+        except TypeError:  # (a 0-d numpy array)
+            raise ValueError(f"{name} must be a sequence of ints or a 1-D tensor, got {ids!r}") from None
+    check_ids(ids, size, name)  # (str and bytes are refused here)
     return [int(i) for i in ids]  # type: ignore[union-attr]
 
 
