@@ -9,11 +9,15 @@ Three tokenizers of increasing sophistication:
 
 All three follow the :class:`Tokenizer` protocol (``base.py``): ``train`` learns one from text,
 ``encode`` and ``decode`` map between texts and ids, ``save`` and ``load`` store it as JSON.
-The character and word tokenizers live in ``simple.py``, byte-level BPE in ``bpe.py``.
+``base.py`` also holds what they share: the checks of texts and ids (every id below
+``vocab_size`` is a token; bools and floats are refused) and the split of a text by a pattern,
+which must cover the text. The character and word tokenizers live in ``simple.py``, byte-level
+BPE in ``bpe.py``, with its merge loop twice: readable (:func:`merge_steps`) and fast
+(:func:`encode_piece`).
 """
 
 from .base import Tokenizer
-from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, get_stats, gpt2_tokenizer, merge, merge_steps
+from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, encode_piece, get_stats, gpt2_tokenizer, merge, merge_steps
 from .simple import CharTokenizer, WordTokenizer
 
 __all__ = [
@@ -22,6 +26,7 @@ __all__ = [
     "get_stats",
     "merge",
     "merge_steps",
+    "encode_piece",
     "CharTokenizer",
     "WordTokenizer",
     "BPETokenizer",

@@ -1,9 +1,13 @@
 """Byte-level BPE as in GPT-2: training, encoding by lowest-rank merges, files, and tiktoken as a peer.
 
 A byte-level BPE is stored as its *ranks*: every token's byte string with its id. Encoding a
-pre-tokenized chunk starts from its bytes and repeatedly merges the adjacent pair whose
+pre-tokenized piece starts from its bytes and repeatedly merges the adjacent pair whose
 concatenation has the lowest rank, until no adjacent pair is a token. This is exactly what
 tiktoken does, so :meth:`BPETokenizer.to_tiktoken` gives a peer that must agree with us.
+
+The merge loop is written twice, side by side: :func:`merge_steps` is the readable one (scan every
+pair, merge the best: O(n²) for a piece of n bytes), :func:`encode_piece` the fast one (a heap of
+candidate merges over a linked list of parts: O(n log n)); the tests check that they agree.
 
 GPT-2's own ranks come from a registry package at install time (:mod:`gptlib.assets`).
 """
@@ -14,6 +18,7 @@ import base64
 import binascii
 import heapq
 import os
+import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -22,9 +27,12 @@ import regex
 import tiktoken
 
 from ..assets import asset_path
-from .base import _check_ids, _read_json, _write_json
+from ..runtime import check_int
+from .base import (_PROBE, _check_ranks, _check_special_tokens, _check_strings, _read_json, _write_json, as_ids,
+                   check_text, compile_pattern, split_pieces)
 
-__all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "BPETokenizer", "gpt2_tokenizer"]
+__all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "encode_piece", "BPETokenizer",
+           "gpt2_tokenizer"]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
@@ -39,6 +47,8 @@ def get_stats(ids: Sequence[int], counts: dict | None = None) -> dict[tuple[int,
     >>> get_stats([1, 2, 3, 1, 2])
     {(1, 2): 2, (2, 3): 1, (3, 1): 1}
     """
+    if counts is not None and not isinstance(counts, dict):
+        raise ValueError(f"counts must be a dict (or None), got {type(counts).__name__}")
     counts = {} if counts is None else counts
     for pair in zip(ids, ids[1:]):
         counts[pair] = counts.get(pair, 0) + 1
@@ -53,6 +63,8 @@ def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
     >>> merge([1, 1, 1], (1, 1), 9)
     [9, 1]
     """
+    if len(pair) != 2:
+        raise ValueError(f"pair must be two ids, got {pair!r}")
     out, i, n = [], 0, len(ids)
     while i < n:
         if i + 1 < n and ids[i] == pair[0] and ids[i + 1] == pair[1]:
@@ -77,8 +89,10 @@ def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None =
     >>> parts
     [b'abb']
     """
-    limit = len(ranks) if limit is None else limit
-    rank_of = ranks.get  # bound once: this loop is the encoder's hot path
+    if not isinstance(parts, list):
+        raise ValueError(f"parts must be a list of bytes (merged in place), got {type(parts).__name__}")
+    limit = len(ranks) if limit is None else check_int("limit", limit, lo=0)
+    rank_of = ranks.get
     while len(parts) > 1:
         best, best_i = limit, -1
         for i in range(len(parts) - 1):
@@ -91,54 +105,100 @@ def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None =
         parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
 
 
+def encode_piece(piece: bytes, ranks: dict[bytes, int], limit: int | None = None) -> list[int]:
+    """The ids of ``piece`` after the merges of :func:`merge_steps`, found in O(n log n) for n bytes.
+
+    The parts form a linked list: a part is named by its first byte ``i`` and ends where the next
+    one starts, ``nxt[i]``. A heap holds every adjacent pair that is a token (rank below ``limit``),
+    keyed by rank and then position, so the pair it pops is the one :func:`merge_steps` picks: the
+    lowest rank, the leftmost among equals. A merge changes only the pairs with the two neighbours;
+    heap entries it makes stale are recognised (``pair[i]`` no longer holds their rank) and skipped.
+
+    >>> encode_piece(b"abb", {b"a": 0, b"b": 1, b"ab": 2, b"bb": 3, b"abb": 4})
+    [4]
+    >>> encode_piece(b"abb", {b"a": 0, b"b": 1, b"ab": 2, b"bb": 3, b"abb": 4}, limit=4)
+    [2, 1]
+    """
+    if not isinstance(piece, bytes):
+        raise ValueError(f"piece must be bytes, got {type(piece).__name__}")
+    n = len(piece)
+    limit = len(ranks) if limit is None else check_int("limit", limit, lo=0)
+    if n < 2:
+        return [ranks[piece]] if n else []
+    get = ranks.get
+    nxt = list(range(1, n + 1))  # nxt[i]: where the part after the part at i starts (n: none)
+    prv = list(range(-1, n - 1))  # prv[i]: where the part before it starts (-1: none)
+    # pair[i]: the rank of the part at i joined with the next part (>= limit: no token; -1: no part at i)
+    pair = [get(piece[i : i + 2], limit) for i in range(n - 1)] + [limit]
+    shift = n.bit_length()
+    heap = [r << shift | i for i, r in enumerate(pair) if r < limit]  # (rank, position) in one int
+    heapq.heapify(heap)
+    mask, pop, push = (1 << shift) - 1, heapq.heappop, heapq.heappush
+    while heap:
+        key = pop(heap)
+        i = key & mask
+        if pair[i] != key >> shift:
+            continue  # stale: the part at i changed since this entry was pushed
+        j = nxt[i]  # merge the part at i with the part at j, which ends at k
+        k = nxt[i] = nxt[j]
+        pair[j] = -1
+        if k < n:
+            prv[k] = i
+            r = pair[i] = get(piece[i : nxt[k]], limit)
+            if r < limit:
+                push(heap, r << shift | i)
+        else:
+            pair[i] = limit
+        h = prv[i]
+        if h >= 0:
+            r = pair[h] = get(piece[h:k], limit)
+            if r < limit:
+                push(heap, r << shift | h)
+    out, i = [], 0
+    while i < n:
+        out.append(ranks[piece[i : nxt[i]]])
+        i = nxt[i]
+    return out
+
+
 # --- byte-level BPE ---------------------------------------------------------------------------
 class BPETokenizer:
     """Byte-level BPE given by its ranks (token bytes -> id), a split pattern and special tokens.
 
     Ids 0..255 are the single bytes (trained tokenizers: id b is byte b; GPT-2 orders them
-    differently); each merge adds one id. ``merges[k]`` is the pair of ids
-    whose concatenation became token ``256 + k`` (for GPT-2's ranks the pairs are recovered).
+    differently); each merge adds one id; the special tokens take the ids after the ordinary ones,
+    so every id below ``vocab_size`` is a token. ``merges[k]`` is the pair of ids whose
+    concatenation became token ``256 + k`` (for GPT-2's ranks the pairs are recovered).
+
+    ``decode(encode(text)) == text`` for every ``str`` without lone surrogates (which UTF-8
+    cannot write; they are refused). The split pattern must cover its input: a pattern that leaves
+    a character in no piece is refused when the tokenizer is made (on a probe text) and when a
+    text is encoded, instead of silently dropping the character.
     """
 
     FORMAT = "gptlib-bpe"
 
-    def __init__(
-        self,
-        ranks: dict[bytes, int],
-        pattern: str = GPT2_SPLIT_PATTERN,
-        special_tokens: dict[str, int] | None = None,
-        name: str = "gptlib-bpe",
-    ):
-        n = len(ranks)
-        if sorted(ranks.values()) != list(range(n)):
-            raise ValueError("ranks must map token bytes to the ids 0..len(ranks)-1, each once")
-        if n < 256 or sorted(ranks.get(bytes([b]), n) for b in range(256)) != list(range(256)):
-            raise ValueError("ranks must give the 256 single bytes the ids 0..255 (in any order)")
-        special_tokens = dict(special_tokens or {})
-        for s, i in special_tokens.items():
-            if i < n or i in ranks.values():
-                raise ValueError(f"special token {s!r} has id {i}, which collides with an ordinary token")
-        if len(set(special_tokens.values())) != len(special_tokens):
-            raise ValueError("special_tokens must have distinct ids")
-        self.ranks = dict(ranks)
-        self.pattern = pattern
-        self._split = regex.compile(pattern)
-        self.special_tokens = special_tokens
-        self.name = name
-        self.vocab: dict[int, bytes] = {i: b for b, i in ranks.items()}
-        self.vocab.update({i: s.encode("utf-8") for s, i in special_tokens.items()})
-        self._special_split = (
-            regex.compile("(" + "|".join(regex.escape(s) for s in sorted(special_tokens, key=len, reverse=True)) + ")")
-            if special_tokens else None
-        )
+    def __init__(self, ranks: dict[bytes, int], pattern: str = GPT2_SPLIT_PATTERN,
+                 special_tokens: dict[str, int] | None = None, name: str = "gptlib-bpe"):
+        self.ranks = _check_ranks(ranks)
+        self.special_tokens = _check_special_tokens({} if special_tokens is None else special_tokens, len(self.ranks))
+        self._split = compile_pattern(pattern)
+        split_pieces(self._split, _PROBE)  # a pattern that loses text fails now, not on some later text
+        if not isinstance(name, str):
+            raise ValueError(f"name must be a str, got {name!r}")
+        self.pattern, self.name = pattern, name
+        self.vocab: dict[int, bytes] = {i: b for b, i in self.ranks.items()}
+        self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
+        longest_first = sorted(self.special_tokens, key=len, reverse=True)
+        self._special_split = regex.compile("(" + "|".join(map(regex.escape, longest_first)) + ")")
         self._cache: dict[bytes, tuple[int, ...]] = {}
         self._merges: list[tuple[int, int]] | None = None
 
     # -- sizes and views --
     @property
     def vocab_size(self) -> int:
-        """Ordinary tokens plus special tokens (ids run up to ``vocab_size - 1``)."""
-        return max(self.vocab) + 1
+        """Ordinary tokens plus special tokens (the ids are 0 .. ``vocab_size - 1``)."""
+        return len(self.vocab)
 
     @property
     def merges(self) -> list[tuple[int, int]]:
@@ -149,41 +209,45 @@ class BPETokenizer:
 
     def _split_token(self, token: bytes, rank: int) -> tuple[int, int]:
         # Encoding the token's bytes with the ranks below its own stops one merge short: two parts.
-        parts = self._bpe(token, max_rank=rank)
+        parts = encode_piece(token, self.ranks, rank)
         if len(parts) != 2:
             raise ValueError(f"token {token!r} (id {rank}) is not the merge of two earlier tokens")
         return parts[0], parts[1]
 
     def token_bytes(self, i: int) -> bytes:
-        return self.vocab[_check_ids([i], self.vocab_size)[0]]
+        return self.vocab[check_int("i", i, 0, self.vocab_size - 1)]
 
     def token_str(self, i: int) -> str:
         """A token as text (bytes that are not valid UTF-8 on their own show as U+FFFD)."""
         return self.token_bytes(i).decode("utf-8", errors="replace")
 
     # -- encoding --
-    def _bpe(self, piece: bytes, max_rank: int | None = None) -> list[int]:
-        """Merge the lowest-ranked adjacent pair until none is a token (ranks < max_rank only)."""
-        parts = [bytes([b]) for b in piece]
-        for _ in merge_steps(parts, self.ranks, max_rank):
-            pass
-        return [self.ranks[p] for p in parts]
+    def split(self, text: str) -> list[str]:
+        """The pieces the split pattern cuts ``text`` into (merges never cross them); they concatenate to ``text``.
+
+        >>> BPETokenizer.train("aaabdaaabac", 259, special_tokens=()).split("It's 3 cats")
+        ['It', "'s", ' 3', ' cats']
+        """
+        return split_pieces(self._split, check_text(text, utf8=True))
 
     def _encode_chunk(self, chunk: bytes) -> tuple[int, ...]:
         ids = self._cache.get(chunk)
         if ids is None:
             ids = self.ranks.get(chunk)
-            ids = (ids,) if ids is not None else tuple(self._bpe(chunk))
-            if len(self._cache) < 500_000:
+            ids = (ids,) if ids is not None else tuple(encode_piece(chunk, self.ranks))
+            if len(chunk) <= 64 and len(self._cache) < 500_000:  # (long pieces are rare: not kept)
                 self._cache[chunk] = ids
         return ids
 
+    def _encode_ordinary(self, text: str) -> list[int]:
+        out: list[int] = []
+        for piece in split_pieces(self._split, text):
+            out.extend(self._encode_chunk(piece.encode("utf-8")))
+        return out
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ``text`` treating special-token strings as ordinary text."""
-        out: list[int] = []
-        for chunk in self._split.findall(text):
-            out.extend(self._encode_chunk(chunk.encode("utf-8")))
-        return out
+        return self._encode_ordinary(check_text(text, utf8=True))
 
     def encode(self, text: str, allowed_special: str | set[str] = frozenset()) -> list[int]:
         """Text -> token ids. Special tokens are recognised only if listed in ``allowed_special``
@@ -193,29 +257,32 @@ class BPETokenizer:
         >>> tok.encode("aaabdaaabac")
         [258, 100, 258, 97, 99]
         """
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
-        unknown = allowed - set(self.special_tokens)
-        if unknown:
-            raise ValueError(f"allowed_special names unknown special tokens {sorted(unknown)}")
-        if not allowed or self._special_split is None:
-            return self.encode_ordinary(text)
+        check_text(text, utf8=True)
+        allowed = self._allowed(allowed_special)
+        if not allowed:
+            return self._encode_ordinary(text)
         out: list[int] = []
         for part in self._special_split.split(text):
             if part in allowed:
                 out.append(self.special_tokens[part])
             elif part:
-                out.extend(self.encode_ordinary(part))
+                out.extend(self._encode_ordinary(part))
         return out
 
+    def _allowed(self, allowed_special: object) -> set[str]:
+        if allowed_special == "all":
+            return set(self.special_tokens)
+        if isinstance(allowed_special, str) or not hasattr(allowed_special, "__iter__"):
+            raise ValueError(f'allowed_special must be "all" or a set of special tokens, got {allowed_special!r}')
+        allowed = set(allowed_special)
+        unknown = allowed - set(self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names unknown special tokens {sorted(map(repr, unknown))}")
+        return allowed
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        ids = list(ids)
-        try:
-            return b"".join(self.vocab[i] for i in ids)
-        except (KeyError, TypeError):
-            _check_ids(ids, self.vocab_size)
-            raise ValueError(f"ids contain an id that is not a token of this vocabulary: {ids}") from None
+        """Token ids (ints in [0, vocab_size): a list, an iterator or a 1-D tensor) -> their bytes."""
+        return b"".join(map(self.vocab.__getitem__, as_ids(ids, self.vocab_size)))
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text. Byte sequences that are not valid UTF-8 become U+FFFD, never an error."""
@@ -226,9 +293,10 @@ class BPETokenizer:
 
         Returns ``(steps, labels)``: ``steps[0]`` is one piece per byte, ``steps[k]`` the pieces
         after k merges (the lowest-ranked available merge first), ``labels[k-1]`` names merge k.
-        The last step equals :meth:`encode_ordinary`.
+        The last step equals :meth:`encode_ordinary`. It runs the readable :func:`merge_steps`,
+        O(n²) per piece of n bytes: meant for a sentence.
         """
-        chunks = [[bytes([b]) for b in c.encode("utf-8")] for c in self._split.findall(text)]
+        chunks = [[bytes([b]) for b in c.encode("utf-8")] for c in self.split(text)]
         show = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
         steps = [[show(p) for c in chunks for p in c]]
         labels = []
@@ -245,27 +313,28 @@ class BPETokenizer:
 
     # -- training --
     @classmethod
-    def train(
-        cls,
-        text: str,
-        vocab_size: int,
-        pattern: str = GPT2_SPLIT_PATTERN,
-        special_tokens: Sequence[str] = (ENDOFTEXT,),
-    ) -> "BPETokenizer":
+    def train(cls, text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN,
+              special_tokens: Sequence[str] = (ENDOFTEXT,)) -> "BPETokenizer":
         """Learn ``vocab_size - len(special_tokens) - 256`` merges from ``text``.
 
         Each step merges the most frequent adjacent pair (ties: the smallest pair of ids), counted
         over the distinct pre-tokenized chunks weighted by their frequency. Pair counts are updated
-        incrementally: a merge touches only the chunks that contain the merged pair.
+        incrementally: a merge touches only the chunks that contain the merged pair. A text too
+        short for that many merges (every chunk already one token) gives a smaller vocabulary, with
+        a ``UserWarning`` that says so: ``vocab_size`` is then less than asked for.
         """
+        check_text(text, utf8=True)
+        if isinstance(special_tokens, str):
+            raise ValueError(f"special_tokens must be a list of strings, got the str {special_tokens!r}")
         special_tokens = list(special_tokens)
-        if not isinstance(vocab_size, int) or vocab_size < 256 + len(special_tokens):
-            raise ValueError(f"vocab_size must be an int >= 256 + {len(special_tokens)} special tokens, got {vocab_size!r}")
-        if len(set(special_tokens)) != len(special_tokens) or any(not s for s in special_tokens):
-            raise ValueError("special_tokens must be distinct non-empty strings")
+        _check_strings("special_tokens", special_tokens)
+        if len(set(special_tokens)) != len(special_tokens):
+            raise ValueError(f"special_tokens must be distinct, got {special_tokens}")
+        vocab_size = check_int("vocab_size", vocab_size, lo=256 + len(special_tokens))
         n_merges = vocab_size - 256 - len(special_tokens)
-        split = regex.compile(pattern)
-        freq = Counter(split.findall(text))
+        split = compile_pattern(pattern)
+        split_pieces(split, _PROBE)
+        freq = Counter(split_pieces(split, text))
         words = [list(w.encode("utf-8")) for w in freq]
         counts = list(freq.values())
         pair_count: dict[tuple[int, int], int] = defaultdict(int)
@@ -304,17 +373,16 @@ class BPETokenizer:
                         heapq.heappush(heap, (-pair_count[p], p))
                     else:
                         del pair_count[p]
-        first_special = len(ranks)
-        specials = {s: first_special + k for k, s in enumerate(special_tokens)}
+        if len(ranks) < 256 + n_merges:
+            warnings.warn(f"vocab_size={vocab_size} asked for, but the text allows only {len(ranks) - 256} merges: "
+                          f"the tokenizer has {len(ranks) + len(special_tokens)} tokens", UserWarning, stacklevel=2)
+        specials = {s: len(ranks) + k for k, s in enumerate(special_tokens)}
         return cls(ranks, pattern, specials)
 
     # -- files --
     def to_dict(self) -> dict:
         return {
-            "format": self.FORMAT,
-            "version": 1,
-            "name": self.name,
-            "pattern": self.pattern,
+            "format": self.FORMAT, "version": 1, "name": self.name, "pattern": self.pattern,
             "special_tokens": self.special_tokens,
             # ranks in id order, each token's bytes in base64 (the tiktoken file format, as JSON)
             "tokens": [base64.b64encode(self.vocab[i]).decode("ascii") for i in range(len(self.ranks))],
@@ -326,28 +394,41 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BPETokenizer":
-        """Read a tokenizer written by :meth:`save`; a corrupt file fails naming what is wrong."""
-        d = _read_json(path, cls.FORMAT, ["pattern", "tokens", "special_tokens"])
+        """Read a tokenizer written by :meth:`save`; a corrupt file fails naming the file and the field.
+
+        Beyond the types of the fields: the tokens are distinct, the 256 bytes come first, every
+        later token is the merge of two earlier ones, the special tokens take the ids after them,
+        and the pattern is a regular expression that covers its input.
+        """
+        d = _read_json(path, cls.FORMAT, {"pattern": str, "tokens": list, "special_tokens": dict})
+        name = d.get("name", "gptlib-bpe")
         try:
             ranks = {base64.b64decode(t, validate=True): i for i, t in enumerate(d["tokens"])}
         except (binascii.Error, TypeError, ValueError):
             raise ValueError(f"{path}: field 'tokens' holds an entry that is not base64") from None
         if len(ranks) != len(d["tokens"]):
             raise ValueError(f"{path}: field 'tokens' lists the same bytes twice")
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: field 'name' must be a JSON string, got {name!r}")
+        for field, check in [("tokens", lambda: _check_ranks(ranks)),
+                             ("pattern", lambda: split_pieces(compile_pattern(d["pattern"]), _PROBE)),
+                             ("special_tokens", lambda: _check_special_tokens(d["special_tokens"], len(ranks)))]:
+            try:
+                check()
+            except ValueError as e:
+                raise ValueError(f"{path}: field {field!r}: {e}") from None
+        tok = cls(ranks, d["pattern"], d["special_tokens"], name)
         try:
-            return cls(ranks, d["pattern"], d["special_tokens"], d.get("name", "gptlib-bpe"))
-        except (ValueError, regex.error) as e:
-            raise ValueError(f"{path}: {e}") from None
+            tok.merges  # noqa: B018 (a token no merge makes can never be produced by encoding)
+        except ValueError as e:
+            raise ValueError(f"{path}: field 'tokens': {e}") from None
+        return tok
 
     # -- tiktoken, the peer --
     def to_tiktoken(self) -> tiktoken.Encoding:
         """A ``tiktoken.Encoding`` with the same ranks, pattern and special tokens."""
-        return tiktoken.Encoding(
-            name=self.name,
-            pat_str=self.pattern,
-            mergeable_ranks=dict(self.ranks),
-            special_tokens=dict(self.special_tokens),
-        )
+        return tiktoken.Encoding(name=self.name, pat_str=self.pattern, mergeable_ranks=dict(self.ranks),
+                                 special_tokens=dict(self.special_tokens))
 
 
 # --- GPT-2's tokenizer, offline ----------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 import regex
 
-from .base import _check_ids, _read_json, _write_json
+from .base import _read_json, _write_json, as_ids, check_text
 
 __all__ = ["CharTokenizer", "WordTokenizer"]
 
@@ -26,7 +26,8 @@ class _ListTokenizer:
         return len(self.vocab)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.SEP.join(self.vocab[i] for i in _check_ids(ids, self.vocab_size))
+        """Token ids -> text; ``ids`` must be ints in [0, vocab_size) (a list, iterator or 1-D tensor)."""
+        return self.SEP.join(self.vocab[i] for i in as_ids(ids, self.vocab_size))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the vocabulary as JSON (atomically)."""
@@ -35,11 +36,17 @@ class _ListTokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike):
         """Read a tokenizer written by :meth:`save`; a corrupt file fails naming what is wrong."""
-        d = _read_json(path, cls.FORMAT, ["vocab"])
+        d = _read_json(path, cls.FORMAT, {"vocab": list})
         try:
-            return cls(d["vocab"])
-        except (ValueError, TypeError) as e:
+            tok = cls(d["vocab"])
+        except ValueError as e:
             raise ValueError(f"{path}: field 'vocab': {e}") from None
+        cls._check_file_vocab(path, d["vocab"])
+        return tok
+
+    @classmethod
+    def _check_file_vocab(cls, path, vocab: list) -> None:
+        """What a file's vocabulary needs beyond what the constructor checks (nothing, by default)."""
 
 
 class CharTokenizer(_ListTokenizer):
@@ -53,22 +60,22 @@ class CharTokenizer(_ListTokenizer):
     FORMAT, SEP = "gptlib-char", ""
 
     def __init__(self, vocab: Sequence[str]):
-        vocab = list(vocab)
+        vocab = list(vocab)  # (a str is a sequence of characters: CharTokenizer("abc") is fine)
         if not vocab or any(not isinstance(c, str) or len(c) != 1 for c in vocab) or len(set(vocab)) != len(vocab):
-            raise ValueError("vocab must be a non-empty list of distinct single characters")
+            raise ValueError(f"vocab must be a non-empty list of distinct single characters, got {vocab!r:.80}")
         self.vocab = vocab
         self.stoi = {c: i for i, c in enumerate(vocab)}
 
     @classmethod
     def train(cls, text: str) -> "CharTokenizer":
         """The tokenizer whose vocabulary is the set of characters of ``text``."""
-        if not text:
+        if not check_text(text):
             raise ValueError("text must not be empty")
         return cls(sorted(set(text)))
 
     def encode(self, text: str) -> list[int]:
         try:
-            return [self.stoi[c] for c in text]
+            return [self.stoi[c] for c in check_text(text)]
         except KeyError as e:
             raise ValueError(f"character {e.args[0]!r} is not in the vocabulary") from None
 
@@ -90,9 +97,13 @@ class WordTokenizer(_ListTokenizer):
     FORMAT, SEP = "gptlib-word", " "
 
     def __init__(self, vocab: Sequence[str]):
+        if isinstance(vocab, str):
+            raise ValueError(f"vocab must be a list of words, got the str {vocab!r:.40}")
         vocab = list(vocab)
-        if any(not isinstance(w, str) or not w for w in vocab):
-            raise ValueError("vocab must be a list of non-empty strings")
+        for w in vocab:
+            # A token no split produces could never be encoded: refuse it (the unknown token aside).
+            if not isinstance(w, str) or (w != self.UNK and not self.SPLIT.fullmatch(w)):
+                raise ValueError(f"vocab must hold single words or marks (as SPLIT cuts them), got {w!r}")
         if self.UNK not in vocab:
             vocab.append(self.UNK)
         if len(set(vocab)) != len(vocab):
@@ -103,8 +114,15 @@ class WordTokenizer(_ListTokenizer):
     @classmethod
     def train(cls, text: str) -> "WordTokenizer":
         """The tokenizer whose vocabulary is the set of words and marks of ``text``, plus ``<|unk|>``."""
-        return cls(sorted(set(cls.SPLIT.findall(text))))
+        return cls(sorted(set(cls.SPLIT.findall(check_text(text)))))
 
     def encode(self, text: str) -> list[int]:
         unk = self.stoi[self.UNK]
-        return [self.stoi.get(w, unk) for w in self.SPLIT.findall(text)]
+        return [self.stoi.get(w, unk) for w in self.SPLIT.findall(check_text(text))]
+
+    @classmethod
+    def _check_file_vocab(cls, path, vocab: list) -> None:
+        # The constructor appends <|unk|> to a word list without it; a file written by save always
+        # lists it, and one without it would load with a different vocab_size.
+        if cls.UNK not in vocab:
+            raise ValueError(f"{path}: field 'vocab' lacks the unknown-word token {cls.UNK!r}")
