@@ -7,6 +7,7 @@ the page and across pages. The built book itself is checked too, where ``make bo
 
 from __future__ import annotations
 
+import doctest
 import re
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 from browser_support import HTML, ROOT
 
 sys.path.insert(0, str(ROOT / "book_ext"))
+import book_equations  # noqa: E402
 from book_equations import chapter_of, renumber  # noqa: E402
 
 
@@ -26,6 +28,10 @@ def eq_numbers(html: str) -> list[str]:
 def eq_links(html: str) -> list[tuple[str, str]]:
     """Every equation reference of a built page: (the target's anchor, the text shown)."""
     return re.findall(r'<a class="reference internal" href="[^"]*#(equation-[^"]+)">\(([^)<]*)\)</a>', html)
+
+
+def test_doctests():
+    assert doctest.testmod(book_equations).failed == 0
 
 
 def test_chapter_of_reads_the_page_name():
@@ -65,6 +71,8 @@ def small_book(tmp_path_factory):
         nbformat.v4.new_code_cell("x = 1", outputs=[]),
         _markdown_cell("Then\n\n$$\nz = g(y)\n$$ (mlp-activation)\n\nwith $y$ from {eq}`mlp-affine`, "
                        "and the notation page's {eq}`notation-softmax`.\n"),
+        _markdown_cell("* Two aligned lines, one number:\n\n  $$\n  \\begin{aligned}\n  a &= b \\\\\n"
+                       "  c &= d\n  \\end{aligned}\n  $$ (mlp-aligned)\n\n* and {eq}`mlp-aligned`.\n"),
     ]
     nbformat.write(nb, src / "chapters" / "03_mlp.ipynb")
     (src / "chapters" / "notation.md").write_text(
@@ -90,10 +98,11 @@ def small_book(tmp_path_factory):
 
 def test_chapter_equations_are_numbered_after_the_chapter(small_book):
     chapter, notation = small_book["03_mlp"], small_book["notation"]
-    assert eq_numbers(chapter) == ["3.1", "3.2"]
+    assert eq_numbers(chapter) == ["3.1", "3.2", "3.3"]
     assert eq_numbers(notation) == ["1"]  # not a chapter: its own count
     # references are links that show the same numbers, on the page and across pages
-    assert eq_links(chapter) == [("equation-mlp-affine", "3.1"), ("equation-notation-softmax", "1")]
+    assert eq_links(chapter) == [("equation-mlp-affine", "3.1"), ("equation-notation-softmax", "1"),
+                                 ("equation-mlp-aligned", "3.3")]
     assert eq_links(notation) == [("equation-notation-softmax", "1"), ("equation-mlp-activation", "3.2")]
 
 
