@@ -127,7 +127,7 @@ def read_page(browser, site: str, page: str, size: tuple[int, int]) -> Reading:
     tab.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
     tab.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
     try:
-        tab.goto(f"{site}/{page}.html", wait_until="networkidle")
+        tab.goto(f"{site}/{page}.html", wait_until="load")
         tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                               timeout=20_000)
         tab.evaluate("() => MathJax.startup.promise")
