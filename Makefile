@@ -72,7 +72,7 @@ $(VENDOR)/.done: package.json package-lock.json $(STAMP)
 
 browser: chromium
 	@if [ -x /usr/bin/chromium ]; then \
-	    $(MAKE) --no-print-directory book && $(PY) -m pytest -q tests/test_browser.py; \
+	    $(MAKE) --no-print-directory book && $(PY) -m pytest -q tests/test_browser*.py; \
 	else echo "SKIPPED the browser test: /usr/bin/chromium is missing and could not be installed (needs root and apt)."; fi
 
 chromium:

@@ -1,7 +1,7 @@
 """The built HTML book in a real browser: widgets live without a kernel, maths rendered, no CDN.
 
 Needs `make book` first (`make test` runs it) and Debian's Chromium at /usr/bin/chromium, driven
-by Playwright. Screenshots go to test-artifacts/. GPTLIB_BOOK_HTML points the test at another
+by Playwright (the fixtures ``site`` and ``browser`` are in conftest.py). Screenshots go to test-artifacts/. GPTLIB_BOOK_HTML points the test at another
 built book (default: _build/html). A chapter whose page is not in the book is skipped, by name.
 
 Besides the chapters, one page is made here, served beside the built book and loading only the
@@ -11,63 +11,20 @@ is tested on a trained model whatever the chapters show.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import torch
+from browser_support import HTML, ROOT, serve
 
 from gptlib.sampling import next_token_probs
 
 browser_test = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
-HTML = Path(os.environ.get("GPTLIB_BOOK_HTML", ROOT / "_build" / "html"))
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 CDN_HOSTS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com")
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site():
-    if not (HTML / "index.html").is_file():
-        pytest.skip(f"no built book at {HTML}: run `make book` first")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(HTML)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 class Page:
@@ -425,15 +382,8 @@ def shipped_page(site, tmp_path_factory):
         '<script src="_static/vendor/html-manager/embed-amd.js" data-jupyter-widgets-cdn="./no-cdn/"></script>'
         f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head><body>{views}</body></html>',
         encoding="utf-8")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/index.html", attention, sampling
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve(root) as url:
+        yield f"{url}/index.html", attention, sampling
 
 
 @browser_test

@@ -1,0 +1,116 @@
+"""The book's Sphinx extensions (book_ext/): equation numbers relative to the chapter.
+
+A small book is built here with Sphinx, MyST-NB and book_ext/book_equations.py: a chapter notebook
+and a Markdown page that label equations (``$$ ... $$ (label)``) and cite them with ``{eq}``, on
+the page and across pages. The built book itself is checked too, where ``make book`` has run.
+"""
+
+from __future__ import annotations
+
+import doctest
+import re
+import sys
+
+import nbformat
+import pytest
+from browser_support import HTML, ROOT
+
+sys.path.insert(0, str(ROOT / "book_ext"))
+import book_equations  # noqa: E402
+from book_equations import chapter_of, renumber  # noqa: E402
+
+
+def eq_numbers(html: str) -> list[str]:
+    """The numbers shown beside the display equations of a built page, in page order."""
+    return re.findall(r'<span class="eqno">\(([^)<]*)\)', html)
+
+
+def eq_links(html: str) -> list[tuple[str, str]]:
+    """Every equation reference of a built page: (the target's anchor, the text shown)."""
+    return re.findall(r'<a class="reference internal" href="[^"]*#(equation-[^"]+)">\(([^)<]*)\)</a>', html)
+
+
+def test_doctests():
+    assert doctest.testmod(book_equations).failed == 0
+
+
+def test_chapter_of_reads_the_page_name():
+    assert chapter_of("chapters/12_todays_gpts") == 12
+    assert chapter_of("chapters/00_next_token") == 0
+    assert chapter_of("chapters/appendix_notes_errata") is None
+    assert chapter_of("chapters/intro") is None
+
+
+def test_renumber_keeps_page_order_and_prefixes_the_chapter():
+    sphinx_numbers = {"equation-c": (14,), "equation-a": (12,), "equation-b": (13,)}  # global count
+    assert renumber("chapters/07_sampling", sphinx_numbers) == {
+        "equation-a": (7, 1), "equation-b": (7, 2), "equation-c": (7, 3)}
+    assert renumber("chapters/notation", sphinx_numbers) == {
+        "equation-a": (1,), "equation-b": (2,), "equation-c": (3,)}
+
+
+def _markdown_cell(text: str):
+    return nbformat.v4.new_markdown_cell(text)
+
+
+@pytest.fixture(scope="module")
+def small_book(tmp_path_factory):
+    """Builds a three-page book (an index, a chapter notebook, a Markdown page) and returns the
+    HTML of the two pages."""
+    from sphinx.application import Sphinx
+
+    src = tmp_path_factory.mktemp("book")
+    (src / "chapters").mkdir()
+    (src / "index.md").write_text(
+        "# A small book\n\n```{toctree}\nchapters/03_mlp\nchapters/notation\n```\n", encoding="utf-8")
+    nb = nbformat.v4.new_notebook(metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"}})
+    nb.cells = [
+        _markdown_cell("# 3. An MLP\n\nSome prose first.\n\n$$\ny = x W + b\n$$ (mlp-affine)\n"),
+        nbformat.v4.new_code_cell("x = 1", outputs=[]),
+        _markdown_cell("Then\n\n$$\nz = g(y)\n$$ (mlp-activation)\n\nwith $y$ from {eq}`mlp-affine`, "
+                       "and the notation page's {eq}`notation-softmax`.\n"),
+        _markdown_cell("* Two aligned lines, one number:\n\n  $$\n  \\begin{aligned}\n  a &= b \\\\\n"
+                       "  c &= d\n  \\end{aligned}\n  $$ (mlp-aligned)\n\n* and {eq}`mlp-aligned`.\n"),
+    ]
+    nbformat.write(nb, src / "chapters" / "03_mlp.ipynb")
+    (src / "chapters" / "notation.md").write_text(
+        "# Notation\n\n$$\n\\operatorname{softmax}(y)_v = e^{y_v} / \\sum_u e^{y_u}\n$$ (notation-softmax)\n\n"
+        "Cited: {eq}`notation-softmax` here, {eq}`mlp-activation` in Chapter 3.\n", encoding="utf-8")
+    out = src / "_build"
+    conf = {
+        "extensions": ["myst_nb", "book_equations"],
+        "myst_enable_extensions": ["dollarmath", "amsmath"],
+        "nb_execution_mode": "off",
+        "numfig": True,
+        "math_numfig": True,
+        "math_numsep": ".",
+        "html_theme": "basic",
+    }
+    sys.path.insert(0, str(ROOT / "book_ext"))
+    app = Sphinx(str(src), None, str(out), str(out / ".doctrees"), "html", confoverrides=conf,
+                 status=None, warning=None, freshenv=True, warningiserror=True)
+    app.build(force_all=True)
+    return {name: (out / "chapters" / f"{name}.html").read_text(encoding="utf-8")
+            for name in ("03_mlp", "notation")}
+
+
+def test_chapter_equations_are_numbered_after_the_chapter(small_book):
+    chapter, notation = small_book["03_mlp"], small_book["notation"]
+    assert eq_numbers(chapter) == ["3.1", "3.2", "3.3"]
+    assert eq_numbers(notation) == ["1"]  # not a chapter: its own count
+    # references are links that show the same numbers, on the page and across pages
+    assert eq_links(chapter) == [("equation-mlp-affine", "3.1"), ("equation-notation-softmax", "1"),
+                                 ("equation-mlp-aligned", "3.3")]
+    assert eq_links(notation) == [("equation-notation-softmax", "1"), ("equation-mlp-activation", "3.2")]
+
+
+def test_the_built_notation_page_numbers_and_links_its_equations():
+    page = HTML / "chapters" / "notation.html"
+    if not page.is_file():
+        pytest.skip(f"no built book at {HTML}: run `make book` first")
+    html = page.read_text(encoding="utf-8")
+    assert eq_numbers(html) == ["1", "2"]
+    assert ("equation-notation-softmax", "1") in eq_links(html)
+    assert ("equation-notation-loss", "2") in eq_links(html)

@@ -1,0 +1,267 @@
+"""What a reader sees on each page of the built book, measured in Chromium.
+
+Every page of the table of contents is opened at 1280x900 and at 420 px wide, after MathJax has
+typeset it and its widgets are drawn, and measured:
+
+* ``code``: the share of the article's height taken by code sources a reader sees (a cell whose
+  input is hidden behind "Show code cell source" counts only once opened, so not here);
+* ``wide_*``: how many blocks are wider than their box (``scrollWidth > clientWidth``), so that
+  the reader scrolls sideways or loses the right-hand side: code sources, outputs, display
+  equations, tables; ``page_wide``: whether the page itself is wider than the window;
+* ``tex``: text a reader sees as raw TeX (``\\mathbf``, ``\\sqrt``, ``$``, ``$$``, ...) outside typeset maths,
+  code and outputs;
+* ``errors``: console errors, script errors and failed requests;
+* ``small_img``: images shown below 0.62 of the width they were drawn at.
+
+The table of every page is printed at the end of the test log. Each target of the book (issue 27)
+is one test below; a target the chapters do not meet yet is marked ``xfail(strict=True)`` with
+the numbers of the day, so that meeting it fails the run until its marker is removed: nothing
+gets better, or worse, unnoticed.
+
+Needs ``make book`` and Debian's Chromium (see conftest.py); ``make browser`` runs it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+import pytest
+from browser_support import HTML, ROOT
+
+pytestmark = pytest.mark.browser
+
+WIDE, NARROW = (1280, 900), (420, 900)
+MAX_MEAN_CODE, MAX_CODE = 0.25, 0.35  # visible code: the chapters' mean, and any one chapter
+MIN_IMAGE_SCALE = 0.62  # shown width / drawn width, below which tick labels become unreadable
+
+
+def toc_pages() -> list[str]:
+    """The pages of _toc.yml in book order, as paths under the book (``chapters/04_attention``)."""
+    toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    return re.findall(r"^\s*(?:-\s*)?(?:file|root):\s*(\S+)\s*$", toc, re.M)
+
+
+PAGES = toc_pages()
+CHAPTERS = [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()]
+
+# Runs in the page once MathJax is done: every measurement of one page at one window size.
+MEASURE = r"""
+() => {
+  const article = document.querySelector("article.bd-article") || document.querySelector("main");
+  const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  const height = (e) => shown(e) ? e.getBoundingClientRect().height : 0;
+  // A block is wide when it, or a box inside it that scrolls sideways, is wider than itself
+  // (MathJax's own inner boxes, such as its clipped copy for screen readers, do not count).
+  const scrolls = (x) => ["auto", "scroll"].includes(getComputedStyle(x).overflowX);
+  const wider = (x) => x.clientWidth > 0 && x.scrollWidth > x.clientWidth + 1;
+  const wide = (e) => shown(e) && (wider(e) || [...e.querySelectorAll("*")].some(
+      (x) => scrolls(x) && wider(x) && !x.parentElement.closest("mjx-container")));
+  const name = (e) => (e.closest("section[id]") || {id: "?"}).id;
+  const list = (sel) => [...article.querySelectorAll(sel)].filter(wide).map(name);
+  const code = [...article.querySelectorAll(".cell_input")].reduce((s, e) => s + height(e), 0);
+
+  // a dollar sign (with dollarmath on, prose has none) or a TeX command, outside typeset maths
+  const tex = /\$|\\(?:[A-Za-z]+|[()\[\]{}|,;!])/;
+  const skip = "mjx-container, script, style, pre, code, textarea, .cell_input";
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const raw = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const p = n.parentElement;
+    if (!p || p.closest(skip) || !tex.test(n.textContent)) continue;
+    const at = n.textContent.search(tex);
+    raw.push(`${name(p)}: ${n.textContent.slice(Math.max(0, at - 20), at + 30).replace(/\s+/g, " ")}`);
+  }
+  const images = [...article.querySelectorAll("img")].filter((i) => i.naturalWidth > 0 && shown(i))
+      .map((i) => ({scale: i.getBoundingClientRect().width / i.naturalWidth, where: name(i)}));
+  return {
+    height: article.getBoundingClientRect().height,
+    code: code,
+    wide_code: list(".cell_input"),
+    wide_output: list(".cell_output > *"),
+    wide_maths: list("mjx-container[display='true']"),
+    wide_table: list(".pst-scrollable-table-container, table:not(.pst-scrollable-table-container *)"),
+    page_wide: document.documentElement.scrollWidth > window.innerWidth,
+    page_width: document.documentElement.scrollWidth,
+    tex: raw,
+    images: images,
+  };
+}
+"""
+
+
+@dataclass
+class Reading:
+    """The measurements of one page at one window width."""
+
+    page: str
+    width: int
+    height: float = 0.0
+    code: float = 0.0  # pixels of visible code sources
+    wide_code: list[str] = field(default_factory=list)  # the sections of the wide blocks
+    wide_output: list[str] = field(default_factory=list)
+    wide_maths: list[str] = field(default_factory=list)
+    wide_table: list[str] = field(default_factory=list)
+    page_wide: bool = False
+    page_width: int = 0
+    tex: list[str] = field(default_factory=list)
+    images: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def code_share(self) -> float:
+        return self.code / self.height if self.height else 0.0
+
+    @property
+    def small_images(self) -> list[str]:
+        return [f"{i['where']} ({i['scale']:.2f})" for i in self.images if i["scale"] < MIN_IMAGE_SCALE]
+
+
+def read_page(browser, site: str, page: str, size: tuple[int, int]) -> Reading:
+    reading = Reading(page, size[0])
+    tab = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    errors = reading.errors
+    tab.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text[:120]}"))
+    tab.on("pageerror", lambda e: errors.append(f"script: {str(e)[:120]}"))
+    tab.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+    tab.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
+    try:
+        tab.goto(f"{site}/{page}.html", wait_until="load")
+        tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                              timeout=20_000)
+        tab.evaluate("() => MathJax.startup.promise")
+        views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+        if views:
+            tab.wait_for_function(f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
+                                  timeout=20_000)
+        tab.evaluate("() => Promise.all([...document.images].map((i) => i.decode().catch(() => null)))")
+        tab.evaluate("() => document.fonts.ready.then(() => null)")
+        for key, value in tab.evaluate(MEASURE).items():
+            setattr(reading, key, value)
+    finally:
+        tab.close()
+    return reading
+
+
+@pytest.fixture(scope="module")
+def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
+    """Every page of the book at both widths, measured once; the table goes to the test log."""
+    missing = [p for p in PAGES if not (HTML / f"{p}.html").is_file()]
+    if missing:
+        pytest.skip(f"pages missing from the built book: {missing}")
+    out = {}
+    for page in PAGES:
+        for size in (WIDE, NARROW):
+            out[page, size[0]] = read_page(browser, site, page, size)
+    summary("what a reader sees (tests/test_browser_reading.py)", table(out))
+    return out
+
+
+def table(readings: dict[tuple[str, int], Reading]) -> str:
+    head = (f"{'page':<22} {'code':>5} {'code':>5} | wide at 1280: {'code':>4} {'out':>4} {'math':>4} "
+            f"{'tab':>4} | {'tex':>3} {'err':>3} {'img<.62':>7} {'min img':>7} | at 420: {'width':>5} "
+            f"{'err':>3}")
+    sub = f"{'':<22} {'1280':>5} {'420':>5} |"
+    lines = [head, sub]
+    for page in PAGES:
+        w, n = readings[page, WIDE[0]], readings[page, NARROW[0]]
+        scale = min((i["scale"] for i in w.images), default=None)
+        lines.append(
+            f"{page.split('/')[-1]:<22} {w.code_share:>5.0%} {n.code_share:>5.0%} | {'':13} "
+            f"{len(w.wide_code):>4} {len(w.wide_output):>4} {len(w.wide_maths):>4} {len(w.wide_table):>4} | "
+            f"{len(w.tex):>3} {len(w.errors):>3} {len(w.small_images):>7} "
+            f"{'-' if scale is None else f'{scale:.2f}':>7} | {'':8} {n.page_width:>5} {len(n.errors):>3}")
+    shares = [readings[c, WIDE[0]].code_share for c in CHAPTERS]
+    lines.append(f"visible code over the {len(shares)} chapters at 1280 px: mean {statistics.mean(shares):.0%}, "
+                 f"max {max(shares):.0%} (targets {MAX_MEAN_CODE:.0%}, {MAX_CODE:.0%})")
+    return "\n".join(lines)
+
+
+def failures(readings, width: int, what) -> dict[str, object]:
+    """``{page: what(reading)}`` for the pages at ``width`` where ``what`` finds something."""
+    found = {page: what(readings[page, width]) for page in PAGES}
+    return {page: v for page, v in found.items() if v}
+
+
+def xfail_today(reason: str):
+    return pytest.mark.xfail(strict=True, reason=f"not met by today's chapters: {reason}")
+
+
+@xfail_today("visible code is 36% of a chapter on average, 8 chapters over 35% (issue 27, item 1)")
+def test_visible_code_is_at_most_a_quarter_of_a_chapter(readings):
+    shares = {c: readings[c, WIDE[0]].code_share for c in CHAPTERS}
+    over = {c: f"{s:.0%}" for c, s in shares.items() if s > MAX_CODE}
+    mean = statistics.mean(shares.values())
+    assert mean <= MAX_MEAN_CODE and not over, (
+        f"visible code takes {mean:.0%} of a chapter on average (target {MAX_MEAN_CODE:.0%}); "
+        f"chapters over {MAX_CODE:.0%}: {over}")
+
+
+@xfail_today("254 code cells wider than the column: lines up to 150 characters (item 2: format at 88)")
+def test_no_code_scrolls_sideways(readings):
+    wide = failures(readings, WIDE[0], lambda r: r.wide_code)
+    assert not wide, f"code cells wider than the column at 1280 px, by section: {wide}"
+
+
+@xfail_today("Chapter 8's attention view (section 8.8) is 888 px wide in a 736 px column")
+def test_no_output_scrolls_sideways(readings):
+    wide = failures(readings, WIDE[0], lambda r: r.wide_output)
+    assert not wide, f"outputs wider than the column at 1280 px, by section: {wide}"
+
+
+@xfail_today("13 display equations in Chapters 4, 5, 8-12 wider than the column (item 2)")
+def test_no_display_maths_scrolls_sideways(readings):
+    wide = failures(readings, WIDE[0], lambda r: r.wide_maths)
+    assert not wide, f"display equations wider than the column at 1280 px, by section: {wide}"
+
+
+def test_no_table_scrolls_sideways(readings):
+    wide = failures(readings, WIDE[0], lambda r: r.wide_table)
+    assert not wide, f"tables wider than the column at 1280 px, by section: {wide}"
+
+
+@xfail_today("display maths inside a paragraph or list item in Chapters 5 and 8, a | inside maths "
+              "in a table of Chapter 11 (item 3)")
+def test_no_raw_tex(readings):
+    raw = {}
+    for width in (WIDE[0], NARROW[0]):
+        raw.update(failures(readings, width, lambda r: r.tex))
+    assert not raw, f"raw TeX outside typeset maths: {raw}"
+
+
+def test_no_console_errors(readings):
+    errors = {}
+    for width in (WIDE[0], NARROW[0]):
+        errors.update({f"{p} at {width}": e for p, e in failures(readings, width, lambda r: r.errors).items()})
+    assert not errors, f"console errors, script errors or failed requests: {errors}"
+
+
+@xfail_today("figures of Chapter 4 (0.61) and Chapter 7 (0.53) shown below 0.62 of their width (item 6)")
+def test_no_image_shrunk_below_its_scale(readings):
+    small = failures(readings, WIDE[0], lambda r: r.small_images)
+    assert not small, f"images shown below {MIN_IMAGE_SCALE} of their drawn width at 1280 px: {small}"
+
+
+@xfail_today("Chapters 1, 7, 11 and 12 are wider than a 420 px window, up to 526 px (item 7)")
+def test_pages_fit_a_narrow_window(readings):
+    wide = failures(readings, NARROW[0], lambda r: r.page_wide and r.page_width)
+    assert not wide, f"pages wider than a {NARROW[0]} px window (their width in px): {wide}"
+
+
+def test_the_code_column_holds_88_characters(browser, site):
+    """book.css: a code line formatted at 88 columns (the notebooks' length) fits at 1280 px."""
+    chapter = CHAPTERS[0]
+    tab = browser.new_page(viewport={"width": WIDE[0], "height": WIDE[1]})
+    try:
+        tab.goto(f"{site}/{chapter}.html", wait_until="load")
+        fits = tab.evaluate("""() => {
+            const pre = document.querySelector("article .cell_input pre");
+            pre.textContent = "x".repeat(88);
+            const one = pre.scrollWidth <= pre.clientWidth;
+            pre.textContent = "x".repeat(96);
+            return [one, pre.scrollWidth > pre.clientWidth];
+        }""")
+    finally:
+        tab.close()
+    assert fits == [True, True], "88 characters must fit a code cell at 1280 px (96 must not: the test measures)"
