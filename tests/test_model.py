@@ -267,6 +267,22 @@ def test_tied_weights_are_shared_saved_once_and_restored(tmp_path):
         load_state_checked(GPT(GPTConfig.preset("tiny")), bad)
 
 
+@pytest.mark.parametrize("name, dtype", [("small", None), ("english", torch.float16)])
+def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tmp_path):
+    from safetensors.torch import load_file
+
+    shipped = ROOT / "models" / name / "model.safetensors"
+    stored = load_file(str(shipped))
+    m = GPT.load(shipped.parent)
+    state = m.state_dict()
+    assert all(torch.equal(state[k], v.float()) for k, v in stored.items())
+    assert set(state) - set(stored) == {"unembed.W_E"} and m.unembed.W_E is m.embed.W_E
+    assert not (shipped.parent / "config.json").exists()  # the config is inside the file
+    saved = m.save(tmp_path, dtype=dtype).read_bytes()
+    if name == "english":  # its converted file is exactly what GPT.save writes (the small one's config predates attn_only)
+        assert saved == shipped.read_bytes()
+
+
 def test_upgrade_legacy_keeps_the_tensors_and_is_reproducible(tmp_path):
     import json as json_
 
