@@ -7,37 +7,33 @@ its tensors, many of them quantized. SmolLM2-135M-Instruct comes as a Q4_1 GGUF 
 * reads the file with the ``gguf`` package and dequantizes every tensor to float32
   (:func:`read_gguf`), with errors that name the file and what is wrong with it;
 * maps llama.cpp's tensor names and layouts to :class:`gptlib.modern.ModernGPT`'s
-  (:func:`state_from_gguf`), and back to Hugging Face's Llama names (:func:`to_hf_llama`), the peer;
-* builds the byte-level BPE tokenizer from the metadata (:class:`GGUFTokenizer`), reusing
-  :class:`gptlib.tokenizers.BPETokenizer` for the merges;
+  (:func:`state_from_gguf`); the peer, Hugging Face's Llama with the same weights, is
+  :func:`gptlib.hf.to_hf_llama`;
+* takes the tokenizer from the metadata (:class:`gptlib.tokenizers.gguf.GGUFTokenizer`);
 * states Q4_1 itself (:func:`q4_1_roundtrip`): blocks of 32 numbers x, step d = (max - min)/15,
   x ~ d q + min with q in {0, …, 15}, d and min stored as float16: 20 bytes per 32 numbers.
 
-``python -m gptlib.gguf export`` (run by ``make``) writes the dequantized weights and the tokenizer
-into the cache, where :func:`load_smollm2` reads them.
+``python -m gptlib.gguf export`` (run by ``make``) writes the dequantized model, as a gptlib file
+(:mod:`gptlib.state`), and the tokenizer into the cache, recording sha256 digests that
+:func:`load_smollm2` checks when it reads them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import re
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
-import regex
 import torch
-from safetensors import safe_open
-from safetensors.torch import save as save_safetensors
 from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
 from .modern import ModernConfig, ModernGPT
 from .runtime import atomic_write
-from .tokenizers import GPT2_SPLIT_PATTERN, BPETokenizer
+from .files import read_fields, save_model
+from .tokenizers.gguf import GGUFTokenizer
 
 __all__ = [
     "GGUFContents",
@@ -45,9 +41,9 @@ __all__ = [
     "config_from_gguf",
     "state_from_gguf",
     "model_from_gguf",
-    "to_hf_llama",
     "q4_1_roundtrip",
-    "GGUFTokenizer",
+    "export_gguf",
+    "load_export",
     "export_smollm2",
     "stored_types",
     "load_smollm2",
@@ -145,19 +141,6 @@ def config_from_gguf(contents: GGUFContents) -> ModernConfig:
         raise ValueError(f"{contents.path}: its metadata gives an invalid model: {e}") from None
 
 
-def unpermute_rope(W: Tensor, n_heads: int) -> Tensor:
-    """llama.cpp stores W_Q, W_K with each head's coordinates reordered so that RoPE rotates the
-    adjacent pairs (2i, 2i+1); Hugging Face's Llama rotates (i, i + d_head/2). This maps a
-    llama.cpp weight (d_model, n_heads*d_head) to Hugging Face's order (an exact permutation).
-
-    >>> unpermute_rope(torch.arange(4.0)[None], 1).tolist()
-    [[0.0, 2.0, 1.0, 3.0]]
-    """
-    d_in, d_out = W.shape
-    d_head = d_out // n_heads
-    return W.reshape(d_in, n_heads, d_head // 2, 2).transpose(-1, -2).reshape(d_in, d_out)
-
-
 def _gguf_names(config: ModernConfig) -> dict[str, tuple[str, bool]]:
     """Our parameter name -> (GGUF tensor name, transpose?). llama.cpp stores matrices as
     (d_out, d_in), PyTorch's nn.Linear layout; the book's are (d_in, d_out)."""
@@ -208,42 +191,6 @@ def model_from_gguf(path: str | Path) -> ModernGPT:
     return ModernGPT.from_state(config, state, source=str(path))
 
 
-def to_hf_llama(model: ModernGPT):
-    """The peer: Hugging Face's ``LlamaForCausalLM`` with the same weights (float32, eval mode)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = model.config
-    hf_config = LlamaConfig(
-        vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.d_head,
-        max_position_embeddings=c.n_ctx, rms_norm_eps=c.norm_eps, rope_theta=c.rope_base,
-        tie_word_embeddings=c.tie_weights, attention_bias=False, mlp_bias=False, hidden_act="silu",
-    )
-    hf_config.rope_parameters = {"rope_type": "default", "rope_theta": c.rope_base}
-    sd = {"model.embed_tokens.weight": model.W_E, "model.norm.weight": model.norm_f.w, "lm_head.weight": model.W_U.T}
-    for l, blk in enumerate(model.blocks):
-        p, a, m = f"model.layers.{l}.", blk.attn, blk.mlp
-        sd[p + "input_layernorm.weight"] = blk.attn_norm.w
-        sd[p + "post_attention_layernorm.weight"] = blk.mlp_norm.w
-        sd[p + "self_attn.q_proj.weight"] = unpermute_rope(a.W_Q, c.n_heads).T
-        sd[p + "self_attn.k_proj.weight"] = unpermute_rope(a.W_K, c.n_kv_heads).T
-        sd[p + "self_attn.v_proj.weight"] = a.W_V.T
-        sd[p + "self_attn.o_proj.weight"] = a.W_O.T
-        sd[p + "mlp.gate_proj.weight"] = m.W_gate.T
-        sd[p + "mlp.up_proj.weight"] = m.W_up.T
-        sd[p + "mlp.down_proj.weight"] = m.W_out.T
-    try:  # the weights are overwritten below: skip the random initialisation (seconds at 135M)
-        from transformers.initialization import no_init_weights
-    except ImportError:  # older transformers
-        from contextlib import nullcontext as no_init_weights
-    with no_init_weights():
-        hf = LlamaForCausalLM(hf_config)
-    missing, unexpected = hf.load_state_dict({k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False)
-    if [k for k in missing if k != "lm_head.weight"] or unexpected:
-        raise ValueError(f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return hf.eval()
-
-
 # --- Q4_1 -----------------------------------------------------------------------------------------
 def q4_1_roundtrip(x: Tensor) -> Tensor:
     """Quantize to Q4_1 and back, in blocks of 32 along the last dimension (as llama.cpp does).
@@ -255,8 +202,12 @@ def q4_1_roundtrip(x: Tensor) -> Tensor:
     >>> (q4_1_roundtrip(x) - x).abs().max().item() <= 31 / 15 / 2
     True
     """
-    if x.shape[-1] % 32:
-        raise ValueError(f"x's last dimension must be a multiple of 32, got {x.shape[-1]}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() < 1 or x.shape[-1] % 32:
+        raise ValueError(f"x's last dimension must be a multiple of 32, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x must be finite: Q4_1 has no NaN or infinity")
     blocks = x.float().unflatten(-1, (-1, 32))  # (..., n_blocks, 32)
     lo = blocks.amin(dim=-1, keepdim=True)
     d = (blocks.amax(dim=-1, keepdim=True) - lo) / 15
@@ -265,194 +216,87 @@ def q4_1_roundtrip(x: Tensor) -> Tensor:
     return (d.half().float() * q + lo.half().float()).flatten(-2).to(x.dtype)
 
 
-# --- the tokenizer --------------------------------------------------------------------------------
-def _byte_to_char() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte: printable Latin-1 bytes stand for themselves, the
-    others are shifted to U+0100 onwards (so " " is "Ġ", "\\n" is "Ċ")."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in table:
-            table[b], extra = chr(256 + extra), extra + 1
-    return table
-
-
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
-
-
-class GGUFTokenizer:
-    """The byte-level BPE tokenizer stored in a GGUF file's metadata (``tokenizer.ggml.*``).
-
-    Ordinary tokens are GPT-2-style byte strings; merge k joins two tokens into one. Encoding
-    splits off special tokens (when allowed), then digits (one piece each: SmolLM2's
-    pre-tokenizer, ``tokenizer.ggml.pre = "smollm"``), then applies GPT-2's split pattern and the
-    merges through :class:`BPETokenizer`, whose ranks are 0…255 for the bytes and 256 + k for the
-    result of merge k. ``ids`` maps those ranks to the file's token ids.
-    """
-
-    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
-                 bos_id: int | None = None, eos_id: int | None = None, chat_template: str | None = None):
-        if len(token_types) != len(tokens):
-            raise ValueError(f"token_types must have one entry per token ({len(tokens)}), got {len(token_types)}")
-        char_to_byte = {c: b for b, c in _byte_to_char().items()}
-        self.tokens, self.merges = list(tokens), list(merges)
-        self.token_types = [int(t) for t in token_types]
-        self.bos_id, self.eos_id, self.chat_template = bos_id, eos_id, chat_template
-        self.special_tokens = {t: i for i, (t, ty) in enumerate(zip(tokens, token_types)) if ty in (CONTROL, USER_DEFINED)}
-        self.vocab: list[bytes] = []
-        by_bytes: dict[bytes, int] = {}
-        for i, t in enumerate(tokens):
-            if i in self.special_tokens.values():
-                self.vocab.append(t.encode("utf-8"))
-                continue
-            try:
-                b = bytes(char_to_byte[c] for c in t)
-            except KeyError:
-                raise ValueError(f"token {i} ({t!r}) is not a byte-level BPE token") from None
-            self.vocab.append(b)
-            by_bytes.setdefault(b, i)
-        # Bytes without a token of their own (SmolLM2 lacks 21: control characters and lead bytes
-        # of rare or invalid UTF-8 sequences) take part in no merge; encoding drops them, as
-        # Hugging Face's tokenizer without an unknown token does.
-        self.missing_bytes = [b for b in range(256) if bytes([b]) not in by_bytes]
-        ranks = {bytes([b]): b for b in range(256)}
-        token_set = set(tokens)
-        for k, m in enumerate(merges):
-            parts = m.split(" ")
-            if len(parts) != 2 or parts[0] not in token_set or parts[1] not in token_set or parts[0] + parts[1] not in token_set:
-                raise ValueError(f"merge {k} ({m!r}) must join two tokens into a token of the vocabulary")
-            b = bytes(char_to_byte[c] for c in parts[0] + parts[1])
-            if b in ranks:
-                raise ValueError(f"merge {k} ({m!r}) makes a token that an earlier merge or byte already made")
-            ranks[b] = 256 + k
-        self.bpe = BPETokenizer(ranks, GPT2_SPLIT_PATTERN, name="gguf-bpe")
-        self.ids = [by_bytes.get(b, -1) for b, _ in sorted(ranks.items(), key=lambda kv: kv[1])]  # rank -> token id (-1: none)
-        self._digits = regex.compile(r"\p{N}|[^\p{N}]+")
-        self._special_split = re.compile("(" + "|".join(re.escape(s) for s in sorted(self.special_tokens, key=len, reverse=True)) + ")") \
-            if self.special_tokens else None
-
-    @classmethod
-    def from_metadata(cls, metadata: dict, source: str = "metadata") -> "GGUFTokenizer":
-        model = metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ValueError(f"{source}: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {model!r}")
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
-            if key not in metadata:
-                raise ValueError(f"{source} lacks the metadata key {key!r}")
-        try:
-            return cls(metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"], metadata["tokenizer.ggml.token_type"],
-                       metadata.get("tokenizer.ggml.bos_token_id"), metadata.get("tokenizer.ggml.eos_token_id"),
-                       metadata.get("tokenizer.chat_template"))
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokens)
-
-    def encode(self, text: str, allowed_special: str | set[str] = frozenset()) -> list[int]:
-        """Text -> token ids; special-token strings count as special only if in ``allowed_special`` (or ``"all"``)."""
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
-        if allowed - set(self.special_tokens):
-            raise ValueError(f"allowed_special names unknown special tokens {sorted(allowed - set(self.special_tokens))}")
-        parts = self._special_split.split(text) if allowed and self._special_split else [text]
-        out: list[int] = []
-        for part in parts:
-            if part in allowed:
-                out.append(self.special_tokens[part])
-                continue
-            for piece in self._digits.findall(part):
-                out.extend(i for i in (self.ids[r] for r in self.bpe.encode_ordinary(piece)) if i >= 0)
-        return out
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Token ids -> text (invalid UTF-8 becomes U+FFFD)."""
-        ids = list(ids)
-        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and 0 <= i < len(self.vocab))]
-        if bad:
-            raise ValueError(f"ids must be in [0, {len(self.vocab)}), got {bad[:5]}")
-        return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
-
-    def token_str(self, i: int) -> str:
-        return self.decode([i])
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text the instruct model was trained on, rendered from the file's Jinja template."""
-        if not self.chat_template:
-            raise ValueError("this tokenizer has no chat template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                          bos_token=self.tokens[self.bos_id] if self.bos_id is not None else "",
-                                                          eos_token=self.tokens[self.eos_id] if self.eos_id is not None else "")
-
-    def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "merges": self.merges, "token_types": self.token_types, "bos_id": self.bos_id,
-                "eos_id": self.eos_id, "chat_template": self.chat_template}
-
-    def save(self, path: str | Path) -> Path:
-        return atomic_write(path, json.dumps(self.to_dict(), ensure_ascii=False))
-
-    @classmethod
-    def load(cls, path: str | Path) -> "GGUFTokenizer":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**d)
-        except (json.JSONDecodeError, TypeError, ValueError) as e:
-            raise ValueError(f"{path} is not a GGUFTokenizer file: {e}") from None
-
-
 # --- the cached SmolLM2 ---------------------------------------------------------------------------
 def _export_paths() -> tuple[Path, Path]:
     return cache_dir() / f"{EXPORT_NAME}.safetensors", cache_dir() / f"{EXPORT_NAME}.tokenizer.json"
 
 
-def export_smollm2(force: bool = False) -> tuple[Path, Path]:
-    """Dequantize the fetched GGUF once and cache the weights (safetensors) and the tokenizer (JSON).
-    A no-op when both exist and were made from the same GGUF (its sha256 is in the metadata)."""
-    gguf_path = asset_path(ASSET)
-    w_path, t_path = _export_paths()
-    if not force and w_path.is_file() and t_path.is_file():
-        with safe_open(str(w_path), "pt") as f:
-            if (f.metadata() or {}).get("gguf_sha256") == sha256_file(gguf_path):
-                return w_path, t_path
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def export_gguf(gguf_path: str | Path, w_path: str | Path, t_path: str | Path) -> tuple[Path, Path]:
+    """Dequantize a llama GGUF into a gptlib model file (``w_path``) and its tokenizer (``t_path``).
+
+    The tokenizer JSON is written first and its sha256 recorded in the model file, which is
+    written last (one atomic step, :func:`gptlib.state.save_model`) with the GGUF's sha256 and
+    tensor types: a crash between the two leaves files that :func:`load_export` refuses.
+    """
+    gguf_path = Path(gguf_path)
     contents = read_gguf(gguf_path)
     config, state = state_from_gguf(contents)
     model = ModernGPT.from_state(config, state, source=str(gguf_path))
-    meta = {"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(config), sort_keys=True), "gguf_sha256": sha256_file(gguf_path),
-            "gguf_types": json.dumps(contents.types, sort_keys=True)}
-    atomic_write(w_path, save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=meta))
-    GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).save(t_path)
+    tokenizer = GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).to_json()
+    t_path = atomic_write(t_path, tokenizer)
+    w_path = save_model(model, w_path, gguf_sha256=sha256_file(gguf_path), gguf_types=contents.types,
+                        tokenizer_sha256=_sha256(tokenizer))
     return w_path, t_path
 
 
-def stored_types() -> dict[str, str]:
-    """GGUF tensor name -> its storage type in the file (Q4_1, Q8_0, F32), as recorded by the export."""
-    w_path, _ = _export_paths()
-    if not w_path.is_file():
-        raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
-    with safe_open(str(w_path), "pt") as f:
-        meta = f.metadata() or {}
-    if "gguf_types" not in meta:
-        raise ValueError(f"{w_path} does not record the GGUF tensor types; run `python -m gptlib.gguf export --force`")
-    return json.loads(meta["gguf_types"])
-
-
-def load_smollm2(map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
-    """SmolLM2-135M-Instruct and its tokenizer from the cache that ``make`` fills (no network)."""
-    w_path, t_path = _export_paths()
+def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
+    """The model and tokenizer :func:`export_gguf` wrote, both verified against the sha256 recorded
+    at export: a changed or damaged file raises ``ValueError`` naming it."""
+    w_path, t_path = Path(w_path), Path(t_path)
     for p in (w_path, t_path):
         if not p.is_file():
             raise FileNotFoundError(f"{p} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
-    return ModernGPT.load(w_path, map_location).eval(), GGUFTokenizer.load(t_path)
+    try:
+        model = ModernGPT.load(w_path, map_location)  # checks the file's own digest
+        recorded = read_fields(w_path).get("tokenizer_sha256")
+    except ValueError as e:
+        raise ValueError(f"{e}; run `python -m gptlib.gguf export --force`") from None
+    data = t_path.read_bytes()
+    if _sha256(data) != recorded:
+        raise ValueError(f"{t_path} does not match the tokenizer recorded in {w_path} (sha256 {_sha256(data)[:12]}… "
+                         f"instead of {str(recorded)[:12]}…); run `python -m gptlib.gguf export --force`")
+    return model.eval(), GGUFTokenizer.from_json(data, str(t_path))
+
+
+def export_smollm2(force: bool = False) -> tuple[Path, Path]:
+    """Dequantize the fetched SmolLM2 GGUF once into the cache (:func:`export_gguf`). A no-op when
+    both files exist, in this format, made from the same GGUF and from each other."""
+    gguf_path = asset_path(ASSET)
+    w_path, t_path = _export_paths()
+    if not force and w_path.is_file() and t_path.is_file():
+        try:
+            fields = read_fields(w_path)
+        except ValueError:  # an earlier format or a damaged header: export again
+            fields = {}
+        if fields.get("gguf_sha256") == sha256_file(gguf_path) and fields.get("tokenizer_sha256") == sha256_file(t_path):
+            return w_path, t_path
+    return export_gguf(gguf_path, w_path, t_path)
+
+
+def stored_types() -> dict[str, str]:
+    """GGUF tensor name -> its storage type in the file (Q4_1, Q8_0, F32), as recorded by the export
+    (read from the header of the cached model file)."""
+    w_path, _ = _export_paths()
+    if not w_path.is_file():
+        raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
+    types = read_fields(w_path).get("gguf_types")
+    if not isinstance(types, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
+        raise ValueError(f"{w_path}: field 'gguf_types' is missing or malformed; run `python -m gptlib.gguf export --force`")
+    return types
+
+
+def load_smollm2(map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
+    """SmolLM2-135M-Instruct and its tokenizer from the cache that ``make`` fills (no network),
+    verified against the sha256 recorded at export (:func:`load_export`)."""
+    return load_export(*_export_paths(), map_location)
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] != ["export"]:
+    if argv[:1] != ["export"] or any(a != "--force" for a in argv[1:]):
         print("usage: python -m gptlib.gguf export [--force]", file=sys.stderr)
         return 2
     for p in export_smollm2(force="--force" in argv):

@@ -23,6 +23,8 @@ from .hooks import capture_patterns
 from .mlp import ACTIVATIONS
 from .positional import LearnedPositional, SinusoidalPositional
 from .runtime import check_positive_int, named_preset
+from .files import config_from_dict, read_model, save_model
+from .state import load_state_checked
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
 
@@ -208,30 +210,26 @@ class GPT(nn.Module):
             self(ids)
         return torch.stack(patterns, dim=1)
 
-    # --- files (gptlib.checkpoint; imported here because it imports this module) ---------------
-    @classmethod
-    def from_hf(cls, hf_model) -> "GPT":
-        """A GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``: :func:`gptlib.checkpoint.from_hf`."""
-        from .checkpoint import from_hf
+    # --- files: one safetensors file with the config inside (gptlib.state) ----------------------
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write the weights and the config as one safetensors file, in one atomic step; returns it.
 
-        return from_hf(hf_model)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
-        """GPT-2 weights in HF layout, a directory or a Hub name: :func:`gptlib.checkpoint.from_pretrained`."""
-        from .checkpoint import from_pretrained
-
-        return from_pretrained(name_or_path, map_location)
-
-    def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` into ``directory``: :func:`gptlib.checkpoint.save`."""
-        from .checkpoint import save
-
-        return save(self, directory, dtype)
+        ``path`` is a ``.safetensors`` file or a directory (then ``path/model.safetensors``).
+        ``dtype`` (float16, bfloat16, float32, float64) stores the floating-point weights in that
+        width: float16 halves the file, and a weight beyond its range is an error, not an infinity.
+        The same weights always give the same bytes. See :func:`gptlib.state.save_model`.
+        """
+        return save_model(self, path, dtype)
 
     @classmethod
-    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
-        """Read a model written by :meth:`save`: :func:`gptlib.checkpoint.load`."""
-        from .checkpoint import load
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
+        """Read a model written by :meth:`save` (or the model of a training checkpoint).
 
-        return load(directory, map_location)
+        A file that is damaged, holds another class's model, or whose tensors do not match its
+        config (names, shapes, dtypes: float widths are cast, nothing else) raises ``ValueError``
+        naming the file and the field or tensor.
+        """
+        config, state, _, source = read_model(path, cls.__name__)
+        model = cls(config_from_dict(GPTConfig, config, source))
+        load_state_checked(model, state, source)
+        return model.to(map_location)

@@ -16,24 +16,19 @@ SmolLM2 (all linear maps without biases, rows times weights as everywhere in the
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
-from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
 from .attention import KVCache, attention, causal_mask
-from .checkpoint import load_state_checked
 from .hooks import HookPoint, capture
 from .positional import sinusoidal_frequencies
-from .runtime import atomic_write, named_preset
+from .runtime import named_preset
+from .files import config_from_dict, read_model, save_model
+from .state import check_state
 
 __all__ = [
     "rope_angles",
@@ -336,38 +331,29 @@ class ModernGPT(nn.Module):
             x = blk(x, cache)
         return self.norm_f(x) @ self.W_U  # (B, T, d_vocab)
 
-    # --- files: one safetensors file, the config in its metadata --------------------------------
-    def save(self, path: str | Path) -> Path:
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
-        meta = {"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(self.config), sort_keys=True)}
-        return atomic_write(path, save_safetensors(tensors, metadata=meta))
+    # --- files: one safetensors file with the config inside (gptlib.state) ----------------------
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write the weights and the config as one safetensors file, in one atomic step; returns it.
+        ``path`` and ``dtype`` as in :meth:`gptlib.model.GPT.save`."""
+        return save_model(self, path, dtype)
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ModernGPT":
-        """Read a file written by :meth:`save`; a file that does not match its config is an error."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (make writes it)")
-        try:
-            with safe_open(str(path), "pt") as f:
-                meta = f.metadata() or {}
-            state = load_file(str(path), device=str(map_location))
-        except SafetensorError as e:
-            raise ValueError(f"{path} is not a valid safetensors file: {e}") from None
-        if meta.get("format") != "gptlib.modern" or "config" not in meta:
-            raise ValueError(f"{path} has no gptlib.modern config in its metadata")
-        return cls.from_state(ModernConfig(**json.loads(meta["config"])), state, source=str(path))
+        """Read a model written by :meth:`save`; a damaged file, or one that does not match its
+        config, raises ``ValueError`` naming the file and the field or tensor."""
+        config, state, _, source = read_model(path, cls.__name__)
+        return cls.from_state(config_from_dict(ModernConfig, config, source), state, source).to(map_location)
 
     @classmethod
     def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> "ModernGPT":
-        """A model that holds the given tensors (no copy, no random initialisation first); a missing,
-        unexpected or mis-shaped tensor raises ``ValueError`` naming it."""
+        """A model that holds the given tensors (no copy, no random initialisation first; float
+        widths are cast to the model's); a missing, unexpected, mis-shaped or mistyped tensor raises
+        ``ValueError`` naming it."""
         with torch.device("meta"):
             model = cls(config)
-        with warnings.catch_warnings():  # copying into meta tensors is a no-op: only the checks run
-            warnings.simplefilter("ignore", UserWarning)
-            load_state_checked(model, state, source)
-        model.load_state_dict(state, assign=True)
+        state = check_state(model, state, source)
+        expected = model.state_dict()
+        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, assign=True)
         return model.eval()
 
 

@@ -11,6 +11,8 @@ import math
 import numbers
 import os
 import random
+import re
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -219,27 +221,83 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, then rename.
+def _stale_temp_files(path: Path) -> list[Path]:
+    """Temporary files of earlier :func:`atomic_write` calls for ``path`` whose process has died."""
+    if os.name != "posix":  # liveness is asked with signal 0, which is POSIX only
+        return []
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)-[a-z0-9_]{8}\.tmp")
+    stale = []
+    for entry in path.parent.iterdir():
+        m = pattern.fullmatch(entry.name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            stale.append(entry)
+        except (PermissionError, OverflowError):
+            pass  # another user's live process (or no such pid): leave it
+    return stale
 
-    A reader never sees a half-written file, and a crash leaves the old file intact. The file gets
-    the permissions an ordinary ``open(path, "w")`` would give it (``mkstemp`` alone makes it 0600).
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, then a rename.
+
+    A reader never sees a half-written file, and a crash leaves the old file intact. Decisions:
+
+    * the file is flushed to disk before the rename and the folder after it, so that once this
+      returns the new contents survive a power failure;
+    * a new file gets the permissions ``open(path, "w")`` would give it; a file that exists keeps
+      its permission bits; a write-protected one (no write bit, or not writable by this process) is
+      refused with ``PermissionError`` and left as it is, as ``open(path, "w")`` refuses it;
+    * a symbolic link stays a link: its target is replaced (``open`` writes through links too);
+    * temporary files that an earlier, killed write of the same file left behind (their process is
+      gone) are removed.
+
+    Returns ``path``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(data, (bytes, bytearray, memoryview, str)):
+        raise ValueError(f"data must be bytes or str, got {type(data).__name__}")
+    given = Path(path)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o666 & ~umask)
+        st = os.stat(target)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{given} exists and is not a regular file")
+        if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
+            raise PermissionError(f"{given} is write-protected (mode {stat.S_IMODE(st.st_mode):o}); not replaced")
+        mode = stat.S_IMODE(st.st_mode)
+    for old in _stale_temp_files(target):
+        old.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}-", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+    _fsync_directory(target.parent)
+    return given
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; elsewhere a no-op)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

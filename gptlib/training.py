@@ -7,8 +7,9 @@ cross-entropy between the targets and the softmax of the logits. Its exponential
 
 from __future__ import annotations
 
-import io
+import dataclasses
 import math
+import numbers
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .checkpoint import load_state_checked
-from .runtime import atomic_write, autocast
+from .runtime import autocast, check_float, check_ids, check_int, check_positive_int
+from .files import model_fields, model_tensors, read_file, write_file
+from .state import check_optimizer_state, check_random_states, check_state, pack, unpack
 
 __all__ = [
     "make_windows",
@@ -34,22 +36,40 @@ __all__ = [
 ]
 
 
-def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int) -> tuple[Tensor, Tensor]:
+def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int | None = None) -> tuple[Tensor, Tensor]:
     """Inputs and targets of length ``n_ctx``, windows starting every ``stride`` tokens.
 
     Window i reads ids[i*stride : i*stride + n_ctx] and its target is the same shifted by one.
+    ``ids`` must be integer token ids (a 1-D integer tensor or a list of ints), >= 0 and, when
+    ``d_vocab`` is given, < d_vocab.
 
     >>> x, y = make_windows(list(range(10)), n_ctx=4, stride=3)
     >>> x.tolist(), y.tolist()
     ([[0, 1, 2, 3], [3, 4, 5, 6]], [[1, 2, 3, 4], [4, 5, 6, 7]])
     """
-    ids = torch.as_tensor(ids, dtype=torch.long)
+    check_positive_int("n_ctx", n_ctx)
+    check_positive_int("stride", stride)
+    if d_vocab is not None:
+        check_positive_int("d_vocab", d_vocab)
+    if not isinstance(ids, Tensor):
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+            raise ValueError(f"ids must be a 1-D integer tensor or a list of ints, got {type(ids).__name__}")
+        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)), None)
+        if bad is not None:
+            raise ValueError(f"ids must be ints, got {bad!r}")
+        try:
+            ids = torch.tensor(list(ids), dtype=torch.long)
+        except (OverflowError, RuntimeError) as e:
+            raise ValueError(f"ids must be token ids: {e}") from None
     if ids.dim() != 1:
         raise ValueError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
-    if n_ctx < 1:
-        raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"ids must be integer token ids, got dtype {ids.dtype}")
+    if d_vocab is not None:
+        check_ids(ids, d_vocab)
+    elif len(ids) and int(ids.min()) < 0:
+        raise ValueError(f"ids must be >= 0, got {int(ids.min())}")
+    ids = ids.long()
     if len(ids) < n_ctx + 1:
         raise ValueError(f"ids has {len(ids)} tokens, fewer than n_ctx + 1 = {n_ctx + 1}")
     windows = ids.unfold(0, n_ctx + 1, stride)  # (n_windows, n_ctx + 1)
@@ -66,6 +86,7 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    check_ids(targets, logits.shape[-1], "targets")
     log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -log_probs.gather(-1, targets[..., None])[..., 0].mean()
 
@@ -78,6 +99,10 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     >>> round(float(lm_loss(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))), 4)  # ln 4
     1.3863
     """
+    if logits.shape[:-1] != targets.shape or targets.dim() != 2:
+        raise ValueError(f"logits (B, T, d_vocab) and targets (B, T) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"targets must be int64 or int32 ids, got {targets.dtype}")
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
@@ -87,7 +112,7 @@ def perplexity(loss: float | Tensor) -> float:
     >>> round(perplexity(math.log(50)), 6)
     50.0
     """
-    return math.exp(float(loss))
+    return math.exp(check_float("loss", float(loss)))
 
 
 def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
@@ -96,6 +121,11 @@ def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0
     >>> [round(lr_at(s, 1.0, 2, 6), 3) for s in range(7)]
     [0.5, 1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
     """
+    check_int("step", step, lo=0)
+    check_int("warmup", warmup)
+    check_int("total", total)
+    check_float("max_lr", max_lr, 0.0)
+    check_float("min_lr", min_lr, 0.0)
     if warmup < 0 or total < 1 or warmup > total:
         raise ValueError(f"need 0 <= warmup <= total and total >= 1, got warmup={warmup}, total={total}")
     if step < warmup:
@@ -116,19 +146,29 @@ def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Opti
     >>> round(float(w.detach()), 4)
     2.9
     """
-    if grad_clip is not None and grad_clip <= 0:
-        raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+    if grad_clip is not None:
+        check_float("grad_clip", grad_clip, 0.0, lo_open=True)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    # One device synchronisation reads both. A NaN weight need not show in the loss (the CPU's
+    # fused attention turns NaN scores into 0, pytorch/pytorch#141128) but does in the gradients.
+    value, grad_norm = torch.stack([loss.detach().float().reshape(()), norm.detach().float().to(loss.device)]).tolist()
+    if not math.isfinite(value) or not math.isfinite(grad_norm):
+        raise ValueError(f"the loss is {value} and the gradient norm {grad_norm}: training diverged or the model holds "
+                         "non-finite weights; the step was not taken")
     optimizer.step()
-    return float(loss.detach())
+    return value
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices (2-D parameters, embeddings included), none on biases
     and LayerNorm gains (1-D). This is the book's rule (nanoGPT's too); GPT-2's own was not published."""
+    check_float("weight_decay", weight_decay, 0.0)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -136,6 +176,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """What a :class:`Trainer` does: ints are ints (``bool`` refused), floats finite and in range."""
+
     steps: int = 300
     batch_size: int = 16
     max_lr: float = 3e-3
@@ -150,14 +192,18 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_lr <= 0 or self.min_lr < 0 or self.min_lr > self.max_lr:
-            raise ValueError(f"need 0 <= min_lr <= max_lr and max_lr > 0, got {self.min_lr}, {self.max_lr}")
-        if self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip}")
-        if not 0 <= self.warmup <= self.steps:
-            raise ValueError(f"warmup must be in [0, steps], got {self.warmup}")
+            check_positive_int(name, getattr(self, name))
+        check_int("warmup", self.warmup, lo=0, hi=self.steps)
+        check_int("seed", self.seed, lo=0, hi=2**63 - 1)
+        max_lr = check_float("max_lr", self.max_lr, 0.0, lo_open=True)
+        check_float("min_lr", self.min_lr, 0.0, max_lr)
+        check_float("weight_decay", self.weight_decay, 0.0)
+        check_float("grad_clip", self.grad_clip, 0.0, lo_open=True)
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        for i, b in enumerate(self.betas):
+            check_float(f"betas[{i}]", b, 0.0, 1.0, hi_open=True)
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
 
 @dataclass
@@ -169,25 +215,62 @@ class History:
     eval_loss: list[float] = field(default_factory=list)
 
 
+def _check_windows(name: str, pair, d_vocab: int | None, n_ctx: int | None) -> tuple[Tensor, Tensor]:
+    """``pair`` as (x, y): 2-D integer tensors of one shape, ids in [0, d_vocab), at most n_ctx wide."""
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, Tensor) for t in pair)):
+        raise ValueError(f"{name} must be a pair of tensors (x, y) as make_windows returns, got {type(pair).__name__}")
+    x, y = pair
+    if x.dim() != 2 or x.shape != y.shape or len(x) < 1:
+        raise ValueError(f"{name}: x and y must be (n_windows, T) with the same shape and n_windows >= 1, "
+                         f"got {tuple(x.shape)} and {tuple(y.shape)}")
+    if n_ctx is not None and x.shape[1] > n_ctx:
+        raise ValueError(f"{name}: windows of {x.shape[1]} tokens are longer than the model's n_ctx={n_ctx}")
+    for part, t in (("x", x), ("y", y)):
+        check_ids(t, d_vocab or torch.iinfo(torch.int64).max, f"{name} {part}")
+    return x, y
+
+
+def _first_non_finite(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding a NaN or an infinity (one device sync if none does)."""
+    params = list(model.named_parameters())
+    if not params or bool(torch.stack([p.detach().isfinite().all() for _, p in params]).all()):
+        return None
+    return next(n for n, p in params if not bool(p.detach().isfinite().all()))
+
+
 class Trainer:
     """AdamW, warm-up + cosine schedule, gradient clipping, periodic evaluation, checkpoints.
 
     Batches are drawn from the windows with a seeded generator, so a run is reproducible and a run
-    resumed from a checkpoint continues exactly as the uninterrupted one.
+    resumed from a checkpoint continues exactly as the uninterrupted one. The data are checked once
+    here (ids in range, x and y of one shape); every step checks that the loss and the gradients are
+    finite before the optimiser moves, so a non-finite model or a diverging run is an error, never
+    a silently ruined model.
     """
 
     def __init__(self, model, train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor] | None, config: TrainConfig):
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+        if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
+            raise ValueError(f"model must be a torch.nn.Module with parameters, got {type(model).__name__}")
+        mc = getattr(model, "config", None)
+        d_vocab, n_ctx = getattr(mc, "d_vocab", None), getattr(mc, "n_ctx", None)
         self.model, self.config = model, config
-        self.train_x, self.train_y = train
-        self.val = val
-        if len(self.train_x) < 1:
-            raise ValueError("train has no windows")
+        self.train_x, self.train_y = _check_windows("train", train, d_vocab, n_ctx)
+        self.val = None if val is None else _check_windows("val", val, d_vocab, n_ctx)
+        self._check_model_finite()
         self.device = next(model.parameters()).device
         self.opt = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.max_lr, betas=config.betas,
                                      fused=self.device.type == "cuda")
         self.gen = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.history = History()
+        self._torn = False  # True once a step was interrupted part-way: no checkpoint until one is loaded
+
+    def _check_model_finite(self) -> None:
+        bad = _first_non_finite(self.model)
+        if bad is not None:
+            raise ValueError(f"the model's parameter {bad!r} holds NaN or infinite values")
 
     def lr(self) -> float:
         c = self.config
@@ -209,72 +292,127 @@ class Trainer:
             raise ValueError("no validation windows were given")
         was = self.model.training
         self.model.eval()
-        g = torch.Generator().manual_seed(self.config.seed + 1)  # the same batches every time
-        losses = [float(self.loss_on(*self._batch(*self.val, g))) for _ in range(self.config.eval_batches)]
-        self.model.train(was)
+        try:
+            g = torch.Generator().manual_seed(self.config.seed + 1)  # the same batches every time
+            losses = [float(self.loss_on(*self._batch(*self.val, g))) for _ in range(self.config.eval_batches)]
+        finally:
+            self.model.train(was)
         return sum(losses) / len(losses)
 
     def run(self, n_steps: int | None = None, progress: bool = False) -> History:
-        """Train for ``n_steps`` (default: up to ``config.steps``); return the history so far."""
+        """Train for ``n_steps`` (default: up to ``config.steps``); return the history so far.
+
+        A step whose loss or gradient norm is not finite raises ``ValueError`` before the weights
+        change. An exception (or Ctrl-C) in the middle of a step leaves the trainer with part of
+        that step done: :meth:`save_checkpoint` then refuses until :meth:`load_checkpoint`.
+        """
         c = self.config
+        if n_steps is not None:
+            check_int("n_steps", n_steps, lo=0)
         end = c.steps if n_steps is None else min(c.steps, self.step + n_steps)
+        self._check_model_finite()
         self.model.train()
         bar = tqdm(total=end - self.step, disable=not progress, desc="training", leave=False)
-        while self.step < end:
-            lr = self.lr()
-            for group in self.opt.param_groups:
-                group["lr"] = lr
-            x, y = self._batch(self.train_x, self.train_y, self.gen)
-            loss = train_step(self.model, self.loss_on(x, y), self.opt, c.grad_clip)
-            self.history.step.append(self.step)
-            self.history.loss.append(loss)
-            self.history.lr.append(lr)
-            self.step += 1
-            if self.val is not None and (self.step % c.eval_every == 0 or self.step == c.steps):
-                self.history.eval_step.append(self.step)
-                self.history.eval_loss.append(self.evaluate())
-            bar.update(1)
-            bar.set_postfix(loss=f"{self.history.loss[-1]:.3f}")
-        bar.close()
+        try:
+            while self.step < end:
+                self._torn = True  # from the batch draw to the end of the bookkeeping
+                lr = self.lr()
+                for group in self.opt.param_groups:
+                    group["lr"] = lr
+                x, y = self._batch(self.train_x, self.train_y, self.gen)
+                loss = train_step(self.model, self.loss_on(x, y), self.opt, c.grad_clip)
+                self.history.step.append(self.step)
+                self.history.loss.append(loss)
+                self.history.lr.append(lr)
+                self.step += 1
+                if self.val is not None and (self.step % c.eval_every == 0 or self.step == c.steps):
+                    self.history.eval_step.append(self.step)
+                    self.history.eval_loss.append(self.evaluate())
+                self._torn = False
+                bar.update(1)
+                bar.set_postfix(loss=f"{self.history.loss[-1]:.3f}")
+        finally:
+            bar.close()
         return self.history
 
     # --- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Model, optimiser state, step, history and every RNG state in one file, written atomically.
-        The file holds only tensors and plain Python values: ``torch.load(path, weights_only=True)``."""
-        state = {
-            "format": "gptlib-checkpoint",
-            "version": 1,
-            "model_config": self.model.config.to_dict() if hasattr(self.model, "config") else None,
-            "train_config": asdict(self.config),
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer": self.opt.state_dict(),
-            "step": self.step,
-            "history": asdict(self.history),
-            "rng": {"batches": self.gen.get_state(), "torch": torch.get_rng_state(), "python": random.getstate()},
-        }
+        """The model, its config, the optimiser's moments, the step, the history and every random
+        state, in one gptlib file (:mod:`gptlib.files`) written in one atomic step; returns the path.
+        The file is also a model file: ``GPT.load(path)`` reads the model from it.
+
+        Only between steps: after a step was interrupted part-way, this raises ``ValueError``.
+        """
+        if self._torn:
+            raise ValueError(f"step {self.step} was interrupted part-way, so the trainer holds part of it; a checkpoint "
+                             "now would not resume the run exactly (load the last checkpoint, or start again)")
+        rng = {"batches": self.gen.get_state(), "torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
-            state["rng"]["cuda"] = torch.cuda.get_rng_state_all()
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        return atomic_write(path, buf.getvalue())
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        tree = {"step": self.step, "train_config": asdict(self.config), "history": asdict(self.history),
+                "optimizer": self.opt.state_dict(), "rng": rng}
+        structure, trainer_tensors = pack(tree, "trainer")
+        tensors = {**model_tensors(self.model), **trainer_tensors}
+        return write_file(path, tensors, {**model_fields(self.model), "trainer": structure})
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore a checkpoint into this trainer; a different model config fails naming the tensor."""
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - corrupt or foreign file
-            raise ValueError(f"{path} is not a readable checkpoint: {e}") from None
-        if not isinstance(state, dict) or state.get("format") != "gptlib-checkpoint":
-            raise ValueError(f"{path} is not a gptlib checkpoint")
-        load_state_checked(self.model, {k: v.to(self.device) for k, v in state["model"].items()}, source=str(path))
-        self.opt.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        self.history = History(**state["history"])
-        self.gen.set_state(state["rng"]["batches"])
-        torch.set_rng_state(state["rng"]["torch"])
-        py = state["rng"]["python"]
-        random.setstate((py[0], tuple(py[1]), py[2]))
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        """Restore a checkpoint written by :meth:`save_checkpoint` for the same model and config.
 
+        Everything is validated first, then restored: a damaged file or a field that does not fit
+        (model class, config, a tensor, the step, the history, the optimiser, a random state)
+        raises ``ValueError`` naming the file and the field, and leaves the trainer as it was.
+        """
+        model_state, tree = self._validated_checkpoint(Path(path))
+        self._torn = True  # until every part is restored
+        self.model.load_state_dict({k: v.to(self.device) for k, v in model_state.items()})
+        self.opt.load_state_dict(tree["optimizer"])
+        self.step = tree["step"]
+        self.history = History(**tree["history"])
+        rng = tree["rng"]
+        self.gen.set_state(rng["batches"])
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self._torn = False
+
+    def _validated_checkpoint(self, path: Path) -> tuple[dict[str, Tensor], dict]:
+        tensors, fields = read_file(path)
+
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{path}: field {name!r} {why}")
+
+        if fields.get("model") != type(self.model).__name__:
+            raise bad("model", f"is {fields.get('model')!r}, this trainer's model is a {type(self.model).__name__}")
+        ours, theirs = model_fields(self.model).get("config"), fields.get("config")
+        if ours is not None and theirs != ours:
+            theirs = theirs if isinstance(theirs, dict) else {}
+            raise bad("config", f"differs from this trainer's model in {sorted(k for k in {*ours, *theirs} if ours.get(k) != theirs.get(k))}")
+        model_state = check_state(self.model, {k: v for k, v in tensors.items() if "/" not in k}, str(path))
+        if "trainer" not in fields:
+            raise bad("trainer", "is missing: a model file, not a training checkpoint")
+        tree = unpack(fields["trainer"], tensors, f"{path}: field 'trainer'", "trainer")
+        if not isinstance(tree, dict) or {"step", "train_config", "history", "optimizer", "rng"} - set(tree):
+            raise bad("trainer", "must hold step, train_config, history, optimizer and rng")
+        try:
+            stored = TrainConfig(**tree["train_config"])
+        except (TypeError, ValueError) as e:
+            raise bad("trainer.train_config", f"is invalid: {e}") from None
+        if stored != self.config:
+            diff = [f.name for f in dataclasses.fields(TrainConfig) if getattr(stored, f.name) != getattr(self.config, f.name)]
+            raise bad("trainer.train_config", f"differs from this trainer's config in {diff}")
+        step, h = tree["step"], tree["history"]
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.config.steps:
+            raise bad("trainer.step", f"must be an int in [0, {self.config.steps}], got {step!r}")
+        names = sorted(f.name for f in dataclasses.fields(History))
+        finite = lambda xs: all(isinstance(v, float) and math.isfinite(v) for v in xs)  # noqa: E731
+        if not (isinstance(h, dict) and sorted(h) == names and h["step"] == list(range(step)) and len(h["loss"]) == len(h["lr"]) == step
+                and finite(h["loss"]) and finite(h["lr"]) and isinstance(h["eval_step"], list)
+                and all(isinstance(v, int) and 0 < v <= step for v in h["eval_step"])
+                and isinstance(h["eval_loss"], list) and len(h["eval_loss"]) == len(h["eval_step"]) and finite(h["eval_loss"])):
+            raise bad("trainer.history", f"does not describe steps 0 … {step - 1} (lists {names}, finite losses, one per step)")
+        check_optimizer_state(self.opt, tree["optimizer"], f"{path}: field 'trainer.optimizer'")
+        tree["rng"] = check_random_states(tree["rng"], f"{path}: field 'trainer.rng'")
+        if {"batches", "torch", "python"} - set(tree["rng"]):
+            raise bad("trainer.rng", "must hold the states batches, torch and python")
+        return model_state, tree

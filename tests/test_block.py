@@ -7,7 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
 from gptlib.hooks import capture_patterns
 from gptlib.mlp import ACTIVATIONS, gelu_tanh
-from gptlib.model import GPT
+from gptlib.hf import from_hf
 
 
 def test_layer_norm_formula_and_peer():
@@ -66,7 +66,7 @@ def test_block_matches_hf_gpt2_block():
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4,
                                     bos_token_id=0, eos_token_id=0)).eval()
-    ours = GPT.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     x = torch.randn(2, 7, 32)
     with torch.no_grad():
         ref = hf.transformer.h[0](x)

@@ -1,5 +1,7 @@
-"""Tests for gptlib.gguf: reading GGUF files (tiny ones written here), Q4_1, the tokenizer, and
+"""Tests for gptlib.gguf: reading GGUF files (tiny ones written here), Q4_1, the tokenizer, the verified export, and
 parity of the real SmolLM2 with Hugging Face's Llama (skipped when `make` has not fetched it)."""
+
+import math
 
 import numpy as np
 import pytest
@@ -8,18 +10,19 @@ import torch
 gguf = pytest.importorskip("gguf", reason="the gguf package (requirements.txt) is not installed")
 
 from gptlib.gguf import (  # noqa: E402
-    GGUFTokenizer,
     _export_paths,
     config_from_gguf,
+    export_gguf,
+    load_export,
     model_from_gguf,
     q4_1_roundtrip,
     read_gguf,
     state_from_gguf,
-    to_hf_llama,
-    unpermute_rope,
 )
+from gptlib.hf import to_hf_llama, unpermute_rope  # noqa: E402
 from gptlib.modern import ModernConfig, ModernGPT  # noqa: E402
 from gptlib.tokenizers import BPETokenizer  # noqa: E402
+from gptlib.tokenizers.gguf import GGUFTokenizer, _byte_to_char  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXT = ("the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotary position turns queries and keys; "
@@ -28,8 +31,6 @@ TEXT = ("the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotar
 
 def tiny_vocab(d_vocab=300):
     """Specials, the 256 bytes in GPT-2's printable form, then merges learned from TEXT."""
-    from gptlib.gguf import _byte_to_char
-
     b2c = _byte_to_char()
     as_str = lambda b: "".join(b2c[x] for x in b)  # noqa: E731
     bpe = BPETokenizer.train(TEXT, 256 + d_vocab - len(SPECIALS) - 256, special_tokens=())
@@ -117,6 +118,10 @@ def test_q4_1_roundtrip_equals_the_gguf_package_and_its_error_bound():
     assert (err <= step / 2 + 1e-3 * step + 1e-3).all()  # half a step, plus float16 rounding of d and min
     with pytest.raises(ValueError, match="multiple of 32"):
         q4_1_roundtrip(torch.zeros(4, 30))
+    with pytest.raises(ValueError, match="must be finite"):
+        q4_1_roundtrip(torch.full((32,), math.inf))
+    with pytest.raises(ValueError, match="floating-point tensor"):
+        q4_1_roundtrip(torch.zeros(32, dtype=torch.long))
 
 
 def test_hf_llama_parity_on_the_tiny_model(tiny):
@@ -177,6 +182,32 @@ def test_mismatched_files_name_what_is_wrong(tiny, tmp_path):
         state_from_gguf(read_gguf(path))
 
 
+def test_export_is_verified_when_loaded(tiny, tmp_path):
+    """Issue 24.8: the export records the sha256 of the tokenizer file and of its own contents; a
+    changed file (two tokens swapped, one weight changed) is refused naming it."""
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", tiny)
+    w, t = export_gguf(gguf_path, tmp_path / "m.safetensors", tmp_path / "tok.json")
+    model, tok = load_export(w, t)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny.state_dict().items())
+    good_w, good_t = w.read_bytes(), t.read_bytes()
+    assert export_gguf(gguf_path, w, t) and (w.read_bytes(), t.read_bytes()) == (good_w, good_t)  # reproducible
+    d = tok.to_dict()
+    d["tokens"][100], d["tokens"][101] = d["tokens"][101], d["tokens"][100]
+    t.write_bytes(GGUFTokenizer(**d).to_json())
+    with pytest.raises(ValueError, match="tok.json does not match the tokenizer recorded in .*m.safetensors"):
+        load_export(w, t)
+    t.write_bytes(good_t)
+    data = bytearray(good_w)
+    data[-1] ^= 1  # the last bit of the last weight
+    w.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="m.safetensors: field 'sha256' does not match .*gptlib.gguf export --force"):
+        load_export(w, t)
+    w.write_bytes(good_w)
+    t.unlink()
+    with pytest.raises(FileNotFoundError, match="tok.json is missing"):
+        load_export(w, t)
+
+
 # --- the tokenizer --------------------------------------------------------------------------------
 def hf_peer(tok: GGUFTokenizer):
     """Hugging Face ``tokenizers`` built from the same vocabulary and merges (SmolLM2's pre-tokenizer)."""
@@ -230,6 +261,16 @@ def test_tokenizer_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a GGUFTokenizer file"):
         GGUFTokenizer.load(tmp_path / "bad.json")
+    with pytest.raises(FileNotFoundError):
+        GGUFTokenizer.load(tmp_path / "missing.json")
+    for kw, match in [(dict(bos_id=len(tokens)), "bos_id must be None or an int in"), (dict(eos_id=True), "eos_id"),
+                      (dict(chat_template=3), "chat_template")]:
+        with pytest.raises(ValueError, match=match):
+            GGUFTokenizer(tokens, merges, types, **kw)
+    with pytest.raises(ValueError, match="token_types must be ints"):
+        GGUFTokenizer(tokens, merges, types[:-1] + [1.5])
+    with pytest.raises(ValueError, match="ids must be in"):
+        tok.decode([True])
 
 
 # --- the real model -------------------------------------------------------------------------------

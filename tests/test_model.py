@@ -1,15 +1,21 @@
-"""gptlib.model: config, forward, parameter count, HF parity, files."""
+"""gptlib.model: config, forward, parameter count, HF parity (gptlib.hf), files (gptlib.files)."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.attention import KVCache
-from gptlib.checkpoint import load_state_checked, tied_aliases
+from gptlib.files import read_file, write_file
+from gptlib.hf import from_hf, from_pretrained
 from gptlib.hooks import capture_patterns
 from gptlib.model import GPT, PRESETS, GPTConfig
+from gptlib.state import load_state_checked, tied_aliases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def hf_model(seed=0, **kw):
@@ -75,7 +81,7 @@ def test_cache_forward_equals_full_forward():
 
 def test_from_hf_logits_parity():
     hf = hf_model()
-    ours = GPT.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     ids = torch.randint(0, 200, (2, 32))
     with torch.no_grad():
         assert float((hf(ids).logits - ours(ids)).abs().max()) <= 1e-4
@@ -86,19 +92,19 @@ def test_from_hf_untied_and_gelu_variants():
     hf = hf_model(seed=1, tie_word_embeddings=False, activation_function="gelu")
     with torch.no_grad():
         hf.lm_head.weight.normal_()
-    ours = GPT.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     assert not ours.config.tie_weights and ours.config.activation == "gelu"
     ids = torch.randint(0, 200, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="activation_function"):
-        GPT.from_hf(hf_model(activation_function="silu"))
+        from_hf(hf_model(activation_function="silu"))
 
 
 def test_from_pretrained_directory_and_errors(tmp_path):
     hf = hf_model(seed=2)
     hf.save_pretrained(tmp_path / "m")
-    ours = GPT.from_pretrained(tmp_path / "m").eval()
+    ours = from_pretrained(tmp_path / "m").eval()
     ids = torch.randint(0, 200, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
@@ -107,34 +113,114 @@ def test_from_pretrained_directory_and_errors(tmp_path):
     torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     (tmp_path / "bin" / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
     with torch.no_grad():
-        torch.testing.assert_close(GPT.from_pretrained(tmp_path / "bin").eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(from_pretrained(tmp_path / "bin").eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
     # errors name what is wrong
     with pytest.raises(FileNotFoundError):
-        GPT.from_pretrained(tmp_path / "missing")
+        from_pretrained(tmp_path / "missing")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="model.safetensors"):
-        GPT.from_pretrained(tmp_path / "m")
+        from_pretrained(tmp_path / "m")
     cfg = json.loads((tmp_path / "bin" / "config.json").read_text())
     cfg["n_embd"] = 48
     (tmp_path / "bin" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="c_attn.weight|shape|n_heads"):
-        GPT.from_pretrained(tmp_path / "bin")
+        from_pretrained(tmp_path / "bin")
 
 
 def test_save_load_round_trip_and_mismatch(tmp_path):
     m = GPT(GPTConfig.preset("tiny"))
-    m.save(tmp_path / "a")
+    path = m.save(tmp_path / "a")
+    assert path == tmp_path / "a" / "model.safetensors" and os.listdir(tmp_path / "a") == ["model.safetensors"]
     m2 = GPT.load(tmp_path / "a")
+    assert m2.config == m.config
     for (k, v), (k2, v2) in zip(m.state_dict().items(), m2.state_dict().items()):
         assert k == k2 and torch.equal(v, v2)
-    # identical bytes when saved twice
-    m.save(tmp_path / "b")
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
-    other = GPT(GPTConfig.preset("tiny", d_model=32))
-    other.save(tmp_path / "c")
-    (tmp_path / "c" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
-    with pytest.raises(ValueError, match="shape"):
-        GPT.load(tmp_path / "c")
+    # a .safetensors path is the file itself; identical bytes when saved twice
+    assert m.save(tmp_path / "b.safetensors").read_bytes() == path.read_bytes()
+    assert torch.equal(GPT.load(tmp_path / "b.safetensors").W_E, m.W_E)
+    with pytest.raises(ValueError, match="path must be a .safetensors file or a directory"):
+        m.save(tmp_path / "model.pt")
+    # a file whose config does not fit its tensors names the tensor
+    tensors, fields = read_file(path)
+    write_file(tmp_path / "c.safetensors", tensors, {**fields, "config": {**fields["config"], "d_model": 32, "d_head": 8}})
+    with pytest.raises(ValueError, match="c.safetensors: tensor '[^']+' has shape"):
+        GPT.load(tmp_path / "c.safetensors")
+    write_file(tmp_path / "d.safetensors", tensors, {**fields, "config": {**fields["config"], "colour": "red"}})
+    with pytest.raises(ValueError, match="d.safetensors: field 'config' has unknown entries \\['colour'\\]"):
+        GPT.load(tmp_path / "d.safetensors")
+    write_file(tmp_path / "e.safetensors", tensors, {**fields, "model": "ModernGPT"})
+    with pytest.raises(ValueError, match="e.safetensors: field 'model' is 'ModernGPT', not 'GPT'"):
+        GPT.load(tmp_path / "e.safetensors")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        GPT.load(tmp_path / "missing")
+
+
+def test_a_crash_during_save_leaves_the_old_model_or_the_new_one_whole(tmp_path, monkeypatch):
+    """Issue 24.1: no crash during a save can pair new weights with an old config (here the
+    models differ in activation only, so the shapes cannot tell)."""
+    torch.manual_seed(0)
+    old, new = GPT(GPTConfig.preset("tiny")), GPT(GPTConfig.preset("tiny", activation="relu"))
+    ids = torch.randint(0, 512, (1, 12))
+    real_replace = os.replace
+
+    class Crash(BaseException):
+        pass
+
+    for renames_before_crash in range(3):
+        directory = tmp_path / f"m{renames_before_crash}"
+        old.save(directory)
+        done = []
+
+        def crashing_replace(src, dst):
+            if len(done) == renames_before_crash:
+                raise Crash
+            done.append(dst)
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", crashing_replace)
+        try:
+            new.save(directory)
+        except Crash:
+            pass
+        monkeypatch.setattr(os, "replace", real_replace)
+        loaded = GPT.load(directory).eval()
+        whole = old if loaded.config == old.config else new
+        assert loaded.config == whole.config
+        with torch.no_grad():
+            assert torch.equal(loaded(ids), whole.eval()(ids)), f"crash after {renames_before_crash} renames"
+
+
+def test_load_refuses_a_dtype_other_than_a_float_width(tmp_path):
+    """Issue 24.12: an int32 tensor is never cast silently into a float weight."""
+    m = GPT(GPTConfig.preset("tiny"))
+    tensors, fields = read_file(m.save(tmp_path / "m"))
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):  # the widths the format allows
+        ok = {**tensors, "ln_f.w": tensors["ln_f.w"].to(dtype)}
+        write_file(tmp_path / "ok.safetensors", ok, fields)
+        assert torch.equal(GPT.load(tmp_path / "ok.safetensors").ln_f.w, tensors["ln_f.w"].to(dtype).float())
+    for dtype in (torch.int32, torch.int64, torch.uint8, torch.bool):
+        bad = {**tensors, "ln_f.w": tensors["ln_f.w"].to(dtype)}
+        write_file(tmp_path / "bad.safetensors", bad, fields)
+        with pytest.raises(ValueError, match=f"tensor 'ln_f.w' has dtype {dtype}"):
+            GPT.load(tmp_path / "bad.safetensors")
+
+
+def test_a_changed_or_damaged_file_is_refused_naming_it(tmp_path):
+    m = GPT(GPTConfig.preset("tiny"))
+    path = m.save(tmp_path / "m")
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40  # one bit of the last weight
+    (tmp_path / "flip.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="flip.safetensors: field 'sha256' does not match"):
+        GPT.load(tmp_path / "flip.safetensors")
+    (tmp_path / "cut.safetensors").write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="cut.safetensors is not a valid safetensors file"):
+        GPT.load(tmp_path / "cut.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "foreign.safetensors"))
+    with pytest.raises(ValueError, match="foreign.safetensors is not a gptlib file"):
+        GPT.load(tmp_path / "foreign.safetensors")
 
 
 def test_save_in_fp16_halves_the_file_and_loads_the_rounded_weights(tmp_path):
@@ -143,6 +229,8 @@ def test_save_in_fp16_halves_the_file_and_loads_the_rounded_weights(tmp_path):
     m = GPT(GPTConfig.preset("tiny"))
     m.save(tmp_path / "f32")
     m.save(tmp_path / "f16", dtype=torch.float16)
+    m.save(tmp_path / "bf16", dtype=torch.bfloat16)
+    assert all(v.dtype == torch.bfloat16 for v in read_file(tmp_path / "bf16" / "model.safetensors")[0].values())
     stored = load_file(str(tmp_path / "f16" / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in stored.values() if v.is_floating_point())
     size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("f32", "f16")}
@@ -179,14 +267,42 @@ def test_tied_weights_are_shared_saved_once_and_restored(tmp_path):
         load_state_checked(GPT(GPTConfig.preset("tiny")), bad)
 
 
-def test_shipped_model_loads_bit_identically():
+@pytest.mark.parametrize("name, dtype", [("small", None), ("english", torch.float16)])
+def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tmp_path):
     from safetensors.torch import load_file
 
-    stored = load_file("models/small/model.safetensors")
-    m = GPT.load("models/small")
+    shipped = ROOT / "models" / name / "model.safetensors"
+    stored = load_file(str(shipped))
+    m = GPT.load(shipped.parent)
     state = m.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in stored.items())
+    assert all(torch.equal(state[k], v.float()) for k, v in stored.items())
     assert set(state) - set(stored) == {"unembed.W_E"} and m.unembed.W_E is m.embed.W_E
+    assert not (shipped.parent / "config.json").exists()  # the config is inside the file
+    saved = m.save(tmp_path, dtype=dtype).read_bytes()
+    if name == "english":  # its converted file is exactly what GPT.save writes (the small one's config predates attn_only)
+        assert saved == shipped.read_bytes()
+
+
+def test_upgrade_legacy_keeps_the_tensors_and_is_reproducible(tmp_path):
+    import json as json_
+
+    from safetensors.torch import save_file
+
+    from gptlib.files import upgrade_legacy
+
+    m = GPT(GPTConfig.preset("tiny"))
+    for d in ("a", "b"):  # gptlib's first format: a config.json beside the weights
+        (tmp_path / d).mkdir()
+        tensors = {k: v.contiguous() for k, v in m.state_dict().items() if k != "unembed.W_E"}
+        save_file(tensors, str(tmp_path / d / "model.safetensors"), metadata={"format": "gptlib"})
+        (tmp_path / d / "config.json").write_text(json_.dumps(m.config.to_dict()))
+    with pytest.raises(ValueError, match="earlier gptlib.*upgrade_legacy"):
+        GPT.load(tmp_path / "a")
+    upgraded = [upgrade_legacy(tmp_path / d).read_bytes() for d in ("a", "b")]
+    assert upgraded[0] == upgraded[1] == m.save(tmp_path / "c").read_bytes()
+    assert os.listdir(tmp_path / "a") == ["model.safetensors"]
+    with pytest.raises(ValueError, match="is not a model saved by an earlier gptlib"):
+        upgrade_legacy(tmp_path / "a")
 
 
 def test_preset_counts_equal_the_formula_and_hf():
@@ -242,7 +358,7 @@ def test_from_pretrained_hub_layout_via_a_fake_hub(tmp_path, monkeypatch):
         return str(hub / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    ours = GPT.from_pretrained("someone/gpt2-like").eval()
+    ours = from_pretrained("someone/gpt2-like").eval()
     assert calls == [("someone/gpt2-like", "config.json"), ("someone/gpt2-like", "model.safetensors")]
     ids = torch.randint(0, 200, (2, 10))
     with torch.no_grad():
@@ -253,7 +369,7 @@ def test_from_pretrained_hub_layout_via_a_fake_hub(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     with pytest.raises(OSError, match="Hugging Face Hub.*local directory"):
-        GPT.from_pretrained("gpt2")
+        from_pretrained("gpt2")
 
 
 def test_from_hf_errors_name_the_problem(tmp_path):
@@ -269,13 +385,13 @@ def test_from_hf_errors_name_the_problem(tmp_path):
             bad[key] = value
         (tmp_path / "m" / "config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=match):
-            GPT.from_pretrained(tmp_path / "m")
+            from_pretrained(tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
-        GPT.from_pretrained(tmp_path / "m")
+        from_pretrained(tmp_path / "m")
     (tmp_path / "m" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json"):
-        GPT.from_pretrained(tmp_path / "m")
+        from_pretrained(tmp_path / "m")
     # a checkpoint with an extra tensor is refused, naming it
     sd = hf.state_dict()
     sd["transformer.h.0.extra"] = torch.zeros(3)
@@ -287,7 +403,7 @@ def test_from_hf_errors_name_the_problem(tmp_path):
             return sd
 
     with pytest.raises(ValueError, match="h.0.extra"):
-        GPT.from_hf(Fake())
+        from_hf(Fake())
 
 
 def test_model_deepcopy_is_independent():

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..files import load_tree, save_tree
 from ..model import GPT
 from ..training import lm_loss  # re-exported: the workers' loss
 
@@ -68,9 +69,7 @@ def _entry(rank: int, fn: Callable, args: tuple, world_size: int, backend: str, 
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, *args)
-        tmp = os.path.join(out_dir, f"rank{rank}.pt.tmp")
-        torch.save(result, tmp)
-        os.replace(tmp, os.path.join(out_dir, f"rank{rank}.pt"))
+        save_tree(os.path.join(out_dir, f"rank{rank}.safetensors"), result)  # one atomic write
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w", encoding="utf-8") as fh:
             fh.write(traceback.format_exc())
@@ -120,8 +119,9 @@ def run_distributed(
 
     Each process joins a ``torch.distributed`` process group (``backend`` gloo on CPUs, nccl on
     GPUs) through MASTER_ADDR=127.0.0.1 and MASTER_PORT=``port`` (a free port by default), with
-    one torch thread. Results come back in rank order; they must be what
-    ``torch.load(weights_only=True)`` accepts (tensors, numbers, strings, lists, tuples, dicts).
+    one torch thread. Results come back in rank order, passed as gptlib files
+    (:func:`gptlib.files.save_tree`): they must be tensors, numbers, strings, None, or lists,
+    tuples and dicts of these, and their tensors come back on the CPU.
 
     If a worker raises, the others are terminated and :class:`DistributedError` is raised with
     the worker's traceback; after ``timeout`` seconds likewise. In every case all processes are
@@ -169,7 +169,7 @@ def run_distributed(
                     os.unlink(f)
         if failed:
             raise DistributedError(_failure_message(fn, *failed, out_dir))
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
+        return [load_tree(os.path.join(out_dir, f"rank{r}.safetensors")) for r in range(world_size)]
 
 
 def _run_jobs(rank: int, world_size: int, jobs: dict) -> dict:

@@ -1,9 +1,14 @@
-"""Infrastructure: a GPT's weights in and out of files — gptlib's own format and GPT-2's from Hugging Face.
+"""Infrastructure: models to and from Hugging Face's ``transformers``, the book's peers.
 
-gptlib's format is a directory with ``config.json`` (the :class:`GPTConfig`) and ``model.safetensors``
-(the state dict, tied W_U = W_E^T stored once as ``embed.W_E``). GPT-2 checkpoints in Hugging Face's
-layout are read from a local directory, from a ``transformers`` model object, or (online only) from
-the Hub.
+* :func:`from_hf` and :func:`from_pretrained` read GPT-2 in Hugging Face's layout (a
+  ``GPT2LMHeadModel`` object, a local directory with ``config.json`` and ``model.safetensors`` or
+  ``pytorch_model.bin``, or, online only, a Hub name) into a :class:`gptlib.model.GPT`;
+* :func:`to_hf_llama` builds Hugging Face's ``LlamaForCausalLM`` with the weights of a
+  :class:`gptlib.modern.ModernGPT`, the peer of Chapter 12.
+
+gptlib does not import ``transformers`` itself: the GPT-2 readers use only a model's ``config``
+and ``state_dict()``, and :func:`to_hf_llama` imports it when called. This module imports the
+models; no model imports it.
 """
 
 from __future__ import annotations
@@ -12,112 +17,31 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
-from safetensors.torch import save as safetensors_bytes
-from torch import Tensor, nn
+from torch import Tensor
 
 from .model import GPT, GPTConfig
-from .runtime import atomic_write
+from .modern import ModernGPT
+from .runtime import check_float, check_positive_int
+from .files import read_tensors
+from .state import load_state_checked
 
-__all__ = ["save", "load", "load_state_checked", "tied_aliases", "from_hf", "from_pretrained"]
+__all__ = ["from_hf", "from_pretrained", "to_hf_llama", "unpermute_rope", "HF_ACTIVATIONS"]
 
 # Hugging Face's names for GPT-2's activations, mapped to gptlib's (gptlib.mlp.ACTIVATIONS).
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
 
-def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """Second names of shared parameters (a tied ``unembed.W_E``), each mapped to the first name.
-
-    safetensors refuses two names for one tensor, so :func:`save` writes the first name only and
-    :func:`load_state_checked` restores the others.
-    """
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
-
-
-def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> None:
-    """``load_state_dict`` with errors that name the missing, unexpected or mis-shaped tensor.
-
-    A shared parameter may be given under its first name only (:func:`tied_aliases`).
-    """
-    state = dict(state)
-    for alias, name in tied_aliases(model).items():
-        if alias not in state and name in state:
-            state[alias] = state[name]
-        elif alias in state and name in state and not torch.equal(state[alias], state[name]):
-            raise ValueError(f"{source}: tensors {alias!r} and {name!r} differ although the model ties them")
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise ValueError(f"{source} lacks tensor(s) {missing[:5]}{' …' if len(missing) > 5 else ''}")
-    if unexpected:
-        raise ValueError(f"{source} has unexpected tensor(s) {unexpected[:5]}{' …' if len(unexpected) > 5 else ''}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
-            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(expected[k].shape)}")
-    model.load_state_dict(state)
-
-
-def _read_safetensors(path: Path, map_location: str | torch.device) -> dict[str, Tensor]:
-    try:
-        return load_file(str(path), device=str(map_location))
-    except SafetensorError as e:
-        raise ValueError(f"{path} is not a valid safetensors file: {e}") from None
-
-
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        d = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return d
 
 
-def save(model: GPT, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, deterministically).
-
-    ``dtype`` (e.g. ``torch.float16``) stores the floating-point tensors in that type, halving the file;
-    it must be a floating type, and a weight it cannot hold (beyond its range) is an error, not an
-    infinity. :func:`load` casts back to the model's own type.
-    """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point type, got {dtype}")
-    directory = Path(directory)
-    aliases = tied_aliases(model)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
-    if dtype is not None:
-        for k, v in tensors.items():
-            if v.is_floating_point():
-                cast = v.to(dtype)
-                if not torch.isfinite(cast).all() and torch.isfinite(v).all():
-                    raise ValueError(f"tensor {k!r} does not fit in dtype {dtype}: values up to {v.abs().max():.3g}")
-                tensors[k] = cast
-    atomic_write(directory / "model.safetensors", safetensors_bytes(tensors, metadata={"format": "gptlib"}))
-    atomic_write(directory / "config.json", json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n")
-    return directory
-
-
-def load(directory: str | Path, map_location: str | torch.device = "cpu") -> GPT:
-    """Read a model written by :func:`save`; a file that does not match its config is an error."""
-    directory = Path(directory)
-    cfg_path, w_path = directory / "config.json", directory / "model.safetensors"
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} does not exist")
-    config = GPTConfig.from_dict(_read_json(cfg_path))
-    state = _read_safetensors(w_path, map_location)
-    model = GPT(config).to(map_location)
-    load_state_checked(model, state, source=str(w_path))
-    return model
-
-
+# --- GPT-2 -----------------------------------------------------------------------------------------
 def from_hf(hf_model) -> GPT:
     """A gptlib GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``.
 
@@ -156,7 +80,7 @@ def from_pretrained(name_or_path: str | Path, map_location: str | torch.device =
             ) from e
     cfg = _read_json(cfg_file)
     if weight_file.suffix == ".safetensors":
-        state = _read_safetensors(weight_file, map_location)
+        state = read_tensors(weight_file, map_location)
     else:
         try:
             state = torch.load(weight_file, map_location=map_location, weights_only=True)
@@ -175,10 +99,14 @@ def _hf_config(cfg: dict, source: str) -> GPTConfig:
     if cfg.get("scale_attn_weights", True) is False:
         raise ValueError(f"{source}: scale_attn_weights=False is not supported")
     try:
+        eps = check_float("layer_norm_epsilon", cfg.get("layer_norm_epsilon", 1e-5), 0.0)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    try:
         return GPTConfig(
             d_vocab=cfg["vocab_size"], n_ctx=cfg["n_positions"], d_model=cfg["n_embd"],
             n_heads=cfg["n_head"], n_layers=cfg["n_layer"], d_mlp=cfg.get("n_inner") or None,
-            ln_eps=cfg.get("layer_norm_epsilon", 1e-5), activation=HF_ACTIVATIONS[act],
+            ln_eps=eps, activation=HF_ACTIVATIONS[act],
             tie_weights=cfg.get("tie_word_embeddings", True),
         )
     except KeyError as e:
@@ -221,5 +149,60 @@ def _from_hf_parts(cfg: dict, state: dict[str, Tensor], source: str) -> GPT:
     if sd:
         raise ValueError(f"{source} has unexpected tensor(s) {sorted(sd)[:5]}")
     model = GPT(config)
-    load_state_checked(model, {k: v.detach().to(torch.float32).contiguous() for k, v in ours.items()}, source)
+    load_state_checked(model, {k: v.detach() for k, v in ours.items()}, source)  # float widths cast, nothing else
     return model
+
+
+# --- Llama (Chapter 12) ---------------------------------------------------------------------------
+def unpermute_rope(W: Tensor, n_heads: int) -> Tensor:
+    """ModernGPT, like llama.cpp, rotates the adjacent coordinates (2i, 2i+1) of each head by RoPE;
+    Hugging Face's Llama rotates (i, i + d_head/2). This reorders the columns of each head of a
+    weight (d_model, n_heads*d_head) from the first convention to the second (an exact permutation).
+
+    >>> unpermute_rope(torch.arange(4.0)[None], 1).tolist()
+    [[0.0, 2.0, 1.0, 3.0]]
+    """
+    check_positive_int("n_heads", n_heads)
+    if W.dim() != 2 or W.shape[1] % (2 * n_heads):
+        raise ValueError(f"W must be (d_model, n_heads*d_head) with d_head even, got {tuple(W.shape)} for n_heads={n_heads}")
+    d_in, d_out = W.shape
+    d_head = d_out // n_heads
+    return W.reshape(d_in, n_heads, d_head // 2, 2).transpose(-1, -2).reshape(d_in, d_out)
+
+
+def to_hf_llama(model: ModernGPT):
+    """The peer: Hugging Face's ``LlamaForCausalLM`` with the same weights (float32, eval mode)."""
+    if not isinstance(model, ModernGPT):
+        raise ValueError(f"model must be a ModernGPT, got {type(model).__name__}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    hf_config = LlamaConfig(
+        vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.d_head,
+        max_position_embeddings=c.n_ctx, rms_norm_eps=c.norm_eps, rope_theta=c.rope_base,
+        tie_word_embeddings=c.tie_weights, attention_bias=False, mlp_bias=False, hidden_act="silu",
+    )
+    hf_config.rope_parameters = {"rope_type": "default", "rope_theta": c.rope_base}
+    sd = {"model.embed_tokens.weight": model.W_E, "model.norm.weight": model.norm_f.w, "lm_head.weight": model.W_U.T}
+    for l, blk in enumerate(model.blocks):
+        p, a, m = f"model.layers.{l}.", blk.attn, blk.mlp
+        sd[p + "input_layernorm.weight"] = blk.attn_norm.w
+        sd[p + "post_attention_layernorm.weight"] = blk.mlp_norm.w
+        sd[p + "self_attn.q_proj.weight"] = unpermute_rope(a.W_Q, c.n_heads).T
+        sd[p + "self_attn.k_proj.weight"] = unpermute_rope(a.W_K, c.n_kv_heads).T
+        sd[p + "self_attn.v_proj.weight"] = a.W_V.T
+        sd[p + "self_attn.o_proj.weight"] = a.W_O.T
+        sd[p + "mlp.gate_proj.weight"] = m.W_gate.T
+        sd[p + "mlp.up_proj.weight"] = m.W_up.T
+        sd[p + "mlp.down_proj.weight"] = m.W_out.T
+    try:  # the weights are overwritten below: skip the random initialisation (seconds at 135M)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        from contextlib import nullcontext as no_init_weights
+    with no_init_weights():
+        hf = LlamaForCausalLM(hf_config)
+    missing, unexpected = hf.load_state_dict({k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False)
+    if [k for k in missing if k != "lm_head.weight"] or unexpected:
+        raise ValueError(f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return hf.eval()

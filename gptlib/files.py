@@ -1,0 +1,277 @@
+"""Infrastructure: gptlib's one file format.
+
+Everything gptlib writes for a model, a training checkpoint or a distributed worker's results is one
+safetensors file: the tensors, and one metadata entry ``"gptlib"`` holding a JSON object with
+these keys (the typed metadata):
+
+=========== ==================================================================================
+``version`` ``1``, this format
+``sha256``  the digest of everything else in the file, tensors and fields (:func:`content_sha256`)
+``model``   ``"GPT"`` or ``"ModernGPT"``: the class whose state dict the tensors without a ``/``
+            in their name are (a shared parameter stored once, under its first name)
+``config``  that model's config dataclass, field by field
+``trainer`` a :class:`~gptlib.training.Trainer`'s state (step, config, history, optimiser
+            moments, random states) as a tree (:func:`gptlib.state.pack`), tensors ``trainer/…``
+``tree``    any other tree of values (a worker's results), its tensors named ``tree/…``
+=========== ==================================================================================
+
+A writer may add keys of its own (the SmolLM2 export records its GGUF file's sha256). The file is
+written in one atomic step (:func:`gptlib.runtime.atomic_write`): a crash leaves the old file or
+the new one, never a mixture, and weights cannot meet the wrong config because both are in the same
+file. Reading checks the format, the digest and every field it uses, and each error names the file
+and the field. Random states and optimiser moments are tensors; everything else is JSON.
+
+This module imports no model: the models import it (dependencies run maths -> model -> I/O).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
+from torch import Tensor, nn
+
+from .runtime import atomic_write
+from .state import FLOAT_DTYPES, pack, tied_aliases, unpack
+
+__all__ = [
+    "VERSION",
+    "content_sha256",
+    "write_file",
+    "read_file",
+    "read_fields",
+    "read_tensors",
+    "model_file",
+    "model_tensors",
+    "model_fields",
+    "save_model",
+    "read_model",
+    "config_from_dict",
+    "save_tree",
+    "load_tree",
+    "upgrade_legacy",
+]
+
+VERSION = 1
+KEY = "gptlib"  # the one metadata entry
+
+
+# --- the file -----------------------------------------------------------------------------------
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def content_sha256(fields: dict, tensors: dict[str, Tensor]) -> str:
+    """sha256 of the fields (canonical JSON, without ``sha256``) and then, by name, each tensor's
+    name, dtype, shape and bytes. Independent of how safetensors lays the file out.
+
+    >>> content_sha256({"version": 1, "sha256": "…"}, {}) == hashlib.sha256(b'{"version":1}').hexdigest()
+    True
+    """
+    h = hashlib.sha256(_canonical({k: v for k, v in fields.items() if k != "sha256"}))
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(_canonical([name, str(t.dtype).removeprefix("torch."), list(t.shape)]))
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def write_file(path: str | Path, tensors: dict[str, Tensor], fields: dict) -> Path:
+    """Write ``tensors`` and the JSON ``fields`` (plus ``version`` and ``sha256``) as one
+    safetensors file, in one atomic step. The same content, dicts in the same order, always gives
+    the same bytes; reading gives the dicts back in that order."""
+    fields = {**fields, "version": VERSION}
+    try:
+        fields["sha256"] = content_sha256(fields, tensors)
+        meta = json.dumps(fields, ensure_ascii=False, allow_nan=False)  # dicts keep their order
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"fields must be JSON values with finite numbers: {e}") from None
+    data = safetensors_bytes({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata={KEY: meta})
+    return atomic_write(path, data)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _open_header(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path} is not a valid safetensors file: {e}") from None
+
+
+def read_fields(path: str | Path) -> dict:
+    """The JSON fields of a gptlib file, from its header only (the digest is not checked here)."""
+    path = Path(path)
+    meta = _open_header(path)
+    if KEY not in meta:
+        if meta.get("format") in ("gptlib", "gptlib.modern"):
+            raise ValueError(f"{path} was written by an earlier gptlib; convert it once with "
+                             "gptlib.files.upgrade_legacy")
+        raise ValueError(f"{path} is not a gptlib file (no {KEY!r} entry in its safetensors metadata)")
+    try:
+        fields = json.loads(meta[KEY], parse_constant=_no_constants)
+    except ValueError as e:
+        raise ValueError(f"{path}: its {KEY!r} metadata is not valid JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: its {KEY!r} metadata must be a JSON object")
+    if fields.get("version") != VERSION:
+        raise ValueError(f"{path}: field 'version' is {fields.get('version')!r}; this gptlib reads version {VERSION}")
+    return fields
+
+
+def read_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """Every tensor of a safetensors file (any writer's), or ``ValueError`` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        return load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path} is not a valid safetensors file: {e}") from None
+
+
+def read_file(path: str | Path, verify: bool = True) -> tuple[dict[str, Tensor], dict]:
+    """The tensors (on the CPU) and fields of a gptlib file, after checking its format and, with
+    ``verify``, its digest: a file changed since it was written raises ``ValueError`` naming it."""
+    path = Path(path)
+    fields = read_fields(path)
+    tensors = read_tensors(path)
+    if verify and content_sha256(fields, tensors) != fields.get("sha256"):
+        raise ValueError(f"{path}: field 'sha256' does not match the file's contents (changed or damaged "
+                         "since it was written)")
+    return tensors, fields
+
+
+def model_file(path: str | Path) -> Path:
+    """The file a model is saved in: ``path`` itself if it ends in ``.safetensors``, else
+    ``path/model.safetensors`` (a directory, created on saving).
+
+    >>> str(model_file("models/english")), str(model_file("m.safetensors"))
+    ('models/english/model.safetensors', 'm.safetensors')
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors" and not path.is_dir():
+        return path
+    if path.suffix and not path.is_dir():
+        raise ValueError(f"path must be a .safetensors file or a directory, got {str(path)!r}")
+    return path / "model.safetensors"
+
+
+def model_tensors(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """The tensors a model file holds: the state dict on the CPU without tied second names,
+    floating-point tensors cast to ``dtype`` (checked to fit) if given."""
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {[str(d) for d in FLOAT_DTYPES]} or None, got {dtype}")
+    aliases = tied_aliases(model)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    if dtype is not None:
+        for k, v in tensors.items():
+            if v.is_floating_point():
+                cast = v.to(dtype)
+                if not torch.isfinite(cast).all() and torch.isfinite(v).all():
+                    raise ValueError(f"tensor {k!r} does not fit in dtype {dtype}: values up to {v.abs().max():.3g}")
+                tensors[k] = cast
+    return tensors
+
+
+def model_fields(model: nn.Module) -> dict:
+    """The fields a model file holds: ``model`` (the class name) and ``config`` (if a dataclass)."""
+    fields: dict[str, Any] = {"model": type(model).__name__}
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        fields["config"] = json.loads(_canonical(dataclasses.asdict(config)))
+    return fields
+
+
+def save_model(model: nn.Module, path: str | Path, dtype: torch.dtype | None = None, **fields) -> Path:
+    """Write ``model`` (its state dict and config) to :func:`model_file` of ``path`` in one atomic step.
+
+    ``dtype`` stores the floating-point tensors in that width (:data:`FLOAT_DTYPES`); a weight it
+    cannot hold (beyond its range) is an error, not an infinity. ``fields`` are added to the metadata.
+    Returns the file written.
+    """
+    return write_file(model_file(path), model_tensors(model, dtype), {**fields, **model_fields(model)})
+
+
+def read_model(path: str | Path, kind: str) -> tuple[dict, dict[str, Tensor], dict, str]:
+    """``(config, tensors, fields, source)`` of the model of class ``kind`` stored at ``path`` (a
+    file, a directory holding ``model.safetensors``, or a training checkpoint); tensors on the CPU."""
+    file = model_file(path)
+    tensors, fields = read_file(file)
+    source = str(file)
+    if fields.get("model") != kind:
+        raise ValueError(f"{source}: field 'model' is {fields.get('model')!r}, not {kind!r}")
+    if not isinstance(fields.get("config"), dict):
+        raise ValueError(f"{source}: field 'config' is missing or not a JSON object")
+    return fields["config"], {k: v for k, v in tensors.items() if "/" not in k}, fields, source
+
+
+def config_from_dict(cls: type, d: dict, source: str):
+    """``cls(**d)`` for a config dataclass, with an unknown field or an invalid value reported as
+    ``ValueError`` naming ``source`` and the field ``config``. JSON lists become tuples where the
+    dataclass's default is a tuple."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+        raise ValueError(f"{source}: field 'config' has unknown entries {unknown}")
+    d = {k: tuple(v) if isinstance(v, list) and isinstance(names[k].default, tuple) else v for k, v in d.items()}
+    try:
+        return cls(**d)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: field 'config': {e}") from None
+
+
+def save_tree(path: str | Path, tree: Any, **fields) -> Path:
+    """Write a tree of values (:func:`pack`) as one gptlib file, in one atomic step."""
+    structure, tensors = pack(tree, "tree")
+    return write_file(path, tensors, {**fields, "tree": structure})
+
+
+def load_tree(path: str | Path) -> Any:
+    """The tree written by :func:`save_tree` (tensors on the CPU)."""
+    tensors, fields = read_file(path)
+    if "tree" not in fields:
+        raise ValueError(f"{path}: field 'tree' is missing")
+    return unpack(fields["tree"], tensors, f"{path}: field 'tree'", "tree")
+
+
+def upgrade_legacy(path: str | Path) -> Path:
+    """Convert, in place, a model saved by an earlier gptlib to the one-file format: a GPT's
+    directory (``config.json`` beside ``model.safetensors``; ``config.json`` is removed after) or a
+    ModernGPT's file (its config in separate metadata). The tensors are kept byte for byte and the
+    config as stored; converting twice gives the same bytes, and if the stored config lists every
+    field, the result is what ``GPT.save`` (``ModernGPT.save``) writes for the same weights."""
+    path = Path(path)
+    w_path = model_file(path)
+    meta = _open_header(w_path)
+    kind = {"gptlib": "GPT", "gptlib.modern": "ModernGPT"}.get(meta.get("format")) if KEY not in meta else None
+    if kind is None:
+        raise ValueError(f"{w_path} is not a model saved by an earlier gptlib")
+    cfg_path = w_path.parent / "config.json" if kind == "GPT" else None
+    if cfg_path is not None and not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} does not exist")
+    source = cfg_path or w_path
+    try:
+        text = cfg_path.read_text(encoding="utf-8") if cfg_path else meta.get("config", "")
+        config = json.loads(text, parse_constant=_no_constants)
+    except ValueError as e:
+        raise ValueError(f"{source}: the config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: the config must be a JSON object")
+    config = json.loads(_canonical(config))  # its fields in sorted order, as save_model writes them
+    written = write_file(w_path, read_tensors(w_path), {"model": kind, "config": config})
+    if cfg_path is not None:
+        cfg_path.unlink()
+    return written

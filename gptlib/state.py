@@ -1,0 +1,231 @@
+"""Infrastructure: what a model or a training run consists of, checked before anything is loaded.
+
+* :func:`check_state` and :func:`load_state_checked`: a state dict against a model (names,
+  shapes, dtypes; a tied parameter stored once, :func:`tied_aliases`);
+* :func:`check_optimizer_state` and :func:`check_random_states`: an optimiser's moments and the
+  random generators' states, the rest of a training run;
+* :func:`pack` and :func:`unpack`: a tree of values (dicts, lists, numbers, tensors) as a JSON
+  structure plus named tensors, the form in which :mod:`gptlib.files` stores it.
+
+Each check raises ``ValueError`` naming its source and changes nothing. This module imports no
+model: the models import it (dependencies run maths -> model -> I/O).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import random
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "tied_aliases",
+    "check_state",
+    "load_state_checked",
+    "check_optimizer_state",
+    "check_random_states",
+    "pack",
+    "unpack",
+]
+
+# The widths a floating-point tensor may be stored in; loading casts to the model's own type.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# --- state dicts --------------------------------------------------------------------------------
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Second names of shared parameters (a tied ``unembed.W_E``), each mapped to the first name.
+
+    safetensors refuses two names for one tensor, so :func:`gptlib.files.save_model` writes the first name only
+    and :func:`load_state_checked` restores the others.
+    """
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def _few(names: list[str]) -> str:
+    return f"{names[:5]}{' …' if len(names) > 5 else ''}"
+
+
+def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
+    """The full state dict for ``model`` (tied names filled in), or ``ValueError`` naming ``source``
+    and the missing, unexpected, mis-shaped or mistyped tensor. Changes nothing.
+
+    A floating-point tensor may come in any width of :data:`FLOAT_DTYPES` (it is cast on loading);
+    any other tensor must have the model's dtype: an int32 tensor is never read into a float weight.
+    """
+    state = dict(state)
+    for alias, name in tied_aliases(model).items():
+        if alias not in state and name in state:
+            state[alias] = state[name]
+        elif alias in state and name in state and not torch.equal(state[alias], state[name]):
+            raise ValueError(f"{source}: tensors {alias!r} and {name!r} differ although the model ties them")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise ValueError(f"{source} lacks tensor(s) {_few(missing)}")
+    if unexpected:
+        raise ValueError(f"{source} has unexpected tensor(s) {_few(unexpected)}")
+    for k, v in state.items():
+        if not isinstance(v, Tensor):
+            raise ValueError(f"{source}: {k!r} is a {type(v).__name__}, not a tensor")
+        want = expected[k]
+        if tuple(v.shape) != tuple(want.shape):
+            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(want.shape)}")
+        ok = v.dtype in FLOAT_DTYPES if want.is_floating_point() else v.dtype == want.dtype
+        if not ok:
+            allowed = "one of float16, bfloat16, float32, float64" if want.is_floating_point() else str(want.dtype)
+            raise ValueError(f"{source}: tensor {k!r} has dtype {v.dtype}, the model expects {allowed}")
+    return state
+
+
+def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> None:
+    """``load_state_dict`` after :func:`check_state`: every error names the tensor, and nothing
+    is loaded unless every tensor fits. A shared parameter may be given under its first name only."""
+    model.load_state_dict(check_state(model, state, source))
+
+
+
+# --- the rest of a training run --------------------------------------------------------------
+def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str) -> dict:
+    """``sd`` if ``optimizer.load_state_dict(sd)`` would restore it exactly, else ``ValueError``
+    naming ``source``: the same groups, settings and parameters, and every per-parameter tensor
+    except a scalar ``step`` of its parameter's shape, finite. Changes nothing."""
+    ours = optimizer.state_dict()
+    if not isinstance(sd, dict) or set(sd) != {"state", "param_groups"} or not isinstance(sd["param_groups"], list):
+        raise ValueError(f"{source} is not an optimiser state (state, param_groups)")
+    if len(sd["param_groups"]) != len(ours["param_groups"]):
+        raise ValueError(f"{source} has {len(sd['param_groups'])} parameter groups, the optimiser {len(ours['param_groups'])}")
+    for i, (g, o) in enumerate(zip(sd["param_groups"], ours["param_groups"])):
+        if not isinstance(g, dict) or set(g) != set(o) or g["params"] != o["params"]:
+            raise ValueError(f"{source}: param_groups[{i}] does not match the optimiser's parameters and settings")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not isinstance(sd["state"], dict) or not set(sd["state"]) <= set(range(len(params))):
+        raise ValueError(f"{source}: state names parameters the optimiser does not have")
+    for i, st in sd["state"].items():
+        if not isinstance(st, dict):
+            raise ValueError(f"{source}: state[{i}] is not a mapping")
+        for k, t in st.items():
+            want = () if k == "step" else tuple(params[i].shape)
+            if not isinstance(t, Tensor) or tuple(t.shape) != want or not t.is_floating_point():
+                raise ValueError(f"{source}: state[{i}][{k!r}] must be a float tensor of shape {want}")
+            if not bool(t.isfinite().all()):
+                raise ValueError(f"{source}: state[{i}][{k!r}] holds NaN or infinite values")
+    return sd
+
+
+def check_random_states(rng: Any, source: str) -> dict:
+    """``rng`` (name -> state) with each state checked: ``"python"`` a state of :mod:`random`,
+    ``"cuda"`` a list of CUDA generator states, every other entry a torch generator's state
+    (a uint8 tensor). Returns it with the Python state as :func:`random.setstate` takes it."""
+    if not isinstance(rng, dict):
+        raise ValueError(f"{source} is not a mapping of random states")
+    out = dict(rng)
+    for name, state in rng.items():
+        try:
+            if name == "python":
+                out[name] = (state[0], tuple(state[1]), state[2])
+                random.Random().setstate(out[name])
+            elif name == "cuda":
+                if not (isinstance(state, list) and all(isinstance(t, Tensor) and t.dtype == torch.uint8 for t in state)):
+                    raise TypeError("not a list of uint8 tensors")
+            else:
+                torch.Generator().set_state(state)
+        except (TypeError, ValueError, IndexError, OverflowError, RuntimeError) as e:
+            raise ValueError(f"{source}: {name!r} is not a valid random state: {e}") from None
+    return out
+
+
+# --- trees of values: JSON structure + tensors --------------------------------------------------
+def pack(tree: Any, prefix: str = "tree") -> tuple[Any, dict[str, Tensor]]:
+    """Split ``tree`` into a JSON structure and the tensors it refers to by name.
+
+    A tree is None, a bool, int, float, str, tensor, or a list, tuple or dict of trees. In the
+    structure a tensor becomes ``{"$tensor": name}`` (named by its path under ``prefix``), a tuple
+    ``{"$tuple": [...]}``, a non-finite float ``{"$float": "nan"}``, and a dict whose keys are not
+    all strings (or start with ``$``) ``{"$dict": [[key, value], ...]}``; :func:`unpack` inverts it.
+    Tensors are copied to the CPU. Anything else raises ``ValueError`` naming its path.
+
+    >>> structure, tensors = pack({"step": 3, "betas": (0.9, 0.95), "m": torch.zeros(2)})
+    >>> structure
+    {'step': 3, 'betas': {'$tuple': [0.9, 0.95]}, 'm': {'$tensor': 'tree/m'}}
+    >>> unpack(structure, tensors)["betas"]
+    (0.9, 0.95)
+    """
+    tensors: dict[str, Tensor] = {}
+
+    def enc(x: Any, path: str) -> Any:
+        if x is None or isinstance(x, (bool, str)):
+            return x
+        if isinstance(x, numbers.Integral):
+            return int(x)
+        if isinstance(x, numbers.Real):
+            x = float(x)
+            return x if math.isfinite(x) else {"$float": repr(x)}
+        if isinstance(x, Tensor):
+            name = path
+            while name in tensors:
+                name += "#"
+            tensors[name] = x.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+            return {"$tensor": name}
+        if isinstance(x, list):
+            return [enc(v, f"{path}/{i}") for i, v in enumerate(x)]
+        if isinstance(x, tuple):
+            return {"$tuple": [enc(v, f"{path}/{i}") for i, v in enumerate(x)]}
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in x):
+                return {k: enc(v, f"{path}/{k}") for k, v in x.items()}
+            for k in x:
+                if isinstance(k, Tensor) or not (k is None or isinstance(k, (bool, str, numbers.Real, tuple))):
+                    raise ValueError(f"{path}: a dict key of type {type(k).__name__} cannot be stored")
+            return {"$dict": [[enc(k, f"{path}/key"), enc(v, f"{path}/{k}")] for k, v in x.items()]}
+        raise ValueError(f"{path}: a {type(x).__name__} cannot be stored (tensors, numbers, strings, None, "
+                         "lists, tuples and dicts can)")
+
+    return enc(tree, prefix), tensors
+
+
+def unpack(structure: Any, tensors: dict[str, Tensor], source: str = "tree", prefix: str = "tree") -> Any:
+    """The tree that :func:`pack` split into ``structure`` and ``tensors``; a malformed structure,
+    a missing tensor, or a tensor under ``prefix/`` that the structure does not use raises
+    ``ValueError`` naming ``source``."""
+    used: set[str] = set()
+
+    def dec(s: Any) -> Any:
+        if s is None or isinstance(s, (bool, int, float, str)):
+            return s
+        if isinstance(s, list):
+            return [dec(v) for v in s]
+        if isinstance(s, dict) and len(s) == 1 and next(iter(s)).startswith("$"):
+            tag, v = next(iter(s.items()))
+            if tag == "$tensor" and isinstance(v, str) and v in tensors and v not in used:
+                used.add(v)
+                return tensors[v]
+            if tag == "$tuple" and isinstance(v, list):
+                return tuple(dec(x) for x in v)
+            if tag == "$float" and v in ("nan", "inf", "-inf"):
+                return float(v)
+            if tag == "$dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+                return {dec(k): dec(x) for k, x in v}
+            raise ValueError(f"{source}: malformed entry {json.dumps(s)[:80]}")
+        if isinstance(s, dict) and not any(k.startswith("$") for k in s):
+            return {k: dec(v) for k, v in s.items()}
+        raise ValueError(f"{source}: malformed entry {json.dumps(s)[:80]}")
+
+    tree = dec(structure)
+    unused = sorted(k for k in tensors if k.startswith(prefix + "/") and k not in used)
+    if unused:
+        raise ValueError(f"{source}: tensor(s) {_few(unused)} are not part of the stored tree")
+    return tree
