@@ -305,8 +305,8 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
         ids = tok.encode(text)
         diff = check_model_numbers(page, model, ids)
         worst = {k: max(worst.get(k, 0.0), v) for k, v in diff.items()}
-        assert [t.get_attribute("title").split("id ")[1] for t in page.play.locator(".gptlib-play-tok").all()] == \
-            [str(i) for i in ids]
+        titles = [t.get_attribute("title") for t in page.play.locator(".gptlib-play-tok").all()]
+        assert titles == [f"token {k}: id {i}, bytes {tok.token_bytes(i).hex(' ')}" for k, i in enumerate(ids)]
     # a text longer than the context: the model sees its last n_ctx tokens
     long = " ".join(PROMPTS) * 6
     page.type(long)
@@ -497,12 +497,12 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
     want = next_token_probs(y, top_p=0.9)
     got = torch.tensor(json.loads(wide_root.get_attribute("data-probs")), dtype=torch.float64)
     if wide_root.get_attribute("data-approx") == "0":
-        torch.testing.assert_close(got, want[kept], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(got, want[kept], atol=2e-5, rtol=1e-4)
     wide_root.locator(".gptlib-samp-topp").focus()
     wide_root.locator(".gptlib-samp-topp").press("End")  # no cut: the others hold their whole weight
     got = torch.tensor(json.loads(wide_root.get_attribute("data-probs")), dtype=torch.float64)
-    torch.testing.assert_close(got, next_token_probs(y)[kept], atol=1e-6, rtol=1e-4)
-    assert float(wide_root.get_attribute("data-rest")) == pytest.approx(1 - float(next_token_probs(y)[kept].sum()), abs=1e-6)
+    torch.testing.assert_close(got, next_token_probs(y)[kept], atol=2e-5, rtol=1e-4)
+    assert float(wide_root.get_attribute("data-rest")) == pytest.approx(1 - float(next_token_probs(y)[kept].sum()), abs=2e-5)
     for _ in range(40):  # draws until one falls among the others, which the page says plainly
         wide_root.locator(".gptlib-samp-reset").click() if wide_root.get_attribute("data-stuck") == "1" else None
         wide_root.locator(".gptlib-samp-step").click()

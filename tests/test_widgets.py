@@ -265,18 +265,18 @@ def test_sampling_keeps_full_vocab_up_to_8192_then_top_4096():
     for t, r in zip(w.temperatures, rest):
         stored = torch.tensor(_root(w)["logits"], dtype=torch.float64)
         p = torch.exp((stored - m) / t) / (torch.exp((stored - m) / t).sum() + math.exp(r))
-        torch.testing.assert_close(p, next_token_probs(big.double(), temperature=t)[top], atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(p, next_token_probs(big.double(), temperature=t)[top], atol=1e-5, rtol=1e-4)
 
 
 def test_rest_log_weights():
     y = torch.tensor([3.0, 1.0, -1.0, 0.5, -math.inf], dtype=torch.float64)
     rest = rest_log_weights(y, [0, 3], [0.5, 1.0, 2.0])
     for t, r in zip([0.5, 1.0, 2.0], rest):
-        assert r == pytest.approx(math.log(math.exp(-2 / t) + math.exp(-4 / t)), abs=1e-6)
+        assert r == pytest.approx(math.log(math.exp(-2 / t) + math.exp(-4 / t)), abs=5e-5)
     assert rest_log_weights(y, [0, 1, 2, 3], [1.0]) == [None]  # only a -inf token left: no weight
     assert rest_log_weights(y, range(5)) is None
     assert rest_log_weights(y, [0], [1.0], reference=2.5)[0] == pytest.approx(
-        math.log(math.exp(-1.5) + math.exp(-3.5) + math.exp(-2.0)), abs=1e-6)
+        math.log(math.exp(-1.5) + math.exp(-3.5) + math.exp(-2.0)), abs=5e-5)
 
 
 def test_sampling_minus_inf_logits_become_zero_probability():
@@ -428,10 +428,10 @@ def test_from_model_is_deterministic_and_compact(tiny):
     b = SamplingView.from_model(model, tok, ["the cat", "the dog"])
     assert _state(a) == _state(b) and repr(a) == repr(b)
     text = json.dumps(_state(a)["prompts"], allow_nan=False)
-    # defaults: depth 3, branch 3 (40 nodes), at most 4096 logits at the root and 100 below
+    # defaults: depth 3, branch 3 (40 nodes), at most 1024 logits at the root and 64 below
     nodes = list(_walk(a.prompts[0]["root"]))
     V = tok.vocab_size
-    assert len(nodes) == 40 and all(len(n["ids"]) == min(V, 100 if path else 4096) for path, n in nodes)
+    assert len(nodes) == 40 and all(len(n["ids"]) == min(V, 64 if path else 1024) for path, n in nodes)
     assert len(text) < 2 * 40 * (V * 16 + 8)
 
 
@@ -598,15 +598,16 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
         want = next_token_probs(y, temperature=t, top_k=k or None, top_p=p if p < 1 else None)
         assert total + rest == pytest.approx(1.0, abs=1e-9)
         if not approx:
-            torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want[ids], atol=2e-6, rtol=1e-5,
+            # the others' weight is stored to 4 decimals of its log: a relative 5e-5
+            torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want[ids], atol=2e-5, rtol=5e-5,
                                        msg=lambda msg: f"n={n} T={t} k={k} p={p}: {msg}")
-            assert rest == pytest.approx(1 - float(want[ids].sum()), abs=2e-6)
+            assert rest == pytest.approx(1 - float(want[ids].sum()), abs=2e-5)
         else:  # the stored tokens keep the model's proportions; the others keep less than in the model
             seen_approx = True
             assert n < 200 and 0 < p < 1
             got = torch.tensor(probs, dtype=torch.float64)
             torch.testing.assert_close(got / got.sum(), want[ids] / want[ids].sum(), atol=2e-6, rtol=1e-5)
-            assert 0 < rest <= float(1 - want[ids].sum()) + 2e-6
+            assert 0 < rest <= float(1 - want[ids].sum()) + 2e-5
         seen_rest |= rest > 0
         if rest > 0:
             assert last == -1  # a draw near 1 falls among the others, which come last
@@ -678,7 +679,8 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
 
     model, tok = bpe_tiny
     text = "the cat sat on the mat. the dog sat on the log. " * 2  # longer than n_ctx = 16 tokens
-    w = PlaygroundView(model, tok, text, temperature=0.7, top_k=5, top_p=0.9, n_show=8, lens_top=3, seed=9, title="t")
+    w = PlaygroundView(model, tok, text, temperature=0.7, top_k=5, top_p=0.9, n_show=8, lens_top=3, seed=9, title="t",
+                       layer=1, head=3)
     s = _state(w)
     ids = tok.encode(text)
     assert len(ids) > 16 and s["stored"]["ids"] == ids and s["text"] == text
@@ -692,6 +694,7 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
     assert s["config"] == {"d_vocab": tok.vocab_size, "n_ctx": 16, "n_layers": 2, "n_heads": 4}
     assert s["weights_sha256"] == weights_sha256(model) and s["source"] == "live/english.json"
     assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (0.7, 5, 0.9, 8, 3, 9)
+    assert (s["layer"], s["head"]) == (1, 3)
     assert repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, temperature=0.7, top_k=5, top_p=0.9)"
     json.dumps(s, allow_nan=False)
     assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
@@ -737,6 +740,7 @@ def test_playground_refuses_bad_input(bpe_tiny):
     for kwargs, name in [(dict(text=""), "text"), (dict(text=3), "text"), (dict(top_k=0), "top_k"),
                          (dict(top_p=1.5), "top_p"), (dict(temperature=math.nan), "temperature"),
                          (dict(seed=-1), "seed"), (dict(n_show=0), "n_show"), (dict(lens_top=0), "lens_top"),
+                         (dict(layer=2), "layer"), (dict(head=-1), "head"), (dict(head=1.0), "head"),
                          (dict(source="/abs/english.json"), "source"), (dict(source="english.onnx"), "source")]:
         with pytest.raises(ValueError, match=name):
             PlaygroundView(model, tok, **(dict(text="the cat") | kwargs))

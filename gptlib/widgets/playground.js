@@ -281,7 +281,8 @@ function render({ model, el }) {
       `${promptIds.length} token(s)` + (path.length ? ` + ${path.length} drawn` : "") + (first ? `; the model sees the last ${n_ctx}` : "") + ": "),
       ...ctx.map((id, i) => {
         const s = make("span", "gptlib-play-tok" + (i >= promptIds.length ? " new" : "") + (i < first ? " out" : ""), show(tokenStr(id)));
-        s.title = `token ${i}: id ${id}` + (i < first ? " (outside the model's window)" : "");
+        s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") +
+          (i < first ? " (outside the model's window)" : "");
         return s;
       }));
     if (live) {

@@ -31,7 +31,7 @@ import traitlets
 
 from ..export import readout, weights_sha256
 from ..model import GPT
-from ..runtime import check_ids
+from ..runtime import check_ids, check_int
 from ._base import BookWidget, esm, read_asset, rounded
 from .sampling import _check_settings
 
@@ -56,7 +56,8 @@ class PlaygroundView(BookWidget):
     it short (its patterns take n_layers * n_heads * T**2 numbers). ``source`` names the files the
     HTML book serves for this model (``python -m gptlib.export``); the page runs them only if their
     weights are this model's (:func:`gptlib.export.weights_sha256`). ``lens_top`` tokens are shown
-    per stream. Temperature, top-k, top-p, ``n_show`` and ``seed`` are as in :class:`SamplingView`.
+    per stream; ``layer`` and ``head`` are the head shown enlarged first. Temperature, top-k, top-p,
+    ``n_show`` and ``seed`` are as in :class:`SamplingView`.
     """
 
     _esm = esm("dom.js", "heads.js", "distribution.js", "playground.js")
@@ -79,7 +80,7 @@ class PlaygroundView(BookWidget):
 
     def __init__(self, model, tokenizer, text: str, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, n_show: int = 15, lens_top: int = 5, seed: int = 0, title: str = "",
-                 source: str = "live/english.json"):
+                 layer: int = 0, head: int = 0, source: str = "live/english.json"):
         if not isinstance(model, GPT):
             raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
         for name in ("encode", "token_str", "token_bytes"):
@@ -91,8 +92,8 @@ class PlaygroundView(BookWidget):
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty str")
         _check_settings(temperature, top_k, top_p, n_show, seed)
-        if isinstance(lens_top, bool) or not isinstance(lens_top, int) or not 1 <= lens_top <= c.d_vocab:
-            raise ValueError(f"lens_top must be an int in [1, {c.d_vocab}], got {lens_top!r}")
+        lens_top = check_int("lens_top", lens_top, 1, c.d_vocab)
+        layer, head = check_int("layer", layer, 0, c.n_layers - 1), check_int("head", head, 0, c.n_heads - 1)
         if not isinstance(source, str) or not source.endswith(".json") or source.startswith(("/", "http:", "https:")):
             raise ValueError(f"source must be a relative path to a .json manifest under the book's _static/, got {source!r}")
         self._model, self._tokenizer = model, tokenizer
@@ -109,7 +110,7 @@ class PlaygroundView(BookWidget):
             stored={"ids": ids, "logits": rounded(out["logits"], 4), "patterns": rounded(out["patterns"], 4), "lens": lens},
             tokens={str(i): tokenizer.token_str(i) for i in sorted(needed)},
             temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p if top_p is not None else 1.0),
-            n_show=int(n_show), lens_top=lens_top, seed=int(seed),
+            n_show=int(n_show), lens_top=lens_top, seed=int(seed), layer=layer, head=head,
         )
         self.on_msg(self._answer)
 
