@@ -495,6 +495,11 @@ function render({ model, el }) {
   ["temperature", "top_k", "top_p", "n_show"].forEach((n) => model.on(`change:${n}`, drawDistribution));
   model.on("change:layer", panel.redraw);
   model.on("change:head", panel.redraw);
+  model.on("change:text", () => {  // set from Python, in a kernel
+    if (box.value === model.get("text")) return;
+    box.value = model.get("text");
+    if (live) act(retext);
+  });
 
   // The stored analysis until the reader starts the live model; in a kernel, start at once.
   current = fromStored();
