@@ -423,9 +423,11 @@ def test_sampling_past_the_context_slides_the_window(browser, site, english):
     page.slider(".gptlib-samp-temperature", "Home")  # greedy through the boundary: as generate does
     from gptlib.sampling import generate
 
-    for _ in range(model.config.n_ctx + 5 - len(ids)):
-        page.press(".gptlib-samp-step")
+    times = [page.press(".gptlib-samp-step")[0] for _ in range(model.config.n_ctx + 5 - len(ids))]
     path = json.loads(page.play.get_attribute("data-path"))
+    full = sorted(times[-6:])  # the window full: n_ctx positions per step
+    print(f"\n[live budget] per drawn token with a full window of {model.config.n_ctx} tokens, in the page: "
+          f"{full[0]:.0f} to {full[-1]:.0f} ms (budget 100 ms)")
     want = generate(model, torch.tensor(ids), len(path), temperature=0.0).tolist()
     assert ids + path == want
     check_model_numbers(page, model, ids + path)
