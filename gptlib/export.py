@@ -26,6 +26,7 @@ import argparse
 import base64
 import hashlib
 import json
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -156,18 +157,22 @@ def to_onnx(model: GPT) -> bytes:
     n_ctx = model.config.n_ctx
     if n_ctx < 3:
         raise ValueError(f"model.config.n_ctx must be >= 3 to export a graph with a variable length, got {n_ctx}")
-    model = model.to("cpu")
-    was_training = model.training
-    model.eval()
+    example = torch.zeros((2, 2), dtype=torch.int64)  # sizes above 1: torch.export keeps them symbolic
+    dims = {"ids": {0: torch.export.Dim("B", min=1, max=1024), 1: torch.export.Dim("T", min=1, max=n_ctx)}}
+    # torch.export's own deprecation notices and its note that torchvision's operators are not
+    # registered: neither is about this model.
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level, dev, was_training = registry.level, next(model.parameters()).device, model.training
+    registry.setLevel(logging.ERROR)
+    model.to("cpu").eval()
     try:
-        example = torch.zeros((2, 2), dtype=torch.int64)  # sizes above 1: torch.export keeps them symbolic
-        dims = {"ids": {0: torch.export.Dim("B", min=1, max=1024), 1: torch.export.Dim("T", min=1, max=n_ctx)}}
-        with warnings.catch_warnings():  # torch.export's own deprecation notices, not about this model
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             program = torch.onnx.export(_Readout(model).eval(), (example,), dynamo=True, input_names=["ids"],
                                         output_names=list(OUTPUTS), dynamic_shapes=dims, optimize=True, verbose=False)
     finally:
-        model.train(was_training)
+        registry.setLevel(level)
+        model.to(dev).train(was_training)
     proto = program.model_proto
     _strip_metadata(proto)
     _store_float16(proto.graph)

@@ -307,6 +307,13 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
         worst = {k: max(worst.get(k, 0.0), v) for k, v in diff.items()}
         titles = [t.get_attribute("title") for t in page.play.locator(".gptlib-play-tok").all()]
         assert titles == [f"token {k}: id {i}, bytes {tok.token_bytes(i).hex(' ')}" for k, i in enumerate(ids)]
+    # no text: nothing is computed, and what belonged to the last text is cleared
+    page.play.locator(".gptlib-play-text").fill("")
+    page.page.wait_for_function("() => JSON.parse(document.querySelector('.gptlib-play').dataset.ids || '[1]').length === 0"
+                                " || document.querySelector('.gptlib-play-tokens .gptlib-play-tok') === null", timeout=10_000)
+    page.wait_idle()
+    assert "at least one token" in page.play.locator(".gptlib-samp-msg").text_content()
+    assert page.play.locator(".gptlib-samp-bar").count() == 0 and page.play.locator(".gptlib-play-heads").is_hidden()
     # a text longer than the context: the model sees its last n_ctx tokens
     long = " ".join(PROMPTS) * 6
     page.type(long)

@@ -355,11 +355,15 @@ function render({ model, el }) {
   // --- computing ----------------------------------------------------------------------------
   async function run() {
     const ctx = promptIds.concat(path);
-    if (!ctx.length) {
+    if (!ctx.length) {  // nothing to compute on: clear what belonged to the last text
       msg.textContent = "Type some text: the model needs at least one token.";
+      current = null;
+      [stats, chart, lens].forEach((e) => e.replaceChildren());
+      heads.style.display = "none";
       drawTokens();
       return;
     }
+    heads.style.display = "";
     const window = ctx.slice(-n_ctx);  // past n_ctx the window slides, as gptlib.sampling.generate does
     const key = window.join(",");
     let a = cache.get(key);
