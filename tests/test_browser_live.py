@@ -105,8 +105,9 @@ def site(english, tmp_path_factory):
                         top_p=0.9, title="stored: 4096 of 20000 tokens")
     data = embed_data(views=[playground, stored, wide], drop_defaults=False)
     state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    views = "".join(f'<div><script type="application/vnd.jupyter.widget-view+json">{json.dumps(v)}</script></div>'
-                    for v in data["view_specs"])
+    # each view inside a cell's output, as the book's pages hold them (the theme styles those)
+    views = "".join(f'<div class="cell_output docutils container"><script type="application/vnd.jupyter.widget-view+json">'
+                    f'{json.dumps(v)}</script></div>' for v in data["view_specs"])
     theme = "".join(f'<link rel="stylesheet" href="_static/styles/{css}">' for css in ("theme.css", "pydata-sphinx-theme.css")
                     if (static / "styles" / css).is_file())
     root = tmp_path_factory.mktemp("live")
@@ -116,7 +117,7 @@ def site(english, tmp_path_factory):
         '<script src="_static/vendor/require.js"></script><script src="_static/require-config.js"></script>'
         '<script src="_static/vendor/html-manager/embed-amd.js" data-jupyter-widgets-cdn="./no-cdn/"></script>'
         f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        f'<body><main style="max-width: 900px; margin: 0 auto; padding: 0 8px">{views}</main>'
+        f'<body><main class="bd-content" style="max-width: 900px; margin: 0 auto; padding: 0 8px">{views}</main>'
         '<button id="pst-back-to-top" type="button" style="display: block">Back to top</button></body></html>',
         encoding="utf-8")
     served = Served(root)
@@ -553,12 +554,16 @@ def test_dark_mode_and_a_420_pixel_page(browser, site):
         fg = label.evaluate("e => getComputedStyle(e).color")
         bg = thumb.evaluate("e => getComputedStyle(e).backgroundColor")
         assert _contrast(fg, bg) >= 4.5, (theme, fg, bg)
-        for cls in (".gptlib-samp-tok", ".gptlib-play-status", ".gptlib-samp-stats"):
+        # text against what is behind it: the nearest box with a background (the theme's, or its
+        # card around widget outputs)
+        behind = ("e => { for (let a = e; a; a = a.parentElement) { const c = getComputedStyle(a).backgroundColor;"
+                  " if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c; } return 'rgb(255, 255, 255)'; }")
+        for cls in (".gptlib-samp-tok", ".gptlib-play-status", ".gptlib-samp-stats", ".gptlib-attn-score-key", ".gptlib-title"):
             e = page.page.locator(cls).first
             colour = e.evaluate("e => getComputedStyle(e).color") if cls != ".gptlib-samp-tok" else \
                 e.evaluate("e => getComputedStyle(e).fill")
-            page_bg = page.page.evaluate("() => getComputedStyle(document.body).backgroundColor")
-            assert _contrast(colour, page_bg) >= 3, (theme, cls, colour, page_bg)
+            bg = e.evaluate(behind)
+            assert _contrast(colour, bg) >= 3, (theme, cls, colour, bg)
         ARTIFACTS.mkdir(exist_ok=True)
         page.page.screenshot(path=str(ARTIFACTS / f"live_page_420px_{theme}.png"), full_page=True)
     # nothing is wider than the page: the charts scale down

@@ -107,8 +107,8 @@ function render({ model, el }) {
       stats.textContent = `The page stores the ${n} most probable of the ${V} tokens here ` +
         `(${(100 * node.mass).toFixed(1)}% of the probability at temperature 1) and the total weight of the ` +
         `other ${others}: ${kept} stored tokens can be sampled` + (d.rest > 0 ? `, and the others, ${d.rest.toFixed(4)} together.` : ".") +
-        (d.approx ? " Top-p reaches past the stored tokens: of the others the page keeps mass up to top-p, where the " +
-          "model keeps whole tokens, one more at most, so the kept mass is short by less than one of their probabilities." : "") +
+        (d.approx ? " Top-p reaches past the stored tokens: the page keeps the others' mass up to top-p, the model " +
+          "whole tokens (a little more: less than one of those tokens' probability)." : "") +
         (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
     }
 
