@@ -237,8 +237,9 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
     lens = json.loads(page.play.get_attribute("data-lens"))
     for row, y in zip(lens, want["lens"][0]):
         p = torch.softmax(y.double(), -1)
-        assert row["ids"] == torch.sort(y, descending=True, stable=True).indices[: len(row["ids"])].tolist() or \
-            torch.allclose(p[row["ids"]], torch.sort(p, descending=True).values[: len(row["ids"])], atol=1e-6)
+        # the most probable tokens (a near-tie may swap two of them), with PyTorch's probabilities
+        top = torch.sort(p, descending=True).values[: len(row["ids"])]
+        assert row["probs"] == pytest.approx(top.tolist(), abs=1e-5)
         assert row["probs"] == pytest.approx(p[row["ids"]].tolist(), abs=1e-5)
     return diff
 
@@ -268,7 +269,7 @@ def test_a_page_that_does_not_start_the_live_model_downloads_nothing_new(browser
     model, tok = english
     n = len(site.log)
     page = Page(browser, site.url + "/index.html")
-    page.page.wait_for_function(f"() => document.querySelectorAll('.gptlib-widget').length >= 3", timeout=30_000)
+    page.page.wait_for_function("() => document.querySelectorAll('.gptlib-widget').length >= 3", timeout=30_000)
     paths = [p for p, _ in site.log[n:]]
     assert not [p for p in paths if any(f"/_static/{f}" in p for f in LIVE_FILES)], paths
     assert page.play.get_attribute("data-live") == "off"
@@ -464,7 +465,6 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
     probability is the model's own under every setting; the others are one bar; top-p cuts the
     true cumulative mass; a draw past the stored tree ends with a plain statement of fact."""
     model, tok = english
-    _, stored, wide = site.views
     page = Page(browser, site.url + "/index.html")
     views = page.page.locator(".gptlib-samp")
     root = views.nth(0)
@@ -514,7 +514,8 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
     torch.testing.assert_close(got, next_token_probs(y)[kept], atol=2e-5, rtol=1e-4)
     assert float(wide_root.get_attribute("data-rest")) == pytest.approx(1 - float(next_token_probs(y)[kept].sum()), abs=2e-5)
     for _ in range(40):  # draws until one falls among the others, which the page says plainly
-        wide_root.locator(".gptlib-samp-reset").click() if wide_root.get_attribute("data-stuck") == "1" else None
+        if wide_root.get_attribute("data-stuck") == "1":
+            wide_root.locator(".gptlib-samp-reset").click()
         wide_root.locator(".gptlib-samp-step").click()
         if json.loads(wide_root.get_attribute("data-path"))[-1] == -1:
             break
