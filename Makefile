@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WHEELHOUSE := .cache/wheelhouse
 VENDOR := book_static/vendor
+LIVE := book_static/live
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 
@@ -16,7 +17,7 @@ test: install assets
 	$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) chapters
 	$(MAKE) --no-print-directory browser
 
-book: install $(VENDOR)/.done
+book: install $(VENDOR)/.done $(LIVE)/english.json
 	@mkdir -p _build
 	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going . > _build/book.log 2>&1 \
 	    || { tail -n 40 _build/book.log; exit 1; }
@@ -60,15 +61,27 @@ $(WHEELHOUSE)/.done: requirements.txt
 	touch $@
 
 # The JavaScript the HTML book serves itself: npm packages pinned by package-lock.json and
-# anywidget's AMD bundle from the installed wheel.
+# anywidget's AMD bundle from the installed wheel. For the live model (gptlib/widgets/playground.py),
+# loaded only when a reader starts it: onnxruntime-web's WebAssembly build (one thread, no
+# WebGPU/WebGL) and @huggingface/tokenizers, each with its package.json (version, licence).
+ORT_DIST := node_modules/onnxruntime-web/dist
 $(VENDOR)/.done: package.json package-lock.json $(STAMP)
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
-	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/html-manager $(VENDOR)/anywidget
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/html-manager $(VENDOR)/anywidget $(VENDOR)/onnxruntime-web $(VENDOR)/tokenizers
 	cp node_modules/requirejs/require.js $(VENDOR)/require.js
 	cp node_modules/@jupyter-widgets/html-manager/dist/*.js $(VENDOR)/html-manager/
 	find node_modules/@jupyter-widgets/html-manager/dist -maxdepth 1 -regex '.*\.\(woff2?\|ttf\|eot\|svg\)' -exec cp {} $(VENDOR)/html-manager/ \;
 	cp "$$($(PY) -c 'import anywidget, pathlib; print(pathlib.Path(anywidget.__file__).parent / "nbextension" / "index.js")')" $(VENDOR)/anywidget/index.js
+	cp $(ORT_DIST)/ort.wasm.min.mjs $(ORT_DIST)/ort-wasm-simd-threaded.mjs $(ORT_DIST)/ort-wasm-simd-threaded.wasm \
+	    node_modules/onnxruntime-web/package.json $(VENDOR)/onnxruntime-web/
+	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs node_modules/@huggingface/tokenizers/LICENSE \
+	    node_modules/@huggingface/tokenizers/package.json $(VENDOR)/tokenizers/
 	touch $@
+
+# The English model for the live playground: its ONNX graph, tokenizer.json and manifest
+# (python -m gptlib.export), rebuilt when the model or gptlib's code changes; never committed.
+$(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib/tokenizers/*.py) $(STAMP)
+	$(PY) -m gptlib.export models/english $(LIVE)
 
 browser: chromium
 	@if [ -x /usr/bin/chromium ]; then \
@@ -101,4 +114,4 @@ sync-colab:
 	$(PY) scripts/colab.py sync
 
 clean:
-	rm -rf _build $(VENDOR) node_modules
+	rm -rf _build $(VENDOR) $(LIVE) node_modules

@@ -4,6 +4,7 @@ cumulative mass, seeded draws) against gptlib.sampling.next_token_probs (run wit
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
@@ -19,8 +20,9 @@ from gptlib.circuits import (first_token_score, head_scores, induction_pairs, in
 from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
 from gptlib.tokenizers import CharTokenizer
-from gptlib.widgets import AttentionView, BPEMergeView, SamplingView
-from gptlib.widgets.sampling import KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, top_logits
+from gptlib.widgets import AttentionView, BPEMergeView, PlaygroundView, SamplingView
+from gptlib.widgets.sampling import (KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, rest_log_weights,
+                                     top_logits)
 
 WIDGETS = Path(__file__).resolve().parents[1] / "gptlib" / "widgets"
 
@@ -122,6 +124,16 @@ def test_attention_rejects_bad_shapes(tokens, patterns):
         AttentionView(tokens, patterns)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1.5, -0.25])
+def test_attention_refuses_patterns_that_are_not_weights(bad):
+    """NaN or an infinity would make a widget state that is not JSON; a weight outside [0, 1] is
+    no attention pattern. Each is refused, naming the patterns."""
+    A = _patterns(1, 2, 3)
+    A[0, 1, 2, 1] = bad
+    with pytest.raises(ValueError, match="patterns"):
+        AttentionView(list("abc"), A)
+
+
 def test_attention_state_holds_scores_of_the_stored_patterns():
     A = _patterns(2, 3, 6)
     w = AttentionView(list("abcdef"), A)
@@ -213,8 +225,10 @@ def test_sampling_state_and_repr():
     logits = torch.tensor([10.0, 6.0, 4.0])
     w = SamplingView(logits, ["a", "b", "c"], temperature=0.5, top_k=2, top_p=0.9, n_show=5, title="x")
     s = _state(w)
-    assert s["prompts"] == [{"text": "", "root": {"ids": [0, 1, 2], "logits": [10.0, 6.0, 4.0], "mass": 1.0, "next": {}}}]
-    assert s["tokens"] == {"0": "a", "1": "b", "2": "c"}
+    assert s["prompts"] == [{"text": "", "root": {"ids": [0, 1, 2], "logits": [10.0, 6.0, 4.0], "mass": 1.0, "rest": None,
+                                                  "next": {}}}]
+    assert s["tokens"] == {"0": "a", "1": "b", "2": "c"} and s["vocab_size"] == 3
+    assert s["temperatures"] == [round(0.05 * k, 2) for k in range(1, 61)]  # the slider's, 0.5 among them
     assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["prompt"], s["seed"]) == (0.5, 2, 0.9, 3, 0, 0)
     assert repr(w) == "SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=0.9)"
     d = SamplingView([1.0, 2.0], ["a", "b"])
@@ -245,6 +259,24 @@ def test_sampling_keeps_full_vocab_up_to_8192_then_top_4096():
     assert len(_root(w)["logits"]) == KEPT_WHEN_LARGER
     # the kept tokens' share of the full distribution is stored, to 4 decimals
     assert _root(w)["mass"] == round(float(torch.softmax(big.double(), -1)[top].sum()), 4) < 1
+    # and the others' weight at each temperature: with it, a stored token's probability is the model's
+    rest, m = _root(w)["rest"], max(_root(w)["logits"])
+    assert len(rest) == len(w.temperatures) and _root(SamplingView(small, [""] * len(small)))["rest"] is None
+    for t, r in zip(w.temperatures, rest):
+        stored = torch.tensor(_root(w)["logits"], dtype=torch.float64)
+        p = torch.exp((stored - m) / t) / (torch.exp((stored - m) / t).sum() + math.exp(r))
+        torch.testing.assert_close(p, next_token_probs(big.double(), temperature=t)[top], atol=1e-5, rtol=1e-4)
+
+
+def test_rest_log_weights():
+    y = torch.tensor([3.0, 1.0, -1.0, 0.5, -math.inf], dtype=torch.float64)
+    rest = rest_log_weights(y, [0, 3], [0.5, 1.0, 2.0])
+    for t, r in zip([0.5, 1.0, 2.0], rest):
+        assert r == pytest.approx(math.log(math.exp(-2 / t) + math.exp(-4 / t)), abs=5e-5)
+    assert rest_log_weights(y, [0, 1, 2, 3], [1.0]) == [None]  # only a -inf token left: no weight
+    assert rest_log_weights(y, range(5)) is None
+    assert rest_log_weights(y, [0], [1.0], reference=2.5)[0] == pytest.approx(
+        math.log(math.exp(-1.5) + math.exp(-3.5) + math.exp(-2.0)), abs=5e-5)
 
 
 def test_sampling_minus_inf_logits_become_zero_probability():
@@ -333,7 +365,7 @@ def test_from_model_stores_the_models_distributions(tiny):
     model, tok = tiny
     prompts = ["the cat", "on the long mat and the log"]  # the second is longer than n_ctx = 16
     w = SamplingView.from_model(model, tok, prompts, depth=2, branch=2, n_logits=12, n_logits_deep=5,
-                                temperature=0.8, top_k=10, top_p=0.9, title="tiny", seed=3)
+                                temperature=0.8, top_k=4, top_p=0.9, title="tiny", seed=3)
     assert model.training  # its mode is restored
     assert [p["text"] for p in w.prompts] == prompts
     model.eval()
@@ -346,12 +378,32 @@ def test_from_model_stores_the_models_distributions(tiny):
             assert node["ids"] == want_ids
             torch.testing.assert_close(torch.tensor(node["logits"], dtype=torch.float64),
                                        torch.tensor(want_values, dtype=torch.float64), atol=5e-5, rtol=0)
+            assert node["rest"] == pytest.approx(rest_log_weights(want, want_ids, w.temperatures,
+                                                                  reference=node["logits"][0]), abs=1e-4)
         assert len(list(_walk(p["root"]))) == 1 + 2 + 4
     model.train()
     stored = {i for p in w.prompts for _, n in _walk(p["root"]) for i in n["ids"]}
     assert w.tokens == {str(i): tok.decode([i]) for i in sorted(stored)}
-    assert (w.temperature, w.top_k, w.top_p, w.seed, w.title) == (0.8, 10, 0.9, 3, "tiny")
-    assert repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=10, top_p=0.9)"
+    assert (w.temperature, w.top_k, w.top_p, w.seed, w.title) == (0.8, 4, 0.9, 3, "tiny")
+    assert w.vocab_size == tok.vocab_size and 0.8 in w.temperatures
+    assert repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=4, top_p=0.9)"
+    # top-k beyond the tokens a node stores: the page could not tell which tokens it keeps
+    with pytest.raises(ValueError, match="top_k must be <= 5"):
+        SamplingView.from_model(model, tok, prompts, depth=1, branch=2, n_logits=12, n_logits_deep=5, top_k=6)
+
+
+def test_from_model_takes_a_function_of_contexts():
+    """A bigram table's rows as the model: every stored distribution is a row of the table."""
+    g = torch.Generator().manual_seed(4)
+    table = torch.randn(6, 6, generator=g, dtype=torch.float64) * 2
+    tok = CharTokenizer.train("abcdef")
+    w = SamplingView.from_model(lambda contexts: table[[c[-1] for c in contexts]], tok, ["ab"], depth=4, branch=2)
+    assert w.vocab_size == 6 and repr(w).startswith("SamplingView(prompts=1, vocab=6, depth=4")
+    for path, node in _walk(w.prompts[0]["root"]):
+        last = ([tok.encode("ab")[-1]] + list(path))[-1]
+        assert node["ids"] == top_logits(table[last], 6)[0] and node["rest"] is None
+    with pytest.raises(ValueError, match="model"):
+        SamplingView.from_model("a bigram", tok, ["ab"])
 
 
 def test_from_model_names_tokens_with_token_str():
@@ -376,10 +428,22 @@ def test_from_model_is_deterministic_and_compact(tiny):
     b = SamplingView.from_model(model, tok, ["the cat", "the dog"])
     assert _state(a) == _state(b) and repr(a) == repr(b)
     text = json.dumps(_state(a)["prompts"], allow_nan=False)
-    # defaults: depth 3, branch 3 (40 nodes), at most 256 logits at the root and 64 below
+    # defaults: depth 3, branch 3 (40 nodes), at most 1024 logits at the root and 64 below
     nodes = list(_walk(a.prompts[0]["root"]))
-    assert len(nodes) == 40 and all(len(n["ids"]) <= (64 if path else 256) for path, n in nodes)
-    assert len(text) < 2 * 40 * 64 * 16
+    V = tok.vocab_size
+    assert len(nodes) == 40 and all(len(n["ids"]) == min(V, 64 if path else 1024) for path, n in nodes)
+    assert len(text) < 2 * 40 * (V * 16 + 8)
+
+
+def test_from_model_refuses_a_model_with_nan_logits(tiny):
+    """The plain constructor refuses NaN logits; so does from_model, whose logits come from a model."""
+    model, tok = tiny
+    broken = GPT(model.config)
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.ln_f.w.fill_(math.nan)
+    with pytest.raises(ValueError, match="NaN"):
+        SamplingView.from_model(broken, tok, ["the cat"], depth=1, branch=1)
 
 
 @pytest.mark.parametrize(
@@ -430,13 +494,14 @@ SETTINGS = [
 ]
 
 
-def _node(tmp_path, script_body: str, module: str = "sampling.js"):
-    """Run an ES module snippet with node that imports the named exports of a widget's JS file."""
+def _node(tmp_path, script_body: str, widget=SamplingView):
+    """Run an ES module snippet with node that imports the named exports of a widget's module:
+    the very text the widget ships in its state (its ``_esm``)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
-    target = tmp_path / module.replace(".js", ".mjs")
-    shutil.copy(WIDGETS / module, target)
+    target = tmp_path / f"{widget.__name__}.mjs"
+    target.write_text(widget._esm, encoding="utf-8")
     out = subprocess.run([node, "--input-type=module", "-e", f"import * as m from {json.dumps(target.as_uri())};\n" + script_body],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -506,8 +571,64 @@ def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
     assert js["draws"] == [2, 2, 3, 3, 0, 0, 0]
 
 
+def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path):
+    """A node that stores only the most probable tokens and the others' weight: the page's
+    probabilities of the stored tokens are the model's (next_token_probs on all logits) whenever
+    the cuts end among the stored tokens; the others' kept mass is the rest; where top-p reaches
+    into the others, the page says so (approx) and keeps less than the model, by less than one of
+    their probabilities."""
+    g = torch.Generator().manual_seed(11)
+    y = (torch.randn(200, generator=g) * 2.5).double()
+    temps = [0.35, 0.7, 1.0, 2.5]
+    calls = []
+    for n in (200, 40, 5):
+        ids, values, _ = top_logits(y, n)
+        values = [round(v, 6) for v in values]
+        rest = rest_log_weights(y, ids, temps, reference=values[0])
+        for t, k, p in [(1.0, None, None), (0.7, None, None), (2.5, None, None), (0.35, 3, 0.5), (1.0, 5, None),
+                        (1.0, None, 0.3), (1.0, None, 0.9), (2.5, None, 0.95), (0.7, 4, 0.99), (0.0, None, 0.5)]:
+            r = None if rest is None or t == 0 else rest[temps.index(t)]
+            calls.append((n, ids, values, r, t, k or 0, p if p is not None else 1.0))
+    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
+               "console.log(JSON.stringify(calls.map(([n, ids, l, r, t, k, p]) => { const d = m.distribution(l, t, k, p, r);"
+               " const u = d.p.reduce((s, v) => s + v, 0); return [d.p, d.rest, d.approx, m.drawIndex(d.p, d.order, 0.999999, d.rest),"
+               " u]; })));")
+    seen_approx = seen_rest = False
+    for (n, ids, values, r, t, k, p), (probs, rest, approx, last, total) in zip(calls, js):
+        want = next_token_probs(y, temperature=t, top_k=k or None, top_p=p if p < 1 else None)
+        assert total + rest == pytest.approx(1.0, abs=1e-9)
+        if not approx:
+            # the others' weight is stored to 4 decimals of its log: a relative 5e-5
+            torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want[ids], atol=2e-5, rtol=5e-5,
+                                       msg=lambda msg: f"n={n} T={t} k={k} p={p}: {msg}")
+            assert rest == pytest.approx(1 - float(want[ids].sum()), abs=2e-5)
+        else:  # the stored tokens keep the model's proportions; the others keep less than in the model
+            seen_approx = True
+            assert n < 200 and 0 < p < 1
+            got = torch.tensor(probs, dtype=torch.float64)
+            torch.testing.assert_close(got / got.sum(), want[ids] / want[ids].sum(), atol=2e-6, rtol=1e-5)
+            assert 0 < rest <= float(1 - want[ids].sum()) + 2e-5
+        seen_rest |= rest > 0
+        if rest > 0:
+            assert last == -1  # a draw near 1 falls among the others, which come last
+    assert seen_approx and seen_rest
+
+
+def test_head_scores_js_equals_python(tmp_path):
+    """heads.js's scores, which the playground computes in the page, are gptlib.circuits.head_scores."""
+    A = _patterns(2, 3, 7, seed=5)
+    for keys in (list("abcdefg"), [1, 2, 3, 1, 2, 3, 1], list("aabaaba")):
+        js = _node(tmp_path, f"console.log(JSON.stringify(m.headScores({json.dumps(A.tolist())}, {json.dumps(keys)})));",
+                   AttentionView)
+        want = head_scores(A.double(), keys)
+        assert [s["name"] for s in js] == [s["name"] for s in want]
+        for got, w in zip(js, want):
+            torch.testing.assert_close(torch.tensor(got["values"], dtype=torch.float64), w["values"].double(), atol=1e-12, rtol=0)
+            assert got["uniform"] == pytest.approx(w["uniform"], abs=1e-12)
+
+
 def test_attention_js_colour_scale(tmp_path):
-    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "attention.js")
+    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", AttentionView)
     assert js[0] == [247, 251, 255] and js[3] == [8, 48, 107]  # the legend's two ends
     assert js[4] == js[0] and js[5] == js[3]  # clamped to [0, 1]
     darkness = [sum(c) for c in js[:4]]
@@ -537,3 +658,164 @@ def test_chapters_store_the_current_widget_code():
                     stale.append(f"{path.name}: {name}.{trait}")
     assert not stale, ("stored widget code is out of date; run scripts/execute.py on these chapters: "
                        + ", ".join(stale))
+
+
+# --- PlaygroundView: the stored analysis, the kernel's answers, bad input --------------------------
+
+
+@pytest.fixture(scope="module")
+def bpe_tiny():
+    from gptlib.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(TEXT * 4, 280)
+    torch.manual_seed(2)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16)).eval()
+    return model, tok
+
+
+def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
+    from gptlib.export import readout, weights_sha256
+    from gptlib.widgets.playground import _lens_tops
+
+    model, tok = bpe_tiny
+    text = "the cat sat on the mat. the dog sat on the log. " * 2  # longer than n_ctx = 16 tokens
+    w = PlaygroundView(model, tok, text, temperature=0.7, top_k=5, top_p=0.9, n_show=8, lens_top=3, seed=9, title="t",
+                       layer=1, head=3)
+    s = _state(w)
+    ids = tok.encode(text)
+    assert len(ids) > 16 and s["stored"]["ids"] == ids and s["text"] == text
+    out = readout(model, torch.tensor([ids[-16:]]))  # the window the model sees
+    torch.testing.assert_close(torch.tensor(s["stored"]["logits"]), out["logits"][0, -1], atol=5e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(s["stored"]["patterns"]), out["patterns"][0], atol=5e-5, rtol=0)
+    assert s["stored"]["lens"] == _lens_tops(out["lens"][0], 3) and len(s["stored"]["lens"]) == 3  # X_0, X_1, X_2
+    top8 = torch.sort(out["logits"][0, -1], descending=True, stable=True).indices[:8].tolist()
+    needed = set(ids[-16:]) | set(top8) | {i for row in s["stored"]["lens"] for i in row["ids"]}
+    assert s["tokens"] == {str(i): tok.token_str(i) for i in sorted(needed)}
+    assert s["config"] == {"d_vocab": tok.vocab_size, "n_ctx": 16, "n_layers": 2, "n_heads": 4}
+    assert s["weights_sha256"] == weights_sha256(model) and s["source"] == "live/english.json"
+    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (0.7, 5, 0.9, 8, 3, 9)
+    assert (s["layer"], s["head"]) == (1, 3)
+    assert repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, temperature=0.7, top_k=5, top_p=0.9)"
+    json.dumps(s, allow_nan=False)
+    assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
+
+
+def test_playground_answers_the_page_with_pytorch(bpe_tiny):
+    """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req."""
+    from gptlib.export import readout
+
+    model, tok = bpe_tiny
+    w = PlaygroundView(model, tok, "the cat")
+    sent = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))
+    w._answer(w, {"kind": "ping", "req": 1}, [])
+    w._answer(w, {"kind": "start", "req": 2}, [])
+    w._answer(w, {"kind": "encode", "req": 3, "text": "the dog é"}, [])
+    ids = tok.encode("the log sat")
+    w._answer(w, {"kind": "forward", "req": 4, "ids": ids}, [])
+    w._answer(w, {"kind": "forward", "req": 5, "ids": [0, tok.vocab_size]}, [])  # an id out of range
+    w._answer(w, {"kind": "forward", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
+    w._answer(w, {"kind": "fly", "req": 7}, [])
+    w._answer(w, {"kind": "ping"}, [])  # no req: not a request of the page; ignored
+    assert [c["req"] for c, _ in sent] == [1, 2, 3, 4, 5, 6, 7]
+    assert sent[0][0]["kind"] == "pong"
+    started = sent[1][0]
+    V = tok.vocab_size
+    assert started["tokens"] == [tok.token_str(i) for i in range(V)] and started["config"] == w.config
+    assert [base64.b64decode(b) for b in started["token_bytes"]] == [tok.token_bytes(i) for i in range(V)]
+    assert sent[2][0]["ids"] == tok.encode("the dog é")
+    out = readout(model, torch.tensor([ids]))
+    logits, patterns, lens = (np.frombuffer(b, dtype=np.float32) for b in sent[3][1])
+    assert np.array_equal(logits, out["logits"][0, -1].numpy())
+    assert np.array_equal(patterns, out["patterns"][0].numpy().ravel())
+    assert np.array_equal(lens, out["lens"][0].numpy().ravel())
+    assert [sent[k][0]["kind"] for k in (4, 5, 6)] == ["error"] * 3
+    assert "ids" in sent[4][0]["message"] and "n_ctx" in sent[5][0]["message"] and "fly" in sent[6][0]["message"]
+
+
+def test_playground_refuses_bad_input(bpe_tiny):
+    from gptlib.tokenizers import BPETokenizer
+
+    model, tok = bpe_tiny
+    for kwargs, name in [(dict(text=""), "text"), (dict(text=3), "text"), (dict(top_k=0), "top_k"),
+                         (dict(top_p=1.5), "top_p"), (dict(temperature=math.nan), "temperature"),
+                         (dict(seed=-1), "seed"), (dict(n_show=0), "n_show"), (dict(lens_top=0), "lens_top"),
+                         (dict(layer=2), "layer"), (dict(head=-1), "head"), (dict(head=1.0), "head"),
+                         (dict(source="/abs/english.json"), "source"), (dict(source="english.onnx"), "source")]:
+        with pytest.raises(ValueError, match=name):
+            PlaygroundView(model, tok, **(dict(text="the cat") | kwargs))
+    with pytest.raises(ValueError, match="model"):
+        PlaygroundView(torch.nn.Linear(2, 2), tok, "the cat")
+    with pytest.raises(ValueError, match="tokenizer"):
+        PlaygroundView(model, CharTokenizer.train(TEXT), "the cat")
+    with pytest.raises(ValueError, match="tokens"):
+        PlaygroundView(model, BPETokenizer.train(TEXT * 4, 270), "the cat")  # another vocabulary size
+    broken = GPT(model.config)
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.blocks[0].attn.W_Q.fill_(math.nan)
+    with pytest.raises(ValueError, match="non-finite"):
+        PlaygroundView(broken, tok, "the cat")
+
+
+def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
+    from gptlib.widgets.playground import _lens_tops
+
+    g = torch.Generator().manual_seed(8)
+    lens = torch.randn(3, 50, generator=g) * 3
+    lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
+    js = _node(tmp_path, f"const rows = {json.dumps(lens.tolist())};\n"
+               "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));", PlaygroundView)
+    want = _lens_tops(lens, 4)
+    for got, w in zip(js, want):
+        assert got["ids"] == w["ids"]
+        assert got["probs"] == pytest.approx(w["probs"], abs=1e-4)
+
+
+def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
+    """The page's side of the kernel protocol (Jupyter, Colab), against the Python side's answers:
+    a fake widget model hands each request to PlaygroundView._answer and its reply back to the
+    page, buffers as DataViews, as ipywidgets does."""
+    from gptlib.export import readout
+
+    model, tok = bpe_tiny
+    w = PlaygroundView(model, tok, "the cat")
+    replies = {}
+
+    def answer(content):
+        sent = []
+        w.send = lambda c, buffers=None: sent.append((c, [base64.b64encode(b).decode() for b in buffers or []]))
+        w._answer(w, content, [])
+        return sent[0]
+
+    ids = tok.encode("the dog sat")
+    for req, content in enumerate([{"kind": "ping"}, {"kind": "start"}, {"kind": "encode", "text": "the dog sat"},
+                                   {"kind": "forward", "ids": ids}, {"kind": "forward", "ids": [-1]}], start=1):
+        replies[req] = answer(content | {"req": req})
+    js = _node(tmp_path, f"""
+const replies = {json.dumps(replies)};
+let listener = null;
+const fake = {{
+  on: (name, f) => {{ listener = f; }},
+  send: (content) => setTimeout(() => {{
+    const [msg, bufs] = replies[content.req];
+    listener(msg, bufs.map((b) => {{ const u = Uint8Array.from(Buffer.from(b, "base64")); return new DataView(u.buffer); }}));
+  }}, 1),
+}};
+const ask = m.kernelLink(fake);
+await ask({{ kind: "ping" }}, 1000);
+const k = await m.kernelBackend(ask);
+const ids = await k.encode("the dog sat");
+const r = await k.forward(ids);
+let error = null;
+try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
+console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
+  logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens), error }}));
+""", PlaygroundView)
+    assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
+    assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
+    assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
+    out = readout(model, torch.tensor([ids]))
+    assert js["logits"] == out["logits"][0, -1].tolist() and js["patterns"] == out["patterns"][0].flatten().tolist()
+    assert js["lens"] == out["lens"][0].flatten().tolist()
+    assert "ids" in js["error"]

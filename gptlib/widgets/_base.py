@@ -20,6 +20,18 @@ def read_asset(name: str) -> str:
     return (_HERE / name).read_text(encoding="utf-8")
 
 
+def esm(*names: str) -> str:
+    """One ES module made of several files shipped next to this module, in order: shared parts
+    first (``dom.js``, ``heads.js``, ``distribution.js``: named exports only), the view last (its
+    ``export default``). The page loads a widget's module from its state as one text, so a view
+    cannot import a sibling file; joining them keeps one copy of each part.
+
+    >>> esm("dom.js").count("export default"), esm("dom.js", "attention.js").count("export default")
+    (0, 1)
+    """
+    return "\n".join(read_asset(n) for n in names)
+
+
 def rounded(x: Any, ndigits: int = 6) -> Any:
     """Nested lists of floats rounded, for a compact and deterministic widget state.
 

@@ -12,7 +12,7 @@ import torch
 import traitlets
 
 from ..circuits import head_scores
-from ._base import BookWidget, read_asset, rounded
+from ._base import BookWidget, esm, read_asset, rounded
 
 __all__ = ["AttentionView"]
 
@@ -40,7 +40,7 @@ class AttentionView(BookWidget):
     AttentionView(layers=1, heads=1, tokens=2)
     """
 
-    _esm = read_asset("attention.js")
+    _esm = esm("dom.js", "heads.js", "attention.js")
     _css = read_asset("widgets.css")
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
     patterns = traitlets.List().tag(sync=True)
@@ -62,6 +62,15 @@ class AttentionView(BookWidget):
         T = len(tokens)
         if shapes != {(T, T)}:
             raise ValueError(f"patterns must have shape (n_layers, n_heads, T, T) with T = len(tokens) = {T}, got rows {sorted(shapes)}")
+        try:
+            weights = torch.tensor(p, dtype=torch.float64)  # (n_layers, n_heads, T, T)
+        except (TypeError, ValueError):
+            raise ValueError("patterns must hold numbers") from None
+        if not torch.isfinite(weights).all():
+            raise ValueError("patterns must be finite: they hold NaN or an infinity (a widget state holds JSON numbers only)")
+        if weights.numel() and not (weights.min() >= -1e-6 and weights.max() <= 1 + 1e-6):
+            raise ValueError(f"patterns must be attention weights in [0, 1], got values in "
+                             f"[{float(weights.min()):.4g}, {float(weights.max()):.4g}]")
         layer_labels = [str(x) for x in (layer_labels or [f"layer {l}" for l in range(n_layers)])]
         head_labels = [str(x) for x in (head_labels or [f"head {h}" for h in range(n_heads)])]
         if len(layer_labels) != n_layers:

@@ -5,6 +5,12 @@ shows a model's distributions after several prompts, and stores for each prompt 
 continuations (:func:`continuation_tree`), so that the page can draw a few tokens in a row with no
 kernel: after each of the most probable tokens at each step it knows the model's next distribution.
 A drawn token outside the tree is reported as such; the page never makes up a distribution.
+
+Where a distribution is stored only in part (its most probable tokens), the state also holds the
+total weight of the other tokens at every temperature the page offers (:func:`rest_log_weights`),
+so the probabilities the page shows are the model's own, the other tokens are one bar, and top-p
+cuts the true cumulative mass. (The live model, :class:`~gptlib.widgets.PlaygroundView`, needs none
+of this: it computes every distribution.)
 """
 
 from __future__ import annotations
@@ -17,13 +23,21 @@ import torch
 import traitlets
 from torch import Tensor
 
-from ._base import BookWidget, read_asset, rounded
+from ._base import BookWidget, esm, read_asset, rounded
 
-__all__ = ["SamplingView", "top_logits", "continuation_tree"]
+__all__ = ["SamplingView", "top_logits", "rest_log_weights", "continuation_tree", "TEMPERATURES"]
 
 MAX_FULL_VOCAB = 8192
 KEPT_WHEN_LARGER = 4096
 MASKED_LOGIT = -1e30  # stands for -inf in the (JSON) widget state
+# The temperatures the page's slider offers (0.05 to 3 in steps of 0.05; 0 needs no weights).
+TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(1, 61))
+
+
+def _temperatures(temperature: float) -> list[float]:
+    """The slider's temperatures, and the view's own if it is not one of them (and not 0)."""
+    extra = [float(temperature)] if temperature > 0 and all(abs(t - temperature) > 1e-9 for t in TEMPERATURES) else []
+    return sorted([*TEMPERATURES, *extra])
 
 
 def top_logits(logits: Tensor, n: int) -> tuple[list[int], list[float], float]:
@@ -38,9 +52,46 @@ def top_logits(logits: Tensor, n: int) -> tuple[list[int], list[float], float]:
         raise ValueError(f"logits must have shape (d_vocab,), got {tuple(logits.shape)}")
     if not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
+    _check_logits(logits)
     order = torch.sort(logits, descending=True, stable=True).indices[:n]  # (n,)
     mass = float(torch.softmax(logits.double(), dim=-1)[order].sum())
     return order.tolist(), logits[order].double().tolist(), mass
+
+
+def _check_logits(logits: Tensor) -> None:
+    if torch.isnan(logits).any():
+        raise ValueError("logits must not contain NaN")
+    if (logits == math.inf).any() or not (logits > -math.inf).any():
+        raise ValueError("logits must be finite, apart from -inf for tokens that can never be drawn")
+
+
+def rest_log_weights(logits: Tensor, stored: Sequence[int], temperatures: Sequence[float] = TEMPERATURES,
+                     ndigits: int = 4, reference: float | None = None) -> list[float | None] | None:
+    """For the tokens *not* in ``stored``: log sum exp((y_i - m) / t) at each temperature t, m the
+    largest logit (or ``reference``: the largest logit as the page stores it, rounded); ``None``
+    for a temperature where they have no weight (all -inf), and ``None`` instead of the list when
+    ``stored`` holds every token. With it the page knows the true probability of each stored
+    token, p_i = exp((y_i - m)/t) / (sum over stored + exp(rest)). Rounded to ``ndigits`` decimals,
+    the others' weight is right to a relative 5e-5 (for 4 decimals).
+
+    >>> y = torch.tensor([2.0, 1.0, 0.0, 0.0])
+    >>> rest = rest_log_weights(y, [0, 1], [1.0])  # two tokens at 0, two below the max
+    >>> rest, round(math.log(2 * math.exp(-2.0)), 4)
+    ([-1.3069], -1.3069)
+    >>> rest_log_weights(y, [0, 1, 2, 3]) is None
+    True
+    """
+    logits = logits.detach().to("cpu").double()
+    others = torch.ones(logits.shape[-1], dtype=torch.bool)
+    others[list(stored)] = False
+    if not others.any():
+        return None
+    tail, m = logits[others], (logits.max() if reference is None else torch.tensor(float(reference), dtype=torch.float64))
+    out: list[float | None] = []
+    for t in temperatures:
+        v = float(torch.logsumexp((tail - m) / float(t), dim=0))
+        out.append(None if v == -math.inf else round(v, ndigits))
+    return out
 
 
 def continuation_tree(
@@ -51,16 +102,19 @@ def continuation_tree(
     n_logits: int = 256,
     n_logits_deep: int = 64,
     ndigits: int = 4,
+    temperatures: Sequence[float] = TEMPERATURES,
 ) -> dict:
     """The next-token distributions after ``context`` and after each of its ``branch`` most
     probable continuations, step after step, ``depth`` tokens deep.
 
     ``next_logits`` maps a list of contexts (lists of ids, all of one length) to their next-token
-    logits, shape (B, d_vocab). A node is ``{"ids", "logits", "mass", "next"}``: the ids of its
-    stored logits, largest first (``n_logits`` at the root, ``n_logits_deep`` below), the logits
-    rounded to ``ndigits``, the probability mass the stored tokens hold at temperature 1, and
-    ``next``, the child node of each of the ``branch`` most probable ids (keys are ids as strings,
-    as in JSON). A tree has 1 + branch + ... + branch**depth nodes.
+    logits, shape (B, d_vocab). A node is ``{"ids", "logits", "mass", "rest", "next"}``: the ids of
+    its stored logits, largest first (``n_logits`` at the root, ``n_logits_deep`` below), the
+    logits rounded to ``ndigits``, the probability mass the stored tokens hold at temperature 1,
+    the other tokens' weight at each of ``temperatures`` (:func:`rest_log_weights`; ``None`` when
+    every token is stored), and ``next``, the child node of each of the ``branch`` most probable
+    ids (keys are ids as strings, as in JSON). A tree has 1 + branch + ... + branch**depth nodes.
+    NaN or +inf logits are an error.
 
     >>> table = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # a bigram model
     >>> bigram = lambda contexts: table[[c[-1] for c in contexts]]
@@ -86,8 +140,13 @@ def continuation_tree(
         logits = next_logits([c for _, c in frontier])  # (B, d_vocab)
         grown = []
         for (node, c), row in zip(frontier, logits):
-            ids, values, mass = top_logits(row.detach().to("cpu").double(), n_logits if level == 0 else n_logits_deep)
-            node.update(ids=ids, logits=rounded(values, ndigits), mass=round(mass, 4), next={})
+            row = row.detach().to("cpu").double()
+            if torch.isnan(row).any() or (row == math.inf).any():
+                raise ValueError(f"next_logits gave NaN or +inf logits after the context {c[-8:]} (last 8 ids)")
+            ids, values, mass = top_logits(row, n_logits if level == 0 else n_logits_deep)
+            values = rounded(values, ndigits)
+            node.update(ids=ids, logits=values, mass=round(mass, 4),
+                        rest=rest_log_weights(row, ids, temperatures, reference=values[0]), next={})
             if level < depth:
                 for t in ids[:branch]:
                     node["next"][str(t)] = {}
@@ -115,16 +174,22 @@ def _model_next_logits(model) -> Callable[[list[list[int]]], Tensor]:
 
 
 def _check_settings(temperature, top_k, top_p, n_show, seed) -> None:
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and (int(top_k) != top_k or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be None or in (0, 1], got {top_p}")
-    if n_show < 1:
-        raise ValueError(f"n_show must be >= 1, got {n_show}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not 0 <= temperature <= 1e6:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
+    if isinstance(n_show, bool) or not isinstance(n_show, numbers.Integral) or n_show < 1:
+        raise ValueError(f"n_show must be an int >= 1, got {n_show!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+
+
+def _nodes(node: dict):
+    yield node
+    for child in node["next"].values():
+        yield from _nodes(child)
 
 
 class SamplingView(BookWidget):
@@ -133,25 +198,29 @@ class SamplingView(BookWidget):
     The browser applies exactly :func:`gptlib.sampling.next_token_probs`: temperature, then top-k,
     then top-p, then renormalisation (temperature 0 = all mass on the argmax). The axis is fixed
     (probability 0 to 1); behind each bar is a ghost of the distribution at temperature 1; a line
-    shows the cumulative mass that top-p cuts. "Sample next token" draws from the shown
-    distribution with a seeded generator (``seed``) and moves on to the stored distribution after
-    the drawn token, if there is one.
+    shows the cumulative mass that top-p cuts; a last bar holds all the tokens not drawn above.
+    "Sample next token" draws from the shown distribution with a seeded generator (``seed``) and
+    moves on to the stored distribution after the drawn token, if there is one; where there is
+    none, the page says so and stops.
 
     ``SamplingView(logits, tokens)`` shows one distribution: for vocabularies of at most 8192
-    tokens the state holds every logit, so the view is exact; above that it keeps the 4096
-    largest, and the probabilities are those of that truncated vocabulary. Logits are stored
-    rounded to 6 decimals; a logit of -inf (a token that can never be drawn) is stored as -1e30,
-    since JSON has no infinities, and keeps probability 0. :meth:`from_model` shows a model's
-    distributions after several prompts.
+    tokens the state holds every logit; above that it holds the 4096 largest and the other
+    tokens' total weight at each temperature of the slider (:func:`rest_log_weights`), so the
+    probabilities are still the model's own (top-k is then limited to the stored tokens). Logits
+    are stored rounded to 6 decimals; a logit of -inf (a token that can never be drawn) is stored
+    as -1e30, since JSON has no infinities, and keeps probability 0. :meth:`from_model` shows a
+    model's distributions after several prompts.
 
     >>> SamplingView([10.0, 6.0, 4.0], ["a", "b", "c"], temperature=0.5, top_k=2)
     SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=1.0)
     """
 
-    _esm = read_asset("sampling.js")
+    _esm = esm("dom.js", "distribution.js", "sampling.js")
     _css = read_asset("widgets.css")
     prompts = traitlets.List(traitlets.Dict()).tag(sync=True)  # [{"text", "root": node}]
     tokens = traitlets.Dict().tag(sync=True)  # {str(id): token string} for every stored id
+    vocab_size = traitlets.Int(0).tag(sync=True)
+    temperatures = traitlets.List(traitlets.Float()).tag(sync=True)  # where nodes store the others' weight
     prompt = traitlets.Int(0).tag(sync=True)
     temperature = traitlets.Float(1.0).tag(sync=True)
     top_k = traitlets.Int(0).tag(sync=True)  # 0 = off
@@ -167,73 +236,83 @@ class SamplingView(BookWidget):
         if not raw or any(isinstance(v, (list, tuple)) or hasattr(v, "__len__") for v in raw):
             raise ValueError("logits must be a non-empty 1-D sequence (one logit per token)")
         values = [float(v) for v in raw]
-        if any(math.isnan(v) for v in values):
-            raise ValueError("logits must not contain NaN")
-        if any(v == math.inf for v in values) or max(values) == -math.inf:
-            raise ValueError("logits must be finite, apart from -inf for tokens that can never be drawn")
+        _check_logits(torch.tensor(values, dtype=torch.float64))
         tokens = [str(t) for t in tokens]
         if len(tokens) != len(values):
             raise ValueError(f"tokens must have one string per logit ({len(values)}), got {len(tokens)}")
         _check_settings(temperature, top_k, top_p, n_show, seed)
-        ids, _, mass = top_logits(torch.tensor(values, dtype=torch.float64), min(len(values), KEPT_WHEN_LARGER))
+        temps = _temperatures(temperature)
+        y = torch.tensor(values, dtype=torch.float64)
+        ids, _, mass = top_logits(y, min(len(values), KEPT_WHEN_LARGER))
         ids = sorted(ids) if len(values) > MAX_FULL_VOCAB else list(range(len(values)))
         # JSON has no -inf: a logit this far below the others has probability exactly 0 anyway.
-        kept = [values[i] if values[i] != -math.inf else MASKED_LOGIT for i in ids]
-        root = {"ids": ids, "logits": rounded(kept, 6), "mass": round(mass, 4) if len(ids) < len(values) else 1.0,
-                "next": {}}
+        kept = rounded([values[i] if values[i] != -math.inf else MASKED_LOGIT for i in ids], 6)
+        full = len(ids) == len(values)
+        root = {"ids": ids, "logits": kept, "mass": 1.0 if full else round(mass, 4),
+                "rest": rest_log_weights(y, ids, temps, reference=max(kept)), "next": {}}
         self._facts = {"vocab": len(ids)}
-        self._setup([{"text": "", "root": root}], {str(i): tokens[i] for i in ids},
+        self._setup([{"text": "", "root": root}], {str(i): tokens[i] for i in ids}, len(values), temps,
                     temperature, top_k, top_p, n_show, title, seed)
 
     @classmethod
     def from_model(cls, model, tokenizer, prompts: Sequence[str], *, depth: int = 3, branch: int = 3,
-                   n_logits: int = 256, n_logits_deep: int = 64, temperature: float = 1.0,
+                   n_logits: int = 1024, n_logits_deep: int = 64, temperature: float = 1.0,
                    top_k: int | None = None, top_p: float | None = None, n_show: int = 20, title: str = "",
                    seed: int = 0) -> "SamplingView":
         """The model's next-token distributions after each prompt, with a tree of continuations.
 
-        For each prompt the state holds the ``n_logits`` largest logits after it, and
-        :func:`continuation_tree` below it: the distributions (``n_logits_deep`` logits each)
-        after each of the ``branch`` most probable tokens at each step, ``depth`` steps deep.
-        ``tokenizer`` needs ``encode`` and ``token_str`` (or ``decode``). The model runs once per
-        tree level, in eval mode, without gradients; a context longer than ``n_ctx`` is cropped
-        to its last ``n_ctx`` tokens, as in :func:`gptlib.sampling.generate`.
+        ``model`` is a GPT (``config.n_ctx``, ``forward(ids) -> logits``) or any function that maps a
+        list of contexts (lists of ids, all of one length) to their next-token logits (B, d_vocab),
+        a bigram table's rows for instance. For each prompt the state holds the ``n_logits``
+        largest logits after it, and
+        :func:`continuation_tree` below it: the distributions (``n_logits_deep`` logits each, and
+        the others' weight) after each of the ``branch`` most probable tokens at each step,
+        ``depth`` steps deep. ``tokenizer`` needs ``encode`` and ``token_str`` (or ``decode``). A
+        GPT runs once per tree level, in eval mode, without gradients; a context longer than
+        ``n_ctx`` is cropped to its last ``n_ctx`` tokens, as in :func:`gptlib.sampling.generate`.
         """
         if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) and p for p in prompts):
             raise ValueError("prompts must be a non-empty list of non-empty strings")
         _check_settings(temperature, top_k, top_p, n_show, seed)
-        was_training = model.training
-        model.eval()
+        temps = _temperatures(temperature)
+        is_module = isinstance(model, torch.nn.Module)
+        if not is_module and not callable(model):
+            raise ValueError(f"model must be a GPT or a function of contexts, got {type(model).__name__}")
+        was_training = model.training if is_module else False
+        if is_module:
+            model.eval()
         try:
-            next_logits = _model_next_logits(model)
+            next_logits = _model_next_logits(model) if is_module else model
             trees = [{"text": p, "root": continuation_tree(next_logits, tokenizer.encode(p), depth, branch,
-                                                           n_logits, n_logits_deep)} for p in prompts]
+                                                           n_logits, n_logits_deep, temperatures=temps)}
+                     for p in prompts]
         finally:
-            model.train(was_training)
+            if is_module:
+                model.train(was_training)
         token_str = _token_strings(tokenizer)
         vocab: dict[str, str] = {}
-
-        def collect(node):
-            for i in node["ids"]:
-                vocab.setdefault(str(i), token_str(i))
-            for child in node["next"].values():
-                collect(child)
-
         for t in trees:
-            collect(t["root"])
+            for node in _nodes(t["root"]):
+                for i in node["ids"]:
+                    vocab.setdefault(str(i), token_str(i))
+        d_vocab = len(next_logits([tokenizer.encode(prompts[0])])[0]) if not is_module else model.config.d_vocab
         view = cls.__new__(cls)
-        view._facts = {"prompts": len(prompts), "vocab": model.config.d_vocab, "depth": depth}
-        view._setup(trees, dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))),
+        view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
+        view._setup(trees, dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))), d_vocab, temps,
                     temperature, top_k, top_p, n_show, title, seed)
         return view
 
-    def _setup(self, prompts, vocab, temperature, top_k, top_p, n_show, title, seed) -> None:
+    def _setup(self, prompts, vocab, vocab_size, temps, temperature, top_k, top_p, n_show, title, seed) -> None:
         _check_settings(temperature, top_k, top_p, n_show, seed)
+        partial = [len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None]
+        if top_k is not None and partial and top_k > min(partial):
+            raise ValueError(f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution holds "
+                             f"(beyond them the page cannot tell which tokens top-k keeps), got {top_k}")
         longest = max(len(p["root"]["ids"]) for p in prompts)
         BookWidget.__init__(
-            self, prompts=prompts, tokens=vocab, prompt=0, temperature=float(temperature), top_k=int(top_k or 0),
-            top_p=float(top_p if top_p is not None else 1.0), n_show=int(min(n_show, longest)), title=title,
-            seed=int(seed),
+            self, prompts=prompts, tokens=vocab, vocab_size=int(vocab_size), temperatures=list(temps), prompt=0,
+            temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p if top_p is not None else 1.0),
+            n_show=int(min(n_show, longest)), title=title, seed=int(seed),
         )
 
     def _repr_facts(self):

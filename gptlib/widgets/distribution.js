@@ -1,0 +1,163 @@
+// The next-token distribution in the page: gptlib.sampling.next_token_probs (temperature, then
+// top-k, then top-p, then renormalise), for every token of a vocabulary or for its most probable
+// tokens together with the total weight of the others; seeded draws; and the chart.
+
+// Token indices by decreasing logit, ties by the lower index (torch.sort(stable=True) order).
+export function byLogit(logits) {
+  return [...Array(logits.length).keys()].sort((a, b) => (logits[b] - logits[a]) || (a - b));
+}
+
+// The distribution for `logits` at `temperature` after top-k (0 = off) and top-p (1 = off).
+// `restLogZ`, when given, stands for the tokens whose logits are not listed, all less probable
+// than the listed ones: log sum exp((y - m) / temperature) over them, m the largest logit.
+// Returns p (per listed token), rest (the others' mass after the cuts), restAll (before them),
+// cum (the cumulative mass that top-p compares with, listed tokens in byLogit order), order, and
+// approx: true when a cut reaches into the unlisted tokens, whose single logits the page lacks
+// (top-p then keeps topP - (mass before them) of theirs: less than the model, by less than one
+// of those tokens' probability).
+export function distribution(logits, temperature, topK, topP, restLogZ = null) {
+  const n = logits.length, order = byLogit(logits);
+  const p = new Array(n).fill(0);
+  if (temperature === 0) {
+    p[order[0]] = 1;
+    return { p, rest: 0, restAll: 0, cum: order.map(() => 1), order, approx: false };
+  }
+  const m = logits[order[0]];
+  let z = 0, rest = restLogZ === null || restLogZ === undefined ? 0 : Math.exp(restLogZ);
+  for (let i = 0; i < n; i++) { p[i] = Math.exp((logits[i] - m) / temperature); z += p[i]; }
+  z += rest;
+  for (let i = 0; i < n; i++) p[i] /= z;
+  rest /= z;
+  const restAll = rest;
+  let approx = false;
+  if (topK > 0) {
+    if (topK < n) order.slice(topK).forEach((i) => { p[i] = 0; });
+    if (topK <= n) rest = 0;
+    else if (rest > 0) approx = true;  // the k most probable include unlisted tokens
+    const zk = p.reduce((s, v) => s + v, 0) + rest;
+    for (let i = 0; i < n; i++) p[i] /= zk;
+    rest /= zk;
+  }
+  let c = 0;
+  const cum = order.map((i) => (c += p[i]));
+  if (topP < 1) {
+    // keep tokens, most probable first, while the mass before them is below topP
+    let before = 0;
+    const keep = new Array(n).fill(false);
+    for (const i of order) {
+      if (before >= topP) break;
+      keep[i] = true;
+      before += p[i];
+    }
+    for (let i = 0; i < n; i++) if (!keep[i]) p[i] = 0;
+    if (rest > 0) {
+      if (before < topP) {
+        if (topP - before < rest) approx = true;
+        rest = Math.min(rest, topP - before);
+      } else rest = 0;
+    }
+    const zp = p.reduce((s, v) => s + v, 0) + rest;
+    for (let i = 0; i < n; i++) p[i] /= zp;
+    rest /= zp;
+  }
+  return { p, rest, restAll, cum, order, approx };
+}
+
+// gptlib.sampling.next_token_probs on a whole vocabulary.
+export function nextTokenProbs(logits, temperature, topK, topP) {
+  return distribution(logits, temperature, topK, topP).p;
+}
+
+// The cumulative mass top-p compares with, token by token in the order of byLogit.
+export function cumulativeMass(logits, temperature, topK) {
+  return distribution(logits, temperature, topK, 1).cum;
+}
+
+// A seeded generator of uniform numbers in [0, 1): Marsaglia's xorshift32 (13, 17, 5).
+export function xorshift32(seed) {
+  let s = ((seed >>> 0) ^ 0x9e3779b9) >>> 0 || 1;
+  return () => {
+    s = (s ^ (s << 13)) >>> 0;
+    s = (s ^ (s >>> 17)) >>> 0;
+    s = (s ^ (s << 5)) >>> 0;
+    return s / 4294967296;
+  };
+}
+
+// Inverse-CDF draw: the first token, in the order given, whose cumulative probability exceeds u;
+// -1 when u falls in the mass `rest` of the unlisted tokens, which come after every listed one.
+export function drawIndex(p, order, u, rest = 0) {
+  let c = 0, last = -1;
+  for (const i of order) {
+    if (p[i] <= 0) continue;
+    c += p[i];
+    last = i;
+    if (u < c) return i;
+  }
+  return rest > 0 ? -1 : last;  // else u is within rounding of 1
+}
+
+// Entropy in nats of a distribution (terms with p = 0 contribute 0).
+export function entropy(p) {
+  return -p.reduce((s, v) => s + (v > 0 ? v * Math.log(v) : 0), 0);
+}
+
+// The chart: the shown tokens (rows, most probable first) as bars on a fixed axis from 0 to 1,
+// each over a ghost of its probability at temperature 1, the cumulative mass (what top-p cuts)
+// as a line, the top-p threshold, and a last row for all other tokens together.
+// rows: [{label, p, ghost, cum}], other: {label, p, ghost} or null, topP: 1 = no line.
+export const CHART = { x0: 120, W: 320, top: 20, h: 18, right: 70 };
+export function drawChart(chart, rows, other, topP) {
+  const { x0, W, top, h, right } = CHART;
+  const n = rows.length + (other ? 1 : 0);
+  const width = x0 + W + right, height = top + h * n + 4;
+  // A fixed drawing scaled to the width available (narrow pages shrink it, never overflow).
+  chart.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  chart.setAttribute("width", String(width));
+  chart.setAttribute("height", String(height));
+  chart.style.maxWidth = `${width}px`;
+  const parts = [];
+  [0, 0.25, 0.5, 0.75, 1].forEach((t) => {
+    parts.push(svg("line", { class: "gptlib-samp-grid", x1: x0 + W * t, x2: x0 + W * t, y1: top - 4, y2: top + h * n }));
+    parts.push(svg("text", { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" }, String(t)));
+  });
+  const clip = (t) => (t.length > 14 ? t.slice(0, 13) + "\u2026" : t);  // a label that fits its column
+  rows.forEach((r, k) => {
+    const y = top + h * k;
+    const g = svg("g", { class: "gptlib-samp-row" + (r.p > 0 ? "" : " removed") });
+    g.append(
+      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, clip(show(r.label))),
+      svg("rect", { class: "gptlib-samp-ghost", x: x0, y: y + 2, width: (W * r.ghost).toFixed(2), height: h - 4 }),
+      svg("rect", { class: "gptlib-samp-bar", x: x0, y: y + 4, width: (W * r.p).toFixed(2), height: h - 8 }),
+      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4)),
+    );
+    parts.push(g);
+  });
+  if (other) {
+    const y = top + h * rows.length;
+    const g = svg("g", { class: "gptlib-samp-row gptlib-samp-other" + (other.p > 0 ? "" : " removed") });
+    g.append(
+      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, other.label),
+      svg("rect", { class: "gptlib-samp-other-ghost", x: x0, y: y + 2, width: (W * other.ghost).toFixed(2), height: h - 4 }),
+      svg("rect", { class: "gptlib-samp-other-bar", x: x0, y: y + 4, width: (W * other.p).toFixed(2), height: h - 8 }),
+      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4)),
+    );
+    parts.push(g);
+  }
+  const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
+  parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
+  rows.forEach((r, k) => parts.push(svg("circle", { class: "gptlib-samp-cum-dot", cx: x0 + W * r.cum, cy: top + h * k + h / 2, r: 2 })));
+  if (topP < 1) {
+    parts.push(svg("line", { class: "gptlib-samp-pline", x1: x0 + W * topP, x2: x0 + W * topP, y1: top - 4, y2: top + h * n }));
+  }
+  chart.replaceChildren(...parts);
+}
+
+// The legend under the chart.
+export function chartKey() {
+  const key = make("div", "gptlib-samp-key");
+  const item = (cls, text) => { const s = make("span", "gptlib-samp-key-item"); s.append(make("span", "gptlib-samp-sw " + cls), text); return s; };
+  key.append(item("now", "probability now"), item("ghost", "at temperature 1, no cut"),
+             item("cum", "cumulative mass (what top-p cuts)"), item("pline", "top-p"));
+  return key;
+}
