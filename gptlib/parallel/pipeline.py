@@ -8,9 +8,10 @@ interleaves forwards and backwards: the same bubble, but at most min(p - s, m) m
 activations held on stage s instead of m (:func:`stage_order`, :func:`pipeline_timetable`,
 :func:`peak_in_flight`, :func:`scheduled_pipeline_worker`).
 
-The stages compute exactly :meth:`gptlib.model.GPT.forward`, cut in three: :func:`embed_input`,
-:func:`apply_blocks` and :func:`unembed_output` call the model's own submodules in its order,
-and composed they equal ``model(ids)`` (the tests check it, dropout included).
+The stages compute exactly :meth:`gptlib.model.GPT.forward`, cut in three: the model's own
+:meth:`~gptlib.model.GPT.input_stream` on the first stage, :func:`apply_blocks` on every stage and
+:meth:`~gptlib.model.GPT.read_out` on the last; composed, they are ``model(ids)`` (the tests check
+it, dropout included).
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from ..model import GPT
 from .launch import lm_loss, shard_range, worker_model
 
 __all__ = [
-    "embed_input",
     "apply_blocks",
-    "unembed_output",
     "stage_layers",
     "gpipe_schedule",
     "timetable",
@@ -44,21 +43,12 @@ __all__ = [
 ]
 
 
-def embed_input(model: GPT, ids: Tensor) -> Tensor:
-    """The first stage's input to the blocks: Dropout(W_E[ids] + W_pos[:T]), (B, T, d_model), as in GPT.forward."""
-    return model.drop(model.embed(ids) + model.pos(ids.shape[1]))  # (B, T, d_model)
-
-
 def apply_blocks(model: GPT, layers: Iterable[int], x: Tensor) -> Tensor:
     """The residual stream after the blocks ``layers`` of ``model``, in order: (B, T, d_model)."""
     for i in layers:
         x = model.blocks[i](x)  # (B, T, d_model)
     return x
 
-
-def unembed_output(model: GPT, x: Tensor) -> Tensor:
-    """The last stage's logits: LN_f(x) W_U, (B, T, d_vocab), as in GPT.forward."""
-    return model.unembed(model.ln_f(x))  # (B, T, d_vocab)
 
 
 def stage_layers(n_layers: int, stage: int, n_stages: int) -> range:
@@ -151,8 +141,8 @@ def pipeline_worker(
 ) -> dict:
     """Pipeline parallel (GPipe) over ``world_size`` stages: all forwards, then all backwards.
 
-    Stage 0 embeds (:func:`embed_input`), every stage runs its blocks (:func:`apply_blocks`), the
-    last also applies ln_f, the unembedding (:func:`unembed_output`) and the loss; activations
+    Stage 0 embeds (``model.input_stream``), every stage runs its blocks (:func:`apply_blocks`), the
+    last also applies ln_f, the unembedding (``model.read_out``) and the loss; activations
     go forward and their gradients back by point-to-point messages. Each message carries a
     logical clock, so every operation gets the time slot it actually ran in. With tied
     embeddings, W_E's gradient lives half on the first stage, half on the last: they add them.
@@ -286,7 +276,7 @@ def scheduled_pipeline_worker(
     def forward(j: int, x: Tensor) -> Tensor:
         x = apply_blocks(model, layers, x)  # (b, T, d_model)
         if rank == last:
-            logits[j] = unembed_output(model, x)  # (b, T, d_vocab)
+            logits[j] = model.read_out(x)  # (b, T, d_vocab)
             losses[j] = lm_loss(logits[j], targets[rows[j]]) / n_micro
         return x
 
@@ -294,7 +284,7 @@ def scheduled_pipeline_worker(
         j = int(op[1:])
         if op[0] == "F":
             if rank == 0:
-                x_in, ready = embed_input(model, ids[rows[j]]), 0
+                x_in, ready = model.input_stream(ids[rows[j]]), 0
             else:
                 x_in, ready = recv(rank - 1)
                 x_in.requires_grad_(True)
