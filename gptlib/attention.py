@@ -273,28 +273,35 @@ class KVCache:
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys and values (B, n_kv_heads, T, d_head) for ``layer``; return all so far."""
-        check_int("layer", layer, 0, self.n_layers - 1)
+        if type(layer) is not int or not 0 <= layer < self.n_layers:
+            layer = check_int("layer", layer, 0, self.n_layers - 1)
         if k.dim() != 4 or k.shape != v.shape:
             raise ValueError(f"k and v must have one shape (B, n_kv_heads, T, d_head), got {tuple(k.shape)}, {tuple(v.shape)}")
         n, T, buf = self._filled[layer], k.shape[2], self._k[layer]
+        if (buf is None or n + T > buf.shape[2] or k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3]
+                or k.dtype != buf.dtype or k.device != buf.device):
+            buf = self._make_room(layer, k, n, T)
+        vbuf = self._v[layer]
+        buf.narrow(2, n, T).copy_(k)  # written in place: positions n .. n + T - 1
+        vbuf.narrow(2, n, T).copy_(v)
+        self._filled[layer] = n + T
+        return buf.narrow(2, 0, n + T), vbuf.narrow(2, 0, n + T)
+
+    def _make_room(self, layer: int, k: Tensor, n: int, T: int) -> Tensor:
+        """Allocate ``layer``'s buffers for n + T positions, keeping the n filled ones; check first."""
         if self.capacity is not None and n + T > self.capacity:
             raise ValueError(f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do not fit")
-        rows = (k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)
-        same = buf is not None and rows == (buf.shape[0], buf.shape[1], buf.shape[3], buf.dtype, buf.device)
-        if n and not same:
+        buf = self._k[layer]
+        if n and (k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3] or k.dtype != buf.dtype or k.device != buf.device):
             raise ValueError(f"k ({tuple(k.shape)}, {k.dtype}, {k.device}) does not continue the cached "
                              f"({tuple(buf.shape)}, {buf.dtype}, {buf.device})")
-        if not same or n + T > buf.shape[2]:
-            size = self.capacity or max(n + T, 2 * (0 if buf is None else buf.shape[2]), 16)
-            for store in (self._k, self._v):
-                new = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])  # (B, n_kv_heads, size, d_head)
-                if n:
-                    new[:, :, :n] = store[layer][:, :, :n]
-                store[layer] = new
-        self._k[layer][:, :, n : n + T] = k
-        self._v[layer][:, :, n : n + T] = v
-        self._filled[layer] = n + T
-        return self._k[layer][:, :, : n + T], self._v[layer][:, :, : n + T]
+        size = self.capacity or max(n + T, 2 * (0 if buf is None else buf.shape[2]), 16)
+        for store in (self._k, self._v):
+            new = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])  # (B, n_kv_heads, size, d_head)
+            if n:
+                new[:, :, :n] = store[layer][:, :, :n]
+            store[layer] = new
+        return self._k[layer]
 
 
 def check_cache(cache: object, n_layers: int) -> None:
@@ -320,8 +327,8 @@ def _is_stacked(params: tuple[Tensor, ...], stacked: Tensor | None) -> bool:
     or a replaced ``.data`` separate them)."""
     if stacked is None:
         return False
-    step = stacked.stride(0) * stacked.element_size()
-    return all(p.data_ptr() == stacked.data_ptr() + i * step and p.device == stacked.device for i, p in enumerate(params))
+    ptr, step, shape = stacked.data_ptr(), stacked.stride(0) * stacked.element_size(), stacked.shape[1:]
+    return all(p.data_ptr() == ptr + i * step and p.shape == shape for i, p in enumerate(params))
 
 
 class MultiHeadAttention(nn.Module):
@@ -347,6 +354,9 @@ class MultiHeadAttention(nn.Module):
         d_head = d_head_of(d_model, n_heads, d_head)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.dropout = check_float("dropout", dropout, 0.0, 1.0, hi_open=True)
+        for name, value in (("bias", bias), ("causal", causal), ("fused", fused)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.causal, self.fused, self.layer = causal, fused, check_int("layer", layer, lo=0)
         d_attn = n_heads * d_head
         W_QKV = torch.empty(3, d_model, d_attn)  # (3, d_model, d_attn): the slices are W_Q, W_K, W_V

@@ -25,6 +25,7 @@ def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Ten
     >>> layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), torch.zeros(2), eps=0.0)
     tensor([[-1.,  1.]])
     """
+    eps = check_float("eps", eps, 0.0)
     mean = x.mean(dim=-1, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # biased: divide by d, not d - 1
     y = (x - mean) / torch.sqrt(var + eps) * w
@@ -37,6 +38,8 @@ class LayerNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         check_positive_int("d_model", d_model)
+        if not isinstance(bias, bool):
+            raise ValueError(f"bias must be True or False, got {bias!r}")
         self.d_model, self.eps = d_model, check_float("eps", eps, 0.0)
         self.w = nn.Parameter(torch.ones(d_model))
         self.b = nn.Parameter(torch.zeros(d_model)) if bias else None

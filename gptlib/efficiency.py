@@ -253,6 +253,8 @@ def relative_rounding_error(x: Tensor, dtype: torch.dtype) -> float:
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if not isinstance(x, Tensor) or not bool(torch.isfinite(x).all()):
+        raise ValueError("x must be a tensor of finite numbers")
     x = x.double()
     nz = x[x != 0]
     if nz.numel() == 0:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from . import runtime
-from .runtime import check_positive_int
+from .runtime import check_float, check_positive_int
 
 __all__ = ["one_hot", "learned_table", "Embedding", "Unembedding"]
 
@@ -40,6 +40,7 @@ def learned_table(rows_name: str, rows: int, d_model: int, std: float) -> nn.Par
     """
     check_positive_int(rows_name, rows)
     check_positive_int("d_model", d_model)
+    std = check_float("std", std, 0.0)
     W = nn.Parameter(torch.empty(rows, d_model))
     nn.init.normal_(W, std=std)
     return W

@@ -313,6 +313,9 @@ class MLP(nn.Module):
         check_positive_int("d_mlp", d_mlp)
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        for name, value in (("bias", bias), ("fused", fused)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.d_model, self.d_mlp, self.activation, self.fused = d_model, d_mlp, activation, fused
         self.W_in = nn.Parameter(torch.empty(d_model, d_mlp))
         self.W_out = nn.Parameter(torch.empty(d_mlp, d_model))

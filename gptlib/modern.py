@@ -95,6 +95,7 @@ def rms_norm(x: Tensor, w: Tensor, eps: float = 1e-5) -> Tensor:
     >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
+    eps = check_float("eps", eps, 0.0)
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * w
 
 
@@ -169,6 +170,8 @@ class GroupedQueryAttention(nn.Module):
             raise ValueError(f"d_head must be even for RoPE, got {d_head}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.rope_base = check_float("rope_base", rope_base, 1.0, lo_open=True)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be True or False, got {fused!r}")
         self.group, self.layer, self.fused = n_heads // n_kv_heads, check_int("layer", layer, lo=0), fused
         self.W_Q = nn.Parameter(torch.randn(d_model, n_heads * d_head) * 0.02)
         self.W_K = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .mlp import MLP
-from .runtime import check_int, check_positive_int
+from .runtime import check_ids, check_int, check_positive_int
 
 __all__ = ["route", "load_balancing_loss", "sort_by_expert", "MoE", "moe_parameters"]
 
@@ -55,6 +55,7 @@ def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
     1.0
     """
     check_positive_int("n_experts", n_experts)
+    check_ids(idx, n_experts, "idx")  # ints in [0, n_experts)
     if probs.dim() != 2 or probs.shape[1] != n_experts:
         raise ValueError(f"probs must have shape (n, n_experts={n_experts}), got {tuple(probs.shape)}")
     if idx.dim() != 2 or idx.shape[0] != probs.shape[0]:
@@ -74,10 +75,8 @@ def sort_by_expert(idx: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
     >>> sort_by_expert(torch.tensor([[1, 0], [0, 2]]), 3)
     (tensor([1, 2, 0, 3]), tensor([2, 1, 1]))
     """
-    check_positive_int("n_experts", n_experts)
+    check_ids(idx, n_experts, "idx")  # ints in [0, n_experts)
     flat = idx.flatten()
-    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < n_experts:
-        raise ValueError(f"idx must lie in [0, n_experts={n_experts})")
     return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=n_experts)
 
 

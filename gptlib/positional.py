@@ -54,6 +54,8 @@ def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: 
             [0.8415, 0.5403, 0.0100, 0.9999]])
     """
     check_positive_int("n_ctx", n_ctx)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     omega = sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     p = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
     angle = p * omega[None, :]  # (n_ctx, d_model/2)

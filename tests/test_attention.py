@@ -370,3 +370,11 @@ def test_kv_cache_without_capacity_grows_and_refuses_mismatches():
         KVCache(1, capacity=0)
     with pytest.raises(ValueError, match="layer"):
         cache.offset(1)
+
+
+def test_switches_must_be_bools_and_the_layer_an_int():
+    for kw in (dict(bias=1), dict(causal="yes"), dict(fused=None), dict(layer=True), dict(layer=1.0)):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            MultiHeadAttention(8, 2, **kw)
+    with pytest.raises(ValueError, match="layer"):
+        KVCache(2).append(True, torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))

@@ -141,3 +141,10 @@ def test_layer_norm_eps_must_be_finite():
     for eps in (float("nan"), float("inf"), -1e-5):
         with pytest.raises(ValueError, match="eps"):
             LayerNorm(4, eps=eps)
+
+
+def test_layer_norm_function_and_module_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm(torch.ones(1, 2), torch.ones(2), None, eps=float("nan"))
+    with pytest.raises(ValueError, match="bias"):
+        LayerNorm(4, bias=0)

@@ -239,3 +239,8 @@ def test_float_arguments_must_be_finite():
         E.amp_gradients(torch.nn.Linear(2, 1), lambda: torch.zeros(()), None, loss_scale=float("inf"))
     with pytest.raises(ValueError, match="n_devices"):
         E.zero_bytes_per_device(1e9, True, 1)
+
+
+def test_rounding_error_refuses_non_finite_input():
+    with pytest.raises(ValueError, match="finite"):
+        E.relative_rounding_error(torch.tensor([1.0, float("nan")]), torch.bfloat16)

@@ -213,3 +213,10 @@ def test_mlp_fused_switch_picks_the_kernel_of_the_one_table():
     assert fused.phi is ACTIVATIONS["gelu_tanh"].formula and torch.equal(fused(x), formula(x))
     for name, act in ACTIVATIONS.items():
         assert torch.equal(act(x), act.formula(x)), name
+
+
+def test_mlp_switches_must_be_bools():
+    with pytest.raises(ValueError, match="bias"):
+        MLP(4, 8, bias=1)
+    with pytest.raises(ValueError, match="fused"):
+        MLP(4, 8, fused="no")

@@ -325,6 +325,10 @@ def test_gpipe_errors():
         P.gpipe_schedule(0, 2)
     with pytest.raises(ValueError, match="n_micro"):
         P.gpipe_schedule(2, 0)
+    with pytest.raises(ValueError, match="n_stages"):
+        P.gpipe_bubble(True, 4)  # a bool is not a count
+    with pytest.raises(ValueError, match="stage"):
+        P.stage_order("gpipe", 2, 2, 4)
     with pytest.raises(ValueError, match="grid"):
         P.bubble_fraction([])
     with pytest.raises(ValueError, match="logs"):

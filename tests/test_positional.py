@@ -135,3 +135,8 @@ def test_base_must_be_a_finite_number_above_one():
             sinusoidal_encoding(4, 8, base=base)
         with pytest.raises(ValueError, match="base"):
             SinusoidalPositional(4, 8, base=base)
+
+
+def test_encoding_dtype_must_be_floating_point():
+    with pytest.raises(ValueError, match="dtype"):
+        sinusoidal_encoding(4, 8, dtype=torch.int64)  # would truncate every sine to 0

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..efficiency import saved_tensor_bytes
 from ..model import GPT
+from ..runtime import check_int, check_positive_int
 from .launch import lm_loss, shard_range, worker_model
 
 __all__ = [
@@ -71,10 +72,8 @@ def gpipe_schedule(n_stages: int, n_micro: int) -> list[list[str]]:
     >>> [" ".join(op or "." for op in row) for row in gpipe_schedule(2, 2)]
     ['F0 F1 . . B1 B0', '. F0 F1 B1 B0 .']
     """
-    if n_stages < 1:
-        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
-    if n_micro < 1:
-        raise ValueError(f"n_micro must be >= 1, got {n_micro}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
     p, m = n_stages, n_micro
     slot: dict[tuple[str, int, int], int] = {}  # (kind, micro-batch, stage) -> slot
     for s in range(p):
@@ -131,8 +130,8 @@ def gpipe_bubble(n_stages: int, n_micro: int) -> float:
     >>> gpipe_bubble(2, 4)
     0.2
     """
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"n_stages and n_micro must be >= 1, got {n_stages}, {n_micro}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 
@@ -172,10 +171,9 @@ def stage_order(schedule: str, stage: int, n_stages: int, n_micro: int) -> list[
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"n_stages and n_micro must be >= 1, got {n_stages}, {n_micro}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
+    check_int("stage", stage, 0, n_stages - 1)
     m = n_micro
     if schedule == "gpipe":
         return [f"F{j}" for j in range(m)] + [f"B{j}" for j in reversed(range(m))]
