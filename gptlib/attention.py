@@ -12,14 +12,12 @@ and the layer is the sum of its heads, which equals concat_h(A^h X W_V^h) W_O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .hooks import HookPoint
-from .runtime import check_positive_int
+from .runtime import check_float, check_int, check_positive_int
 
 __all__ = [
     "softmax",
@@ -28,7 +26,11 @@ __all__ = [
     "attention",
     "head_pattern",
     "head_output",
+    "d_head_of",
+    "repeat_kv",
+    "attend",
     "KVCache",
+    "check_cache",
     "MultiHeadAttention",
 ]
 
@@ -36,7 +38,9 @@ __all__ = [
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Numerically stable softmax along ``dim`` (rows by default): exp(x - max) / sum exp(x - max).
 
-    Entries equal to -inf get probability 0; a row that is entirely -inf is an error upstream.
+    Entries equal to -inf get probability 0. A row that is entirely -inf has no distribution and
+    comes out as NaN (as with ``torch.softmax``); a causal mask never makes one, since every query
+    sees its own position.
 
     >>> softmax(torch.tensor([[1000.0, 1000.0], [0.0, float("-inf")]]))
     tensor([[0.5000, 0.5000],
@@ -58,11 +62,8 @@ def causal_mask(T: int, T_k: int | None = None, device: torch.device | str | Non
             [0., 0., -inf],
             [0., 0., 0.]])
     """
-    T_k = T if T_k is None else T_k
-    if T < 1:
-        raise ValueError(f"T must be >= 1, got {T}")
-    if T_k < T:
-        raise ValueError(f"T_k must be >= T={T}, got {T_k}")
+    T = check_int("T", T, lo=1)
+    T_k = T if T_k is None else check_int("T_k", T_k, lo=T)
     i = torch.arange(T, device=device)[:, None] + (T_k - T)
     j = torch.arange(T_k, device=device)[None, :]
     return torch.zeros(T, T_k, device=device).masked_fill(j > i, float("-inf"))
@@ -118,8 +119,7 @@ def _check_head_args(X: Tensor, W_QK: Tensor, d_head: int) -> None:
     d_model = X.shape[-1]
     if W_QK.shape != (d_model, d_model):
         raise ValueError(f"W_QK must have shape (d_model, d_model) = ({d_model}, {d_model}), got {tuple(W_QK.shape)}")
-    if d_head < 1:
-        raise ValueError(f"d_head must be >= 1, got {d_head}")
+    check_positive_int("d_head", d_head)
 
 
 def head_pattern(X: Tensor, W_QK: Tensor, d_head: int, *, causal: bool = True) -> Tensor:
@@ -140,15 +140,8 @@ def head_pattern(X: Tensor, W_QK: Tensor, d_head: int, *, causal: bool = True) -
     return softmax(scores, dim=-1)
 
 
-def head_output(
-    X: Tensor,
-    W_QK: Tensor,
-    W_OV: Tensor,
-    d_head: int,
-    *,
-    pattern: Tensor | None = None,
-    causal: bool = True,
-) -> tuple[Tensor, Tensor]:
+def head_output(X: Tensor, W_QK: Tensor, W_OV: Tensor, d_head: int, *, pattern: Tensor | None = None,
+                causal: bool = True) -> tuple[Tensor, Tensor]:
     """One attention head in the notes' form h(X) = A X W_OV; returns (h(X), A).
 
     X: (..., T, d_model); W_QK, W_OV: (d_model, d_model). A is ``head_pattern(X, W_QK, d_head)``
@@ -171,37 +164,171 @@ def head_output(
     return pattern @ X @ W_OV, pattern  # (..., T, d_model)
 
 
-@dataclass
+def d_head_of(d_model: int, n_heads: int, d_head: int | None = None) -> int:
+    """The width of one head: ``d_head`` when given, else d_model / n_heads, which must be whole.
+
+    >>> d_head_of(768, 12), d_head_of(1536, 16, d_head=96)
+    (64, 96)
+    >>> d_head_of(10, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_heads=3 must divide d_model=10 (or give d_head)
+    """
+    check_positive_int("d_model", d_model)
+    check_positive_int("n_heads", n_heads)
+    if d_head is None:
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (or give d_head)")
+        return d_model // n_heads
+    check_positive_int("d_head", d_head)
+    return d_head
+
+
+def repeat_kv(k: Tensor, group: int) -> Tensor:
+    """(B, n_kv_heads, T, d_head) -> (B, n_kv_heads*group, T, d_head): query head h reads kv head h // group.
+
+    >>> repeat_kv(torch.tensor([[[[1.0]], [[2.0]]]]), 2).flatten().tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    check_positive_int("group", group)
+    return k if group == 1 else k.repeat_interleave(group, dim=1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True, dropout: float = 0.0,
+           hook_pattern: nn.Module | None = None, drop_pattern: nn.Module | None = None) -> Tensor:
+    """The heads' outputs A v, (B, n_heads, T, d_head), for q (B, n_heads, T, d_head) and keys and
+    values (B, n_kv_heads, T_k, d_head) shared by groups of n_heads / n_kv_heads query heads (one
+    head per group: multi-head attention). The T queries are the last T of the T_k positions.
+
+    ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` kernel, with attention dropout
+    ``dropout``. ``fused=False`` is the readable path: the pattern of :func:`attention_pattern`,
+    passed through ``hook_pattern`` (whose forward hooks may read or replace it) and
+    ``drop_pattern`` (a dropout module), times the values. Both compute the same function.
+    """
+    T, T_k, group = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
+    if fused:
+        gqa = {"enable_gqa": True} if group > 1 else {}
+        if not causal or T == 1:  # one query, the newest position, sees every key
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, **gqa)
+        if T_k == T:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, **gqa)
+        keep = causal_mask(T, T_k, device=q.device) == 0  # (T, T_k) boolean: True = may attend
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, **gqa)
+    k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, n_heads, T_k, d_head)
+    pattern = attention_pattern(q, k, causal_mask(T, T_k, device=q.device) if causal else None)
+    if hook_pattern is not None:
+        pattern = hook_pattern(pattern)  # (B, n_heads, T, T_k)
+    if drop_pattern is not None:
+        pattern = drop_pattern(pattern)
+    return pattern @ v  # (B, n_heads, T, d_head)
+
+
 class KVCache:
-    """Keys and values of the positions processed so far, per layer: (B, n_heads, T_past, d_head).
+    """Keys and values of the positions processed so far, per layer: (B, n_kv_heads, offset, d_head).
 
     Under the causal mask a key or value at position j depends only on tokens <= j, so once
-    computed it never changes; generation appends one position per step.
+    computed it never changes; decoding appends one position per step. ``offset(layer)``, the number
+    of positions a layer holds, is the position of its next one. Each layer writes into a buffer of
+    ``capacity`` positions allocated at its first append (without a capacity it doubles when full),
+    so a step copies only its own keys and values; ``k[layer]``, ``v[layer]`` view the filled part.
+    A cache is for inference: autograd refuses to differentiate through keys written over later.
+
+    >>> cache = KVCache(n_layers=1, capacity=4)
+    >>> k, v = cache.append(0, torch.ones(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))  # 3 positions
+    >>> k, v = cache.append(0, torch.ones(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))  # and one more
+    >>> len(cache), tuple(k.shape), tuple(cache.k[0].shape)
+    (4, (1, 2, 4, 8), (1, 2, 4, 8))
     """
 
-    n_layers: int
-    k: list[Tensor | None] = field(default_factory=list)
-    v: list[Tensor | None] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        self.k = [None] * self.n_layers
-        self.v = [None] * self.n_layers
+    def __init__(self, n_layers: int, capacity: int | None = None):
+        check_positive_int("n_layers", n_layers)
+        if capacity is not None:
+            check_positive_int("capacity", capacity)
+        self.n_layers, self.capacity = n_layers, capacity
+        self._k: list[Tensor | None] = [None] * n_layers  # (B, n_kv_heads, buffer length, d_head)
+        self._v: list[Tensor | None] = [None] * n_layers
+        self._filled = [0] * n_layers
 
     def __len__(self) -> int:
-        """The number of cached positions (those of layer 0)."""
-        return 0 if self.k[0] is None else self.k[0].shape[-2]
+        """The number of cached positions (those of layer 0): the offset of the next input."""
+        return self._filled[0]
+
+    def offset(self, layer: int) -> int:
+        """The number of positions ``layer`` holds: the position its next key will have."""
+        return self._filled[check_int("layer", layer, 0, self.n_layers - 1)]
+
+    @property
+    def k(self) -> list[Tensor | None]:
+        """Each layer's keys so far, (B, n_kv_heads, offset, d_head), or None before its first append."""
+        return [None if b is None else b[:, :, :n] for b, n in zip(self._k, self._filled)]
+
+    @property
+    def v(self) -> list[Tensor | None]:
+        """Each layer's values so far, as :attr:`k`."""
+        return [None if b is None else b[:, :, :n] for b, n in zip(self._v, self._filled)]
+
+    def clear(self) -> None:
+        """Forget every position and keep the buffers (generation refills them after a crop)."""
+        self._filled = [0] * self.n_layers
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's keys and values for ``layer``; return all keys and values so far."""
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
-        if self.k[layer] is not None:
-            k = torch.cat([self.k[layer], k], dim=-2)  # (B, n_heads, T_past + T, d_head)
-            v = torch.cat([self.v[layer], v], dim=-2)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+        """Add this step's keys and values (B, n_kv_heads, T, d_head) for ``layer``; return all so far."""
+        if type(layer) is not int or not 0 <= layer < self.n_layers:
+            layer = check_int("layer", layer, 0, self.n_layers - 1)
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"k and v must have one shape (B, n_kv_heads, T, d_head), got {tuple(k.shape)}, {tuple(v.shape)}")
+        n, T, buf = self._filled[layer], k.shape[2], self._k[layer]
+        if (buf is None or n + T > buf.shape[2] or k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3]
+                or k.dtype != buf.dtype or k.device != buf.device):
+            buf = self._make_room(layer, k, n, T)
+        vbuf = self._v[layer]
+        buf.narrow(2, n, T).copy_(k)  # written in place: positions n .. n + T - 1
+        vbuf.narrow(2, n, T).copy_(v)
+        self._filled[layer] = n + T
+        return buf.narrow(2, 0, n + T), vbuf.narrow(2, 0, n + T)
+
+    def _make_room(self, layer: int, k: Tensor, n: int, T: int) -> Tensor:
+        """Allocate ``layer``'s buffers for n + T positions, keeping the n filled ones; check first."""
+        if self.capacity is not None and n + T > self.capacity:
+            raise ValueError(f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do not fit")
+        buf = self._k[layer]
+        if n and (k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3] or k.dtype != buf.dtype or k.device != buf.device):
+            raise ValueError(f"k ({tuple(k.shape)}, {k.dtype}, {k.device}) does not continue the cached "
+                             f"({tuple(buf.shape)}, {buf.dtype}, {buf.device})")
+        size = self.capacity or max(n + T, 2 * (0 if buf is None else buf.shape[2]), 16)
+        for store in (self._k, self._v):
+            new = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])  # (B, n_kv_heads, size, d_head)
+            if n:
+                new[:, :, :n] = store[layer][:, :, :n]
+            store[layer] = new
+        return self._k[layer]
+
+
+def check_cache(cache: object, n_layers: int) -> None:
+    """Raise ``ValueError`` unless ``cache`` is None or a :class:`KVCache` of ``n_layers`` layers."""
+    if cache is not None and (not isinstance(cache, KVCache) or cache.n_layers != n_layers):
+        got = f"{cache.n_layers} layers" if isinstance(cache, KVCache) else f"type {type(cache).__name__}"
+        raise ValueError(f"cache has {got}; the model needs a KVCache of n_layers={n_layers}")
+
+
+def _stack_into_views(params: tuple[nn.Parameter, ...]) -> Tensor:
+    """Copy equally shaped parameters into one tensor (n, *shape) and make each the view of its slice:
+    the same objects (an optimiser's references hold), and any in-place change to one, however made,
+    is a change to the stacked tensor."""
+    with torch.no_grad():
+        stacked = torch.stack([p.detach() for p in params])
+    for i, p in enumerate(params):
+        p.data = stacked[i]
+    return stacked
+
+
+def _is_stacked(params: tuple[Tensor, ...], stacked: Tensor | None) -> bool:
+    """Whether the parameters are still the slices of ``stacked`` (``.to()``, ``load_state_dict(assign=True)``
+    or a replaced ``.data`` separate them)."""
+    if stacked is None:
+        return False
+    ptr, step, shape = stacked.data_ptr(), stacked.stride(0) * stacked.element_size(), stacked.shape[1:]
+    return all(p.data_ptr() == ptr + i * step and p.shape == shape for i, p in enumerate(params))
 
 
 class MultiHeadAttention(nn.Module):
@@ -211,48 +338,39 @@ class MultiHeadAttention(nn.Module):
     ``fused`` (default ``True``) runs PyTorch's ``scaled_dot_product_attention`` kernel;
     ``fused=False`` runs the readable path, which computes the pattern with :func:`attention_pattern` and
     passes it through ``hook_pattern`` (see :func:`gptlib.hooks.capture_patterns`). Both compute the
-    same function. ``layer`` is this layer's index in a :class:`KVCache`.
+    same function (:func:`attend`). ``layer`` is this layer's index in a :class:`KVCache`.
+
+    W_Q, W_K and W_V are three parameters, the readable weights; they are also the three slices of
+    one tensor (3, d_model, n_heads*d_head), so that inference computes [Q | K | V] with one batched
+    product and no copy of the weights. Training, ``load_state_dict`` and in-place edits write into
+    that tensor; after ``.to()`` or a deep copy the slices are stacked again; if the parameters were
+    replaced some other way the product stacks them per call, which is slower and still exact.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_head: int | None = None,
-        *,
-        bias: bool = True,
-        dropout: float = 0.0,
-        causal: bool = True,
-        fused: bool = True,
-        layer: int = 0,
-    ):
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True,
+                 dropout: float = 0.0, causal: bool = True, fused: bool = True, layer: int = 0):
         super().__init__()
         # A GPT's sizes are checked once, in GPTConfig; these checks serve a layer built on its own.
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        if d_head is None:
-            if d_model % n_heads:
-                raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (or give d_head)")
-            d_head = d_model // n_heads
-        check_positive_int("d_head", d_head)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        d_head = d_head_of(d_model, n_heads, d_head)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
-        self.causal, self.dropout, self.fused, self.layer = causal, dropout, fused, layer
+        self.dropout = check_float("dropout", dropout, 0.0, 1.0, hi_open=True)
+        for name, value in (("bias", bias), ("causal", causal), ("fused", fused)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        self.causal, self.fused, self.layer = causal, fused, check_int("layer", layer, lo=0)
         d_attn = n_heads * d_head
-        self.W_Q = nn.Parameter(torch.empty(d_model, d_attn))
-        self.W_K = nn.Parameter(torch.empty(d_model, d_attn))
-        self.W_V = nn.Parameter(torch.empty(d_model, d_attn))
+        W_QKV = torch.empty(3, d_model, d_attn)  # (3, d_model, d_attn): the slices are W_Q, W_K, W_V
+        self.W_Q, self.W_K, self.W_V = (nn.Parameter(W) for W in W_QKV)
         self.W_O = nn.Parameter(torch.empty(d_attn, d_model))
         for W in (self.W_Q, self.W_K, self.W_V, self.W_O):
             nn.init.normal_(W, std=0.02)
         if bias:
-            self.b_Q = nn.Parameter(torch.zeros(d_attn))
-            self.b_K = nn.Parameter(torch.zeros(d_attn))
-            self.b_V = nn.Parameter(torch.zeros(d_attn))
+            b_QKV = torch.zeros(3, 1, d_attn)  # (3, 1, d_attn): the slices are b_Q, b_K, b_V
+            self.b_Q, self.b_K, self.b_V = (nn.Parameter(b[0]) for b in b_QKV)
             self.b_O = nn.Parameter(torch.zeros(d_model))
         else:
-            self.b_Q = self.b_K = self.b_V = self.b_O = None
+            b_QKV, self.b_Q, self.b_K, self.b_V, self.b_O = None, None, None, None, None
+        self._W_QKV, self._b_QKV = W_QKV, b_QKV
         self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
         self.attn_drop = nn.Dropout(dropout)
         self.resid_drop = nn.Dropout(dropout)
@@ -260,8 +378,8 @@ class MultiHeadAttention(nn.Module):
     # --- the per-head matrices of the notes -------------------------------------------------
     def head_weights(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_Q^h, W_K^h, W_V^h (d_model, d_head) and W_O^h (d_head, d_model) of head ``h``."""
-        if not 0 <= h < self.n_heads:
-            raise ValueError(f"h must be in [0, {self.n_heads}), got {h}")
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.n_heads:
+            raise ValueError(f"h must be in [0, {self.n_heads}), got {h!r}")
         s = slice(h * self.d_head, (h + 1) * self.d_head)
         return self.W_Q[:, s], self.W_K[:, s], self.W_V[:, s], self.W_O[s, :]
 
@@ -275,41 +393,57 @@ class MultiHeadAttention(nn.Module):
         _, _, W_V, W_O = self.head_weights(h)
         return W_V @ W_O
 
+    # --- [Q | K | V] in one product -----------------------------------------------------------
+    def _restack(self) -> None:
+        """Make W_Q, W_K, W_V (and the biases) slices of one tensor again, if they no longer are."""
+        Ws = (self.W_Q, self.W_K, self.W_V)
+        if not _is_stacked(Ws, self._W_QKV):
+            self._W_QKV = _stack_into_views(Ws)
+        if self.b_Q is not None and not _is_stacked((self.b_Q, self.b_K, self.b_V), self._b_QKV):
+            self._b_QKV = _stack_into_views((self.b_Q, self.b_K, self.b_V)).unsqueeze(1)
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .double(), ... convert each parameter
+        out = super()._apply(fn, recurse)
+        self._restack()
+        return out
+
+    def __setstate__(self, state) -> None:  # copy.deepcopy and pickle copy each parameter
+        super().__setstate__(state)
+        self._restack()
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # load_state_dict(assign=True) replaces them
+        super()._load_from_state_dict(*args, **kwargs)
+        self._restack()
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V = x W_Q + b_Q, x W_K + b_K, x W_V + b_V for rows x (N, d_model): each (N, d_attn)."""
+        Ws, bs = (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V)
+        if torch.is_grad_enabled():  # autograd needs the parameters themselves: one product of X with
+            W = torch.cat(Ws, dim=1)  # [W_Q | W_K | W_V], (d_model, 3 d_attn), a copy per call
+            qkv = x @ W if self.b_Q is None else torch.addmm(torch.cat(bs), x, W)  # (N, 3 d_attn)
+            return qkv.split(self.n_heads * self.d_head, dim=1)
+        W = self._W_QKV if _is_stacked(Ws, self._W_QKV) else torch.stack(Ws)  # (3, d_model, d_attn)
+        x3 = x.expand(3, *x.shape)  # (3, N, d_model), no copy
+        if self.b_Q is None:
+            return torch.bmm(x3, W).unbind(0)  # 3 x (N, d_attn)
+        b = self._b_QKV if _is_stacked(bs, self._b_QKV) else torch.stack(bs).unsqueeze(1)  # (3, 1, d_attn)
+        return torch.baddbmm(b, x3, W).unbind(0)
+
     # --- forward ----------------------------------------------------------------------------
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached ones."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
-        # Q, K and V in one matrix product: [Q | K | V] = X [W_Q | W_K | W_V] + [b_Q | b_K | b_V].
-        # The three weights stay separate parameters; concatenating them per call is cheap and
-        # one large product is faster than three small ones (forward and backward).
-        W_qkv = torch.cat([self.W_Q, self.W_K, self.W_V], dim=1)  # (d_model, 3 n_heads d_head)
-        x2 = x.reshape(B * T, self.d_model)
-        if self.b_Q is None:
-            qkv = x2 @ W_qkv
-        else:
-            qkv = torch.addmm(torch.cat([self.b_Q, self.b_K, self.b_V]), x2, W_qkv)  # (B*T, 3 n_heads d_head)
         q, k, v = (
             t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
-            for t in qkv.split(self.n_heads * self.d_head, dim=1)
+            for t in self.qkv(x.reshape(B * T, self.d_model))
         )
         if cache is not None:
-            k, v = cache.append(self.layer, k, v)  # (B, n_heads, T_k, d_head), T_k = T_past + T
-        T_k = k.shape[-2]
+            k, v = cache.append(self.layer, k, v)  # (B, n_heads, T_k, d_head), T_k = offset + T
         p_drop = self.dropout if self.training else 0.0
-        if not self.fused:
-            mask = causal_mask(T, T_k, device=x.device) if self.causal else None
-            pattern = self.hook_pattern(attention_pattern(q, k, mask))  # (B, n_heads, T, T_k)
-            z = self.attn_drop(pattern) @ v  # (B, n_heads, T, d_head)
-        else:
-            if not self.causal or T == 1:
-                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop)
-            elif T_k == T:
-                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=True)
-            else:
-                keep = causal_mask(T, T_k, device=x.device) == 0  # (T, T_k) boolean: True = may attend
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p_drop)
+        z = attend(q, k, v, fused=self.fused, causal=self.causal, dropout=p_drop,
+                   hook_pattern=self.hook_pattern, drop_pattern=self.attn_drop)  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         out = z @ self.W_O if self.b_O is None else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
         return self.resid_drop(out)  # (B, T, d_model)

@@ -12,12 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .config import BLOCK_KINDS, GPTConfig
 from .mlp import MLP
-from .runtime import check_positive_int
+from .runtime import check_float, check_positive_int
 
 __all__ = ["layer_norm", "LayerNorm", "BLOCK_KINDS", "Block"]
-
-BLOCK_KINDS = ("pre_ln", "post_ln", "parallel")
 
 
 def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Tensor:
@@ -26,6 +25,7 @@ def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Ten
     >>> layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), torch.zeros(2), eps=0.0)
     tensor([[-1.,  1.]])
     """
+    eps = check_float("eps", eps, 0.0)
     mean = x.mean(dim=-1, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # biased: divide by d, not d - 1
     y = (x - mean) / torch.sqrt(var + eps) * w
@@ -33,14 +33,14 @@ def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Ten
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm over the last dimension with gain ``w`` and bias ``b`` (d_model,)."""
+    """LayerNorm over the last dimension with gain ``w`` and bias ``b`` (d_model,); ``eps`` finite, >= 0."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         check_positive_int("d_model", d_model)
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        self.d_model, self.eps = d_model, eps
+        if not isinstance(bias, bool):
+            raise ValueError(f"bias must be True or False, got {bias!r}")
+        self.d_model, self.eps = d_model, check_float("eps", eps, 0.0)
         self.w = nn.Parameter(torch.ones(d_model))
         self.b = nn.Parameter(torch.zeros(d_model)) if bias else None
 
@@ -50,51 +50,34 @@ class LayerNorm(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block of kind ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``.
+    """One transformer block of the kind ``config.block``: ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``.
 
     Sub-layers: ``ln_1``, ``attn`` (:class:`MultiHeadAttention`), ``ln_2`` (not in a parallel
-    block), ``mlp`` (:class:`MLP`). With ``dropout`` p > 0, training drops entries of the attention
-    pattern, of the attention output and of the MLP output with probability p (as GPT-2 does).
-    ``layer`` is the block's index in the stack, which its attention layer uses in a :class:`KVCache`.
-    ``fused_activation`` (default) evaluates the MLP's activation with PyTorch's fused kernel
-    (:class:`gptlib.mlp.Activation`), which is faster and equal to the formula up to float rounding;
-    ``False`` keeps the formula of :mod:`gptlib.mlp`.
+    block), ``mlp`` (:class:`MLP`; none with ``config.attn_only``). With ``config.dropout`` p > 0,
+    training drops entries of the attention pattern, of the attention output and of the MLP output
+    with probability p (as GPT-2 does). ``layer`` is the block's index in the stack, which its
+    attention layer uses in a :class:`KVCache`. Attention and MLP run their fused kernels; setting
+    ``blk.attn.fused`` or ``blk.mlp.fused`` to ``False`` selects the formulas of Chapters 3 and 4.
 
-    >>> blk = Block(8, 2, 32).eval()
+    >>> blk = Block(GPTConfig(d_model=8, n_heads=2, d_mlp=32)).eval()
     >>> X = torch.randn(1, 3, 8)  # (B, T, d_model)
     >>> Y = X + blk.attn(blk.ln_1(X))
     >>> torch.allclose(blk(X), Y + blk.mlp(blk.ln_2(Y)))
     True
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_mlp: int,
-        *,
-        d_head: int | None = None,
-        kind: str = "pre_ln",
-        dropout: float = 0.0,
-        bias: bool = True,
-        activation: str = "gelu_tanh",
-        ln_eps: float = 1e-5,
-        fused_activation: bool = True,
-        layer: int = 0,
-        attn_only: bool = False,
-    ):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
-        if kind not in BLOCK_KINDS:
-            raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
-        if attn_only and kind != "pre_ln":  # attention-only blocks (Chapter 8's induction heads)
-            raise ValueError(f"attn_only needs kind='pre_ln', got kind={kind!r}")
-        self.kind = kind
-        self.ln_1 = LayerNorm(d_model, ln_eps, bias)
-        self.attn = MultiHeadAttention(d_model, n_heads, d_head, bias=bias, dropout=dropout, layer=layer)
-        self.ln_2 = LayerNorm(d_model, ln_eps, bias) if kind != "parallel" else None
-        self.mlp = MLP(d_model, d_mlp, activation, bias, fused=fused_activation)
-        self.mlp_drop = nn.Dropout(dropout)
-        if attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X))
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
+        c = config
+        self.kind = c.block
+        self.ln_1 = LayerNorm(c.d_model, c.ln_eps, c.bias)
+        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_head, bias=c.bias, dropout=c.dropout, layer=layer)
+        self.ln_2 = LayerNorm(c.d_model, c.ln_eps, c.bias) if c.block != "parallel" else None
+        self.mlp = MLP(c.d_model, c.d_mlp, c.activation, c.bias)
+        self.mlp_drop = nn.Dropout(c.dropout)
+        if c.attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X)) (Chapter 8's induction heads)
             self.ln_2 = self.mlp = None
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:

@@ -31,6 +31,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .runtime import check_positive_int
+
 __all__ = [
     "previous_token_score",
     "first_token_score",
@@ -132,8 +134,7 @@ def uniform_causal_pattern(T: int) -> Tensor:
             [0.5000, 0.5000, 0.0000],
             [0.3333, 0.3333, 0.3333]], dtype=torch.float64)
     """
-    if T < 1:
-        raise ValueError(f"T must be >= 1, got {T}")
+    check_positive_int("T", T)
     mask = torch.tril(torch.ones(T, T, dtype=torch.float64))
     return mask / mask.sum(dim=-1, keepdim=True)  # (T, T)
 
@@ -176,8 +177,7 @@ def repeated_sequences(
     """
     total = 2 * length if total is None else total
     for name, value in (("n", n), ("length", length), ("d_vocab", d_vocab), ("total", total)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_int(name, value)
     r = torch.randint(0, d_vocab, (n, length), generator=generator)  # (n, length)
     return r.repeat(1, -(-total // length))[:, :total]  # (n, total)
 

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .attention import d_head_of
+from .runtime import check_float, check_int, check_positive_int
 from .training import lm_loss
 
 __all__ = [
@@ -145,21 +147,16 @@ def activation_elements(
         pattern: B T (4 d_model + 4 d_attn + 2 d_mlp + 4) + B n_heads (3 T^2 + 2 T)
 
     (d_attn = n_heads d_head.) Not counted: the copy of [W_Q|W_K|W_V] (3 d_model d_attn numbers,
-    independent of B and T) that the attention concatenates once per call.
+    independent of B and T) that the attention concatenates once per call while it records gradients.
 
     >>> activation_elements(1, 1, 4, 1, d_mlp=16)  # 4*4 + 4*4 + 2*16 + 1 + 4
     69
     """
-    for name, v in (("B", B), ("T", T), ("d_model", d_model), ("n_heads", n_heads)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for name, v in (("B", B), ("T", T)):
+        check_positive_int(name, v)
+    d_head = d_head_of(d_model, n_heads, d_head)
     d_mlp = 4 * d_model if d_mlp is None else d_mlp
-    if d_head is None:
-        if d_model % n_heads:
-            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (or give d_head)")
-        d_head = d_model // n_heads
-    if d_mlp < 1 or d_head < 1:
-        raise ValueError(f"d_mlp and d_head must be >= 1, got {d_mlp}, {d_head}")
+    check_positive_int("d_mlp", d_mlp)
     d_attn = n_heads * d_head
     if attention == "fused":
         return B * T * (4 * d_model + 4 * d_attn + 2 * d_mlp + n_heads + 4)
@@ -206,8 +203,7 @@ def accumulate_gradients(model: nn.Module, ids: Tensor, targets: Tensor, n_micro
     gradients add up in ``.grad``. Returns the batch's mean loss. ``forward`` maps ids to logits
     (default: ``model``). Zero the gradients before, step the optimiser after.
     """
-    if not isinstance(n_micro, int) or n_micro < 1:
-        raise ValueError(f"n_micro must be a positive int, got {n_micro!r}")
+    check_positive_int("n_micro", n_micro)
     if ids.shape[0] % n_micro:
         raise ValueError(f"n_micro={n_micro} must divide the batch size {ids.shape[0]}")
     forward = model if forward is None else forward
@@ -226,13 +222,10 @@ def checkpointed_logits(model: nn.Module, ids: Tensor) -> Tensor:
     Equal to ``model(ids)``, with the same gradients; saved memory per block falls from
     :func:`activation_elements` to B T d_model numbers, for about one extra forward pass.
     """
-    if ids.dim() != 2:
-        raise ValueError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
-    T = ids.shape[1]
-    x = model.drop(model.embed(ids) + model.pos(T))  # (B, T, d_model)
+    x = model.input_stream(ids)  # (B, T, d_model)
     for blk in model.blocks:
         x = checkpoint(blk, x, use_reentrant=False)  # (B, T, d_model); RNG state kept for dropout
-    return model.unembed(model.ln_f(x))  # (B, T, d_vocab)
+    return model.read_out(x)  # (B, T, d_vocab)
 
 
 # =============================================================================================
@@ -260,6 +253,8 @@ def relative_rounding_error(x: Tensor, dtype: torch.dtype) -> float:
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if not isinstance(x, Tensor) or not bool(torch.isfinite(x).all()):
+        raise ValueError("x must be a tensor of finite numbers")
     x = x.double()
     nz = x[x != 0]
     if nz.numel() == 0:
@@ -274,8 +269,8 @@ def amp_gradients(module: nn.Module, loss_fn: Callable[[], Tensor], dtype: torch
     ``torch.amp.GradScaler``'s scaled loss s L and the gradients are unscaled (divided by s, in
     fp32) afterwards, as in training; a gradient that overflowed comes back as inf or nan.
     """
-    if loss_scale is not None and not loss_scale > 0:
-        raise ValueError(f"loss_scale must be > 0, got {loss_scale}")
+    if loss_scale is not None:
+        check_float("loss_scale", loss_scale, 0.0, lo_open=True)
     device_type = next(module.parameters()).device.type
     module.zero_grad(set_to_none=True)
     if dtype is None:
@@ -311,14 +306,11 @@ def zero_bytes_per_device(n_params: float, n_devices: int, stage: int, weight_by
     >>> [round(zero_bytes_per_device(7.5e9, 64, s) / 1e9, 1) for s in range(4)]
     [120.0, 31.4, 16.6, 1.9]
     """
-    if not n_params > 0:
-        raise ValueError(f"n_params must be > 0, got {n_params}")
-    if not isinstance(n_devices, int) or n_devices < 1:
-        raise ValueError(f"n_devices must be a positive int, got {n_devices!r}")
-    if stage not in ZERO_STAGES:
+    check_float("n_params", n_params, 0.0, lo_open=True)
+    check_positive_int("n_devices", n_devices)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of {sorted(ZERO_STAGES)}, got {stage!r}")
-    w, g, k = weight_bytes, grad_bytes, optimizer_bytes
-    if min(w, g, k) < 0:
-        raise ValueError(f"byte counts must be >= 0, got {w}, {g}, {k}")
+    w, g, k = (check_int(name, v, lo=0) for name, v in
+               (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes), ("optimizer_bytes", optimizer_bytes)))
     sharded = {0: 0, 1: k, 2: g + k, 3: w + g + k}[stage]
     return n_params * ((w + g + k - sharded) + sharded / n_devices)

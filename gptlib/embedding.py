@@ -10,22 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .runtime import check_positive_int
+from . import runtime
+from .runtime import check_float, check_positive_int
 
 __all__ = ["one_hot", "learned_table", "Embedding", "Unembedding"]
-
-_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
-def _check_ids(ids: Tensor, d_vocab: int, name: str = "ids") -> None:
-    """Raise ValueError unless ``ids`` is an integer tensor with values in [0, d_vocab)."""
-    if not isinstance(ids, Tensor) or ids.dtype not in _INT_DTYPES:
-        raise ValueError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    # A data-dependent check: skipped under torch.compile and on the meta device (no data there).
-    if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
-        lo, hi = (int(v) for v in torch.aminmax(ids))
-        if lo < 0 or hi >= d_vocab:
-            raise ValueError(f"{name} must lie in [0, {d_vocab}), got values in [{lo}, {hi}]")
 
 
 def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -38,7 +26,9 @@ def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Te
             [1., 0., 0.]])
     """
     check_positive_int("d_vocab", d_vocab)
-    _check_ids(ids, d_vocab)
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"ids must be an integer tensor, got {type(ids).__name__}")
+    runtime.check_ids(ids, d_vocab)
     return torch.nn.functional.one_hot(ids.long(), d_vocab).to(dtype)  # (..., T, d_vocab)
 
 
@@ -50,6 +40,7 @@ def learned_table(rows_name: str, rows: int, d_model: int, std: float) -> nn.Par
     """
     check_positive_int(rows_name, rows)
     check_positive_int("d_model", d_model)
+    std = check_float("std", std, 0.0)
     W = nn.Parameter(torch.empty(rows, d_model))
     nn.init.normal_(W, std=std)
     return W
@@ -71,12 +62,18 @@ class Embedding(nn.Module):
         self.d_vocab, self.d_model = d_vocab, d_model
         self.W_E = learned_table("d_vocab", d_vocab, d_model, std=0.02)
 
-    def forward(self, ids: Tensor) -> Tensor:
-        # ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the zeros.
-        # (F.embedding has a faster backward than plain indexing.) Ids out of range are a
-        # ValueError here rather than an IndexError on the CPU or a device-side assert on a GPU.
-        _check_ids(ids, self.d_vocab)
-        return torch.nn.functional.embedding(ids, self.W_E)
+    def forward(self, ids: Tensor, *, check_ids: bool = True) -> Tensor:
+        """ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the zeros.
+
+        Ids out of range are a ValueError here rather than an IndexError on the CPU or a device-side
+        assert on a GPU. That check reads the ids (a synchronisation on a GPU); a caller that has
+        checked them once, as generation does, passes ``check_ids=False``.
+        """
+        if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be an int64 or int32 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+        if check_ids:
+            runtime.check_ids(ids, self.d_vocab)
+        return torch.nn.functional.embedding(ids, self.W_E)  # (F.embedding: a faster backward than indexing)
 
     def extra_repr(self) -> str:
         return f"d_vocab={self.d_vocab}, d_model={self.d_model}"

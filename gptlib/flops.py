@@ -36,7 +36,16 @@ import time
 
 import torch
 
-__all__ = ["matmul_weights", "forward_flops_per_token", "training_flops", "model_flops_utilization", "matmul_flops_per_s"]
+from .runtime import check_float, check_int, check_positive_int
+
+__all__ = [
+    "matmul_weights",
+    "forward_flops_per_token",
+    "training_flops",
+    "moe_flops_per_token",
+    "model_flops_utilization",
+    "matmul_flops_per_s",
+]
 
 
 def matmul_weights(config) -> int:
@@ -61,8 +70,7 @@ def forward_flops_per_token(config, n_ctx: int | None = None) -> int:
     294912
     """
     T = config.n_ctx if n_ctx is None else n_ctx
-    if T < 1:
-        raise ValueError(f"n_ctx must be >= 1, got {T}")
+    check_positive_int("n_ctx", T)
     return 2 * matmul_weights(config) + 4 * config.n_layers * T * config.n_heads * config.d_head
 
 
@@ -73,9 +81,22 @@ def training_flops(config, tokens: int, n_ctx: int | None = None) -> int:
     >>> training_flops(GPTConfig.preset("tiny"), 1000)
     884736000
     """
-    if tokens < 0:
-        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    check_int("tokens", tokens, lo=0)
     return 3 * forward_flops_per_token(config, n_ctx) * tokens
+
+
+def moe_flops_per_token(d_model: int, d_mlp: int, n_experts: int, top_k: int) -> int:
+    """Forward matrix-product FLOPs per token of a mixture-of-experts MLP (:mod:`gptlib.moe`), by the
+    convention above: the router's product 2 d_model n_experts, plus top_k expert MLPs of
+    4 d_model d_mlp each. Apart from the router, independent of n_experts.
+
+    >>> moe_flops_per_token(8, 32, 4, 2)
+    2112
+    """
+    for name, value in (("d_model", d_model), ("d_mlp", d_mlp), ("n_experts", n_experts)):
+        check_positive_int(name, value)
+    check_int("top_k", top_k, 1, n_experts)
+    return 2 * d_model * n_experts + top_k * 4 * d_model * d_mlp
 
 
 def model_flops_utilization(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
@@ -84,10 +105,9 @@ def model_flops_utilization(model_flops: float, seconds: float, peak_flops_per_s
     >>> model_flops_utilization(6e12, 10.0, 1e12)
     0.6
     """
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
-    if peak_flops_per_s <= 0:
-        raise ValueError(f"peak_flops_per_s must be > 0, got {peak_flops_per_s}")
+    check_float("model_flops", model_flops, 0.0)
+    check_float("seconds", seconds, 0.0, lo_open=True)
+    check_float("peak_flops_per_s", peak_flops_per_s, 0.0, lo_open=True)
     return model_flops / seconds / peak_flops_per_s
 
 
@@ -105,12 +125,8 @@ def matmul_flops_per_s(
     312e12 bf16 FLOP/s, an H100 SXM 989e12), a CPU's is rarely published. On a GPU, time
     several ``products`` per timing so that the launch and the synchronisation do not count.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if products < 1:
-        raise ValueError(f"products must be >= 1, got {products}")
+    for name, value in (("n", n), ("repeats", repeats), ("products", products)):
+        check_positive_int(name, value)
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

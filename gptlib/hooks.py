@@ -2,14 +2,16 @@
 
 A :class:`HookPoint` is an identity module placed where a tensor of interest is computed (an
 attention pattern, a residual stream). It changes nothing; PyTorch's forward hooks on it read the
-tensor. This is TransformerLens's mechanism, and the only one the library uses: ``forward``
+tensor, and a hook that returns a tensor replaces it (patching): every module uses what its hook
+point returns. This is TransformerLens's mechanism, and the only one the library uses: ``forward``
 methods keep a single return type, and a caller who wants the patterns asks for them with
 :func:`capture_patterns`.
 
-Attention modules carry an explicit switch ``fused``: ``True`` runs PyTorch's fused kernel, which
-never hands the pattern back; ``False`` runs the readable path, which computes the pattern and
-passes it through ``hook_pattern``. :func:`capture_patterns` turns the switch off while it records
-and restores it afterwards.
+``fused`` means one thing throughout the library: ``True`` (the default) evaluates a module with
+PyTorch's fused kernel for the same function, ``False`` with the formula the chapter derives. In
+attention the fused kernel never hands the pattern back; the formula computes it and passes it
+through ``hook_pattern``. :func:`capture_patterns` turns the switch off while it records and
+restores it afterwards.
 """
 
 from __future__ import annotations

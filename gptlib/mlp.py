@@ -298,8 +298,8 @@ class MLP(nn.Module):
 
     Shapes: W_in (d_model, d_mlp), b_in (d_mlp,), W_out (d_mlp, d_model), b_out (d_model,);
     ``activation`` is a key of :data:`ACTIVATIONS` (GPT-2: "gelu_tanh"); ``bias=False`` drops b_in, b_out.
-    ``fused=True`` evaluates phi with PyTorch's fused kernel (:class:`Activation`), ``False`` (default)
-    with the formula.
+    ``fused`` (default ``True``) evaluates phi with PyTorch's fused kernel (:class:`Activation`),
+    ``False`` with the formula; it may be switched at any time, and ``phi`` follows it.
 
     >>> mlp = MLP(4, 16, activation="relu")
     >>> X = torch.randn(2, 3, 4)  # (B, T, d_model)
@@ -307,21 +307,28 @@ class MLP(nn.Module):
     True
     """
 
-    def __init__(self, d_model: int, d_mlp: int, activation: str = "gelu_tanh", bias: bool = True, fused: bool = False):
+    def __init__(self, d_model: int, d_mlp: int, activation: str = "gelu_tanh", bias: bool = True, fused: bool = True):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("d_mlp", d_mlp)
-        if activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        for name, value in (("bias", bias), ("fused", fused)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.d_model, self.d_mlp, self.activation, self.fused = d_model, d_mlp, activation, fused
-        act = ACTIVATIONS[activation]
-        self.phi = act.fused if fused else act.formula
         self.W_in = nn.Parameter(torch.empty(d_model, d_mlp))
         self.W_out = nn.Parameter(torch.empty(d_mlp, d_model))
         self.b_in = nn.Parameter(torch.zeros(d_mlp)) if bias else None
         self.b_out = nn.Parameter(torch.zeros(d_model)) if bias else None
         nn.init.normal_(self.W_in, std=0.02)
         nn.init.normal_(self.W_out, std=0.02)
+
+    @property
+    def phi(self) -> Callable[[Tensor], Tensor]:
+        """The activation as evaluated now: the fused kernel or the formula of :data:`ACTIVATIONS`."""
+        act = ACTIVATIONS[self.activation]
+        return act.fused if self.fused else act.formula
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != (self.d_model,):

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, attention, causal_mask
+from . import runtime
+from .attention import KVCache, attend, check_cache, d_head_of
+from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, capture
 from .positional import sinusoidal_frequencies
-from .runtime import named_preset
-from .files import config_from_dict, read_model, save_model
+from .runtime import check_float, check_int, check_positive_int, named_preset
 from .state import check_state
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "RMSNorm",
     "swiglu",
     "SwiGLU",
-    "repeat_kv",
     "kv_cache_bytes",
     "GroupedQueryAttention",
     "ModernConfig",
@@ -45,8 +45,6 @@ __all__ = [
     "ModernBlock",
     "ModernGPT",
     "logit_lens",
-    "previous_token_scores",
-    "induction_scores",
 ]
 
 
@@ -60,10 +58,8 @@ def rope_angles(T: int, d_head: int, base: float = 10000.0, offset: int = 0, dev
     tensor([[0.0000, 0.0000],
             [1.0000, 0.1000]], dtype=torch.float64)
     """
-    if not isinstance(T, int) or T < 1:
-        raise ValueError(f"T must be a positive int, got {T!r}")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    check_positive_int("T", T)
+    check_int("offset", offset, lo=0)
     theta = sinusoidal_frequencies(d_head, base).to(device)  # (d_head/2,)
     t = torch.arange(offset, offset + T, dtype=torch.float64, device=device)  # (T,)
     return t[:, None] * theta[None, :]  # (T, d_head/2)
@@ -94,6 +90,7 @@ def rms_norm(x: Tensor, w: Tensor, eps: float = 1e-5) -> Tensor:
     >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
+    eps = check_float("eps", eps, 0.0)
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * w
 
 
@@ -102,11 +99,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
-        if d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {d_model}")
-        if not eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        self.d_model, self.eps = d_model, eps
+        check_positive_int("d_model", d_model)
+        self.d_model, self.eps = d_model, check_float("eps", eps, 0.0)
         self.w = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -128,8 +122,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_mlp: int):
         super().__init__()
-        if d_model < 1 or d_mlp < 1:
-            raise ValueError(f"d_model and d_mlp must be >= 1, got {d_model} and {d_mlp}")
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_mlp", d_mlp)
         self.W_gate = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
         self.W_up = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
         self.W_out = nn.Parameter(torch.randn(d_mlp, d_model) * 0.02)
@@ -139,17 +133,6 @@ class SwiGLU(nn.Module):
 
 
 # --- grouped-query attention --------------------------------------------------------------------
-def repeat_kv(k: Tensor, group: int) -> Tensor:
-    """(B, n_kv_heads, T, d_head) -> (B, n_kv_heads*group, T, d_head): query head h reads kv head h // group.
-
-    >>> repeat_kv(torch.tensor([[[[1.0]], [[2.0]]]]), 2).flatten().tolist()
-    [1.0, 1.0, 2.0, 2.0]
-    """
-    if not isinstance(group, int) or group < 1:
-        raise ValueError(f"group must be an int >= 1, got {group!r}")
-    return k if group == 1 else k.repeat_interleave(group, dim=1)
-
-
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_per_number: int = 2) -> int:
     """Memory of a KV cache: keys and values, per layer, per kv head, per position.
 
@@ -157,8 +140,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_pe
     188743680
     """
     for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head), ("T", T), ("bytes_per_number", bytes_per_number)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_positive_int(name, v)
     return 2 * n_layers * n_kv_heads * d_head * T * bytes_per_number
 
 
@@ -167,22 +149,25 @@ class GroupedQueryAttention(nn.Module):
 
     W_Q (d_model, n_heads*d_head), W_K, W_V (d_model, n_kv_heads*d_head), W_O (n_heads*d_head, d_model);
     no biases. A :class:`KVCache` stores the n_kv_heads keys and values (rotated at their
-    positions), which is the memory GQA saves. ``fused`` and ``hook_pattern`` follow
-    :mod:`gptlib.hooks`; ``layer`` is this layer's index in the cache.
+    positions), which is the memory GQA saves. The attention itself is :func:`gptlib.attention.attend`:
+    ``fused`` and ``hook_pattern`` mean what they mean in :class:`gptlib.attention.MultiHeadAttention`;
+    ``layer`` is this layer's index in the cache.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *,
                  rope_base: float = 10000.0, layer: int = 0, fused: bool = True):
         super().__init__()
         for name, v in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_positive_int(name, v)
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         if d_head % 2:
             raise ValueError(f"d_head must be even for RoPE, got {d_head}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.group, self.rope_base, self.layer, self.fused = n_heads // n_kv_heads, rope_base, layer, fused
+        self.rope_base = check_float("rope_base", rope_base, 1.0, lo_open=True)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be True or False, got {fused!r}")
+        self.group, self.layer, self.fused = n_heads // n_kv_heads, check_int("layer", layer, lo=0), fused
         self.W_Q = nn.Parameter(torch.randn(d_model, n_heads * d_head) * 0.02)
         self.W_K = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
         self.W_V = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
@@ -191,8 +176,7 @@ class GroupedQueryAttention(nn.Module):
 
     def head_weights(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_Q^h, W_K^g, W_V^g (d_model, d_head) and W_O^h (d_head, d_model), g = h // group."""
-        if not 0 <= h < self.n_heads:
-            raise ValueError(f"h must be in [0, {self.n_heads}), got {h}")
+        h = check_int("h", h, 0, self.n_heads - 1)
         s, g = slice(h * self.d_head, (h + 1) * self.d_head), h // self.group
         sg = slice(g * self.d_head, (g + 1) * self.d_head)
         return self.W_Q[:, s], self.W_K[:, sg], self.W_V[:, sg], self.W_O[s, :]
@@ -204,22 +188,12 @@ class GroupedQueryAttention(nn.Module):
         q = (x @ self.W_Q).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
         k = (x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, n_kv_heads, T, d_head)
         v = (x @ self.W_V).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
-        past = 0 if cache is None or cache.k[self.layer] is None else cache.k[self.layer].shape[-2]
-        angles = rope_angles(T, self.d_head, self.rope_base, offset=past, device=x.device)  # (T, d_head/2)
+        offset = 0 if cache is None else cache.offset(self.layer)  # the position of the first row of x
+        angles = rope_angles(T, self.d_head, self.rope_base, offset=offset, device=x.device)  # (T, d_head/2)
         q, k = apply_rope(q, angles), apply_rope(k, angles)
         if cache is not None:
-            k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = past + T
-        T_k = k.shape[-2]
-        if self.fused:
-            if T_k == T:
-                z = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
-            else:
-                keep = causal_mask(T, T_k, device=x.device) == 0  # (T, T_k), True = may attend
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-        else:
-            k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)  # (B, n_heads, T_k, d_head)
-            z, pattern = attention(q, k, v, causal_mask(T, T_k, device=x.device))
-            self.hook_pattern(pattern)  # (B, n_heads, T, T_k)
+            k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = offset + T
+        z = attend(q, k, v, fused=self.fused, hook_pattern=self.hook_pattern)  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         return z @ self.W_O  # (B, T, d_model)
 
@@ -248,21 +222,16 @@ class ModernConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.d_head is None:
-            if self.d_model % self.n_heads:
-                raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} (or give d_head)")
-            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        if not isinstance(self.d_head, int) or self.d_head < 2 or self.d_head % 2:
+            check_positive_int(name, getattr(self, name))
+        object.__setattr__(self, "d_head", d_head_of(self.d_model, self.n_heads, self.d_head))
+        if self.d_head % 2:
             raise ValueError(f"d_head must be a positive even int, got {self.d_head!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        if not self.rope_base > 1:
-            raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
-        if not self.norm_eps >= 0:
-            raise ValueError(f"norm_eps must be >= 0, got {self.norm_eps}")
+        object.__setattr__(self, "rope_base", check_float("rope_base", self.rope_base, 1.0, lo_open=True))
+        object.__setattr__(self, "norm_eps", check_float("norm_eps", self.norm_eps, 0.0))
+        if not isinstance(self.tie_weights, bool):
+            raise ValueError(f"tie_weights must be True or False, got {self.tie_weights!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModernConfig":
@@ -317,15 +286,18 @@ class ModernGPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions."""
-        if ids.dim() != 2 or ids.shape[1] < 1 or ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"ids must be an int tensor of shape (B, T) with T >= 1, got {ids.dtype} {tuple(ids.shape)}")
-        if cache is not None and cache.n_layers != self.config.n_layers:
-            raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
-        past = 0 if cache is None else len(cache)
-        if past + ids.shape[1] > self.config.n_ctx:
-            raise ValueError(f"ids has {past + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; crop the context first")
+    def forward(self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True) -> Tensor:
+        """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions. The ids'
+        values are checked (ints in [0, d_vocab)) unless ``check_ids=False``, as in :class:`gptlib.model.GPT`."""
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or min(ids.shape) < 1 or ids.dtype not in (torch.int64, torch.int32):
+            shape = (ids.dtype, tuple(ids.shape)) if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"ids must be an int64 or int32 tensor of shape (B, T) with B, T >= 1, got {shape}")
+        if check_ids:
+            runtime.check_ids(ids, self.config.d_vocab)
+        check_cache(cache, self.config.n_layers)
+        offset = 0 if cache is None else len(cache)
+        if offset + ids.shape[1] > self.config.n_ctx:
+            raise ValueError(f"ids has {offset + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; crop the context first")
         x = self.hook_resid(F.embedding(ids, self.W_E))  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)
@@ -367,33 +339,3 @@ def logit_lens(model: ModernGPT, ids: Tensor) -> Tensor:
     with capture(model, "hook_resid") as seen:
         model(ids)
     return torch.stack([model.norm_f(x) @ model.W_U for x in seen])
-
-
-def _check_patterns(patterns: Tensor) -> None:
-    if patterns.dim() < 2 or patterns.shape[-1] != patterns.shape[-2] or patterns.shape[-1] < 2:
-        raise ValueError(f"patterns must have shape (..., T, T) with T >= 2, got {tuple(patterns.shape)}")
-
-
-def previous_token_scores(patterns: Tensor) -> Tensor:
-    """The mean weight a query puts on the position just before it: mean_i A[i, i-1], i = 1 … T-1.
-
-    >>> previous_token_scores(torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
-    tensor(1.)
-    """
-    _check_patterns(patterns)
-    return patterns.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1)
-
-
-def induction_scores(patterns: Tensor, period: int) -> Tensor:
-    """On a sequence that repeats with ``period``, the mean weight on the token after the previous
-    occurrence of the current one: mean_i A[i, i - period + 1] over the second copy, i >= period.
-
-    >>> A = torch.zeros(4, 4); A[2, 1] = A[3, 2] = 1.0; A[0, 0] = A[1, 0] = 1.0
-    >>> induction_scores(A, period=2)
-    tensor(1.)
-    """
-    _check_patterns(patterns)
-    T = patterns.shape[-1]
-    if not isinstance(period, int) or not 1 < period < T:
-        raise ValueError(f"period must be an int in (1, T={T}), got {period!r}")
-    return patterns.diagonal(offset=-(period - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=-1)

@@ -7,7 +7,8 @@
                                                  P_i = mean router probability of i
 
 Each expert is a :class:`gptlib.mlp.MLP`. A token touches k of the n_experts MLPs, so the layer
-holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per token.
+holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per token
+(:func:`gptlib.flops.moe_flops_per_token`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from .mlp import MLP
+from .runtime import check_ids, check_int, check_positive_int
 
-__all__ = ["route", "load_balancing_loss", "sort_by_expert", "MoE", "moe_parameters", "moe_flops_per_token"]
+__all__ = ["route", "load_balancing_loss", "sort_by_expert", "MoE", "moe_parameters"]
 
 
 def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -33,8 +35,7 @@ def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
     """
     if x.dim() != 2 or W_r.dim() != 2 or x.shape[1] != W_r.shape[0]:
         raise ValueError(f"x (n, d_model) and W_r (d_model, n_experts) must agree, got {tuple(x.shape)}, {tuple(W_r.shape)}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= W_r.shape[1]:
-        raise ValueError(f"top_k must be an int in [1, n_experts={W_r.shape[1]}], got {top_k!r}")
+    check_int("top_k", top_k, 1, W_r.shape[1])
     probs = torch.softmax((x @ W_r).float(), dim=-1)  # (n, n_experts), in fp32 even under autocast
     top, idx = probs.topk(top_k, dim=-1)  # (n, k) each
     gates = top if top_k == 1 else top / top.sum(dim=-1, keepdim=True)
@@ -53,6 +54,8 @@ def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
     >>> float(load_balancing_loss(p, torch.tensor([[0], [1], [0], [1]]), 2))
     1.0
     """
+    check_positive_int("n_experts", n_experts)
+    check_ids(idx, n_experts, "idx")  # ints in [0, n_experts)
     if probs.dim() != 2 or probs.shape[1] != n_experts:
         raise ValueError(f"probs must have shape (n, n_experts={n_experts}), got {tuple(probs.shape)}")
     if idx.dim() != 2 or idx.shape[0] != probs.shape[0]:
@@ -72,9 +75,8 @@ def sort_by_expert(idx: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
     >>> sort_by_expert(torch.tensor([[1, 0], [0, 2]]), 3)
     (tensor([1, 2, 0, 3]), tensor([2, 1, 1]))
     """
+    check_ids(idx, n_experts, "idx")  # ints in [0, n_experts)
     flat = idx.flatten()
-    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < n_experts:
-        raise ValueError(f"idx must lie in [0, n_experts={n_experts})")
     return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=n_experts)
 
 
@@ -94,10 +96,8 @@ class MoE(nn.Module):
 
     def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int = 2, activation: str = "gelu_tanh", bias: bool = True):
         super().__init__()
-        if not isinstance(n_experts, int) or n_experts < 1:
-            raise ValueError(f"n_experts must be a positive int, got {n_experts!r}")
-        if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
-            raise ValueError(f"top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
+        check_positive_int("n_experts", n_experts)
+        check_int("top_k", top_k, 1, n_experts)
         self.d_model, self.d_mlp, self.n_experts, self.top_k = d_model, d_mlp, n_experts, top_k
         self.experts = nn.ModuleList(MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts))
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
@@ -135,21 +135,8 @@ def moe_parameters(d_model: int, d_mlp: int, n_experts: int, top_k: int, bias: b
     (2240, 1136)
     """
     for name, v in (("d_model", d_model), ("d_mlp", d_mlp), ("n_experts", n_experts)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
-        raise ValueError(f"top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
+        check_positive_int(name, v)
+    check_int("top_k", top_k, 1, n_experts)
     mlp = 2 * d_model * d_mlp + (d_mlp + d_model if bias else 0)
     router = d_model * n_experts
     return router + n_experts * mlp, router + top_k * mlp
-
-
-def moe_flops_per_token(d_model: int, d_mlp: int, n_experts: int, top_k: int) -> int:
-    """Forward matrix-product FLOPs per token: 2 per weight used, router 2 d_model n_experts plus
-    top_k MLPs of 4 d_model d_mlp each. Independent of n_experts apart from the router.
-
-    >>> moe_flops_per_token(8, 32, 4, 2)
-    2112
-    """
-    moe_parameters(d_model, d_mlp, n_experts, top_k)  # validates the arguments
-    return 2 * d_model * n_experts + top_k * 4 * d_model * d_mlp

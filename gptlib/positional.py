@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .embedding import learned_table
-from .runtime import check_positive_int
+from .runtime import check_float, check_int, check_positive_int
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -23,11 +23,11 @@ __all__ = [
 ]
 
 
-def _check_sizes(d_model: int, base: float) -> None:
-    if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model < 2 or d_model % 2:
+def _check_sizes(d_model: int, base: float) -> float:
+    check_positive_int("d_model", d_model)
+    if d_model % 2:
         raise ValueError(f"d_model must be a positive even int, got {d_model!r}")
-    if not base > 1:
-        raise ValueError(f"base must be > 1, got {base}")
+    return check_float("base", base, 1.0, lo_open=True)
 
 
 def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
@@ -38,7 +38,7 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
     >>> sinusoidal_frequencies(4)
     tensor([1.0000, 0.0100], dtype=torch.float64)
     """
-    _check_sizes(d_model, base)
+    base = _check_sizes(d_model, base)
     i = torch.arange(d_model // 2, dtype=torch.float64)  # pair index
     return torch.exp(-(2 * i / d_model) * math.log(base))  # (d_model/2,)
 
@@ -54,6 +54,8 @@ def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: 
             [0.8415, 0.5403, 0.0100, 0.9999]])
     """
     check_positive_int("n_ctx", n_ctx)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     omega = sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     p = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
     angle = p * omega[None, :]  # (n_ctx, d_model/2)
@@ -71,8 +73,7 @@ def relative_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
     tensor([[ 0.5403, -0.8415],
             [ 0.8415,  0.5403]], dtype=torch.float64)
     """
-    if not isinstance(k, int) or isinstance(k, bool):
-        raise ValueError(f"k must be an int, got {k!r}")
+    k = check_int("k", k)
     angle = k * sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     c, s = torch.cos(angle), torch.sin(angle)
     blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d_model/2, 2, 2)
@@ -80,10 +81,8 @@ def relative_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
 
 
 def _check_len(T: int, n_ctx: int, offset: int) -> None:
-    if not isinstance(T, int) or isinstance(T, bool) or T < 0:
-        raise ValueError(f"T must be an int >= 0, got {T!r}")
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    check_int("T", T, lo=0)
+    check_int("offset", offset, lo=0)
     if offset + T > n_ctx:
         raise ValueError(f"positions {offset}..{offset + T - 1} exceed n_ctx={n_ctx}")
 
@@ -117,7 +116,7 @@ class SinusoidalPositional(nn.Module):
 
     def __init__(self, n_ctx: int, d_model: int, base: float = 10000.0):
         super().__init__()
-        self.n_ctx, self.d_model, self.base = n_ctx, d_model, base
+        self.n_ctx, self.d_model, self.base = n_ctx, d_model, _check_sizes(d_model, base)
         self.register_buffer("PE", sinusoidal_encoding(n_ctx, d_model, base), persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:

@@ -11,18 +11,27 @@ strategies reshape it before drawing:
 
 from __future__ import annotations
 
-import math
-import numbers
+import itertools
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .attention import KVCache
+from .runtime import check_float, check_ids, check_int
 
-__all__ = ["next_token_probs", "generate"]
+__all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation"]
 
 
-def _check(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> None:
+def _check_settings(temperature: float, top_k: int | None, top_p: float | None) -> tuple[float, int | None, float | None]:
+    """The decoding settings as numbers, each checked: tau finite >= 0, k int >= 1, p in (0, 1]."""
+    temperature = check_float("temperature", temperature, 0.0)
+    top_k = None if top_k is None else check_int("top_k", top_k, lo=1)
+    top_p = None if top_p is None else check_float("top_p", top_p, 0.0, 1.0, lo_open=True)
+    return temperature, top_k, top_p
+
+
+def _check_logits(logits: Tensor) -> None:
     if not isinstance(logits, Tensor) or logits.dim() not in (1, 2) or logits.shape[-1] < 1:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a tensor of shape (d_vocab,) or (B, d_vocab), got {shape}")
@@ -30,47 +39,29 @@ def _check(logits: Tensor, temperature: float, top_k: int | None, top_p: float |
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
-    if (logits == math.inf).any() or (logits == -math.inf).all(dim=-1).any():
+    if (logits == torch.inf).any() or (logits == -torch.inf).all(dim=-1).any():
         raise ValueError("logits must not contain +inf, and each row needs a finite value")
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
 
 
-def next_token_probs(
-    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
-) -> Tensor:
-    """The distribution to sample the next token from: temperature, top-k, top-p, renormalise.
-
-    ``temperature == 0`` puts all mass on the argmax (the first one on ties). Top-k keeps the k
-    largest logits (ties broken by the lower id). Top-p keeps, in order of decreasing probability,
-    tokens until their total reaches ``top_p``: the token that crosses it is kept, so at least one
-    token always is.
-
-    >>> next_token_probs(torch.tensor([10.0, 6.0, 4.0]))
-    tensor([0.9796, 0.0179, 0.0024])
-    >>> next_token_probs(torch.tensor([10.0, 6.0, 4.0]), temperature=10.0)
-    tensor([0.4506, 0.3021, 0.2473])
-    >>> next_token_probs(torch.tensor([1.0, 3.0, 2.0]), top_k=2).round(decimals=4)
-    tensor([0.0000, 0.7311, 0.2689])
-    """
-    _check(logits, temperature, top_k, top_p)
-    squeeze = logits.dim() == 1
-    y = logits[None] if squeeze else logits  # (B, d_vocab)
+def _distribution(y: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """:func:`next_token_probs` of logits y (B, d_vocab) whose values and settings are already checked."""
     if temperature == 0:
         probs = torch.zeros_like(y)
-        probs.scatter_(-1, y.argmax(dim=-1, keepdim=True), 1.0)
-        return probs[0] if squeeze else probs
+        return probs.scatter_(-1, y.argmax(dim=-1, keepdim=True), 1.0)
     # Subtracting the max first keeps y / tau finite for tiny tau (ties at the max share the mass).
+    # A tau outside the normal numbers of y's dtype (1e-46 rounds to 0 in float32, 1e300 to inf) is
+    # applied in float64, where the ratio is exact: 0 / tau = 0 at the maxima, never 0 / 0 or inf / inf.
     y_max = y.max(dim=-1, keepdim=True).values  # (B, 1)
-    probs = torch.softmax((y - y_max) / float(temperature), dim=-1)  # (B, d_vocab)
+    if not torch.finfo(y.dtype).tiny <= temperature <= torch.finfo(y.dtype).max:
+        probs = torch.softmax((y - y_max).double() / temperature, dim=-1).to(y.dtype)
+    else:
+        probs = torch.softmax((y - y_max) / temperature, dim=-1)  # (B, d_vocab)
+    if (top_k is None or top_k >= y.shape[-1]) and (top_p is None or top_p == 1):
+        return probs / probs.sum(dim=-1, keepdim=True)  # nothing cut: renormalise only, as below
     order = torch.sort(y, dim=-1, descending=True, stable=True).indices  # most probable first
     keep_sorted = torch.ones_like(probs, dtype=torch.bool)  # in the order of `order`
     if top_k is not None and top_k < y.shape[-1]:
-        keep_sorted[:, int(top_k):] = False
+        keep_sorted[:, top_k:] = False
     if top_p is not None and top_p < 1:
         # renormalise what top-k kept, then keep while the mass before a token is below top_p
         p_sorted = probs.gather(-1, order) * keep_sorted
@@ -80,11 +71,119 @@ def next_token_probs(
         keep_sorted &= before < top_p  # keeps the token that crosses top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     probs = torch.where(keep, probs, torch.zeros_like(probs))
-    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def next_token_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
+    """The distribution to sample the next token from: temperature, top-k, top-p, renormalise.
+
+    ``temperature == 0`` puts all mass on the argmax (the first one on ties); a positive temperature
+    too small for the logits' dtype gives the limit tau -> 0+, the maxima sharing the mass. The
+    temperature must be finite: for tau -> inf take a large one (the limit is the uniform
+    distribution over the tokens with a finite logit). Top-k keeps the k largest logits (ties
+    broken by the lower id). Top-p keeps, in order of decreasing probability, tokens until their
+    total reaches ``top_p``: the token that crosses it is kept, so at least one token always is.
+
+    >>> next_token_probs(torch.tensor([10.0, 6.0, 4.0]))
+    tensor([0.9796, 0.0179, 0.0024])
+    >>> next_token_probs(torch.tensor([10.0, 6.0, 4.0]), temperature=10.0)
+    tensor([0.4506, 0.3021, 0.2473])
+    >>> next_token_probs(torch.tensor([1.0, 3.0, 2.0]), top_k=2).round(decimals=4)
+    tensor([0.0000, 0.7311, 0.2689])
+    """
+    _check_logits(logits)
+    settings = _check_settings(temperature, top_k, top_p)
+    squeeze = logits.dim() == 1
+    probs = _distribution(logits[None] if squeeze else logits, *settings)  # (B, d_vocab)
     return probs[0] if squeeze else probs
 
 
+def _check_finite_weights(model: nn.Module) -> None:
+    """Raise ``ValueError`` naming the first parameter or buffer that holds a NaN or an infinity.
+
+    Needed because PyTorch's fused CPU attention turns NaN scores into 0 (since torch 2.5): a model
+    with NaN weights can give finite logits. One reduction per tensor (its max and min, which NaN
+    and the infinities reach) and one synchronisation in all.
+    """
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel()]
+    if not named:
+        return
+    dev = named[0][1].device
+    ends = torch.stack([torch.stack([t.amax(), t.amin()]).to(dev, torch.float32) for _, t in named])  # (n, 2)
+    if not bool(torch.isfinite(ends).all()):
+        name = named[int((~torch.isfinite(ends)).any(dim=1).nonzero()[0])][0]
+        raise ValueError(f"the model has non-finite weights ({name} holds NaN or inf): its outputs are meaningless")
+
+
+class Generation(NamedTuple):
+    """The result of :func:`generate_with_logits`: the ids and the logits of every step."""
+
+    ids: Tensor  # (B, T + max_new_tokens), or (T + max_new_tokens,)
+    logits: Tensor  # (B, max_new_tokens, d_vocab), or (max_new_tokens, d_vocab)
+
+
 @torch.no_grad()
+def _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits) -> Generation:
+    """The generation loop of :func:`generate`; every argument is checked here, once per call."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=0)
+    temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
+    if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or ids.shape[-1] < 1 or ids.numel() < 1:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"ids must have shape (T,) or (B, T) with B, T >= 1, got {shape}")
+    c = model.config
+    check_ids(ids, c.d_vocab)  # the only read of the ids: the new ones come from the model's d_vocab
+    if not isinstance(use_cache, bool):
+        raise ValueError(f"use_cache must be True or False, got {use_cache!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if isinstance(model, nn.Module):
+        _check_finite_weights(model)
+    squeeze = ids.dim() == 1
+    ids = ids[None] if squeeze else ids  # (B, T)
+    B, T0, n_ctx = ids.shape[0], ids.shape[1], c.n_ctx
+    out = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=ids.device)  # written in place
+    out[:, :T0] = ids
+    cache = KVCache(c.n_layers, capacity=min(n_ctx, T0 + max_new_tokens)) if use_cache else None
+    finite = torch.ones((), dtype=torch.bool, device=ids.device)  # all logits finite so far (no sync)
+    steps: list[Tensor] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for t in range(T0, T0 + max_new_tokens):  # out[:, :t] is the text so far
+            window = out[:, max(0, t - n_ctx) : t]  # the last n_ctx tokens
+            if cache is None:
+                logits = model(window, check_ids=False)[:, -1]  # (B, d_vocab)
+            elif len(cache) == 0 or len(cache) >= n_ctx:  # first step, or the window moved: (re)fill
+                cache.clear()
+                logits = model(window, cache=cache, check_ids=False)[:, -1]
+            else:
+                logits = model(window[:, -1:], cache=cache, check_ids=False)[:, -1]  # one new position
+            finite &= torch.isfinite(logits).all()
+            if keep_logits:
+                steps.append(logits)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1), the first maximum
+            else:
+                probs = _distribution(logits.float(), temperature, top_k, top_p)
+                dev = generator.device if generator is not None else probs.device
+                try:
+                    nxt = torch.multinomial(probs.to(dev), 1, generator=generator).to(out.device)
+                except RuntimeError:
+                    if not bool(finite):
+                        break  # reported below
+                    raise
+            out[:, t : t + 1] = nxt
+    finally:
+        model.train(was_training)
+    if not bool(finite):
+        raise ValueError("the model's logits became NaN or infinite during generation: its outputs are meaningless")
+    logits = torch.stack(steps, dim=1) if steps else torch.zeros(B, 0, c.d_vocab, device=ids.device)
+    return Generation(out[0] if squeeze else out, logits[0] if squeeze else logits)
+
+
 def generate(
     model,
     ids: Tensor,
@@ -95,9 +194,9 @@ def generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
-    return_logits: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Append ``max_new_tokens`` tokens to ``ids`` ((T,) or (B, T)), drawn from the model.
+) -> Tensor:
+    """Append ``max_new_tokens`` tokens to ``ids`` ((T,) or (B, T)), drawn from the model; returns
+    the ids, (T + max_new_tokens,) or (B, T + max_new_tokens).
 
     The model always sees at most its last ``n_ctx`` tokens (the context is cropped, as in 004).
     With ``use_cache`` the keys and values of earlier positions are kept (:class:`KVCache`), so a
@@ -106,7 +205,11 @@ def generate(
     rebuilt from the cropped window (the last ``n_ctx - 1`` tokens and the newest one), exactly what
     the uncached computation does, so past ``n_ctx`` a step costs a full forward pass of ``n_ctx``
     positions, as without the cache. Both paths give the same tokens (and logits up to rounding).
-    ``return_logits`` also returns the logits of every step, (B, max_new_tokens, d_vocab).
+
+    Checked once per call, off the per-token path: the settings (:func:`next_token_probs`), the ids
+    (ints in [0, d_vocab)) and the weights (finite: a NaN weight can hide behind the fused attention
+    kernel, which turns NaN scores into 0). Logits that turn non-finite are a ``ValueError`` too.
+    :func:`generate_with_logits` also returns the logits of every step.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
@@ -116,40 +219,27 @@ def generate(
     >>> a.shape, torch.equal(a, b)
     (torch.Size([13]), True)
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if ids.dim() not in (1, 2) or ids.shape[-1] < 1:
-        raise ValueError(f"ids must have shape (T,) or (B, T) with T >= 1, got {tuple(ids.shape)}")
-    _check(torch.zeros(1), temperature, top_k, top_p)
-    squeeze = ids.dim() == 1
-    ids = ids[None] if squeeze else ids  # (B, T)
-    n_ctx, n_layers = model.config.n_ctx, model.config.n_layers
-    was_training = model.training
-    model.eval()
-    steps: list[Tensor] = []
-    cache: KVCache | None = None
-    try:
-        for step in range(max_new_tokens):
-            if not use_cache:
-                logits = model(ids[:, -n_ctx:])[:, -1]  # (B, d_vocab)
-            elif cache is None or len(cache) >= n_ctx:
-                cache = KVCache(n_layers)  # (re)build from the cropped window
-                logits = model(ids[:, -n_ctx:], cache=cache)[:, -1]
-            else:
-                logits = model(ids[:, -1:], cache=cache)[:, -1]  # one new position
-            if return_logits:
-                steps.append(logits)
-            probs = next_token_probs(logits.float(), temperature, top_k, top_p)
-            if temperature == 0:
-                nxt = probs.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                dev = generator.device if generator is not None else probs.device
-                nxt = torch.multinomial(probs.to(dev), 1, generator=generator).to(ids.device)
-            ids = torch.cat([ids, nxt], dim=1)  # (B, T + step + 1)
-    finally:
-        model.train(was_training)
-    out = ids[0] if squeeze else ids
-    if not return_logits:
-        return out
-    all_logits = torch.stack(steps, dim=1) if steps else ids.new_zeros((ids.shape[0], 0, model.config.d_vocab), dtype=torch.float32)
-    return out, (all_logits[0] if squeeze else all_logits)
+    return _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits=False).ids
+
+
+def generate_with_logits(
+    model,
+    ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Generation:
+    """:func:`generate`, also returning the logits each step drew from: ``Generation(ids, logits)``,
+    logits (B, max_new_tokens, d_vocab) (or (max_new_tokens, d_vocab) for ids of shape (T,)).
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> _ = torch.manual_seed(0)
+    >>> ids, logits = generate_with_logits(GPT(GPTConfig.preset("tiny")), torch.tensor([[1, 2]]), 3, temperature=0.0)
+    >>> tuple(ids.shape), tuple(logits.shape), torch.equal(ids[:, 2:], logits.argmax(-1))
+    ((1, 5), (1, 3, 512), True)
+    """
+    return _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits=True)

@@ -8,6 +8,12 @@ from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
 from gptlib.hooks import capture_patterns
 from gptlib.mlp import ACTIVATIONS, gelu_tanh
 from gptlib.hf import from_hf
+from gptlib.model import GPTConfig
+
+
+def cfg(d_model=16, n_heads=4, d_mlp=64, **kw):
+    """A block's configuration (the vocabulary, context and depth of GPTConfig do not enter a block)."""
+    return GPTConfig(d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, **kw)
 
 
 def test_layer_norm_formula_and_peer():
@@ -30,7 +36,7 @@ def test_layer_norm_errors():
 @pytest.mark.parametrize("kind", BLOCK_KINDS)
 def test_block_kinds_match_their_equations(kind):
     torch.manual_seed(0)
-    blk = Block(16, 4, 64, kind=kind).eval()
+    blk = Block(cfg(block=kind)).eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         a, m = blk.attn, blk.mlp
@@ -51,7 +57,7 @@ def test_block_kinds_match_their_equations(kind):
 
 
 def test_block_dropout_only_in_training():
-    blk = Block(16, 4, 64, dropout=0.5)
+    blk = Block(cfg(dropout=0.5))
     x = torch.randn(1, 5, 16)
     blk.eval()
     with torch.no_grad():
@@ -74,9 +80,13 @@ def test_block_matches_hf_gpt2_block():
         torch.testing.assert_close(ours.blocks[0](x), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_block_rejects_unknown_kind():
-    with pytest.raises(ValueError, match="kind"):
-        Block(8, 2, 32, kind="sandwich")
+def test_block_rejects_unknown_kind_and_other_configs():
+    with pytest.raises(ValueError, match="block"):
+        Block(cfg(block="sandwich"))
+    with pytest.raises(ValueError, match="config must be a GPTConfig"):
+        Block(16)
+    with pytest.raises(ValueError, match="layer"):
+        Block(cfg(), layer=-1)
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
@@ -94,9 +104,10 @@ def test_fused_activations_equal_the_formulas(activation):
 
 def test_fused_and_formula_blocks_agree():
     torch.manual_seed(0)
-    fused = Block(16, 4, 64).eval()
-    formula = Block(16, 4, 64, fused_activation=False).eval()
+    fused = Block(cfg()).eval()
+    formula = Block(cfg()).eval()
     formula.load_state_dict(fused.state_dict())
+    formula.mlp.fused = False  # the formula of Chapter 3
     assert formula.mlp.phi is gelu_tanh and fused.mlp.phi is not gelu_tanh
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
@@ -105,7 +116,7 @@ def test_fused_and_formula_blocks_agree():
 
 def test_block_dropout_fraction_and_scaling():
     p = 0.3
-    blk = Block(16, 4, 64, dropout=p).train()
+    blk = Block(cfg(dropout=p)).train()
     seen = {}
     blk.mlp_drop.register_forward_hook(lambda mod, inp, out: seen.update(before=inp[0], after=out))
     torch.manual_seed(0)
@@ -120,8 +131,21 @@ def test_block_deepcopy_and_pickle_round_trip():
     import copy
     import pickle
 
-    blk = Block(8, 2, 32).eval()
+    blk = Block(cfg(8, 2, 32)).eval()
     x = torch.randn(1, 4, 8)
     with torch.no_grad():
         for other in (copy.deepcopy(blk), pickle.loads(pickle.dumps(blk))):
             assert torch.equal(other(x), blk(x))
+
+
+def test_layer_norm_eps_must_be_finite():
+    for eps in (float("nan"), float("inf"), -1e-5):
+        with pytest.raises(ValueError, match="eps"):
+            LayerNorm(4, eps=eps)
+
+
+def test_layer_norm_function_and_module_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm(torch.ones(1, 2), torch.ones(2), None, eps=float("nan"))
+    with pytest.raises(ValueError, match="bias"):
+        LayerNorm(4, bias=0)

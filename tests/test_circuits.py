@@ -147,19 +147,20 @@ def test_copying_and_diagonal():
     assert float(diagonal_argmax_rate(torch.ones(4, 4) - torch.eye(4))) == 0.0
 
 
-# --- the attention-only model that Chapter 8 trains (GPTConfig.attn_only, Block(attn_only=True)) ---
+# --- the attention-only model that Chapter 8 trains (GPTConfig.attn_only) ---
 
 
 def test_attention_only_block_is_x_plus_attention():
     from gptlib.block import Block
+    from gptlib.config import GPTConfig
 
     torch.manual_seed(0)
-    blk = Block(8, 2, 32, attn_only=True).eval()
+    blk = Block(GPTConfig(d_model=8, n_heads=2, attn_only=True)).eval()
     assert blk.mlp is None and blk.ln_2 is None
     X = torch.randn(2, 5, 8)  # (B, T, d_model)
     torch.testing.assert_close(blk(X), X + blk.attn(blk.ln_1(X)))
     with pytest.raises(ValueError, match="attn_only"):
-        Block(8, 2, 32, kind="post_ln", attn_only=True)
+        GPTConfig(d_model=8, n_heads=2, block="post_ln", attn_only=True)
 
 
 def test_attention_only_gpt(tmp_path):

@@ -85,7 +85,7 @@ def test_mixed_precision_state_is_16_bytes_per_parameter_and_steps_like_fp32():
 @pytest.mark.parametrize("attention", ["fused", "pattern"])
 def test_activation_formula_equals_the_bytes_autograd_saves(B, T, d_model, n_heads, attention):
     torch.manual_seed(0)
-    blk = Block(d_model, n_heads, 4 * d_model)
+    blk = Block(GPTConfig(d_model=d_model, n_heads=n_heads))
     x = torch.randn(B, T, d_model, requires_grad=True)
     blk.attn.fused = attention == "fused"  # False: the readable path, which forms the pattern
     _, saved = E.saved_tensor_bytes(blk, x, exclude=blk.parameters())
@@ -213,7 +213,7 @@ def test_zero_table_matches_the_zero_paper():
 def test_cuda_allocated_memory_matches_the_saved_tensor_count():
     B, T, d_model, n_heads = 4, 128, 256, 4
     torch.manual_seed(0)
-    blk = Block(d_model, n_heads, 4 * d_model).cuda()
+    blk = Block(GPTConfig(d_model=d_model, n_heads=n_heads)).cuda()
     x = torch.randn(B, T, d_model, device="cuda", requires_grad=True)
     blk(x).sum().backward()  # warm-up: cuBLAS's workspace and the gradients are allocated now, not below
     torch.cuda.synchronize()
@@ -228,3 +228,19 @@ def test_cuda_allocated_memory_matches_the_saved_tensor_count():
     assert abs(saved - formula) <= 0.01 * formula, (saved, formula)
     assert abs(held - (saved + out.numel() * 4)) <= 0.01 * held, (held, saved)
     assert peak >= held
+
+
+def test_float_arguments_must_be_finite():
+    with pytest.raises(ValueError, match="n_params"):
+        E.zero_bytes_per_device(float("inf"), 8, 1)
+    with pytest.raises(ValueError, match="n_params"):
+        E.zero_bytes_per_device(float("nan"), 8, 1)
+    with pytest.raises(ValueError, match="loss_scale"):
+        E.amp_gradients(torch.nn.Linear(2, 1), lambda: torch.zeros(()), None, loss_scale=float("inf"))
+    with pytest.raises(ValueError, match="n_devices"):
+        E.zero_bytes_per_device(1e9, True, 1)
+
+
+def test_rounding_error_refuses_non_finite_input():
+    with pytest.raises(ValueError, match="finite"):
+        E.relative_rounding_error(torch.tensor([1.0, float("nan")]), torch.bfloat16)

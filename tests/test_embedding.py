@@ -122,3 +122,11 @@ def test_unembedding_rejects_bad_arguments():
         Unembedding(3, -2)
     with pytest.raises(ValueError, match="d_model"):
         Unembedding(3, 7)(torch.randn(2, 4))
+
+
+def test_learned_table_std_must_be_finite():
+    from gptlib.embedding import learned_table
+
+    for std in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="std"):
+            learned_table("n_ctx", 4, 8, std=std)

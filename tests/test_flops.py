@@ -65,3 +65,11 @@ def test_matmul_flops_per_s():
     for kwargs, name in (({"repeats": 0}, "repeats"), ({"n": 0}, "n"), ({"products": 0}, "products")):
         with pytest.raises(ValueError, match=name):
             flops.matmul_flops_per_s(**{"n": 64, "repeats": 2, **kwargs})
+
+
+def test_float_arguments_must_be_finite():
+    for kw, name in ((dict(seconds=float("nan")), "seconds"), (dict(peak_flops_per_s=float("inf")), "peak_flops_per_s"),
+                     (dict(model_flops=float("nan")), "model_flops")):
+        args = dict(model_flops=6e12, seconds=10.0, peak_flops_per_s=1e12) | kw
+        with pytest.raises(ValueError, match=name):
+            flops.model_flops_utilization(**args)

@@ -204,10 +204,19 @@ def test_mlp_fused_switch_picks_the_kernel_of_the_one_table():
     from gptlib.mlp import ACTIVATIONS, MLP
 
     torch.manual_seed(0)
-    formula, fused = MLP(8, 32), MLP(8, 32, fused=True)
-    fused.load_state_dict(formula.state_dict())
+    fused, formula = MLP(8, 32), MLP(8, 32, fused=False)  # fused, the kernel, is the default
+    formula.load_state_dict(fused.state_dict())
     assert formula.phi is ACTIVATIONS["gelu_tanh"].formula and fused.phi is ACTIVATIONS["gelu_tanh"].fused
     x = torch.randn(2, 5, 8)
     torch.testing.assert_close(fused(x), formula(x), atol=1e-6, rtol=1e-6)
+    fused.fused = False  # a switch, read at every call
+    assert fused.phi is ACTIVATIONS["gelu_tanh"].formula and torch.equal(fused(x), formula(x))
     for name, act in ACTIVATIONS.items():
         assert torch.equal(act(x), act.formula(x)), name
+
+
+def test_mlp_switches_must_be_bools():
+    with pytest.raises(ValueError, match="bias"):
+        MLP(4, 8, bias=1)
+    with pytest.raises(ValueError, match="fused"):
+        MLP(4, 8, fused="no")

@@ -417,3 +417,29 @@ def test_model_deepcopy_is_independent():
         m2.W_E.add_(1.0)
         assert not torch.equal(m(ids), m2(ids))
         assert m2.unembed.W_U.data_ptr() == m2.W_E.data_ptr()  # the copy's W_U is tied to the copy's W_E
+
+
+# --- issue 24: every float of a config finite and in range ------------------------------------------
+@pytest.mark.parametrize("field, value", [
+    ("ln_eps", float("nan")), ("ln_eps", float("inf")), ("ln_eps", -1e-5),
+    ("dropout", float("nan")), ("dropout", float("-inf")), ("dropout", 1.0),
+])
+def test_config_floats_must_be_finite_and_in_range(field, value):
+    with pytest.raises(ValueError, match=field):
+        GPTConfig.preset("tiny", **{field: value})
+    with pytest.raises(ValueError, match=field):  # as read from a config.json
+        GPTConfig.from_dict({**GPTConfig.preset("tiny").to_dict(), field: value})
+
+
+def test_config_from_hf_refuses_a_non_finite_layer_norm_epsilon():
+    with pytest.raises(ValueError, match="ln_eps"):
+        GPT.from_hf(hf_model(layer_norm_epsilon=float("nan")))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("d_model", True), ("d_model", 64.0), ("bias", 1), ("tie_weights", "yes"), ("attn_only", None),
+    ("positional", ["learned"]), ("activation", None),
+])
+def test_config_refuses_values_of_the_wrong_type(field, value):
+    with pytest.raises(ValueError, match=field):
+        GPTConfig.preset("tiny", **{field: value})

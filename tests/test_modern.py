@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptlib.attention import KVCache, attention, causal_mask
+from gptlib.attention import KVCache, attention, causal_mask, repeat_kv
 from gptlib.block import layer_norm
+from gptlib.circuits import induction_score, previous_token_score, score_table
 from gptlib.hooks import capture_patterns
 from gptlib.modern import (
     GroupedQueryAttention,
@@ -15,11 +16,8 @@ from gptlib.modern import (
     RMSNorm,
     SwiGLU,
     apply_rope,
-    induction_scores,
     kv_cache_bytes,
     logit_lens,
-    previous_token_scores,
-    repeat_kv,
     rms_norm,
     rope_angles,
     swiglu,
@@ -250,22 +248,38 @@ def test_logit_lens_last_row_is_the_logits():
     torch.testing.assert_close(lens[0], model.norm_f(model.W_E[ids]) @ model.W_U)
 
 
-def test_head_scores_known_values_and_errors():
-    T = 6
-    prev = torch.zeros(T, T)
-    prev[0, 0] = 1.0
-    prev[torch.arange(1, T), torch.arange(0, T - 1)] = 1.0
-    assert previous_token_scores(prev).item() == 1.0
-    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
-    assert previous_token_scores(uniform).item() == pytest.approx(sum(1 / i for i in range(2, T + 1)) / (T - 1))
-    ind = torch.zeros(T, T)  # period 3: query i attends to i - 2
-    ind[:3, 0] = 1.0
-    ind[torch.arange(3, T), torch.arange(1, T - 2)] = 1.0
-    assert induction_scores(ind, 3).item() == 1.0
-    assert induction_scores(prev, 3).item() == 0.0
-    batch = torch.stack([prev, ind])
-    assert previous_token_scores(batch).tolist() == pytest.approx([1.0, 0.2])  # ind[1, 0] is a previous-token weight
-    with pytest.raises(ValueError, match="period"):
-        induction_scores(ind, 6)
-    with pytest.raises(ValueError, match="patterns must"):
-        previous_token_scores(torch.zeros(3, 4))
+def test_head_scores_of_modern_gpt_are_the_circuits_scores():
+    """Chapter 12 reads its heads with gptlib.circuits, the one definition of the scores: on a random
+    block r repeated ([r, r], no token twice in r) the induction pairs are (i, i - R + 1), i >= R."""
+    model, R = tiny_model(4), 7
+    r = torch.randperm(300, generator=torch.Generator().manual_seed(4))[:R]
+    ids = torch.cat([r, r])[None]  # (1, 2R)
+    with torch.no_grad(), capture_patterns(model) as seen:
+        model(ids)
+    A = torch.stack(seen, dim=1)  # (1, n_layers, n_heads, 2R, 2R)
+    table = score_table(A, ids)
+    diagonal = A[0].diagonal(offset=-(R - 1), dim1=-2, dim2=-1)[..., 1:]  # A[i, i - R + 1], i = R .. 2R - 1
+    torch.testing.assert_close(table["induction"], diagonal.mean(-1))
+    torch.testing.assert_close(table["induction"], induction_score(A[0], ids[0].tolist()))
+    torch.testing.assert_close(table["previous-token"], previous_token_score(A[0]))
+    torch.testing.assert_close(table["previous-token"], A[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1))
+
+
+# --- issue 24: floats finite and in range --------------------------------------------------------------
+@pytest.mark.parametrize("field, value", [
+    ("norm_eps", float("nan")), ("norm_eps", float("inf")), ("rope_base", float("inf")), ("rope_base", float("nan")),
+    ("rope_base", 1.0), ("d_model", 32.0), ("tie_weights", 1),
+])
+def test_config_values_finite_in_range_and_typed(field, value):
+    with pytest.raises(ValueError, match=field):
+        ModernConfig.preset("tiny", **{field: value})
+
+
+def test_rms_norm_eps_must_be_finite():
+    for eps in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            RMSNorm(4, eps=eps)
+    with pytest.raises(ValueError, match="rope_base"):
+        GroupedQueryAttention(16, 4, 2, 4, rope_base=float("inf"))
+    with pytest.raises(ValueError, match="base"):
+        rope_angles(4, 8, base=float("nan"))

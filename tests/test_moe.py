@@ -8,7 +8,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptlib.mlp import MLP
-from gptlib.moe import MoE, load_balancing_loss, moe_flops_per_token, moe_parameters, route, sort_by_expert
+from gptlib.flops import moe_flops_per_token
+from gptlib.moe import MoE, load_balancing_loss, moe_parameters, route, sort_by_expert
 
 
 def _x(n: int = 12, d: int = 8, seed: int = 0) -> torch.Tensor:
@@ -116,3 +117,11 @@ def test_parameter_and_flop_counts(n_experts, top_k):
         moe_parameters(d, d_mlp, n_experts, n_experts + 1)
     with pytest.raises(ValueError, match="d_mlp"):
         moe_flops_per_token(d, 0, n_experts, top_k)
+
+
+def test_expert_indices_must_be_ints_in_range():
+    probs = torch.full((2, 3), 1 / 3)
+    with pytest.raises(ValueError, match="idx"):
+        load_balancing_loss(probs, torch.tensor([[0], [3]]), 3)
+    with pytest.raises(ValueError, match="idx"):
+        sort_by_expert(torch.tensor([[0.0], [1.0]]), 3)

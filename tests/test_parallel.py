@@ -200,10 +200,10 @@ def test_pipeline_stages_compose_to_the_model(training):
     torch.manual_seed(11)
     expect = model(ids)
     torch.manual_seed(11)  # the same dropout masks, drawn in the same order (embedding first)
-    x = P.embed_input(model, ids)
+    x = model.input_stream(ids)  # stage 0
     x = P.apply_blocks(model, P.stage_layers(cfg.n_layers, 0, 2), x)
     x = P.apply_blocks(model, P.stage_layers(cfg.n_layers, 1, 2), x)
-    torch.testing.assert_close(P.unembed_output(model, x), expect, rtol=0, atol=0)
+    torch.testing.assert_close(model.read_out(x), expect, rtol=0, atol=0)  # the last stage
     if training:  # dropout really acted: another seed gives other logits
         torch.manual_seed(12)
         assert not torch.equal(model(ids), expect)
@@ -325,6 +325,10 @@ def test_gpipe_errors():
         P.gpipe_schedule(0, 2)
     with pytest.raises(ValueError, match="n_micro"):
         P.gpipe_schedule(2, 0)
+    with pytest.raises(ValueError, match="n_stages"):
+        P.gpipe_bubble(True, 4)  # a bool is not a count
+    with pytest.raises(ValueError, match="stage"):
+        P.stage_order("gpipe", 2, 2, 4)
     with pytest.raises(ValueError, match="grid"):
         P.bubble_fraction([])
     with pytest.raises(ValueError, match="logs"):

@@ -127,3 +127,16 @@ def test_sinusoidal_buffer_follows_the_module():
     fresh = SinusoidalPositional(8, 4)
     fresh.load_state_dict(SinusoidalPositional(8, 4).state_dict())
     torch.testing.assert_close(fresh.PE, sinusoidal_encoding(8, 4))
+
+
+def test_base_must_be_a_finite_number_above_one():
+    for base in (float("nan"), float("inf"), 1.0):
+        with pytest.raises(ValueError, match="base"):
+            sinusoidal_encoding(4, 8, base=base)
+        with pytest.raises(ValueError, match="base"):
+            SinusoidalPositional(4, 8, base=base)
+
+
+def test_encoding_dtype_must_be_floating_point():
+    with pytest.raises(ValueError, match="dtype"):
+        sinusoidal_encoding(4, 8, dtype=torch.int64)  # would truncate every sine to 0

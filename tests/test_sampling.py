@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gptlib.model import GPT, GPTConfig
-from gptlib.sampling import generate, next_token_probs
+from gptlib.sampling import Generation, generate, generate_with_logits, next_token_probs
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -116,8 +116,8 @@ def small():
 
 def test_generate_cache_equals_no_cache_past_n_ctx(small):
     prompt = torch.randint(0, 512, (2, 6))
-    a, la = generate(small, prompt, 30, temperature=0.0, return_logits=True)
-    b, lb = generate(small, prompt, 30, temperature=0.0, use_cache=False, return_logits=True)
+    a, la = generate_with_logits(small, prompt, 30, temperature=0.0)
+    b, lb = generate_with_logits(small, prompt, 30, temperature=0.0, use_cache=False)
     assert torch.equal(a, b) and a.shape == (2, 36)
     torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
     s1 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1))
@@ -179,3 +179,93 @@ def test_generate_errors(small):
         generate(small, torch.tensor([1]), 1, top_k=0)
     with pytest.raises(ValueError, match="ids"):
         generate(small, torch.zeros(1, 1, 1, dtype=torch.long), 1)
+
+
+# --- issue 24: no NaN passes as a result -------------------------------------------------------------
+def test_temperature_below_float32_range_is_the_limit_not_nan():
+    """A temperature that rounds to 0 in float32 (1e-46) gives the limit tau -> 0+: the maxima share."""
+    y = torch.tensor([-math.inf, 2.0, 1.0, 2.0])
+    for tau in (1e-46, 1e-300, 5e-324):
+        torch.testing.assert_close(next_token_probs(y, temperature=tau), torch.tensor([0.0, 0.5, 0.0, 0.5]))
+    half = next_token_probs(y.half(), temperature=1e-9)  # below float16's range too
+    assert half.dtype == torch.float16 and half.tolist() == [0.0, 0.5, 0.0, 0.5]
+    z = torch.tensor([0.0, 1e-6, 3.0])  # exact at a tiny but representable temperature too
+    torch.testing.assert_close(next_token_probs(z, temperature=1e-40), torch.tensor([0.0, 0.0, 1.0]))
+
+
+def test_generate_at_a_vanishing_temperature_is_greedy(small):
+    prompt = torch.tensor([[5, 6, 7]])
+    greedy = generate(small, prompt, 8, temperature=0.0)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(generate(small, prompt, 8, temperature=1e-46, generator=g), greedy)
+
+
+def test_infinite_temperature_is_refused_with_a_clear_message():
+    y = torch.tensor([-math.inf, 2.0, 1.0])
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        next_token_probs(y, temperature=math.inf)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(GPT(GPTConfig.preset("tiny")), torch.tensor([1]), 1, temperature=math.inf)
+    # a large finite temperature is the uniform distribution over the tokens with a finite logit
+    torch.testing.assert_close(next_token_probs(y, temperature=1e300), torch.tensor([0.0, 0.5, 0.5]))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_generate_refuses_a_model_with_non_finite_weights(use_cache, fused, bad):
+    """The fused CPU attention turns NaN scores into 0 (torch >= 2.5): without a check the logits
+    are finite and generate returns tokens. A non-finite weight is a ValueError naming it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
+    for blk in model.blocks:
+        blk.attn.fused = fused
+    with torch.no_grad():
+        model.blocks[1].attn.W_Q[0, 0] = bad
+    for temperature in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"non-finite.*blocks\.1\.attn\.W_Q"):
+            generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=temperature, use_cache=use_cache)
+
+
+def test_generate_checks_ids_once_and_refuses_bad_ones(small):
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 512\)"):
+        generate(small, torch.tensor([[1, 512]]), 2)
+    with pytest.raises(ValueError, match="ids must be an integer tensor"):
+        generate(small, torch.tensor([[1.0, 2.0]]), 2)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int"):
+        generate(small, torch.tensor([1]), True)
+    with pytest.raises(ValueError, match="use_cache"):
+        generate(small, torch.tensor([1]), 1, use_cache=1)
+
+
+def test_generate_reads_the_ids_and_the_settings_once_not_per_token(small, monkeypatch):
+    """The per-token path holds no data-dependent check (each one a synchronisation on a GPU)."""
+    import gptlib.runtime
+    import gptlib.sampling
+
+    calls = {"ids": 0, "logits": 0}
+    check_ids, check_logits = gptlib.runtime.check_ids, gptlib.sampling._check_logits
+
+    def count(key, f):
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return f(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(gptlib.runtime, "check_ids", count("ids", check_ids))  # what the models call
+    monkeypatch.setattr(gptlib.sampling, "_check_logits", count("logits", check_logits))
+    for use_cache in (True, False):
+        generate(small, torch.tensor([[1, 2, 3]]), 20, top_p=0.9, use_cache=use_cache, generator=torch.Generator().manual_seed(0))
+    assert calls == {"ids": 0, "logits": 0}
+    with torch.no_grad():
+        small(torch.tensor([[1, 2, 3]]))
+    assert calls["ids"] == 1  # a direct call checks
+
+
+def test_generate_with_logits_returns_one_type(small):
+    out = generate_with_logits(small, torch.tensor([1, 2]), 3, temperature=0.0)
+    assert isinstance(out, Generation) and out.ids.shape == (5,) and out.logits.shape == (3, 512)
+    assert torch.equal(out.ids, generate(small, torch.tensor([1, 2]), 3, temperature=0.0))
+    assert torch.equal(out.ids[2:], out.logits.argmax(-1))
+    empty = generate_with_logits(small, torch.tensor([[1, 2]]), 0)
+    assert empty.logits.shape == (1, 0, 512) and torch.equal(empty.ids, torch.tensor([[1, 2]]))

@@ -8,9 +8,10 @@ interleaves forwards and backwards: the same bubble, but at most min(p - s, m) m
 activations held on stage s instead of m (:func:`stage_order`, :func:`pipeline_timetable`,
 :func:`peak_in_flight`, :func:`scheduled_pipeline_worker`).
 
-The stages compute exactly :meth:`gptlib.model.GPT.forward`, cut in three: :func:`embed_input`,
-:func:`apply_blocks` and :func:`unembed_output` call the model's own submodules in its order,
-and composed they equal ``model(ids)`` (the tests check it, dropout included).
+The stages compute exactly :meth:`gptlib.model.GPT.forward`, cut in three: the model's own
+:meth:`~gptlib.model.GPT.input_stream` on the first stage, :func:`apply_blocks` on every stage and
+:meth:`~gptlib.model.GPT.read_out` on the last; composed, they are ``model(ids)`` (the tests check
+it, dropout included).
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from torch import Tensor
 
 from ..efficiency import saved_tensor_bytes
 from ..model import GPT
+from ..runtime import check_int, check_positive_int
 from .launch import lm_loss, shard_range, worker_model
 
 __all__ = [
-    "embed_input",
     "apply_blocks",
-    "unembed_output",
     "stage_layers",
     "gpipe_schedule",
     "timetable",
@@ -44,21 +44,12 @@ __all__ = [
 ]
 
 
-def embed_input(model: GPT, ids: Tensor) -> Tensor:
-    """The first stage's input to the blocks: Dropout(W_E[ids] + W_pos[:T]), (B, T, d_model), as in GPT.forward."""
-    return model.drop(model.embed(ids) + model.pos(ids.shape[1]))  # (B, T, d_model)
-
-
 def apply_blocks(model: GPT, layers: Iterable[int], x: Tensor) -> Tensor:
     """The residual stream after the blocks ``layers`` of ``model``, in order: (B, T, d_model)."""
     for i in layers:
         x = model.blocks[i](x)  # (B, T, d_model)
     return x
 
-
-def unembed_output(model: GPT, x: Tensor) -> Tensor:
-    """The last stage's logits: LN_f(x) W_U, (B, T, d_vocab), as in GPT.forward."""
-    return model.unembed(model.ln_f(x))  # (B, T, d_vocab)
 
 
 def stage_layers(n_layers: int, stage: int, n_stages: int) -> range:
@@ -81,10 +72,8 @@ def gpipe_schedule(n_stages: int, n_micro: int) -> list[list[str]]:
     >>> [" ".join(op or "." for op in row) for row in gpipe_schedule(2, 2)]
     ['F0 F1 . . B1 B0', '. F0 F1 B1 B0 .']
     """
-    if n_stages < 1:
-        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
-    if n_micro < 1:
-        raise ValueError(f"n_micro must be >= 1, got {n_micro}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
     p, m = n_stages, n_micro
     slot: dict[tuple[str, int, int], int] = {}  # (kind, micro-batch, stage) -> slot
     for s in range(p):
@@ -141,8 +130,8 @@ def gpipe_bubble(n_stages: int, n_micro: int) -> float:
     >>> gpipe_bubble(2, 4)
     0.2
     """
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"n_stages and n_micro must be >= 1, got {n_stages}, {n_micro}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 
@@ -151,8 +140,8 @@ def pipeline_worker(
 ) -> dict:
     """Pipeline parallel (GPipe) over ``world_size`` stages: all forwards, then all backwards.
 
-    Stage 0 embeds (:func:`embed_input`), every stage runs its blocks (:func:`apply_blocks`), the
-    last also applies ln_f, the unembedding (:func:`unembed_output`) and the loss; activations
+    Stage 0 embeds (``model.input_stream``), every stage runs its blocks (:func:`apply_blocks`), the
+    last also applies ln_f, the unembedding (``model.read_out``) and the loss; activations
     go forward and their gradients back by point-to-point messages. Each message carries a
     logical clock, so every operation gets the time slot it actually ran in. With tied
     embeddings, W_E's gradient lives half on the first stage, half on the last: they add them.
@@ -182,10 +171,9 @@ def stage_order(schedule: str, stage: int, n_stages: int, n_micro: int) -> list[
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"n_stages and n_micro must be >= 1, got {n_stages}, {n_micro}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
+    check_positive_int("n_stages", n_stages)
+    check_positive_int("n_micro", n_micro)
+    check_int("stage", stage, 0, n_stages - 1)
     m = n_micro
     if schedule == "gpipe":
         return [f"F{j}" for j in range(m)] + [f"B{j}" for j in reversed(range(m))]
@@ -286,7 +274,7 @@ def scheduled_pipeline_worker(
     def forward(j: int, x: Tensor) -> Tensor:
         x = apply_blocks(model, layers, x)  # (b, T, d_model)
         if rank == last:
-            logits[j] = unembed_output(model, x)  # (b, T, d_vocab)
+            logits[j] = model.read_out(x)  # (b, T, d_vocab)
             losses[j] = lm_loss(logits[j], targets[rows[j]]) / n_micro
         return x
 
@@ -294,7 +282,7 @@ def scheduled_pipeline_worker(
         j = int(op[1:])
         if op[0] == "F":
             if rank == 0:
-                x_in, ready = embed_input(model, ids[rows[j]]), 0
+                x_in, ready = model.input_stream(ids[rows[j]]), 0
             else:
                 x_in, ready = recv(rank - 1)
                 x_in.requires_grad_(True)

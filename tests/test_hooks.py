@@ -1,0 +1,100 @@
+"""gptlib.hooks: hook points read tensors and, when a hook returns one, replace them (patching)."""
+
+import pytest
+import torch
+
+from gptlib.hooks import HookPoint, capture, capture_patterns
+from gptlib.model import GPT, GPTConfig
+from gptlib.modern import ModernConfig, ModernGPT
+
+
+def _gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
+
+
+def _modern(seed=0):
+    torch.manual_seed(seed)
+    return ModernGPT(ModernConfig.preset("tiny")).eval()
+
+
+def _uniform_pattern(shape):
+    """The pattern of a head that spreads each query evenly over keys 0..i: (..., T, T)."""
+    T = shape[-1]
+    A = torch.tril(torch.ones(T, T))
+    return (A / A.sum(-1, keepdim=True)).expand(shape)
+
+
+def test_hook_point_is_the_identity_and_capture_detaches():
+    hp = HookPoint()
+    x = torch.randn(3, requires_grad=True)
+    assert hp(x) is x
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), HookPoint())
+    with capture(model, "1") as seen:
+        model(x)
+    assert len(seen) == 1 and not seen[0].requires_grad
+    assert not model[1]._forward_hooks  # removed on exit
+    with pytest.raises(ValueError, match="no HookPoint"):
+        with capture(model, "hook_missing"):
+            pass
+    with pytest.raises(ValueError, match="name"):
+        with capture(model, ""):
+            pass
+
+
+def test_capture_patterns_restores_the_switch_after_an_error():
+    model = _gpt()
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_patterns(model):
+            assert not any(blk.attn.fused for blk in model.blocks)
+            raise RuntimeError("boom")
+    assert all(blk.attn.fused for blk in model.blocks)
+    with pytest.raises(ValueError, match="hook_pattern"):
+        with capture_patterns(torch.nn.Linear(2, 2)):
+            pass
+
+
+@pytest.mark.parametrize("make", [_gpt, _modern], ids=["GPT", "ModernGPT"])
+def test_patching_an_attention_pattern_changes_the_logits(make):
+    """A forward hook on hook_pattern that returns a tensor replaces the pattern the layer uses.
+
+    Patching layer 0's pattern to the uniform causal one must give the model whose layer-0 queries
+    are zero (every score 0, so every query averages keys 0..i): an independent way to the same logits.
+    """
+    model = make()
+    ids = torch.randint(0, model.config.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        clean = model(ids)
+        attn.fused = False
+        handle = attn.hook_pattern.register_forward_hook(lambda m, args, out: _uniform_pattern(out.shape))
+        try:
+            patched = model(ids)
+        finally:
+            handle.remove()
+            attn.fused = True
+        attn.W_Q.zero_()
+        if getattr(attn, "b_Q", None) is not None:
+            attn.b_Q.zero_()
+        zero_queries = model(ids)
+    assert float((patched - clean).abs().max()) > 1e-3
+    torch.testing.assert_close(patched, zero_queries)
+
+
+def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits():
+    model = _modern()
+    ids = torch.randint(0, model.config.d_vocab, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        clean = model(ids)
+        handle = model.blocks[0].hook_resid.register_forward_hook(lambda m, args, out: torch.zeros_like(out))
+        try:
+            patched = model(ids)
+        finally:
+            handle.remove()
+        # zeroing the stream after block 0: the rest of the model sees 0, as if it started from there
+        x = torch.zeros(1, 8, model.config.d_model)
+        for blk in model.blocks[1:]:
+            x = blk(x)
+        expected = model.norm_f(x) @ model.W_U
+    assert float((patched - clean).abs().max()) > 1e-3
+    torch.testing.assert_close(patched, expected)
