@@ -5,7 +5,7 @@
 Greedy decoding of 256 new tokens after an 8-token prompt, batch 1, on a small GPT-2-shaped model
 (d_vocab 4096, n_ctx 1024 so no cropping happens, d_model 128, 4 heads, 4 layers by default). The HF
 model is built from a ``GPT2Config`` with random weights and gptlib's copy is made with
-``GPT.from_hf``, so both compute the same function (the script checks that the three paths give
+``gptlib.hf.from_hf``, so both compute the same function (the script checks that the three paths give
 identical tokens). The runs are interleaved and the best of ``--reps`` is kept, on one torch thread by
 default (``--threads``): at this size a second thread gains little, and on a machine shared with other
 jobs an oversubscribed thread pool makes every timing ten times slower and noisy.
@@ -21,7 +21,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from gptlib.model import GPT
+from gptlib.hf import from_hf
 from gptlib.sampling import generate
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     cfg = GPT2Config(vocab_size=4096, n_positions=1024, n_embd=args.d_model, n_layer=args.layers, n_head=args.heads, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     hf = GPT2LMHeadModel(cfg).eval()
-    ours = GPT.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, 8))
     n = args.new
     run = {

@@ -433,7 +433,7 @@ def test_config_floats_must_be_finite_and_in_range(field, value):
 
 def test_config_from_hf_refuses_a_non_finite_layer_norm_epsilon():
     with pytest.raises(ValueError, match="ln_eps"):
-        GPT.from_hf(hf_model(layer_norm_epsilon=float("nan")))
+        from_hf(hf_model(layer_norm_epsilon=float("nan")))
 
 
 @pytest.mark.parametrize("field, value", [
