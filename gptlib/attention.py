@@ -327,6 +327,8 @@ def _is_stacked(params: tuple[Tensor, ...], stacked: Tensor | None) -> bool:
     or a replaced ``.data`` separate them)."""
     if stacked is None:
         return False
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False  # traced tensors have no storage to compare: stack per call (the same function)
     ptr, step, shape = stacked.data_ptr(), stacked.stride(0) * stacked.element_size(), stacked.shape[1:]
     return all(p.data_ptr() == ptr + i * step and p.shape == shape for i, p in enumerate(params))
 

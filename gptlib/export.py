@@ -76,8 +76,7 @@ def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
     was_training = model.training
     model.eval()
     try:
-        # The positions as a slice of the whole table: T may be symbolic while exporting.
-        x = model.embed(ids) + model.pos(model.config.n_ctx)[:T]  # (B, T, d_model)
+        x = model.input_stream(ids, check_ids=False)  # (B, T, d_model): X_0 (ids checked above)
         streams = [x]
         with capture_patterns(model) as patterns:
             for blk in model.blocks:
@@ -85,10 +84,10 @@ def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
                 streams.append(x)
         resid = torch.stack(streams, dim=1)  # (B, n_layers + 1, T, d_model)
         return {
-            "logits": model.unembed(model.ln_f(x)),  # (B, T, d_vocab)
+            "logits": model.read_out(x),  # (B, T, d_vocab)
             "patterns": torch.stack(patterns, dim=1),  # (B, n_layers, n_heads, T, T)
             "resid": resid,
-            "lens": model.unembed(model.ln_f(resid[:, :, -1])),  # (B, n_layers + 1, d_vocab)
+            "lens": model.read_out(resid[:, :, -1]),  # (B, n_layers + 1, d_vocab)
         }
     finally:
         model.train(was_training)

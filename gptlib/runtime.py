@@ -72,6 +72,8 @@ def check_int(name: str, value: object, lo: int | None = None, hi: int | None = 
     ...
     ValueError: top_k must be an int, got 2.0
     """
+    if isinstance(value, torch.SymInt):
+        return value  # a size traced symbolically (torch.export, torch.compile): no value to check
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an int, got {value!r}")
     value = int(value)

@@ -80,7 +80,7 @@ def english():
     from gptlib.model import GPT
     from gptlib.tokenizers import BPETokenizer
 
-    if not (ENGLISH / "config.json").is_file():
+    if not (ENGLISH / "model.safetensors").is_file():
         pytest.skip(f"no shipped model at {ENGLISH}")
     return GPT.load(ENGLISH).eval(), BPETokenizer.load(ENGLISH / "tokenizer.json")
 

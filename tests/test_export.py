@@ -37,7 +37,7 @@ def _session(data: bytes):
 
 @pytest.fixture(scope="module")
 def english():
-    if not (ENGLISH / "config.json").is_file():
+    if not (ENGLISH / "model.safetensors").is_file():
         pytest.skip(f"no shipped model at {ENGLISH}")
     return GPT.load(ENGLISH).eval(), BPETokenizer.load(ENGLISH / "tokenizer.json")
 

@@ -432,7 +432,7 @@ def test_config_floats_must_be_finite_and_in_range(field, value):
 
 
 def test_config_from_hf_refuses_a_non_finite_layer_norm_epsilon():
-    with pytest.raises(ValueError, match="ln_eps"):
+    with pytest.raises(ValueError, match="layer_norm_epsilon must be a finite number"):
         from_hf(hf_model(layer_norm_epsilon=float("nan")))
 
 
