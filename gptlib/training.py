@@ -31,6 +31,8 @@ __all__ = [
     "param_groups",
     "TrainConfig",
     "Trainer",
+    "WindowsLoss",
+    "windows_loss",
 ]
 
 
@@ -278,3 +280,62 @@ class Trainer:
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
+
+
+# --- the loss over windows: the measurement every script and Chapter 8 make ------------------------
+
+
+@dataclass(frozen=True)
+class WindowsLoss:
+    """The mean loss over a set of windows: nats per token and, when byte lengths were given, bits per byte."""
+
+    nats_per_token: float
+    bits_per_byte: float | None
+    tokens: int  # the targets scored
+    bytes: int | None  # their UTF-8 bytes
+
+
+@torch.no_grad()
+def windows_loss(
+    model: torch.nn.Module, x: Tensor, y: Tensor, byte_lengths: Tensor | list[int] | None = None, batch_size: int = 32
+) -> WindowsLoss:
+    """The loss of ``model`` over every window (x, y), in eval mode, ``batch_size`` windows at a time.
+
+    x, y: (n, T) inputs and targets (:func:`make_windows`). The total of -log P(target) over all n T
+    targets is divided by their number (nats per token) and, given ``byte_lengths`` (d_vocab,), the
+    UTF-8 length of each token, by ln 2 times their bytes (bits per byte, comparable across
+    tokenizers). Batches run under :func:`gptlib.runtime.autocast` on the model's device (bf16 on a
+    CUDA GPU that has it); the logits are scored in float32. The model's training mode is restored.
+
+    >>> model = torch.nn.Embedding(4, 4)  # ids (n, T) -> logits (n, T, 4)
+    >>> _ = torch.nn.init.zeros_(model.weight)  # uniform over 4 tokens: ln 4 nats, 2 bits per token
+    >>> x, y = make_windows(list(range(4)) * 3, n_ctx=5, stride=5)
+    >>> r = windows_loss(model, x, y, byte_lengths=[2, 2, 2, 2])  # 2 bytes per token: 1 bit per byte
+    >>> round(r.nats_per_token, 4), round(r.bits_per_byte, 4), r.tokens, r.bytes
+    (1.3863, 1.0, 10, 20)
+    """
+    if x.dim() != 2 or x.shape != y.shape:
+        raise ValueError(f"x and y must both have shape (n, T), got {tuple(x.shape)} and {tuple(y.shape)}")
+    if len(x) == 0:
+        raise ValueError("x holds no window")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dev = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    total = 0.0
+    for i in range(0, len(x), batch_size):
+        with autocast(dev):
+            logits = model(x[i:i + batch_size].to(dev))  # (b, T, d_vocab)
+        targets = y[i:i + batch_size].flatten().to(dev)  # (b T,)
+        total += float(F.cross_entropy(logits.float().flatten(0, 1), targets, reduction="sum"))
+    model.train(was)
+    n_tokens = y.numel()
+    if byte_lengths is None:
+        return WindowsLoss(total / n_tokens, None, n_tokens, None)
+    byte_lengths = torch.as_tensor(byte_lengths)
+    if byte_lengths.dim() != 1 or int(y.max()) >= len(byte_lengths) or int(y.min()) < 0:
+        raise ValueError(f"byte_lengths must give the length of every token id in y, got shape "
+                         f"{tuple(byte_lengths.shape)} for ids up to {int(y.max())}")
+    n_bytes = int(byte_lengths[y].sum())
+    return WindowsLoss(total / n_tokens, total / (math.log(2) * n_bytes), n_tokens, n_bytes)
