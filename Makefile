@@ -10,7 +10,7 @@ LIVE := book_static/live
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 export PYTHONHASHSEED := 0
 
-.PHONY: test book execute bench model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
+.PHONY: test book execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 test: install assets
 	$(PY) -m pytest -q tests -m "not browser"
@@ -109,6 +109,11 @@ bench: gpt2-ranks
 # The shipped model, models/english/ (see its train_log.json); on a CPU about an hour on 2 cores.
 model: brown
 	$(PY) scripts/train_small_model.py
+
+# The documentation model, models/small/ (Chapter 8's overfitting example; see its train_log.json):
+# Python's help pages, a few minutes on 2 cores; the same files again on the same kind of machine.
+small-model: install
+	$(PY) scripts/train_documentation_model.py
 
 sync-colab:
 	$(PY) scripts/colab.py sync

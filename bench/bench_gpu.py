@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from gptlib.flops import matmul_flops_per_s, training_flops
+from gptlib.hf import from_hf
 from gptlib.model import GPT, GPTConfig
 from gptlib.runtime import autocast, autocast_dtype
+from gptlib.timing import alternating_rounds
 
 
 def sync(dev: torch.device) -> None:
@@ -51,16 +52,8 @@ def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):  # warm-up (and compilation)
-        step()
-    sync(dev)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
+    # three warm-up steps (and the compilation), then one timed step per round
+    t = statistics.median(alternating_rounds({"step": step}, steps, warmup=3, sync=lambda: sync(dev))["step"])
     flops_per_token = training_flops(cfg, 1)
     tokens_per_s = batch * cfg.n_ctx / t
     return {"tokens_per_s": tokens_per_s, "model_flops_per_s": flops_per_token * tokens_per_s,
@@ -77,23 +70,17 @@ def decode_rate(cfg: GPTConfig, dev: torch.device, n_new: int) -> dict:
                         n_head=cfg.n_heads, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(hf_cfg).to(dev).eval()
-    ours = GPT.from_hf(hf).to(dev).eval()
+    ours = from_hf(hf).to(dev).eval()
     prompt = torch.randint(0, cfg.d_vocab, (1, 8), device=dev)
 
-    def time_it(fn, reps=3):
-        fn()
-        sync(dev)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            out = fn()
-            sync(dev)
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts), out
-
-    t_ours, out_ours = time_it(lambda: generate(ours, prompt, n_new, temperature=0.0, use_cache=True))
-    t_hf, out_hf = time_it(lambda: hf.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                               use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(prompt)))
+    decoders = {
+        "gptlib": lambda: generate(ours, prompt, n_new, temperature=0.0, use_cache=True),
+        "HF": lambda: hf.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, use_cache=True,
+                                  pad_token_id=0, attention_mask=torch.ones_like(prompt)),
+    }
+    out_ours, out_hf = decoders["gptlib"](), decoders["HF"]()  # the tokens compared (and a warm-up)
+    times = alternating_rounds(decoders, 3, warmup=0, sync=lambda: sync(dev))
+    t_ours, t_hf = statistics.median(times["gptlib"]), statistics.median(times["HF"])
     same = bool(torch.equal(out_ours.reshape(-1)[: out_hf.numel()], out_hf.reshape(-1)))
     return {"gptlib_tok_s": n_new / t_ours, "hf_tok_s": n_new / t_hf, "ratio": t_hf / t_ours, "same_tokens": same}
 

@@ -3,9 +3,9 @@
     python bench/bench_model.py [--repeats 9]
 
 One forward + backward + AdamW step, the same config, weights, batch and optimiser (fused AdamW)
-for both models, measured back to back in one run: the two alternate (and swap who goes first each
-round) so that machine noise hits both, and the medians are compared. The fp32 matmul rate is
-measured in the same rounds. Targets (issue 4): time ratio gptlib / HF <= 1.00; model FLOP/s >= 75%
+for both models, measured back to back in one run (``gptlib.timing.alternating_rounds``): the two
+alternate (and swap who goes first each round) so that machine noise hits both, and the medians are
+compared. The fp32 matmul rate is measured in the same rounds. Targets (issue 4): time ratio gptlib / HF <= 1.00; model FLOP/s >= 75%
 of the measured matmul rate at d_model 256.
 
 Model FLOPs per step: ``gptlib.flops.training_flops``, the book's one convention (PaLM's model
@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.flops import matmul_flops_per_s, training_flops
+from gptlib.hf import from_hf
 from gptlib.model import GPT
+from gptlib.timing import alternating_rounds
 
 D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB = 256, 4, 4, 256, 8, 8192
 
@@ -50,7 +51,7 @@ def main() -> None:
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=D_MODEL, n_layer=N_LAYERS,
                                     n_head=N_HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                     bos_token_id=0, eos_token_id=0, attn_implementation="sdpa"))
-    ours = GPT.from_hf(hf)
+    ours = from_hf(hf)
     hf.train(), ours.train()
     ids = torch.randint(0, VOCAB, (BATCH, N_CTX))
     targets = torch.randint(0, VOCAB, (BATCH, N_CTX))
@@ -58,17 +59,9 @@ def main() -> None:
         "gptlib": step_fn(ours, lambda m, x: m(x), ids, targets),
         "HF": step_fn(hf, lambda m, x: m(x).logits, ids, targets),
     }
-    for s in steps.values():  # warm-up
-        s(), s()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    rates = []
-    for r in range(args.repeats):
-        order = list(steps) if r % 2 == 0 else list(steps)[::-1]
-        for k in order:
-            t0 = time.perf_counter()
-            steps[k]()
-            times[k].append(time.perf_counter() - t0)
-        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
+    rates = []  # the fp32 matmul rate, measured after every round
+    times = alternating_rounds(steps, args.repeats, warmup=2,
+                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
     med = {k: statistics.median(v) for k, v in times.items()}
     peak = statistics.median(rates)
     tokens = BATCH * N_CTX

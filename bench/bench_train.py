@@ -3,9 +3,10 @@ matmul rate measured in the same run, and a plain HF GPT2LMHeadModel loop as a p
 
     python bench/bench_train.py [--rounds 6] [--threads 2]
 
-The config is the CPU preset of scripts/train_small_model.py (the one `make model` trains), on the
-thread count it trains with. Rounds alternate (and swap their order): 5 Trainer steps, 5 HF steps,
-one fp32 matmul-rate measurement, so machine noise hits all three alike; medians are compared.
+The config is the CPU preset of gptlib.recipes (the one `make model` trains), on the thread count it
+trains with. Rounds alternate (and swap their order; ``gptlib.timing.alternating_rounds``): 5 Trainer
+steps, 5 HF steps, one fp32 matmul-rate measurement, so machine noise hits all three alike; medians
+are compared.
 Model FLOPs are ``gptlib.flops.training_flops`` (3 forward passes per token, matrix products only,
 every key position counted as in PaLM's MFU); the rate is ``gptlib.flops.matmul_flops_per_s``.
 Target (issue 12): Trainer model FLOP/s >= 70% of the matmul rate.
@@ -15,20 +16,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from train_small_model import PRESETS  # noqa: E402
-
-from gptlib.flops import matmul_flops_per_s, training_flops  # noqa: E402
-from gptlib.model import GPT  # noqa: E402
-from gptlib.training import Trainer, param_groups  # noqa: E402
+from gptlib.flops import matmul_flops_per_s, training_flops
+from gptlib.hf import from_hf
+from gptlib.model import GPT
+from gptlib.recipes import PRESETS
+from gptlib.timing import alternating_rounds
+from gptlib.trainer import Trainer
+from gptlib.training import param_groups
 
 BLOCK = 5
 
@@ -46,7 +45,7 @@ def main() -> None:
                                     n_layer=cfg.n_layers, n_head=cfg.n_heads, resid_pdrop=cfg.dropout,
                                     embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=0, eos_token_id=0,
                                     attn_implementation="sdpa"))
-    ours = GPT.from_hf(hf)
+    ours = from_hf(hf)
     data = torch.randint(0, cfg.d_vocab, (4096, cfg.n_ctx + 1), generator=torch.Generator().manual_seed(1))
     x, y = data[:, :-1], data[:, 1:]
     tc = rc.train
@@ -65,16 +64,9 @@ def main() -> None:
             opt.step()
 
     runs = {"gptlib Trainer": lambda: trainer.run(BLOCK), "HF loop": lambda: hf_steps(BLOCK)}
-    for f in runs.values():  # warm-up
-        f()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    rates = []
-    for r in range(args.rounds):
-        for k in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            t0 = time.perf_counter()
-            runs[k]()
-            times[k].append((time.perf_counter() - t0) / BLOCK)
-        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
+    rates = []  # the fp32 matmul rate, measured after every round
+    times = alternating_rounds(runs, args.rounds, warmup=1, per_call=BLOCK,
+                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
     tokens = tc.batch_size * cfg.n_ctx
     flops = training_flops(cfg, tokens)  # per step
     peak = statistics.median(rates)

@@ -20,11 +20,13 @@ import tarfile
 from functools import lru_cache
 from pydoc_data.topics import topics
 
+import torch
+
 from .assets import asset_path
 from .tokenizers import BPETokenizer
 
 __all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
-           "load_english", "bits_per_byte"]
+           "load_english", "bits_per_byte", "token_byte_lengths"]
 
 
 def load_corpus() -> str:
@@ -163,3 +165,16 @@ def bits_per_byte(nats_per_token: float, n_tokens: int, n_bytes: int) -> float:
     import math
 
     return nats_per_token * n_tokens / (math.log(2) * n_bytes)
+
+
+def token_byte_lengths(tokenizer: BPETokenizer) -> torch.Tensor:
+    """(vocab_size,): the length in bytes of every token, so that the bytes of any ids are a lookup.
+
+    The bytes of a text's tokens add up to its UTF-8 length (the BPE is byte-level), which is what
+    bits per byte divides by (:func:`gptlib.training.windows_loss`).
+
+    >>> tok = BPETokenizer.train("hello hello", 259)  # 256 bytes, two merges, <|endoftext|>
+    >>> token_byte_lengths(tok)[[104, 256, 257, 258]].tolist()  # b"h", b"el", b"hel", the special token
+    [1, 2, 3, 13]
+    """
+    return torch.tensor([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)])

@@ -10,7 +10,7 @@ these keys (the typed metadata):
 ``model``   ``"GPT"`` or ``"ModernGPT"``: the class whose state dict the tensors without a ``/``
             in their name are (a shared parameter stored once, under its first name)
 ``config``  that model's config dataclass, field by field
-``trainer`` a :class:`~gptlib.training.Trainer`'s state (step, config, history, optimiser
+``trainer`` a :class:`~gptlib.trainer.Trainer`'s state (step, config, history, optimiser
             moments, random states) as a tree (:func:`gptlib.state.pack`), tensors ``trainer/…``
 ``tree``    any other tree of values (a worker's results), its tensors named ``tree/…``
 =========== ==================================================================================

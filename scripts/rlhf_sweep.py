@@ -1,12 +1,12 @@
 """Chapter 9's PPO over several KL weights beta and seeds, precomputed (the chapter reads the JSON).
 
-The sweep runs the chapter's own code: it executes the code cells of chapters/09_rlhf.ipynb up to and
-including the one that defines ``ppo`` (set-up, SFT, the reward model, the PPO loop; the cell after it,
-which runs PPO, is not executed), then calls that ``ppo`` and the chapter's ``evaluate`` and ``kl_to``
-(the latter defined in the DPO cell, executed without its DPO run) for each beta and seed. The
-chapter's set-up cell sets two torch threads, so the sweep computes exactly what the page does: the
-page runs beta = 0.1 with seed 5 itself and checks that it equals the stored run, and it plots the
-stored beta = 0 run of the same seed.
+The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English model
+without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the reward model) and then runs
+``gptlib.rlhf.ppo`` for each beta and seed, measuring each policy as the chapter does (the judged
+score and ``gptlib.rlhf.kl_to`` on the evaluation prompts). It sets two torch threads, as the
+chapter does, so it computes exactly what the page computes: the page runs beta = 0.1 with seed 5
+itself and checks that it equals the stored run step by step, and it plots the stored beta = 0 run of
+the same seed.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
     python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --out /tmp/s.json
@@ -14,47 +14,45 @@ stored beta = 0 run of the same seed.
 from __future__ import annotations
 
 import argparse
-import ast
+import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
-import nbformat
 import torch
 
+from gptlib import rlhf
+from gptlib.data import load_english
+from gptlib.model import GPT
+from gptlib.rlhf.toy_task import SentenceLabeller, sentence_task
 from gptlib.runtime import atomic_write
+from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "chapters" / "09_rlhf.ipynb"
+ENGLISH = ROOT / "models" / "english"
 
 
-def _function_defs(source: str) -> str:
-    """Only the imports and function definitions of a cell (drops the statements that run things)."""
-    lines = source.splitlines()
-    keep = [n for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))]
-    first = [min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) for n in keep]
-    return "\n\n".join("\n".join(lines[a - 1 : n.end_lineno]) for a, n in zip(first, keep))
-
-
-def chapter_namespace() -> dict:
-    """Run the chapter's cells up to the definition of ``ppo``; add ``kl_to`` from the DPO cell."""
-    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    ns: dict = {}
-    cwd = os.getcwd()
-    os.chdir(NOTEBOOK.parent)  # the chapter loads ../models/english
-    try:
-        for src in cells[1:]:  # cells[0] is the Colab set-up
-            exec(compile(src, str(NOTEBOOK), "exec"), ns)
-            if src.startswith("def ppo("):
-                break
-        else:
-            raise RuntimeError(f"{NOTEBOOK} has no cell starting with 'def ppo('")
-        dpo_cell = next(s for s in cells if "def kl_to(" in s)
-        exec(compile(_function_defs(dpo_cell), str(NOTEBOOK), "exec"), ns)
-    finally:
-        os.chdir(cwd)
-    return ns
+def chapter_setup() -> dict:
+    """The SFT policy, the reward model and the task, made as chapters/09_rlhf.ipynb makes them."""
+    torch.set_num_threads(2)
+    shipped = GPT.load(ENGLISH)
+    base = GPT(dataclasses.replace(shipped.config, dropout=0.0))
+    base.load_state_dict(shipped.state_dict())
+    base.eval()
+    tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
+    train_text, val_text = load_english()
+    P, Y_len = 16, 16
+    task = sentence_task(tok, train_text, val_text, SentenceLabeller.from_text(train_text), P, Y_len,
+                         n_train=500, n_eval=100, seed=0)
+    demos = task.openings[task.judged(task.openings) == 1.0]
+    perm = torch.randperm(len(demos), generator=torch.Generator().manual_seed(2))
+    policy_sft, _ = rlhf.sft(base, demos[perm[256:]], P, steps=40, lr=5e-5, seed=2)
+    K = 4
+    samples = rlhf.sample_responses(policy_sft, task.train_prompts[:128], Y_len, K, torch.Generator().manual_seed(3))
+    Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(128, K))
+    n_train = int(0.8 * len(Yw))
+    rm, _ = rlhf.train_reward_model(policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=4e-4, seed=4)
+    return {"task": task, "policy_sft": policy_sft, "rm": rm}
 
 
 def _rounded(value):
@@ -82,15 +80,22 @@ def main() -> None:
     if any(b < 0 for b in args.betas):
         raise ValueError(f"betas must be >= 0, got {args.betas}")
     t0 = time.time()
-    ns = chapter_namespace()
+    s = chapter_setup()
+    task, policy_sft = s["task"], s["policy_sft"]
+    Y_len = task.response_len
+
+    def judged(policy) -> float:  # held-out prompts, one sample each (the chapter's evaluate)
+        return rlhf.judged_score(policy, task.eval_prompts, Y_len, task.judged, seed=1)
+
     runs = []
     for beta in args.betas:
         for seed in args.seeds:
-            policy, hist = ns["ppo"](ns["policy_sft"], ns["rm"], beta=beta, steps=args.steps, seed=seed)
+            policy, hist = rlhf.ppo(policy_sft, s["rm"], task.train_prompts, Y_len, beta=beta, steps=args.steps,
+                                    seed=seed, judge=task.judged)
             runs.append({
                 "beta": beta, "seed": seed,
-                "judged": ns["evaluate"](policy),  # held-out prompts, one sample each (the chapter's evaluate)
-                "kl_eval": ns["kl_to"](policy, ns["policy_sft"]),  # Monte Carlo KL to SFT on the eval prompts
+                "judged": judged(policy),
+                "kl_eval": rlhf.kl_to(policy, policy_sft, task.eval_prompts, Y_len, seed=1),  # Monte Carlo KL to SFT
                 "kl_last5": sum(hist["kl"][-5:]) / 5,  # mean KL of the last 5 training batches
                 "reward_last5": sum(hist["reward"][-5:]) / 5,
                 "history": hist,  # per PPO step: judged score, reward and KL of the batch
@@ -100,7 +105,7 @@ def main() -> None:
     result = {
         "what": "chapters/09_rlhf.ipynb's ppo() per beta and seed; made by scripts/rlhf_sweep.py",
         "steps": args.steps, "betas": args.betas, "seeds": args.seeds,
-        "score_sft": ns["score_sft"], "n_eval_prompts": len(ns["eval_idx"]),
+        "score_sft": judged(policy_sft), "n_eval_prompts": len(task.eval_prompts),
         "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
         "runs": [_rounded(r) for r in runs],
     }

@@ -3,11 +3,13 @@
     nice -n 10 python scripts/scaling_sweep.py [--out models/scaling_sweep.json] [--steps 300]
 
 Every size sees the same tokens (the same seeded batches, ``--steps`` x 16 windows of 64 tokens,
-about two passes over the 116k training tokens) with the tokenizer of the shipped small model
-(models/small/tokenizer.json). Writes one JSON record per size: its shape, its parameter counts
-(all, and without the embeddings, N), the tokens it trained on, its final training loss and its
-loss on every validation window. Each size takes under two minutes on one CPU core; the chapter
-reads the JSON and fits L(N) live. Every random source is seeded (weights, batches).
+about two passes over the 116k training tokens of Python's help pages, ``gptlib.data.load_corpus``)
+through a 2048-token BPE trained on the training split (the documentation model's tokenizer,
+byte for byte the same as models/small/tokenizer.json). Writes one JSON record per size: its shape,
+its parameter counts (all, and without the embeddings, N), the tokens it trained on, its final
+training loss and its loss on every validation window (``gptlib.training.windows_loss``). Each size
+takes under two minutes on one CPU core; the chapter reads the JSON and fits L(N) live. Every random
+source is seeded (weights, batches).
 """
 
 from __future__ import annotations
@@ -20,16 +22,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gptlib.data import load_corpus, train_val_split
+from gptlib.model import GPT, GPTConfig
+from gptlib.runtime import atomic_write, seed_everything
+from gptlib.scaling import non_embedding_parameters
+from gptlib.tokenizers import BPETokenizer
+from gptlib.trainer import Trainer, TrainConfig
+from gptlib.training import make_windows, windows_loss
 
-from gptlib.data import load_corpus, train_val_split  # noqa: E402
-from gptlib.efficiency import lm_loss  # noqa: E402
-from gptlib.model import GPT, GPTConfig  # noqa: E402
-from gptlib.runtime import atomic_write, seed_everything  # noqa: E402
-from gptlib.scaling import non_embedding_parameters  # noqa: E402
-from gptlib.tokenizers import BPETokenizer  # noqa: E402
-from gptlib.training import Trainer, TrainConfig, make_windows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 N_CTX = 64
 SIZES = [  # (n_layers, d_model, n_heads)
@@ -41,13 +42,6 @@ SIZES = [  # (n_layers, d_model, n_heads)
 ]
 
 
-@torch.no_grad()
-def mean_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
-    model.eval()
-    total = sum(lm_loss(model(x[i : i + batch]), y[i : i + batch]).item() * len(x[i : i + batch]) for i in range(0, len(x), batch))
-    return total / len(x)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "scaling_sweep.json")
@@ -56,8 +50,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    tok = BPETokenizer.load(ROOT / "models" / "small" / "tokenizer.json")
     train_text, val_text = train_val_split(load_corpus(), 0.1)
+    tok = BPETokenizer.train(train_text, 2048)
     train_ids = torch.tensor(tok.encode(train_text))
     train = make_windows(train_ids, N_CTX, N_CTX // 2)
     val = make_windows(torch.tensor(tok.encode(val_text)), N_CTX, N_CTX)
@@ -78,7 +72,7 @@ def main() -> int:
             "N": non_embedding_parameters(model),
             "tokens": tc.steps * tc.batch_size * N_CTX,
             "train_loss": round(sum(hist.loss[-20:]) / 20, 4),
-            "val_loss": round(mean_loss(model, *val), 4),
+            "val_loss": round(windows_loss(model, *val, batch_size=64).nats_per_token, 4),
             "seconds": round(seconds, 1),
         }
         runs.append(run)

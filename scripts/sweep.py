@@ -7,7 +7,8 @@ training split only) and is scored on the whole validation split, in nats per to
 byte, so runs with different vocabularies compare. Every run of the first round changes one thing from ``base``; the second round (``long-*``) trains
 the leaders six times longer.
 Results are merged into --out by run name (two processes may run disjoint --runs into two files).
-Timings depend on the machine's load; compare the losses, and time only within one process.
+Timings depend on the machine's load; compare the losses, and time only within one process
+(the throughput axis times its sizes in alternating rounds, ``gptlib.timing``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_small_model import PRESETS, ROOT, RunConfig, corpus_ids, samples, train_run  # noqa: E402
+from gptlib.flops import matmul_flops_per_s, training_flops
+from gptlib.model import GPT
+from gptlib.recipes import PRESETS, RunConfig, corpus_ids, samples, train_run
+from gptlib.runtime import atomic_write
+from gptlib.timing import alternating_rounds
+from gptlib.trainer import Trainer
 
-from gptlib.runtime import atomic_write  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = PRESETS["cpu"].but(d_vocab=2048, d_model=128, dropout=0.0, batch_size=16, steps=200, max_lr=3e-3, min_lr=3e-4,
                           warmup=20, eval_every=50, eval_batches=8)
@@ -61,10 +66,6 @@ SPEED_SIZES = (128, 192, 256)
 
 def throughput(rc: RunConfig, sizes=SPEED_SIZES, rounds: int = 3, steps: int = 4) -> dict:
     """Trainer tokens/s and model FLOP/s over the matmul rate for each d_model (rounds interleaved)."""
-    from gptlib.flops import matmul_flops_per_s, training_flops
-    from gptlib.model import GPT
-    from gptlib.training import Trainer
-
     out: dict[str, dict] = {}
     trainers = {}
     for d in sizes:
@@ -73,14 +74,10 @@ def throughput(rc: RunConfig, sizes=SPEED_SIZES, rounds: int = 3, steps: int = 4
         data = torch.randint(0, r.model.d_vocab, (1024, r.model.n_ctx + 1), generator=torch.Generator().manual_seed(1))
         trainers[d] = (r, Trainer(GPT(r.model), (data[:, :-1], data[:, 1:]), None, r.train))
         trainers[d][1].run(1)  # warm-up
-    times: dict[int, list[float]] = {d: [] for d in sizes}
     rates = []
-    for _ in range(rounds):
-        for d in sizes:
-            t0 = time.perf_counter()
-            trainers[d][1].run(steps)
-            times[d].append((time.perf_counter() - t0) / steps)
-        rates.append(matmul_flops_per_s(1024, repeats=3, products=8))
+    times = alternating_rounds({d: (lambda t=t: t.run(steps)) for d, (_, t) in trainers.items()}, rounds, warmup=0,
+                               per_call=steps,
+                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
     rate = statistics.median(rates)
     for d in sizes:
         r, trainer = trainers[d]
@@ -127,10 +124,10 @@ def main() -> int:
             "parameters": r["parameters"],
             "tokens_seen": r["tokens_seen"],
             "epochs": round(r["epochs"], 3),
-            "val_nats_per_token": round(r["val"]["nats_per_token"], 4),
-            "val_bits_per_byte": round(r["val"]["bits_per_byte"], 4),
-            "train_nats_per_token": round(r["train"]["nats_per_token"], 4),
-            "train_bits_per_byte": round(r["train"]["bits_per_byte"], 4),
+            "val_nats_per_token": round(r["val"].nats_per_token, 4),
+            "val_bits_per_byte": round(r["val"].bits_per_byte, 4),
+            "train_nats_per_token": round(r["train"].nats_per_token, 4),
+            "train_bits_per_byte": round(r["train"].bits_per_byte, 4),
             "eval_step": r["history"].eval_step,
             "val_loss_curve": [round(v, 4) for v in r["history"].eval_loss],
             "train_s": round(r["wall_s"], 1),

@@ -8,6 +8,7 @@ test needs no network.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,8 +19,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import colab  # noqa: E402
+
+
+def _load_script(name: str):
+    """A module of scripts/ imported from its file (scripts/ is not a package and not on sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+colab = _load_script("colab")
 
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
 COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "tqdm", "ipywidgets"]

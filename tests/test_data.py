@@ -37,7 +37,14 @@ def test_book_tokenizer_is_the_trained_bpe_and_is_cached():
 import math  # noqa: E402
 
 from gptlib.assets import ASSETS, cache_dir  # noqa: E402
-from gptlib.data import bits_per_byte, brown_documents, detokenize, load_english, untag_brown  # noqa: E402
+from gptlib.data import (  # noqa: E402
+    bits_per_byte,
+    brown_documents,
+    detokenize,
+    load_english,
+    token_byte_lengths,
+    untag_brown,
+)
 
 needs_brown = pytest.mark.skipif(not (cache_dir() / ASSETS["brown"].filename).is_file(),
                                  reason="Brown corpus not fetched: run `python -m gptlib.assets fetch brown` (make does)")
@@ -117,24 +124,10 @@ def test_shipped_english_model_matches_its_log():
         bits_per_byte(log["final_val"]["nats_per_token"], log["final_val"]["tokens"], log["final_val"]["bytes"]), abs=1e-3)
 
 
-def test_run_config_of_the_training_script():
-    """scripts/train_small_model.py: RunConfig.but routes fields to the model or the training config,
-    derives d_head and d_mlp again, and names what it cannot place."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from train_small_model import PRESETS, RunConfig
-
-    rc = PRESETS["cpu"]
-    changed = rc.but(d_model=192, n_heads=6, steps=10, warmup=5, train_fraction=0.5)
-    assert (changed.model.d_model, changed.model.d_head, changed.model.d_mlp) == (192, 32, 768)
-    assert changed.train.steps == 10 and changed.train_fraction == 0.5
-    assert changed.train.batch_size == rc.train.batch_size and changed.model.d_vocab == rc.model.d_vocab
-    assert rc.but() == rc and rc.model.d_model == 256  # the preset itself is unchanged
-    with pytest.raises(ValueError, match="unknown run fields.*d_modle"):
-        rc.but(d_modle=64)
-    with pytest.raises(ValueError, match="train_fraction"):
-        RunConfig(rc.model, rc.train, train_fraction=0.0)
-    with pytest.raises(ValueError, match="n_heads"):
-        rc.but(n_heads=3)  # 3 does not divide 256
+def test_token_byte_lengths_add_up_to_the_text():
+    tok = book_tokenizer()
+    lengths = token_byte_lengths(tok)
+    assert lengths.shape == (tok.vocab_size,) and lengths[:256].eq(1).all()
+    text = "Assert statements: caf\u00e9 \u2014 \U0001F600 and <|endoftext|>"
+    ids = tok.encode(text, allowed_special="all")
+    assert tok.special_tokens["<|endoftext|>"] in ids and int(lengths[ids].sum()) == len(text.encode("utf-8"))

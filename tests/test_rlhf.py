@@ -123,3 +123,211 @@ def test_sequence_logprob_equals_the_sum_of_stepwise_logprobs():
 def test_token_logprobs_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="logits"):
         rlhf.token_logprobs(torch.zeros(1, 3, 4), torch.zeros(1, 4, dtype=torch.long))
+
+
+# --- the reward model ---------------------------------------------------------------------------
+
+
+def tiny_gpt(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.preset("tiny", dropout=0.0, **overrides)).eval()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is as fast, and the sums do not depend on the core count."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_reward_model_reads_the_last_real_token_and_copies_its_backbone():
+    backbone = tiny_gpt()
+    rm = rlhf.RewardModel(backbone)
+    assert rm.backbone is not backbone and all(p is not q for p, q in zip(rm.parameters(), backbone.parameters()))
+    ids = torch.randint(0, 512, (3, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(rm(ids), torch.zeros(3))  # the head starts at zero: every reward is 0, eq. 14 gives ln 2
+        assert float(rlhf.reward_model_loss(rm(ids[:1]), rm(ids[1:2]))) == pytest.approx(math.log(2))
+        rm.w_r.normal_(generator=torch.Generator().manual_seed(2))
+        rm.b_r.fill_(0.5)
+        h = backbone.hidden_states(ids)  # (3, 10, d_model): the copy has the same weights
+        torch.testing.assert_close(rm(ids), h[:, -1] @ rm.w_r + 0.5)
+        lengths = torch.tensor([10, 4, 1])  # right padding: the reward of row i reads position lengths[i] - 1
+        padded = rm(ids, lengths)
+        for i, n in enumerate(lengths.tolist()):  # causal: the padding after a row's end changes nothing
+            torch.testing.assert_close(padded[i], rm(ids[i : i + 1, :n])[0], atol=1e-5, rtol=1e-5)
+    for bad in (torch.tensor([10, 4]), torch.tensor([10, 0, 3]), torch.tensor([11, 4, 3])):
+        with pytest.raises(ValueError, match="lengths"):
+            rm(ids, bad)
+    assert "w_r" not in dict(backbone.named_parameters())  # the head is the reward model's own
+
+
+def test_preference_pairs_keep_the_order_and_drop_ties():
+    samples = torch.arange(8)[:, None].expand(8, 3)  # 2 prompts x K = 4, row r holds r
+    scores = torch.tensor([[0.5, 1.0, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    Yw, Yl = rlhf.preference_pairs(samples, scores)
+    # prompt 0: pairs (0,1) (0,3) (1,2) (1,3) (2,3) differ; (0,2) ties; prompt 1: all tie
+    assert list(zip(Yw[:, 0].tolist(), Yl[:, 0].tolist())) == [(1, 0), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert Yw.shape == (5, 3)
+    with pytest.raises(ValueError, match="tie"):
+        rlhf.preference_pairs(samples[4:], scores[1:])
+    with pytest.raises(ValueError, match="samples"):
+        rlhf.preference_pairs(samples[:7], scores)
+
+
+# --- the loops ----------------------------------------------------------------------------------
+
+P, Y = 4, 6  # prompt and response lengths of the loop tests
+
+
+def prompts(n, seed=0):
+    return torch.randint(0, 512, (n, P), generator=torch.Generator().manual_seed(seed))
+
+
+def test_response_mask_and_sample_responses():
+    assert rlhf.response_mask(torch.zeros(2, 5, dtype=torch.long), 3).tolist() == [[False] * 3 + [True] * 2] * 2
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="prompt_len"):
+            rlhf.response_mask(torch.zeros(2, 5, dtype=torch.long), bad)
+    model, x = tiny_gpt(), prompts(3)
+    a = rlhf.sample_responses(model, x, Y, 2, torch.Generator().manual_seed(0))
+    b = rlhf.sample_responses(model, x, Y, 2, torch.Generator().manual_seed(0))
+    assert a.shape == (6, P + Y) and torch.equal(a, b)
+    assert torch.equal(a[:, :P], x.repeat_interleave(2, dim=0))  # prompt i in rows 2i and 2i + 1
+    with pytest.raises(ValueError, match="n_per_prompt"):
+        rlhf.sample_responses(model, x, Y, 0)
+    with pytest.raises(ValueError, match="prompts"):
+        rlhf.sample_responses(model, x[0], Y)
+
+
+def test_sft_lowers_the_loss_and_leaves_the_model_alone():
+    model = tiny_gpt()
+    demos = torch.cat([prompts(8), torch.arange(10, 10 + Y).expand(8, Y)], dim=1)  # (8, P + Y): one response
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    policy, losses = rlhf.sft(model, demos, P, steps=15, lr=3e-3, seed=0, batch_size=4)
+    assert len(losses) == 15 and policy.training is False
+    with torch.no_grad():
+        start, end = float(rlhf.sft_loss(model, demos, P)), float(rlhf.sft_loss(policy, demos, P))
+    assert start == pytest.approx(losses[0], rel=0.2) and end < start - 1.0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # trained a copy
+    with pytest.raises(ValueError, match="lr"):
+        rlhf.sft(model, demos, P, steps=1, lr=float("nan"), seed=0)
+
+
+def test_sft_loss_is_nats_per_response_token():
+    model, ids = tiny_gpt(), torch.cat([prompts(2), prompts(2, seed=1)[:, :3]], dim=1)  # (2, P + 3)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids), dim=-1)[:, P - 1 : -1].gather(-1, ids[:, P:, None])[..., 0]  # (2, 3)
+        torch.testing.assert_close(rlhf.sft_loss(model, ids, P), -lp.mean())
+
+
+def test_train_reward_model_starts_at_ln2_and_learns_a_separable_preference():
+    backbone = tiny_gpt()
+    x = prompts(16)
+    chosen = torch.cat([x, torch.full((16, Y), 7)], dim=1)  # the preferred response: token 7 repeated
+    rejected = torch.cat([x, torch.randint(100, 512, (16, Y), generator=torch.Generator().manual_seed(3))], dim=1)
+    rm, losses = rlhf.train_reward_model(backbone, chosen, rejected, steps=30, lr=3e-3, seed=0, batch_size=8)
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6) and losses[-1] < 0.2
+    with torch.no_grad():
+        assert bool((rm(chosen) > rm(rejected)).all())
+    with pytest.raises(ValueError, match="chosen and rejected"):
+        rlhf.train_reward_model(backbone, chosen, rejected[:, 1:], steps=1, lr=1e-3, seed=0)
+
+
+def low_tokens(ids):
+    """The share of response tokens in the lower half of the vocabulary: a reward and a judge."""
+    return (ids[:, P:] < 256).float().mean(dim=1)
+
+
+def test_ppo_ratio_is_one_at_the_first_epoch_and_kl_starts_at_zero(monkeypatch):
+    from gptlib.rlhf import loops
+
+    ratios = []
+
+    def recording_ppo_loss(logp, logp_old, *args, **kwargs):
+        ratios.append(torch.exp(logp - logp_old).detach())
+        return rlhf.ppo_loss(logp, logp_old, *args, **kwargs)
+
+    monkeypatch.setattr(loops, "ppo_loss", recording_ppo_loss)
+    sft = tiny_gpt()
+    policy, hist = rlhf.ppo(sft, low_tokens, prompts(6), Y, beta=0.1, steps=3, seed=0, epochs=2, lr=1e-2)
+    assert len(ratios) == 3 * 2
+    for step in range(3):  # each batch: the first epoch scores the samples with the policy that drew them
+        torch.testing.assert_close(ratios[2 * step], torch.ones_like(ratios[0]))
+    assert max(float((r - 1).abs().max()) for r in ratios[1::2]) > 1e-4  # the second epoch has moved
+    assert set(hist) == {"reward", "kl"} and all(len(v) == 3 for v in hist.values())
+    assert hist["kl"][0] == 0.0  # the first batch is drawn before any update: policy = reference
+    assert hist["kl"][-1] != 0.0 and policy.training is False
+
+
+def test_ppo_is_seeded_and_raises_the_reward():
+    sft, rm, x = tiny_gpt(), low_tokens, prompts(8)
+    a, ha = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
+    b, hb = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
+    assert ha == hb and list(ha) == ["judged", "reward", "kl"] and ha["judged"] == ha["reward"]
+    before = rlhf.judged_score(sft, x.repeat(8, 1), Y, low_tokens, seed=3)  # 64 samples
+    after = rlhf.judged_score(a, x.repeat(8, 1), Y, low_tokens, seed=3)
+    assert 0.4 < before < 0.6 and after > before + 0.2
+    for name, kwargs in (("beta", {"beta": -0.1}), ("group_size", {"group_size": 1}), ("epochs", {"epochs": 0})):
+        with pytest.raises(ValueError, match=name):
+            rlhf.ppo(sft, rm, x, Y, **{"beta": 0.1, "steps": 1, "seed": 0, **kwargs})
+
+
+def test_dpo_starts_at_ln2_and_widens_the_margin():
+    sft = tiny_gpt()
+    x = prompts(12)
+    chosen = torch.cat([x, torch.full((12, Y), 7)], dim=1)
+    rejected = torch.cat([x, torch.full((12, Y), 9)], dim=1)
+    policy, losses = rlhf.dpo(sft, chosen, rejected, P, beta=0.5, steps=10, seed=0, lr=3e-3, batch_size=6)
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6) and losses[-1] < losses[0] - 0.3
+    mask = rlhf.response_mask(chosen, P)
+    with torch.no_grad():
+        margin = (rlhf.sequence_logprob(policy, chosen, mask) - rlhf.sequence_logprob(sft, chosen, mask)) - (
+            rlhf.sequence_logprob(policy, rejected, mask) - rlhf.sequence_logprob(sft, rejected, mask))
+    assert bool((margin > 0).all())
+    with pytest.raises(ValueError, match="beta"):
+        rlhf.dpo(sft, chosen, rejected, P, beta=float("inf"), steps=1, seed=0)
+
+
+def test_kl_to_itself_is_zero_and_to_another_model_positive():
+    a, b, x = tiny_gpt(0), tiny_gpt(1), prompts(64)
+    assert rlhf.kl_to(a, a, x, Y) == 0.0
+    assert rlhf.kl_to(a, b, x, Y, seed=2) > 0.1  # random heads disagree: a clear positive estimate
+    # the estimate is the mean log-ratio of the samples that judged_score sees too
+    ids = rlhf.sample_responses(a, x, Y, 1, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        m = rlhf.response_mask(ids, P)
+        expected = (rlhf.sequence_logprob(a, ids, m) - rlhf.sequence_logprob(b, ids, m)).mean()
+    assert rlhf.kl_to(a, b, x, Y, seed=2) == pytest.approx(float(expected), rel=1e-5)
+    assert rlhf.judged_score(a, x, Y, lambda s: (s == ids).all(dim=1).float(), seed=2) == 1.0
+
+
+# --- chapter 9's toy task ----------------------------------------------------------------------
+
+
+def test_sentence_task_prompts_open_sentences_of_their_own_split():
+    from gptlib.rlhf.toy_task import SentenceLabeller, sentence_starts, sentence_task
+    from gptlib.tokenizers import BPETokenizer
+
+    train = " ".join(f"The cat {w} the mat. A dog ran home today and slept." for w in ("sat on", "ran to", "saw")) * 4
+    val = "He said so. She said no and went out of the room to sleep. " * 3
+    tok = BPETokenizer.train(train + val, 300)
+    ids = torch.tensor(tok.encode(train))
+    starts = sentence_starts(ids, tok, 3, 2)
+    assert len(starts) > 0
+    for o in starts.tolist():  # a sentence ended just before; prompt and response start words
+        assert tok.decode([int(ids[o - 1])]).rstrip(" ").endswith((".", "?", "!", "\n"))
+        assert tok.decode([int(ids[o])])[:1] == " " and tok.decode([int(ids[o + 3])])[:1] in (" ", "\n")
+    judge = SentenceLabeller.from_text(train)
+    task = sentence_task(tok, train, val, judge, prompt_len=3, response_len=2, n_train=4, n_eval=2, seed=0)
+    assert task.train_prompts.shape == (4, 3) and task.eval_prompts.shape == (2, 3)
+    assert all(tok.decode(p.tolist()) in train for p in task.train_prompts)
+    assert all(tok.decode(p.tolist()) in val for p in task.eval_prompts)
+    assert torch.equal(task.openings[:, :3], ids[starts[:, None] + torch.arange(3)])
+    scores = task.judged(task.openings)
+    assert scores.dtype == torch.float32 and scores.shape == (len(starts),)
+    assert scores.tolist() == [judge(tok.decode(w[3:].tolist())) for w in task.openings]
+    with pytest.raises(ValueError, match="val_text"):
+        sentence_task(tok, train, val, judge, prompt_len=3, response_len=2, n_train=4, n_eval=1000)

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from gptlib.model import GPT, GPTConfig
+from gptlib.trainer import Trainer, TrainConfig
 from gptlib.training import (
-    Trainer,
-    TrainConfig,
     cross_entropy_from_formula,
     lr_at,
     make_windows,

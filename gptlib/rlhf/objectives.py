@@ -1,4 +1,4 @@
-"""Chapter 9: fine-tuning from preferences — the losses of RLHF and DPO as small pure functions.
+"""Chapter 9: the objectives of RLHF and DPO as small pure functions, and the reward model.
 
 Notation (004, after Ouyang et al. 2022): a prompt X, a response Y, the policy being trained
 pi_RL (here ``logp``), the frozen supervised policy pi_SFT (``logp_ref``), a reward model r.
@@ -22,6 +22,7 @@ __all__ = [
     "sequence_logprob",
     "reward_model_loss",
     "ranking_pairs",
+    "preference_pairs",
     "kl_penalty",
     "group_advantages",
     "ppo_loss",
@@ -90,6 +91,34 @@ def ranking_pairs(K: int) -> list[tuple[int, int]]:
     if K < 2:
         raise ValueError(f"K must be >= 2, got {K}")
     return [(i, j) for i in range(K) for j in range(i + 1, K)]
+
+
+def preference_pairs(samples: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
+    """The ranked pairs (Y_w, Y_l) of K samples per prompt, ties dropped.
+
+    samples: (n * K, T), the K samples of prompt i in rows i K .. i K + K - 1; scores: (n, K), the
+    labeller's scores. Every pair of :func:`ranking_pairs` whose scores differ gives one row of each
+    output, the better-scored sample in ``Y_w``. Returns two (n_pairs, T) tensors.
+
+    >>> samples = torch.tensor([[10], [11], [12], [20], [21], [22]])  # 2 prompts, K = 3
+    >>> Yw, Yl = preference_pairs(samples, torch.tensor([[0.0, 1.0, 0.0], [1.0, 1.0, 1.0]]))
+    >>> Yw[:, 0].tolist(), Yl[:, 0].tolist()  # prompt 2's samples tie: no pair
+    ([11, 11], [10, 12])
+    """
+    if scores.dim() != 2 or samples.dim() < 1 or len(samples) != scores.numel():
+        raise ValueError(f"samples (n * K, T) and scores (n, K) must agree, got {tuple(samples.shape)} "
+                         f"and {tuple(scores.shape)}")
+    n, K = scores.shape
+    winners, losers = [], []
+    for i in range(n):
+        for a, b in ranking_pairs(K):
+            if scores[i, a] != scores[i, b]:
+                w, l = (a, b) if scores[i, a] > scores[i, b] else (b, a)
+                winners.append(samples[i * K + w])
+                losers.append(samples[i * K + l])
+    if not winners:
+        raise ValueError("scores has no pair that differs: every comparison is a tie")
+    return torch.stack(winners), torch.stack(losers)
 
 
 def kl_penalty(logp: Tensor, logp_ref: Tensor, beta: float) -> Tensor:

@@ -1,0 +1,180 @@
+"""How the book's shipped models are made: run configurations, presets and the training run.
+
+``models/english`` (`make model`, ``scripts/train_small_model.py``) is the English model of Chapters 7
+to 9: the GPT of :data:`PRESETS` trained on the Brown corpus's training split with
+:class:`gptlib.trainer.Trainer`, its tokenizer trained on the same text. ``scripts/sweep.py`` chose its
+size from runs of this same recipe. ``models/small`` (`make small-model`,
+``scripts/train_documentation_model.py``) is the documentation model, Chapter 8's example of
+overfitting: :data:`DOCUMENTATION_RUN` on Python's help pages (:func:`train_documentation_model`).
+A :class:`RunConfig` holds everything that decides a run; every random source is seeded, so on the
+CPU a run repeats byte for byte at the same thread count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from .data import load_corpus, load_english, token_byte_lengths, train_val_split
+from .model import GPT, GPTConfig
+from .runtime import seed_everything
+from .sampling import generate
+from .tokenizers import BPETokenizer
+from .trainer import Trainer, TrainConfig
+from .training import make_windows, perplexity, windows_loss
+
+__all__ = ["RunConfig", "PRESETS", "SHIPPED_DTYPE", "PROMPTS", "corpus_ids", "train_run", "samples",
+           "DOCUMENTATION_RUN", "train_documentation_model"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides a run: the model's shape (tokenizer size included), the optimisation,
+    and the data budget (the first ``train_fraction`` of the training text).
+
+    >>> rc = PRESETS["cpu"].but(d_model=192, steps=400)
+    >>> (rc.model.d_model, rc.model.d_mlp, rc.train.steps)
+    (192, 768, 400)
+    """
+
+    model: GPTConfig
+    train: TrainConfig
+    train_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.train_fraction <= 1:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+
+    def but(self, **changes) -> "RunConfig":
+        """A copy with fields of the model config, the training config or ``train_fraction`` changed;
+        the model's derived sizes (d_head, d_mlp) are derived again."""
+        model_fields = {f.name for f in fields(GPTConfig)} - {"d_head", "d_mlp"}
+        train_fields = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(changes) - model_fields - train_fields - {"train_fraction"})
+        if unknown:
+            raise ValueError(f"unknown run fields {unknown}")
+        m = {k: v for k, v in changes.items() if k in model_fields}
+        t = {k: v for k, v in changes.items() if k in train_fields}
+        model = GPTConfig(**{**self.model.to_dict(), "d_head": None, "d_mlp": None, **m}) if m else self.model
+        return replace(self, model=model, train=replace(self.train, **t),
+                       train_fraction=changes.get("train_fraction", self.train_fraction))
+
+
+PRESETS = {
+    # Two CPU threads, 63 minutes measured on a 2-core machine. The size comes from the sweep
+    # (sweep.json): at d_model 256 the Trainer turned 69% of the matmul rate into model FLOPs, at
+    # d_model 128 50% (its throughput table; bench/bench_train.py measured 79-81% at this config).
+    "cpu": RunConfig(GPTConfig(d_vocab=4096, n_ctx=128, d_model=256, n_heads=4, n_layers=4, dropout=0.1),
+                     TrainConfig(steps=4000, batch_size=32, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=200,
+                                 eval_batches=16)),
+    # With CUDA: the same recipe, larger and longer, in bf16 autocast; the files stay a few MB.
+    # Not bit-reproducible, and not yet run.
+    "cuda": RunConfig(GPTConfig(d_vocab=4096, n_ctx=256, d_model=256, n_heads=4, n_layers=6, dropout=0.1),
+                      TrainConfig(steps=6000, batch_size=64, max_lr=1e-3, min_lr=1e-4, warmup=300, eval_every=200,
+                                  eval_batches=32)),
+}
+# The weights are rounded to fp16 when training ends (relative error at most 2^-11), halving the
+# files; every figure in train_log.json is measured on the rounded weights.
+SHIPPED_DTYPE = torch.float16
+PROMPTS = ["He said that", "She looked at", "The President said"]
+
+
+def corpus_ids(d_vocab: int, train_fraction: float = 1.0) -> tuple[BPETokenizer, torch.Tensor, torch.Tensor, str, str]:
+    """The tokenizer trained on the training text only, and both texts encoded."""
+    train_text, val_text = load_english()
+    if not 0 < train_fraction <= 1:
+        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}")
+    train_text = train_text[: int(len(train_text) * train_fraction)]
+    tok = BPETokenizer.train(train_text, d_vocab)
+    return tok, torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text)), train_text, val_text
+
+
+def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.device | None = None) -> dict:
+    """Train one model; return it with its tokenizer, history and figures (train and validation).
+
+    ``data`` is what :func:`corpus_ids` returns (to share one tokenizer between runs); the figures
+    ``val`` and ``train`` are :class:`gptlib.training.WindowsLoss` of the weights rounded to
+    :data:`SHIPPED_DTYPE`: every validation window, and as many training windows spread evenly
+    over the training stream.
+    """
+    seed_everything(0)
+    tok, train_ids, val_ids, _, _ = data if data is not None else corpus_ids(rc.model.d_vocab, rc.train_fraction)
+    dev = dev or torch.device("cpu")
+    n_ctx = rc.model.n_ctx
+    model = GPT(rc.model).to(dev)
+    trainer = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), rc.train)
+    t0 = time.perf_counter()
+    hist = trainer.run(progress=progress)
+    wall = time.perf_counter() - t0
+    model.eval()
+    with torch.no_grad():  # the shipped weights are stored in fp16: score exactly those
+        for p in model.parameters():
+            p.copy_(p.to(SHIPPED_DTYPE).to(p.dtype))
+    val_x, val_y = make_windows(val_ids, n_ctx, n_ctx)  # the whole validation text
+    # as many training windows as validation windows, evenly spaced over the training stream
+    starts = torch.linspace(0, len(train_ids) - n_ctx - 1, len(val_x)).long()
+    train_w = torch.stack([train_ids[s:s + n_ctx + 1] for s in starts.tolist()])  # (n, n_ctx + 1)
+    byte_lengths = token_byte_lengths(tok)
+    return {
+        "model": model, "tokenizer": tok, "history": hist, "wall_s": wall,
+        "train_tokens": len(train_ids), "val_tokens": len(val_ids),
+        "tokens_seen": rc.train.steps * rc.train.batch_size * n_ctx,
+        "epochs": rc.train.steps * rc.train.batch_size * n_ctx / len(train_ids),
+        "parameters": model.num_parameters(),
+        "val": windows_loss(model, val_x, val_y, byte_lengths),
+        "train": windows_loss(model, train_w[:, :-1], train_w[:, 1:], byte_lengths),
+    }
+
+
+def samples(model: GPT, tok: BPETokenizer, n_tokens: int = 60, seed: int = 0) -> list[str]:
+    """One seeded sample per prompt of :data:`PROMPTS`, temperature 0.6, top-p 0.9, on the CPU."""
+    out = []
+    for k, prompt in enumerate(PROMPTS):
+        g = torch.Generator().manual_seed(seed + k)
+        ids = generate(model.cpu(), torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.6, top_p=0.9, generator=g)
+        out.append(tok.decode(ids.tolist()))
+    return out
+
+
+# --- the documentation model (models/small) ----------------------------------------------------
+
+# Chapter 8's overfitting example: a 2048-token BPE and a GPT of d_model 128 on the training split
+# (90%) of Python's help pages, 1200 steps of 16 windows of 128 tokens, about 21 passes over its
+# 116 thousand tokens. Weights stay in float32.
+DOCUMENTATION_RUN = RunConfig(
+    GPTConfig(d_vocab=2048, n_ctx=128, d_model=128, n_heads=4, n_layers=4, dropout=0.1),
+    TrainConfig(steps=1200, batch_size=16, max_lr=3e-3, min_lr=3e-4, warmup=50, eval_every=100, eval_batches=16),
+)
+
+
+def train_documentation_model(rc: RunConfig = DOCUMENTATION_RUN, progress: bool = False) -> dict:
+    """Train the documentation model; return it with its tokenizer and its log (train_log.json).
+
+    The validation loss of the log is the Trainer's (``eval_batches`` fixed batches of the held-out
+    windows); the training loss is that of the training batches, dropout on.
+    """
+    seed_everything(0)
+    train_text, val_text = train_val_split(load_corpus(), 0.1)
+    train_text = train_text[: int(len(train_text) * rc.train_fraction)]
+    tok = BPETokenizer.train(train_text, rc.model.d_vocab)
+    train_ids, val_ids = torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
+    n_ctx, tc = rc.model.n_ctx, rc.train
+    model = GPT(rc.model)
+    hist = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), tc).run(
+        progress=progress)
+    model.eval()
+    log = {
+        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()},
+        "tokens_seen": tc.steps * tc.batch_size * n_ctx,
+        "train_tokens": len(train_ids),
+        "val_tokens": len(val_ids),
+        "final_train_loss": round(sum(hist.loss[-50:]) / 50, 4),
+        "final_val_loss": round(hist.eval_loss[-1], 4),
+        "final_val_perplexity": round(perplexity(hist.eval_loss[-1]), 2),
+        "eval_step": hist.eval_step,
+        "eval_loss": [round(v, 4) for v in hist.eval_loss],
+        "loss_every_10": [round(v, 4) for v in hist.loss[::10]],
+    }
+    return {"model": model, "tokenizer": tok, "history": hist, "log": log}

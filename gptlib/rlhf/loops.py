@@ -1,0 +1,251 @@
+"""Chapter 9: the training loops of SFT, the reward model, PPO and DPO, and what they measure.
+
+Every loop takes what it works on as arguments (the policy, the reference, the prompts or the
+ranked pairs, the response length, budgets and a seed) and returns the trained model, in eval mode,
+with a log of its losses or statistics. A loop copies the model it starts from; the reference policy
+and the reward model are never changed. Every batch is drawn with a ``torch.Generator`` seeded by
+``seed``, so a run is repeated exactly on the same machine and thread count.
+
+Sequences are a prompt of ``prompt_len`` tokens followed by a response: ``ids`` of shape
+(B, prompt_len + response_len). The loss terms count the response tokens only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..runtime import check_float, check_int
+from ..sampling import generate
+from ..training import train_step
+from .objectives import (
+    RewardModel,
+    dpo_loss,
+    group_advantages,
+    kl_penalty,
+    ppo_loss,
+    reward_model_loss,
+    sequence_logprob,
+    token_logprobs,
+)
+
+__all__ = [
+    "response_mask",
+    "sample_responses",
+    "sft_loss",
+    "sft",
+    "train_reward_model",
+    "ppo",
+    "dpo",
+    "kl_to",
+    "judged_score",
+]
+
+
+def response_mask(ids: Tensor, prompt_len: int) -> Tensor:
+    """(B, T) bool: True on the response tokens, the positions from ``prompt_len`` on.
+
+    >>> response_mask(torch.zeros(1, 4, dtype=torch.long), prompt_len=3)
+    tensor([[False, False, False,  True]])
+    """
+    check_int("prompt_len", prompt_len, lo=1, hi=ids.shape[-1] - 1)
+    mask = torch.zeros_like(ids, dtype=torch.bool)  # (B, T)
+    mask[:, prompt_len:] = True
+    return mask
+
+
+def sample_responses(
+    policy, prompts: Tensor, response_len: int, n_per_prompt: int = 1, generator: torch.Generator | None = None
+) -> Tensor:
+    """004's generator G: each prompt repeated ``n_per_prompt`` times, continued by sampling at temperature 1.
+
+    prompts: (n, P). Returns (n * n_per_prompt, P + response_len), the samples of prompt i in rows
+    i * n_per_prompt to (i + 1) * n_per_prompt - 1.
+    """
+    check_int("response_len", response_len, lo=1)
+    check_int("n_per_prompt", n_per_prompt, lo=1)
+    if prompts.dim() != 2:
+        raise ValueError(f"prompts must have shape (n, P), got {tuple(prompts.shape)}")
+    x = prompts.repeat_interleave(n_per_prompt, dim=0)  # (n * n_per_prompt, P)
+    return generate(policy, x, response_len, temperature=1.0, generator=generator)
+
+
+def sft_loss(policy, ids: Tensor, prompt_len: int) -> Tensor:
+    """The SFT loss: -log pi(Y | X) per response token, averaged over the batch (nats per token).
+
+    ids: (B, prompt_len + |Y|), demonstrations. The prompt is given, not demonstrated: its tokens
+    are not scored.
+    """
+    n_response = ids.shape[1] - prompt_len
+    return -sequence_logprob(policy, ids, response_mask(ids, prompt_len)).mean() / n_response
+
+
+def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """AdamW without weight decay: every loop here fine-tunes a few dozen steps from a trained model."""
+    return torch.optim.AdamW(model.parameters(), lr=check_float("lr", lr, 0.0, lo_open=True), weight_decay=0.0)
+
+
+def _rows(n: int, batch_size: int, generator: torch.Generator) -> Tensor:
+    """``batch_size`` row indices drawn uniformly, with replacement, from range(n)."""
+    return torch.randint(0, n, (batch_size,), generator=generator)
+
+
+def sft(
+    model, demos: Tensor, prompt_len: int, steps: int, lr: float, seed: int, batch_size: int = 16
+) -> tuple[torch.nn.Module, list[float]]:
+    """Supervised fine-tuning: ``steps`` AdamW steps on :func:`sft_loss` over batches of ``demos``.
+
+    demos: (n, prompt_len + |Y|). Returns a trained copy of ``model`` and the loss of every step.
+    """
+    check_int("steps", steps, lo=0)
+    check_int("batch_size", batch_size, lo=1)
+    policy = copy.deepcopy(model).train()
+    opt = _adamw(policy, lr)
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        batch = demos[_rows(len(demos), batch_size, g)]  # (batch_size, T)
+        losses.append(train_step(policy, sft_loss(policy, batch, prompt_len), opt))
+    return policy.eval(), losses
+
+
+def train_reward_model(
+    backbone, chosen: Tensor, rejected: Tensor, steps: int, lr: float, seed: int, batch_size: int = 32
+) -> tuple[RewardModel, list[float]]:
+    """Fit a :class:`RewardModel` on ``backbone`` to ranked pairs by the Bradley-Terry loss (eq. 14).
+
+    chosen, rejected: (n_pairs, T), row i of ``chosen`` preferred to row i of ``rejected``. The scalar
+    head starts at zero, so the first loss is exactly ln 2. Returns the reward model and the losses.
+    """
+    if chosen.shape != rejected.shape or chosen.dim() != 2:
+        raise ValueError(f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
+                         f"and {tuple(rejected.shape)}")
+    check_int("steps", steps, lo=0)
+    check_int("batch_size", batch_size, lo=1)
+    rm = RewardModel(backbone).train()
+    opt = _adamw(rm, lr)
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        i = _rows(len(chosen), batch_size, g)
+        losses.append(train_step(rm, reward_model_loss(rm(chosen[i]), rm(rejected[i])), opt))
+    return rm.eval(), losses
+
+
+def ppo(
+    sft_policy,
+    reward_model,
+    prompts: Tensor,
+    response_len: int,
+    beta: float,
+    steps: int,
+    seed: int,
+    judge: Callable[[Tensor], Tensor] | None = None,
+    n_prompts: int = 4,
+    group_size: int = 4,
+    epochs: int = 2,
+    lr: float = 3e-4,
+    clip_eps: float = 0.2,
+    grad_clip: float = 1.0,
+) -> tuple[torch.nn.Module, dict[str, list[float]]]:
+    """PPO on eq. 15 (gamma = 0) with GRPO's group-normalised advantage, from a copy of ``sft_policy``.
+
+    Each step draws ``n_prompts`` of ``prompts`` (n, P), samples ``group_size`` responses of
+    ``response_len`` tokens to each, scores them r - beta * KL (the log-ratio to ``sft_policy`` summed
+    over the response), standardises the scores within each group (:func:`group_advantages`) and takes
+    ``epochs`` clipped-surrogate steps on the same samples. Returns the policy and, per step, the
+    batch's mean reward-model score, its mean KL to ``sft_policy`` and, if ``judge`` maps sequences
+    (B, P + response_len) to scores (B,), their mean score ``"judged"``.
+    """
+    check_float("beta", beta, 0.0)
+    check_int("steps", steps, lo=0)
+    check_int("n_prompts", n_prompts, lo=1)
+    check_int("group_size", group_size, lo=2)
+    check_int("epochs", epochs, lo=1)
+    policy, ref = copy.deepcopy(sft_policy), sft_policy
+    opt = _adamw(policy, lr)
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = prompts.shape[1]
+    history: dict[str, list[float]] = {"judged": []} if judge is not None else {}
+    history.update(reward=[], kl=[])
+    for _ in range(steps):
+        batch = prompts[_rows(len(prompts), n_prompts, g)]  # (n_prompts, P)
+        policy.eval()
+        ids = sample_responses(policy, batch, response_len, group_size, g)  # (n_prompts * G, P + |Y|)
+        m = response_mask(ids, prompt_len)[:, 1:]  # (n_prompts * G, T - 1): the scored positions
+        with torch.no_grad():
+            r = reward_model(ids)  # (n_prompts * G,)
+            lp_old = token_logprobs(policy(ids), ids)  # (n_prompts * G, T - 1)
+            lp_ref = token_logprobs(ref(ids), ids)
+        kl = (kl_penalty(lp_old, lp_ref, beta=1.0) * m).sum(dim=-1)  # (n_prompts * G,): per response
+        total = r - beta * kl  # eq. 15, the penalty summed over the response
+        adv = group_advantages(total.view(n_prompts, group_size)).view(-1, 1).expand_as(lp_old)
+        policy.train()
+        for _ in range(epochs):  # the scorer F, with gradient
+            loss = ppo_loss(token_logprobs(policy(ids), ids), lp_old, adv, m, clip_eps)
+            train_step(policy, loss, opt, grad_clip=grad_clip)
+        if judge is not None:
+            history["judged"].append(float(judge(ids).mean()))
+        history["reward"].append(float(r.mean()))
+        history["kl"].append(float(kl.mean()))
+    return policy.eval(), history
+
+
+def dpo(
+    sft_policy,
+    chosen: Tensor,
+    rejected: Tensor,
+    prompt_len: int,
+    beta: float,
+    steps: int,
+    seed: int,
+    lr: float = 2e-4,
+    batch_size: int = 16,
+) -> tuple[torch.nn.Module, list[float]]:
+    """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs, ``sft_policy`` the reference.
+
+    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are computed once;
+    the first loss is ln 2 because the policy starts equal to the reference. Returns the policy and
+    the losses.
+    """
+    if chosen.shape != rejected.shape or chosen.dim() != 2:
+        raise ValueError(f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
+                         f"and {tuple(rejected.shape)}")
+    check_float("beta", beta, 0.0)
+    check_int("steps", steps, lo=0)
+    check_int("batch_size", batch_size, lo=1)
+    policy, ref = copy.deepcopy(sft_policy).train(), sft_policy
+    opt = _adamw(policy, lr)
+    g = torch.Generator().manual_seed(seed)
+    mw, ml = response_mask(chosen, prompt_len), response_mask(rejected, prompt_len)
+    with torch.no_grad():
+        ref_w, ref_l = sequence_logprob(ref, chosen, mw), sequence_logprob(ref, rejected, ml)  # (n_pairs,)
+    losses = []
+    for _ in range(steps):
+        i = _rows(len(chosen), batch_size, g)
+        loss = dpo_loss(sequence_logprob(policy, chosen[i], mw[i]), sequence_logprob(policy, rejected[i], ml[i]),
+                        ref_w[i], ref_l[i], beta=beta)
+        losses.append(train_step(policy, loss, opt))
+    return policy.eval(), losses
+
+
+@torch.no_grad()
+def kl_to(policy, ref, prompts: Tensor, response_len: int, seed: int = 1) -> float:
+    """Monte Carlo KL(policy || ref) per response: one sampled response per prompt, seeded.
+
+    The mean over prompts of log policy(Y|X) - log ref(Y|X) with Y drawn from ``policy``; 0 for
+    ``ref = policy``.
+    """
+    ids = sample_responses(policy, prompts, response_len, 1, torch.Generator().manual_seed(seed))  # (n, T)
+    m = response_mask(ids, prompts.shape[1])[:, 1:]  # (n, T - 1)
+    lp, lp_ref = token_logprobs(policy(ids), ids), token_logprobs(ref(ids), ids)
+    return float(((lp - lp_ref) * m).sum(dim=-1).mean())
+
+
+def judged_score(policy, prompts: Tensor, response_len: int, judge: Callable[[Tensor], Tensor], seed: int = 1) -> float:
+    """The mean of ``judge`` over one sampled response per prompt (the same samples as :func:`kl_to`'s)."""
+    ids = sample_responses(policy, prompts, response_len, 1, torch.Generator().manual_seed(seed))  # (n, T)
+    return float(judge(ids).mean())

@@ -1,0 +1,73 @@
+"""gptlib.recipes: how the shipped models are made (run configs, presets, the training runs)."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptlib.data import load_corpus, train_val_split
+from gptlib.model import GPT, GPTConfig
+from gptlib.recipes import DOCUMENTATION_RUN, PRESETS, RunConfig, samples, train_run
+from gptlib.tokenizers import BPETokenizer
+from gptlib.trainer import TrainConfig
+from gptlib.training import WindowsLoss
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_run_config_but_routes_fields_and_derives_sizes_again():
+    rc = PRESETS["cpu"]
+    changed = rc.but(d_model=192, n_heads=6, steps=10, warmup=5, train_fraction=0.5)
+    assert (changed.model.d_model, changed.model.d_head, changed.model.d_mlp) == (192, 32, 768)
+    assert changed.train.steps == 10 and changed.train_fraction == 0.5
+    assert changed.train.batch_size == rc.train.batch_size and changed.model.d_vocab == rc.model.d_vocab
+    assert rc.but() == rc and rc.model.d_model == 256  # the preset itself is unchanged
+    with pytest.raises(ValueError, match="unknown run fields.*d_modle"):
+        rc.but(d_modle=64)
+    with pytest.raises(ValueError, match="train_fraction"):
+        RunConfig(rc.model, rc.train, train_fraction=0.0)
+    with pytest.raises(ValueError, match="n_heads"):
+        rc.but(n_heads=3)  # 3 does not divide 256
+
+
+def test_the_english_preset_is_the_shipped_models_config():
+    log = json.loads((MODELS / "english" / "train_log.json").read_text())
+    assert log["run_config"] == json.loads(json.dumps(asdict(PRESETS[log["preset"]])))
+    assert GPTConfig(**log["run_config"]["model"]) == GPT.load(MODELS / "english").config
+
+
+def test_train_run_is_seeded_and_scores_every_window():
+    text = "The cat sat on the mat. The dog sat on the log. " * 40
+    tok = BPETokenizer.train(text, 300)
+    ids = torch.tensor(tok.encode(text))
+    data = (tok, ids[: len(ids) * 9 // 10], ids[len(ids) * 9 // 10 :], "", "")
+    rc = RunConfig(GPTConfig(d_vocab=tok.vocab_size, n_ctx=16, d_model=32, n_heads=2, n_layers=1, dropout=0.0),
+                   TrainConfig(steps=6, batch_size=4, warmup=2, eval_every=3, eval_batches=1))
+    a, b = train_run(rc, data), train_run(rc, data)
+    assert a["history"].loss == b["history"].loss and a["val"] == b["val"]
+    assert isinstance(a["val"], WindowsLoss) and a["val"].tokens == (len(data[2]) - 1) // 16 * 16
+    assert a["val"].bits_per_byte > 0 and a["tokens_seen"] == 6 * 4 * 16
+    weights = torch.cat([p.flatten() for p in a["model"].parameters()])
+    assert torch.equal(weights, weights.half().float())  # scored as shipped: rounded to fp16
+    assert len(samples(a["model"], tok, n_tokens=5)) == 3
+
+
+def test_documentation_run_is_the_shipped_small_models_recipe():
+    """models/small is rebuilt by `make small-model`: its config, log and tokenizer are the recipe's."""
+    log = json.loads((MODELS / "small" / "train_log.json").read_text())
+    assert log["train_config"] == json.loads(json.dumps(asdict(DOCUMENTATION_RUN.train)))
+    assert GPT.load(MODELS / "small").config == DOCUMENTATION_RUN.model
+    train_text, _ = train_val_split(load_corpus(), 0.1)
+    tok = BPETokenizer.train(train_text, DOCUMENTATION_RUN.model.d_vocab)  # the recipe's first step, 2 s
+    assert tok.vocab == BPETokenizer.load(MODELS / "small" / "tokenizer.json").vocab
+    assert log["train_tokens"] == len(tok.encode(train_text))
