@@ -24,7 +24,6 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.flops import matmul_flops_per_s, training_flops
 from gptlib.hf import from_hf
-from gptlib.model import GPT
 from gptlib.timing import alternating_rounds
 
 D_MODEL, N_LAYERS, N_HEADS, N_CTX, BATCH, VOCAB = 256, 4, 4, 256, 8, 8192

@@ -23,7 +23,6 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.flops import matmul_flops_per_s, training_flops
 from gptlib.hf import from_hf
-from gptlib.model import GPT
 from gptlib.recipes import PRESETS
 from gptlib.timing import alternating_rounds
 from gptlib.trainer import Trainer
