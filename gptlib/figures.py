@@ -78,3 +78,88 @@ def subplots(nrows: int = 1, ncols: int = 1, *, height: float = 3.0, width: floa
     nrows, ncols = check_int("nrows", nrows, 1), check_int("ncols", ncols, 1)
     use()
     return plt.subplots(nrows, ncols, figsize=(width, height), **kwargs)
+
+
+# --- Chapters 2 and 3: the circle of a sinusoidal pair; feed-forward networks as graphs ---------
+
+
+def pair_on_circle(ax, PE, i: int, n_points: int, k: int, omega: float) -> None:
+    """Chapter 2: pair ``i`` of a sinusoidal matrix ``PE`` (one row per position) on its unit
+    circle: the points ``(PE[p, 2i], PE[p, 2i+1])`` for ``p < n_points``, numbered, and from every
+    third ``p`` the arc of angle ``k * omega`` through which ``R_k`` turns the point.
+
+    >>> from gptlib.positional import sinusoidal_encoding
+    >>> fig, ax = subplots(width=3.5, height=3.5)
+    >>> pair_on_circle(ax, sinusoidal_encoding(16, 8), i=0, n_points=6, k=2, omega=1.0)
+    >>> len(ax.lines), len(ax.texts)  # the circle, 2 arcs; 2 arrow heads, 6 numbers
+    (3, 8)
+    """
+    import numpy as np
+
+    theta = np.linspace(0, 2 * np.pi, 400)
+    ax.plot(np.sin(theta), np.cos(theta), color="lightgray", lw=1)
+    points = np.asarray(PE[:n_points, 2 * i : 2 * i + 2], dtype=float)  # (n_points, 2)
+    for p in range(0, n_points - k + 1, 3):
+        a = np.linspace(p * omega, (p + k) * omega, 50)  # drawn just inside the circle
+        xs, ys = 0.85 * np.sin(a), 0.85 * np.cos(a)
+        ax.plot(xs, ys, color=COLOURS[1], lw=1.5)
+        ax.annotate("", xy=(xs[-1], ys[-1]), xytext=(xs[-3], ys[-3]),
+                    arrowprops={"arrowstyle": "->", "color": COLOURS[1], "lw": 1.5})
+    ax.scatter(points[:, 0], points[:, 1], s=18, color=COLOURS[0], zorder=3)
+    for p, xy in enumerate(points):
+        ax.annotate(str(p), tuple(xy), textcoords="offset points", xytext=(5, 3), fontsize=9)
+    ax.set_title(rf"pair $i = {i}$: $\omega_{i} = {omega:.3f}$, $R_{k}$ turns by {k * omega:.3f}")
+    ax.set_xlabel(rf"$\mathrm{{PE}}_{{p,{2 * i}}} = \sin p\omega_{i}$")
+    ax.set_ylabel(rf"$\mathrm{{PE}}_{{p,{2 * i + 1}}} = \cos p\omega_{i}$")
+    ax.set_aspect("equal")
+    ax.set_xlim(-1.25, 1.25)
+    ax.set_ylim(-1.25, 1.25)
+
+
+def dag_layout(edges) -> dict:
+    """Chapter 3: where to draw each vertex of a DAG given as ``{(u, v): weight}``. x is the
+    length of the longest path from an input vertex (so every edge points right), y the vertex's
+    rank in its column, centred; a lone vertex in an odd column is lifted by 0.3, so that no edge
+    runs through it.
+
+    >>> dag_layout({("x", "h"): 1.0, ("h", "y"): 1.0, ("x", "y"): 1.0})
+    {'x': (0, 0.0), 'h': (1, 0.3), 'y': (2, 0.0)}
+    """
+    from .mlp import topological_order
+
+    order = topological_order(edges)
+    depth: dict = {}
+    for v in order:
+        depth[v] = max((depth[u] + 1 for (u, w) in edges if w == v), default=0)
+    columns: dict = {}
+    for v in order:
+        columns.setdefault(depth[v], []).append(v)
+    return {v: (x, (len(col) - 1) / 2 - r + (0.3 if len(col) == 1 and x % 2 else 0.0))
+            for x, col in columns.items() for r, v in enumerate(col)}
+
+
+def draw_dag(ax, edges, label=str, title: str = "") -> dict:
+    """Chapter 3: a weighted DAG ``{(u, v): weight}`` drawn at ``dag_layout``'s places: positive
+    weights blue, negative vermillion, line width growing with ``|w|``; input vertices white,
+    hidden grey, outputs ochre, each named by ``label(v)``. Returns the layout.
+
+    >>> fig, ax = subplots(width=3.5, height=2)
+    >>> xy = draw_dag(ax, {("x", "h"): 1.0, ("h", "y"): -2.0, ("x", "y"): 0.5})
+    >>> len(ax.lines), xy["y"]
+    (3, (2, 0.0))
+    """
+    from .mlp import dag_vertices
+
+    xy = dag_layout(edges)
+    w_max = max(abs(float(w)) for w in edges.values())
+    for (u, v), w in edges.items():
+        ax.plot(*zip(xy[u], xy[v]), color=COLOURS[0] if float(w) > 0 else COLOURS[1],
+                lw=0.4 + 2.5 * abs(float(w)) / w_max, alpha=0.8, zorder=1)
+    for group, fill in zip(dag_vertices(edges), ("white", "lightgray", "#f0e0a0")):
+        ax.scatter([xy[v][0] for v in group], [xy[v][1] for v in group], s=420, color=fill,
+                   edgecolor="black", zorder=2)
+    for v, (x, y) in xy.items():
+        ax.annotate(label(v), (x, y), ha="center", va="center", fontsize=9, zorder=3)
+    ax.set_title(title)
+    ax.axis("off")
+    return xy
