@@ -119,11 +119,14 @@ def pair_on_circle(ax, PE, i: int, n_points: int, k: int, omega: float) -> None:
 def dag_layout(edges) -> dict:
     """Chapter 3: where to draw each vertex of a DAG given as ``{(u, v): weight}``. x is the
     length of the longest path from an input vertex (so every edge points right), y the vertex's
-    rank in its column, centred; a lone vertex in an odd column is lifted by 0.3, so that no edge
-    runs through it.
+    rank in its column, centred; a lone vertex is moved up or down (by 0.3 or 0.6, column by
+    column from the left) until every edge that passes its column passes at least 0.25 from it.
 
     >>> dag_layout({("x", "h"): 1.0, ("h", "y"): 1.0, ("x", "y"): 1.0})
     {'x': (0, 0.0), 'h': (1, 0.3), 'y': (2, 0.0)}
+    >>> xy = dag_layout({("a", "b"): 1, ("b", "c"): 1, ("c", "d"): 1, ("a", "d"): 1, ("e", "b"): 1})
+    >>> xy["b"], xy["c"]  # a -> d passes 1/3 above b, and 1/6 above c at 0: c moves down
+    ((1, 0.0), (2, -0.3))
     """
     from .mlp import topological_order
 
@@ -134,8 +137,15 @@ def dag_layout(edges) -> dict:
     columns: dict = {}
     for v in order:
         columns.setdefault(depth[v], []).append(v)
-    return {v: (x, (len(col) - 1) / 2 - r + (0.3 if len(col) == 1 and x % 2 else 0.0))
-            for x, col in columns.items() for r, v in enumerate(col)}
+    xy = {v: (x, (len(col) - 1) / 2 - r) for x, col in columns.items() for r, v in enumerate(col)}
+    for x, col in sorted(columns.items()):
+        if len(col) > 1:
+            continue
+        passing = [(xy[u], xy[w]) for (u, w) in edges if xy[u][0] < x < xy[w][0]]
+        at_x = [y0 + (y1 - y0) * (x - x0) / (x1 - x0) for (x0, y0), (x1, y1) in passing]
+        clear = [y for y in (0.0, 0.3, -0.3, 0.6, -0.6) if all(abs(y - e) >= 0.25 for e in at_x)]
+        xy[col[0]] = (x, clear[0] if clear else 0.0)
+    return xy
 
 
 def draw_dag(ax, edges, label=str, title: str = "") -> dict:
