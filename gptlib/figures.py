@@ -173,3 +173,128 @@ def draw_dag(ax, edges, label=str, title: str = "") -> dict:
     ax.set_title(title)
     ax.axis("off")
     return xy
+# --- Chapters 5 and 6: diagrams of a block and of the decoder stack ---------------------------------
+
+LAYER_FILL = {"LN": "#dbe9f6", "sub-layer": "#fde0c5", "stream": "white"}  # light fills, dark text
+
+# The three block kinds of Chapter 5 as graphs: (title, nodes, edges), a node name -> (x, y, label).
+_LN1, _LN2, _ATT, _MLP = r"$\mathrm{LN}_1$", r"$\mathrm{LN}_2$", r"$\mathrm{Attn}$", r"$\mathrm{MLP}$"
+BLOCK_GRAPHS = {
+    "pre_ln": (
+        "pre-LN\n(GPT-2, GPT-3)",
+        {"X": (0, 0, "$X$"), "ln1": (0.8, 1, _LN1), "att": (0.8, 2.2, _ATT), "add1": (0, 3.4, "+"),
+         "ln2": (0.8, 4.4, _LN2), "mlp": (0.8, 5.6, _MLP), "add2": (0, 6.8, "+"), "Z": (0, 7.8, "$Z$")},
+        [("X", "ln1"), ("ln1", "att"), ("att", "add1"), ("X", "add1"), ("add1", "ln2"),
+         ("ln2", "mlp"), ("mlp", "add2"), ("add1", "add2"), ("add2", "Z")],
+    ),
+    "post_ln": (
+        "post-LN\n(2017, 002)",
+        {"X": (0, 0, "$X$"), "att": (0.8, 1.2, _ATT), "add1": (0, 2.4, "+"), "ln1": (0, 3.4, _LN1),
+         "mlp": (0.8, 4.6, _MLP), "add2": (0, 5.8, "+"), "ln2": (0, 6.8, _LN2), "Z": (0, 7.8, "$Z$")},
+        [("X", "att"), ("att", "add1"), ("X", "add1"), ("add1", "ln1"), ("ln1", "mlp"),
+         ("mlp", "add2"), ("ln1", "add2"), ("add2", "ln2"), ("ln2", "Z")],
+    ),
+    "parallel": (
+        "parallel\n(000 remark 4.1, GPT-J)",
+        {"X": (0, 0, "$X$"), "ln1": (0.8, 1.4, _LN1), "att": (0.4, 3.2, _ATT), "mlp": (1.2, 3.2, _MLP),
+         "add": (0, 5.2, "+"), "Z": (0, 6.6, "$Z$")},
+        [("X", "ln1"), ("ln1", "att"), ("ln1", "mlp"), ("att", "add"), ("mlp", "add"),
+         ("X", "add"), ("add", "Z")],
+    ),
+}
+
+
+def draw_block(ax, title: str, nodes: dict, edges: list) -> None:
+    """Draws one block on ``ax`` as a graph whose stream runs upwards: ``nodes`` maps a name to
+    ``(x, y, label)`` (a ``"+"`` is the residual addition, drawn as a circle), ``edges`` are
+    ``(from, to)`` pairs of names, drawn as arrows.
+
+    >>> fig, ax = subplots(width=2.5, height=3)
+    >>> draw_block(ax, "a residual", {"X": (0, 0, "$X$"), "f": (0.8, 1, "f"),
+    ...            "+": (0, 2, "+")}, [("X", "f"), ("f", "+"), ("X", "+")])
+    >>> [t.get_text() or "->" for t in ax.texts]  # three labels, three arrows
+    ['$X$', 'f', '+', '->', '->', '->']
+    """
+    for x, y, label in nodes.values():
+        kind = "LN" if "LN" in label else "stream" if label in ("+", "$X$", "$Z$") else "sub-layer"
+        box = {"boxstyle": "circle,pad=0.15" if label == "+" else "round,pad=0.3",
+               "fc": LAYER_FILL[kind], "ec": "black"}
+        ax.text(x, y, label, ha="center", va="center", fontsize=11, bbox=box)
+    for a, b in edges:
+        (xa, ya, _), (xb, yb, _) = nodes[a], nodes[b]
+        ax.annotate("", xy=(xb, yb), xytext=(xa, ya),
+                    arrowprops={"arrowstyle": "->", "shrinkA": 11, "shrinkB": 11})
+    ax.set_title(title)
+    ax.set_xlim(-0.7, 1.6)
+    ax.set_ylim(-0.6, 8.1)
+    ax.axis("off")
+
+
+def block_diagrams():
+    """Chapter 5's figure: the pre-LN, post-LN and parallel blocks side by side; returns the figure.
+
+    >>> fig = block_diagrams()
+    >>> [ax.get_title().split()[0] for ax in fig.axes], fig.get_size_inches().tolist()
+    (['pre-LN', 'post-LN', 'parallel'], [7.0, 5.0])
+    """
+    fig, axes = subplots(1, 3, height=5.0)
+    for ax, (title, nodes, edges) in zip(axes, BLOCK_GRAPHS.values()):
+        draw_block(ax, title, nodes, edges)
+    fig.suptitle("three ways to assemble a block (the stream runs upwards; + adds the residual)")
+    return fig
+
+
+SHAPE_SYMBOLS = {"d_model": r"d_\mathrm{model}", "d_vocab": "|V|"}  # mathtext has no \lvert
+
+
+def shape_label(dims) -> str:
+    """A tensor shape in symbols, typeset: ``("B", "T", "d_model")`` -> ``$(B, T, d_\\mathrm{model})$``.
+
+    >>> shape_label(("B", "T", "d_vocab"))
+    '$(B, T, |V|)$'
+    """
+    return "$(" + ", ".join(SHAPE_SYMBOLS.get(d, d) for d in dims) + ")$"
+
+
+def decoder_stack(stages, n_layers: int, title: str):
+    """Chapter 6's figure: the decoder stack, one box per stage from the token ids (top) to the
+    next-token distribution, each with its shape in symbols and, in brackets, as measured.
+    ``stages`` holds ``(label, dims, measured)``: a label in mathtext, the shape as symbol names
+    (``shape_label``) and the measured shape; boxes whose label starts with "Block" are the
+    ``n_layers`` blocks. Returns the figure.
+
+    >>> import re
+    >>> stages = [(r"token ids $x_0, \\ldots, x_{T-1}$", ("B", "T"), (2, 12)),
+    ...           ("Block 1", ("B", "T", "d_model"), (2, 12, 64)),
+    ...           (r"logits $Y$", ("B", "T", "d_vocab"), (2, 12, 512))]
+    >>> fig = decoder_stack(stages, 1, "a stack")
+    >>> fig.canvas.draw()  # mathtext parses every label
+    >>> texts = [t.get_text() for t in fig.axes[0].texts]
+    >>> texts[:2]
+    ['token ids $x_0, \\\\ldots, x_{T-1}$', '$(B, T)$  [2, 12]']
+    >>> [t for t in texts if re.search(r"[_^]", re.sub(r"[$][^$]*[$]", "", t))]  # no raw TeX
+    []
+    """
+    n = len(stages)
+    fig, ax = subplots(height=0.62 * n + 0.6)
+    blocks = [i for i, (label, _, _) in enumerate(stages) if label.startswith("Block")]
+    for i, (label, dims, measured) in enumerate(stages):
+        y = n - 1 - i
+        fill = LAYER_FILL["LN"] if i in blocks else "#f2f2f2"
+        ax.add_patch(mpl.patches.FancyBboxPatch((0.02, y + 0.15), 0.8, 0.6, fc=fill, ec="gray",
+                                                boxstyle="round,pad=0.02"))
+        ax.text(0.05, y + 0.45, label, va="center", fontsize=11)
+        ax.text(0.79, y + 0.45, f"{shape_label(dims)}  {list(measured)}", va="center",
+                ha="right", fontsize=11)
+        if i < n - 1:
+            ax.annotate("", xy=(0.42, y - 0.23), xytext=(0.42, y + 0.13),
+                        arrowprops={"arrowstyle": "->", "color": "gray"})
+    if blocks:
+        middle = n - 1 - (blocks[0] + blocks[-1]) / 2 + 0.45
+        ax.text(0.86, middle, f"$L = {n_layers}$\nblocks", va="center", fontsize=11,
+                color=COLOURS[0])
+    ax.set_xlim(0, 1.0)
+    ax.set_ylim(-0.1, n)
+    ax.axis("off")
+    ax.set_title(title)
+    return fig
