@@ -297,4 +297,48 @@ def decoder_stack(stages, n_layers: int, title: str):
     ax.set_ylim(-0.1, n)
     ax.axis("off")
     ax.set_title(title)
+# --- Chapter 7: sampling ----------------------------------------------------------------------
+
+
+def truncation_panels(panels, reference, *, ncols: int = 3, height: float = 4.6):
+    """Bar charts of next-token distributions, one panel per ``(title, probabilities)`` in ``panels``
+    (tokens in the order given), on a grid of ``ncols`` columns; a token a panel removes
+    (probability 0) is drawn in grey at its probability in ``reference``. Each title gets the
+    panel's entropy in nats and the number of tokens left; a spare cell of the grid holds the key.
+
+    >>> import torch
+    >>> p = torch.tensor([0.5, 0.3, 0.2])
+    >>> fig = truncation_panels([("all", p), ("top-2", torch.tensor([0.625, 0.375, 0.0]))], p)
+    >>> [ax.get_title().splitlines()[1] for ax in fig.axes[:2]]
+    ['1.03 nats, 3 tokens', '0.66 nats, 2 tokens']
+    """
+    import torch
+
+    ncols = check_int("ncols", ncols, 1)
+    if not panels:
+        raise ValueError("panels must hold at least one (title, probabilities) pair")
+    nrows = -(-(len(panels) + 1) // ncols)  # one cell more, for the key
+    fig, axes = subplots(nrows, ncols, height=height, sharey=True, squeeze=False)
+    axes = axes.ravel()
+    n = len(reference)
+    for ax, (title, q) in zip(axes, panels):
+        if len(q) != n:
+            raise ValueError(f"panel {title!r} has {len(q)} probabilities, reference has {n}")
+        removed = q == 0
+        ax.bar(range(n), torch.where(removed, reference, 0), color="#c8c8c8")
+        ax.bar(range(n), q, color=COLOURS[0])
+        entropy = float(-(q[q > 0] * q[q > 0].log()).sum())
+        ax.set_title(f"{title}\n{entropy:.2f} nats, {int((~removed).sum())} tokens", fontsize=10)
+        ax.set_xticks(range(0, n, 2))
+    for ax in axes[::ncols]:
+        ax.set_ylabel("probability")
+    for ax in axes[max(0, len(panels) - ncols) : len(panels)]:  # the lowest panel of each column
+        ax.set_xlabel("token (by logit)")
+    key = axes[len(panels)]
+    key.bar([0], [0], color=COLOURS[0], label="probability after the operation")
+    key.bar([0], [0], color="#c8c8c8", label="removed (its probability\nbefore the operation)")
+    key.legend(loc="center", frameon=False)
+    key.axis("off")
+    for ax in axes[len(panels) + 1 :]:
+        ax.axis("off")
     return fig

@@ -12,6 +12,7 @@ is tested on a trained model whatever the chapters show.
 from __future__ import annotations
 
 import json
+import math
 import re
 from urllib.parse import urlparse
 
@@ -213,10 +214,29 @@ def test_attention_widget_head_selector_changes_heatmap(browser, site):
     p.close()
 
 
-def _python_probs(logits, settings):
-    return next_token_probs(torch.tensor(logits, dtype=torch.float64), temperature=settings["temperature"],
-                            top_k=settings["top_k"] or None,
-                            top_p=settings["top_p"] if settings["top_p"] < 1 else None)
+def _python_probs(logits, settings, rest_logz=None):
+    """next_token_probs over the stored tokens and, where a node does not store every token, the
+    others as one block after them, of weight exp(rest_logz) at this temperature (relative to the
+    largest logit): top-k keeps only stored tokens; top-p keeps the others' mass up to p.
+    Returns (probabilities of the stored tokens, mass kept of the others)."""
+    y = torch.tensor(logits, dtype=torch.float64)
+    T, k, p = settings["temperature"], settings["top_k"] or None, settings["top_p"] if settings["top_p"] < 1 else None
+    if rest_logz is None or T == 0:
+        return next_token_probs(y, temperature=T, top_k=k, top_p=p), 0.0
+    w = torch.exp((y - y.max()) / T)
+    z = float(w.sum()) + math.exp(rest_logz)
+    q, rest = w / z, math.exp(rest_logz) / z
+    order = torch.sort(y, descending=True, stable=True).indices
+    if k is not None:
+        q[order[k:]] = 0
+        q, rest = q / q.sum(), 0.0
+    if p is not None:
+        before = torch.cumsum(q[order], 0) - q[order]
+        q[order[before >= p]] = 0
+        rest = min(rest, max(0.0, p - float(q.sum()))) if rest else 0.0
+        total = float(q.sum()) + rest
+        q, rest = q / total, rest / total
+    return q, rest
 
 
 SHIPPED = ROOT / "models" / "english"
@@ -234,17 +254,20 @@ def check_sampling_distribution(root, checked: list):
     logits = json.loads(root.get_attribute("data-logits"))
     probs = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
     settings = json.loads(root.get_attribute("data-settings"))
-    torch.testing.assert_close(probs, _python_probs(logits, settings), atol=1e-5, rtol=0,
-                               msg=lambda m: f"at {settings}: {m}")
+    rest_logz = float(root.get_attribute("data-rest-logz")) if root.get_attribute("data-rest-logz") else None
+    want, rest = _python_probs(logits, settings, rest_logz)
+    torch.testing.assert_close(probs, want, atol=1e-5, rtol=0, msg=lambda m: f"at {settings}: {m}")
+    assert float(root.get_attribute("data-rest")) == pytest.approx(rest, abs=1e-5)
     y = torch.tensor(logits, dtype=torch.float64)
     order = torch.sort(y, descending=True, stable=True).indices
     n = root.locator(".gptlib-samp-bar").count()
     assert n >= 1 and root.locator(".gptlib-samp-ghost").count() == n
     shown = order[:n]
     assert _widths(root, "gptlib-samp-bar") == pytest.approx((W * probs[shown]).tolist(), abs=0.01)
-    ghost = next_token_probs(y)  # temperature 1, nothing cut
+    rest1 = float(root.get_attribute("data-rest-logz1")) if root.get_attribute("data-rest-logz1") else None
+    ghost, _ = _python_probs(logits, {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, rest1)  # temperature 1, nothing cut
     assert _widths(root, "gptlib-samp-ghost") == pytest.approx((W * ghost[shown]).tolist(), abs=0.01)
-    q = next_token_probs(y, temperature=settings["temperature"], top_k=settings["top_k"] or None)
+    q, _ = _python_probs(logits, settings | {"top_p": 1.0}, rest_logz)
     cum = torch.cumsum(q[order], 0)[:n]
     xs = [float(pt.split(",")[0]) for pt in root.locator(".gptlib-samp-cum").get_attribute("points").split()]
     assert xs == pytest.approx((X0 + W * cum).tolist(), abs=0.01), "the cumulative mass line"
@@ -285,7 +308,7 @@ def check_sample_step(root, tree_root: dict | None = None) -> int:
         child = node["next"].get(str(after[-1]))
         if child is None:
             assert root.get_attribute("data-stuck") == "1" and root.locator(".gptlib-samp-step").is_disabled()
-            assert "cannot run the model" in root.locator(".gptlib-samp-msg").text_content()
+            assert "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
         else:
             assert root.get_attribute("data-stuck") == "0"
             assert json.loads(root.get_attribute("data-logits")) == child["logits"]
@@ -343,7 +366,7 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
         check_sample_step(root)
         if root.get_attribute("data-stuck") == "1":
             break
-    assert root.get_attribute("data-stuck") == "1" and "cannot run the model" in root.locator(".gptlib-samp-msg").text_content()
+    assert root.get_attribute("data-stuck") == "1" and "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
     p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp")
     p.check_offline()
     p.close()
@@ -440,7 +463,7 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     for step in range(4):
         check_sample_step(root, trees[0])
         assert root.get_attribute("data-stuck") == ("1" if step == 3 else "0")
-    assert "stores no distribution" in root.locator(".gptlib-samp-msg").text_content()
+    assert "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
     p.screenshot("sampling_widget_shipped_steps.png", ".gptlib-samp")
     root.locator(".gptlib-samp-undo").click()
     assert len(json.loads(root.get_attribute("data-path"))) == 3 and root.get_attribute("data-stuck") == "0"
