@@ -6,18 +6,23 @@
                       B T (4 d_model + 4 d_attn + 2 d_mlp + n_heads + 4) numbers (fused attention)
     accumulation      sum over n micro-batches of grad(L_j / n) = grad of the large batch's mean loss
     checkpointing     keep only each block's input; recompute the rest during the backward pass
-    loss scaling      fp16 gradients below 2^-24 round to 0; multiply the loss by s, divide grads by s
-    ZeRO 1 / 2 / 3    shard optimiser state / + gradients / + weights over N_d data-parallel ranks
+    live memory       the bytes a computation holds at each moment, forward and backward (LiveBytes)
+    loss scaling      fp16 gradients below 2^-24 round to 0; multiply the loss by S, divide grads by S
+    ZeRO 1 / 2 / 3    shard optimiser state / + gradients / + weights over R data-parallel ranks
 
-N is the number of parameters (as in 6ND), N_d the number of devices a model state is sharded over.
+N is the number of parameters (as in 6 N n_tok), R the world size, the number of devices a model
+state is sharded over.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from .attention import d_head_of
@@ -32,8 +37,10 @@ __all__ = [
     "master_weights_step",
     "activation_elements",
     "saved_tensor_bytes",
+    "LiveBytes",
     "accumulate_gradients",
     "checkpointed_logits",
+    "backward_turn_peaks",
     "unit_roundoff",
     "relative_rounding_error",
     "amp_gradients",
@@ -190,6 +197,54 @@ def saved_tensor_bytes(fn: Callable[..., Tensor], *args, exclude: Iterable[Tenso
     return out, tensor_bytes(t for t in saved if t.untyped_storage().data_ptr() not in skip)
 
 
+class LiveBytes(TorchDispatchMode):
+    """Counts, while active, the bytes of the storages that operations create and that are still alive.
+
+    Every operation (forward, backward, recomputation) passes through PyTorch's dispatcher, and
+    this mode sees its outputs: a new storage is added to ``now`` and subtracted when Python's
+    garbage collector frees it. ``peak`` is the largest ``now`` since the start or the last
+    :meth:`reset_peak`. A storage that existed before is counted too if an operation returns it
+    (a view, an in-place update), unless it is in ``exclude``: pass the parameters and their
+    gradients. What it measures is the memory a device allocator would hold for these tensors,
+    without its rounding to blocks.
+
+    >>> with LiveBytes() as mem:
+    ...     a = torch.ones(1000)      # 4000 bytes
+    ...     b = a.exp()               # 4000 more
+    ...     del a                     # freed
+    >>> mem.now, mem.peak
+    (4000, 8000)
+    """
+
+    def __init__(self, exclude: Iterable[Tensor] = ()):
+        super().__init__()
+        self._skip = {t.untyped_storage().data_ptr() for t in exclude if t is not None}
+        self._live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.now -= self._live.pop(key, 0)
+
+    def reset_peak(self) -> int:
+        """Starts a new peak at the current bytes; returns the peak that ended."""
+        old, self.peak = self.peak, self.now
+        return old
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key in self._live or key in self._skip or storage.nbytes() == 0:
+                    continue
+                self._live[key] = storage.nbytes()
+                self.now += storage.nbytes()
+                weakref.finalize(storage, self._free, key)  # runs when the storage is freed
+        self.peak = max(self.peak, self.now)
+        return out
+
+
 # =============================================================================================
 # Gradient accumulation and activation checkpointing
 # =============================================================================================
@@ -226,6 +281,33 @@ def checkpointed_logits(model: nn.Module, ids: Tensor) -> Tensor:
     for blk in model.blocks:
         x = checkpoint(blk, x, use_reentrant=False)  # (B, T, d_model); RNG state kept for dropout
     return model.read_out(x)  # (B, T, d_vocab)
+
+
+def backward_turn_peaks(model: nn.Module, ids: Tensor, targets: Tensor, checkpointed: bool = False) -> tuple[int, list[int]]:
+    """The bytes held at the end of a GPT's forward pass, and the peak of each turn of its backward pass.
+
+    Turns come in the order the backward pass takes them: the read-out (LN_f, W_U and the loss),
+    then block L, ..., block 1; a turn starts when the gradient of its output is ready (a tensor
+    hook). Bytes are those of :class:`LiveBytes`, parameters and gradients left out (gradients
+    are allocated first, so the backward pass accumulates into them in place). With
+    ``checkpointed``, every block runs under ``torch.utils.checkpoint``, as in :func:`checkpointed_logits`.
+    """
+    params = list(model.parameters())
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    turns: list[int] = []
+    with LiveBytes(exclude=params + [p.grad for p in params]) as mem:
+        x = model.input_stream(ids)  # (B, T, d_model)
+        for blk in model.blocks:
+            x = checkpoint(blk, x, use_reentrant=False) if checkpointed else blk(x)  # (B, T, d_model)
+            x.register_hook(lambda grad: turns.append(mem.reset_peak()))  # the turn of the block above ends
+        loss = lm_loss(model.read_out(x), targets)
+        forward = mem.now
+        mem.reset_peak()
+        loss.backward()
+        turns.append(mem.reset_peak())
+    return forward, turns
 
 
 # =============================================================================================
@@ -266,7 +348,7 @@ def amp_gradients(module: nn.Module, loss_fn: Callable[[], Tensor], dtype: torch
     """The gradients of ``loss_fn()`` (which calls ``module``) computed under ``torch.autocast(dtype)``.
 
     ``dtype=None`` computes in fp32. With ``loss_scale``, the backward pass runs on
-    ``torch.amp.GradScaler``'s scaled loss s L and the gradients are unscaled (divided by s, in
+    ``torch.amp.GradScaler``'s scaled loss S L and the gradients are unscaled (divided by S, in
     fp32) afterwards, as in training; a gradient that overflowed comes back as inf or nan.
     """
     if loss_scale is not None:
@@ -283,12 +365,12 @@ def amp_gradients(module: nn.Module, loss_fn: Callable[[], Tensor], dtype: torch
     else:
         scaler = torch.amp.GradScaler(device_type, init_scale=loss_scale)
         scaler.scale(loss).backward()
-        scaler.unscale_(torch.optim.SGD(module.parameters(), lr=0.0))  # divides every .grad by s
+        scaler.unscale_(torch.optim.SGD(module.parameters(), lr=0.0))  # divides every .grad by S
     return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
 # =============================================================================================
-# ZeRO: sharding the model state over N_d data-parallel devices
+# ZeRO: sharding the model state over R data-parallel devices
 # =============================================================================================
 
 ZERO_STAGES = {0: "replicated (DDP)", 1: "optimizer state sharded", 2: "+ gradients sharded", 3: "+ weights sharded (FSDP)"}
@@ -299,9 +381,9 @@ def zero_bytes_per_device(n_params: float, n_devices: int, stage: int, weight_by
     """Model-state bytes on each of ``n_devices`` data-parallel devices under ZeRO ``stage``.
 
     With N parameters and K = ``optimizer_bytes`` per parameter (fp32 master weights + two
-    moments = 12), stage 0 keeps (2 + 2 + K) N on every device; stage 1 divides the K N by N_d,
+    moments = 12), stage 0 keeps (2 + 2 + K) N on every device; stage 1 divides the K N by R,
     stage 2 also the gradients, stage 3 also the weights. Figure 1 of the ZeRO paper
-    (N = 7.5e9, N_d = 64):
+    (N = 7.5e9, R = 64):
 
     >>> [round(zero_bytes_per_device(7.5e9, 64, s) / 1e9, 1) for s in range(4)]
     [120.0, 31.4, 16.6, 1.9]

@@ -5,6 +5,8 @@
     output     y(x) = sum_{i in S(x)} g_i(x) MLP_i(x),     g_i = p_i (k = 1) or p_i / sum_{j in S} p_j (k > 1)
     balance    L_aux = n_experts sum_i f_i P_i,  f_i = share of routed slots sent to i,
                                                  P_i = mean router probability of i
+    capacity   each expert takes at most ceil(capacity_factor k n / n_experts) of the k n slots of
+               a batch of n tokens, first come first served; the others are dropped (Switch)
 
 Each expert is a :class:`gptlib.mlp.MLP`. A token touches k of the n_experts MLPs, so the layer
 holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per token
@@ -13,13 +15,15 @@ holds n_experts times the weights of one MLP but costs about k MLPs' FLOPs per t
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from .mlp import MLP
-from .runtime import check_ids, check_int, check_positive_int
+from .runtime import check_float, check_ids, check_int, check_positive_int
 
-__all__ = ["route", "load_balancing_loss", "sort_by_expert", "MoE", "moe_parameters"]
+__all__ = ["route", "load_balancing_loss", "sort_by_expert", "expert_capacity", "kept_slots", "MoE", "moe_parameters"]
 
 
 def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,12 +84,48 @@ def sort_by_expert(idx: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
     return torch.argsort(flat, stable=True), torch.bincount(flat, minlength=n_experts)
 
 
+def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """The most slots one expert processes per batch: ceil(capacity_factor k n / n_experts).
+
+    With ``capacity_factor = 1`` the k n slots of n tokens fit exactly when the routing is
+    uniform; a larger factor leaves room for imbalance, at the price of padding on hardware that
+    needs fixed shapes (Switch Transformer).
+
+    >>> expert_capacity(32, 8, 2, 1.0), expert_capacity(32, 8, 2, 1.25), expert_capacity(10, 4, 1, 1.0)
+    (8, 10, 3)
+    """
+    check_positive_int("n_tokens", n_tokens)
+    check_positive_int("n_experts", n_experts)
+    check_int("top_k", top_k, 1, n_experts)
+    check_float("capacity_factor", capacity_factor, 0.0, lo_open=True)
+    # - 1e-9: a product that rounds up past a whole number (1.1 * 10 = 11.000000000000002) is that number
+    return math.ceil(capacity_factor * top_k * n_tokens / n_experts - 1e-9)
+
+
+def kept_slots(idx: Tensor, n_experts: int, capacity: int) -> Tensor:
+    """Which routed slots an expert of ``capacity`` processes: (n, k) booleans.
+
+    Each expert takes the slots that chose it in token order (slot t k + j before t' k + j' when
+    t < t', or t = t' and j < j') until it is full; the rest are dropped, and a dropped slot adds
+    nothing to its token's output (the token still passes on through the residual stream).
+
+    >>> kept_slots(torch.tensor([[0], [1], [0], [0]]), 2, 2).flatten().tolist()
+    [True, True, True, False]
+    """
+    check_int("capacity", capacity, 0)
+    order, counts = sort_by_expert(idx, n_experts)
+    rank = torch.empty_like(order)  # each slot's place in its expert's queue
+    rank[order] = torch.cat([torch.arange(int(c)) for c in counts])
+    return (rank < capacity).view(idx.shape)
+
+
 class MoE(nn.Module):
     """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of them.
 
     ``forward(x)`` maps (..., d_model) to (..., d_model); ``aux_loss(x)`` is the load-balancing loss
     of routing the same batch, to be added (times a small coefficient, 0.01 in Switch) to the
-    language-model loss.
+    language-model loss. With a ``capacity_factor``, each expert processes at most
+    :func:`expert_capacity` slots of a batch and drops the rest (:func:`kept_slots`).
 
     >>> moe = MoE(8, 32, n_experts=4, top_k=1)
     >>> x = torch.randn(5, 8)
@@ -94,11 +134,15 @@ class MoE(nn.Module):
     True
     """
 
-    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int = 2, activation: str = "gelu_tanh", bias: bool = True):
+    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int = 2, activation: str = "gelu_tanh",
+                 bias: bool = True, capacity_factor: float | None = None):
         super().__init__()
         check_positive_int("n_experts", n_experts)
         check_int("top_k", top_k, 1, n_experts)
+        if capacity_factor is not None:
+            check_float("capacity_factor", capacity_factor, 0.0, lo_open=True)
         self.d_model, self.d_mlp, self.n_experts, self.top_k = d_model, d_mlp, n_experts, top_k
+        self.capacity_factor = capacity_factor
         self.experts = nn.ModuleList(MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts))
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
         nn.init.normal_(self.W_r, std=0.02)
@@ -114,8 +158,11 @@ class MoE(nn.Module):
         x2 = x.reshape(-1, self.d_model)  # (n, d_model), n = B*T tokens
         probs, gates, idx = route(x2, self.W_r, self.top_k)  # (n, E), (n, k), (n, k)
         order, counts = sort_by_expert(idx, self.n_experts)
+        cap = None if self.capacity_factor is None else expert_capacity(
+            x2.shape[0], self.n_experts, self.top_k, self.capacity_factor)
         y = torch.zeros_like(x2)  # (n, d_model)
         for e, slots in enumerate(order.split(counts.tolist())):
+            slots = slots if cap is None else slots[:cap]  # in token order: the first cap are kept
             if slots.numel() == 0:
                 continue
             tokens = slots // self.top_k  # which rows of x2 expert e processes
@@ -125,7 +172,8 @@ class MoE(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}"
+        cap = "" if self.capacity_factor is None else f", capacity_factor={self.capacity_factor}"
+        return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}{cap}"
 
 
 def moe_parameters(d_model: int, d_mlp: int, n_experts: int, top_k: int, bias: bool = True) -> tuple[int, int]:

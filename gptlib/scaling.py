@@ -1,12 +1,22 @@
-"""Chapter 11: scaling laws — the loss as a power law in the parameter count, and Chinchilla's rule.
+"""Chapter 11: scaling laws — the loss as a power of the parameter count, and the compute-optimal split.
 
-    L(N) = E + A / N^alpha         (Kaplan et al. 2020; E is the loss no model size removes)
-    C ~ 6 N D,  D_opt ~ 20 N_opt   (Hoffmann et al. 2022, "Chinchilla": tokens ~ 20 per parameter)
+    Kaplan et al. 2020     L(N) = (N_c / N)^alpha_N, no constant: models trained on enough data
+                           (early-stopped), 768 to 1.5e9 non-embedding parameters;
+                           alpha_N ~ 0.076, N_c ~ 8.8e13                         (:data:`KAPLAN`)
+    with a floor E         L(N) = E + c_N / N^alpha_N: the form fitted here (:func:`fit_power_law`);
+                           at a fixed number of tokens, E holds what more data would still remove
+    Hoffmann et al. 2022   L(N, n_tok) = E + c_N / N^alpha_N + c_tok / n_tok^alpha_tok
+    ("Chinchilla")         (:class:`LossSurface`; Approach 3's fit: :data:`CHINCHILLA_APPROACH_3`)
+                           minimised at a fixed C = 6 N n_tok (:meth:`LossSurface.optimum`);
+                           Approaches 1 and 2 give N_opt ~ C^0.50 and about 20 tokens per
+                           parameter (:func:`compute_optimal`)
 
+The papers' symbols: Chinchilla's A, B, alpha, beta are c_N, c_tok, alpha_N, alpha_tok here, and
+its D is n_tok (the book's A is an attention pattern, B a batch, beta a KL weight, D a data set).
 N counts the parameters that are not embeddings (W_E, W_pos), as Kaplan et al. do: at the book's
 sizes the embedding table is most of the model but does no per-token arithmetic beyond a lookup.
-The fit is least squares in (E, A, alpha): for a fixed alpha the model is linear in (E, A), solved
-exactly, and alpha is found by a grid and a golden-section search (variable projection).
+The fit is least squares in (E, c_N, alpha_N): for a fixed alpha_N the model is linear in (E, c_N),
+solved exactly, and alpha_N is found by a grid and a golden-section search (variable projection).
 """
 
 from __future__ import annotations
@@ -17,7 +27,18 @@ from typing import Sequence
 
 from torch import nn
 
-__all__ = ["non_embedding_parameters", "PowerLaw", "fit_power_law", "CHINCHILLA_TOKENS_PER_PARAM", "compute_optimal"]
+from .runtime import check_float
+
+__all__ = [
+    "non_embedding_parameters",
+    "PowerLaw",
+    "KAPLAN",
+    "fit_power_law",
+    "LossSurface",
+    "CHINCHILLA_APPROACH_3",
+    "CHINCHILLA_TOKENS_PER_PARAM",
+    "compute_optimal",
+]
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 
@@ -40,53 +61,74 @@ def non_embedding_parameters(model: nn.Module) -> int:
 
 @dataclass(frozen=True)
 class PowerLaw:
-    """L(N) = E + A / N^alpha.
+    """L(N) = E + c / N^alpha; with E = 0, Kaplan's (N_c / N)^alpha with N_c = c^(1/alpha).
 
-    >>> round(PowerLaw(E=1.0, A=8.0, alpha=0.5)(16.0), 4)
+    >>> round(PowerLaw(E=1.0, c=8.0, alpha=0.5)(16.0), 4)
     3.0
+    >>> round(PowerLaw(E=0.0, c=8.0, alpha=0.5).N_c, 4)
+    64.0
     """
 
     E: float
-    A: float
+    c: float
     alpha: float
 
     def __call__(self, N: float) -> float:
-        return self.E + self.A * N ** (-self.alpha)
+        return self.E + self.c * N ** (-self.alpha)
+
+    @property
+    def N_c(self) -> float:
+        """The scale of Kaplan's form: c / N^alpha = (N_c / N)^alpha."""
+        return self.c ** (1 / self.alpha)
 
 
-def _linear_fit(N: Sequence[float], L: Sequence[float], alpha: float) -> tuple[float, float, float]:
-    """Least squares E, A for a fixed alpha, and the sum of squared residuals."""
+# Kaplan et al. (2020), their eq. (1.1): L(N) = (N_c / N)^alpha_N, in nats per token
+KAPLAN = PowerLaw(E=0.0, c=8.8e13**0.076, alpha=0.076)
+
+
+def _linear_fit(N: Sequence[float], L: Sequence[float], alpha: float, floor: bool) -> tuple[float, float, float]:
+    """Least squares E, c for a fixed alpha (E = 0 without a floor), and the sum of squared residuals."""
     x = [n ** (-alpha) for n in N]
-    n = len(x)
-    mx, my = sum(x) / n, sum(L) / n
-    sxx = sum((xi - mx) ** 2 for xi in x)
-    A = sum((xi - mx) * (yi - my) for xi, yi in zip(x, L)) / sxx if sxx > 0 else 0.0
-    E = my - A * mx
-    return E, A, sum((E + A * xi - yi) ** 2 for xi, yi in zip(x, L))
+    if floor:
+        n = len(x)
+        mx, my = sum(x) / n, sum(L) / n
+        sxx = sum((xi - mx) ** 2 for xi in x)
+        c = sum((xi - mx) * (yi - my) for xi, yi in zip(x, L)) / sxx if sxx > 0 else 0.0
+        E = my - c * mx
+    else:
+        E, c = 0.0, sum(xi * yi for xi, yi in zip(x, L)) / sum(xi * xi for xi in x)
+    return E, c, sum((E + c * xi - yi) ** 2 for xi, yi in zip(x, L))
 
 
-def fit_power_law(N: Sequence[float], L: Sequence[float], alpha_range: tuple[float, float] = (0.01, 2.0)) -> PowerLaw:
-    """The least-squares fit of L(N) = E + A / N^alpha to measured losses, with alpha in ``alpha_range``.
+def fit_power_law(N: Sequence[float], L: Sequence[float], alpha_range: tuple[float, float] = (0.01, 2.0),
+                  floor: bool = True) -> PowerLaw:
+    """The least-squares fit of L(N) = E + c / N^alpha to measured losses, with alpha in ``alpha_range``.
 
-    >>> true = PowerLaw(E=2.0, A=50.0, alpha=0.3)
+    ``floor=False`` fixes E = 0: Kaplan's form (N_c / N)^alpha.
+
+    >>> true = PowerLaw(E=2.0, c=50.0, alpha=0.3)
     >>> sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
     >>> fit = fit_power_law(sizes, [true(n) for n in sizes])
-    >>> round(fit.E, 4), round(fit.A, 2), round(fit.alpha, 4)
+    >>> round(fit.E, 4), round(fit.c, 2), round(fit.alpha, 4)
     (2.0, 50.0, 0.3)
+    >>> fit = fit_power_law(sizes, [KAPLAN(n) for n in sizes], floor=False)
+    >>> fit.E, round(fit.alpha, 4), f"{fit.N_c:.2e}"
+    (0.0, 0.076, '8.80e+13')
     """
     N, L = [float(n) for n in N], [float(l) for l in L]
     if len(N) != len(L):
         raise ValueError(f"N and L must have the same length, got {len(N)} and {len(L)}")
-    if len(N) < 3:
-        raise ValueError(f"N must hold at least 3 sizes to fit 3 parameters, got {len(N)}")
+    need = 3 if floor else 2
+    if len(N) < need:
+        raise ValueError(f"N must hold at least {need} sizes to fit {need} parameters, got {len(N)}")
     if min(N) <= 0:
         raise ValueError(f"N must be positive, got {min(N)}")
-    if len(set(N)) < 3:
-        raise ValueError("N must hold at least 3 distinct sizes")
+    if len(set(N)) < need:
+        raise ValueError(f"N must hold at least {need} distinct sizes")
     lo, hi = alpha_range
     if not 0 < lo < hi:
         raise ValueError(f"alpha_range must satisfy 0 < low < high, got {alpha_range}")
-    sse = lambda a: _linear_fit(N, L, a)[2]  # noqa: E731
+    sse = lambda a: _linear_fit(N, L, a, floor)[2]  # noqa: E731
     grid = [lo + (hi - lo) * i / 400 for i in range(401)]
     best = min(range(len(grid)), key=lambda i: sse(grid[i]))
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
@@ -100,20 +142,58 @@ def fit_power_law(N: Sequence[float], L: Sequence[float], alpha_range: tuple[flo
             a, c = c, d
             d = a + g * (b - a)
     alpha = (a + b) / 2
-    E, A, _ = _linear_fit(N, L, alpha)
-    return PowerLaw(E=E, A=A, alpha=alpha)
+    E, c, _ = _linear_fit(N, L, alpha, floor)
+    return PowerLaw(E=E, c=c, alpha=alpha)
+
+
+@dataclass(frozen=True)
+class LossSurface:
+    """Chinchilla's parametric loss L(N, n_tok) = E + c_N / N^alpha_N + c_tok / n_tok^alpha_tok.
+
+    >>> s = LossSurface(E=1.0, c_N=1.0, c_tok=1.0, alpha_N=0.5, alpha_tok=0.5)
+    >>> s(4.0, 16.0)
+    1.75
+    >>> N, n_tok = s.optimum(6 * 1e6)  # alpha_N = alpha_tok, c_N = c_tok: N = n_tok = sqrt(C / 6)
+    >>> round(N), round(n_tok)
+    (1000, 1000)
+    """
+
+    E: float
+    c_N: float
+    c_tok: float
+    alpha_N: float
+    alpha_tok: float
+
+    def __post_init__(self):
+        for name in ("c_N", "c_tok", "alpha_N", "alpha_tok"):
+            check_float(name, getattr(self, name), 0.0, lo_open=True)
+        check_float("E", self.E)
+
+    def __call__(self, N: float, n_tok: float) -> float:
+        return self.E + self.c_N / N**self.alpha_N + self.c_tok / n_tok**self.alpha_tok
+
+    def optimum(self, C: float) -> tuple[float, float]:
+        """(N_opt, n_tok) minimising L at the compute C = 6 N n_tok: setting dL/dN = 0 along
+        n_tok = C / (6N) gives N_opt = G (C/6)^(alpha_tok / (alpha_N + alpha_tok)),
+        G = (alpha_N c_N / (alpha_tok c_tok))^(1 / (alpha_N + alpha_tok))."""
+        check_float("C", C, 0.0, lo_open=True)
+        a, b = self.alpha_N, self.alpha_tok
+        N = (a * self.c_N / (b * self.c_tok)) ** (1 / (a + b)) * (C / 6) ** (b / (a + b))
+        return N, C / (6 * N)
+
+
+# Hoffmann et al. (2022), Approach 3 (their eq. (10)): E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28
+CHINCHILLA_APPROACH_3 = LossSurface(E=1.69, c_N=406.4, c_tok=410.7, alpha_N=0.34, alpha_tok=0.28)
 
 
 def compute_optimal(C: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> tuple[float, float]:
-    """Chinchilla's allocation of a compute budget C = 6 N D with D = r N: N = sqrt(C / 6r), D = r N.
+    """The rule of Chinchilla's Approaches 1 and 2: C = 6 N n_tok with n_tok = r N, so N = sqrt(C / 6r).
 
-    >>> N, D = compute_optimal(5.76e23)  # Chinchilla's own budget: 70e9 parameters, 1.4e12 tokens
-    >>> round(N / 1e9), round(D / 1e12, 1)
+    >>> N, n_tok = compute_optimal(5.76e23)  # Gopher's budget, on which Chinchilla trained 70e9 on 1.4e12
+    >>> round(N / 1e9), round(n_tok / 1e12, 1)
     (69, 1.4)
     """
-    if not C > 0:
-        raise ValueError(f"C must be > 0, got {C}")
-    if not tokens_per_param > 0:
-        raise ValueError(f"tokens_per_param must be > 0, got {tokens_per_param}")
+    check_float("C", C, 0.0, lo_open=True)
+    check_float("tokens_per_param", tokens_per_param, 0.0, lo_open=True)
     N = math.sqrt(C / (6 * tokens_per_param))
     return N, tokens_per_param * N

@@ -147,6 +147,40 @@ def test_checkpointing_same_gradients_and_keeps_only_block_inputs():
         E.checkpointed_logits(ckpt, x[0])
 
 
+def test_live_bytes_follows_allocations_and_frees():
+    w = torch.randn(40, 40, requires_grad=True)
+    with E.LiveBytes(exclude=[w]) as mem:
+        h = torch.randn(10, 40) @ w  # h (1600 bytes) and the input, which mm saves for w's gradient
+        assert mem.now == 3200
+        torch.randn(1000)  # made and freed at once: only the peak remembers it
+        assert (mem.now, mem.peak) == (3200, 7200)
+        y = h.sum()
+        y.backward()  # frees the saved input; creates w.grad (6400 bytes)
+    del h, y
+    assert mem.now == 6400  # only w.grad is left of what was created
+    assert mem.reset_peak() >= mem.now == mem.peak
+
+
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_checkpointed_backward_peaks(n_layers):
+    """Block turns step down by one block's saved tensors (plain) or by one block input (checkpointed);
+    the read-out's turn differs by exactly what checkpointing removed from the forward pass."""
+    config = GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=n_layers)
+    x, y = _batch()
+    plain, ckpt = _model(config=config), _model(config=config)
+    f_plain, t_plain = E.backward_turn_peaks(plain, x, y)
+    f_ckpt, t_ckpt = E.backward_turn_peaks(ckpt, x, y, checkpointed=True)
+    for p, q in zip(plain.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+    B, T = x.shape
+    M_act = 4 * (E.activation_elements(B, T, 16, 2) + 3 * 16 * 16)
+    BTd = 4 * B * T * 16
+    assert len(t_plain) == len(t_ckpt) == n_layers + 1
+    assert f_plain - f_ckpt == t_plain[0] - t_ckpt[0] == n_layers * (M_act - BTd)
+    assert all(a - b == M_act for a, b in zip(t_plain[1:], t_plain[2:]))
+    assert all(a - b == BTd for a, b in zip(t_ckpt[1:], t_ckpt[2:]))
+
+
 def test_checkpointing_with_dropout_replays_the_same_masks():
     config = GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=2, dropout=0.3)
     x, y = _batch()

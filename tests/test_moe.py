@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gptlib.mlp import MLP
 from gptlib.flops import moe_flops_per_token
-from gptlib.moe import MoE, load_balancing_loss, moe_parameters, route, sort_by_expert
+from gptlib.moe import MoE, expert_capacity, kept_slots, load_balancing_loss, moe_parameters, route, sort_by_expert
 
 
 def _x(n: int = 12, d: int = 8, seed: int = 0) -> torch.Tensor:
@@ -125,3 +125,43 @@ def test_expert_indices_must_be_ints_in_range():
         load_balancing_loss(probs, torch.tensor([[0], [3]]), 3)
     with pytest.raises(ValueError, match="idx"):
         sort_by_expert(torch.tensor([[0.0], [1.0]]), 3)
+
+
+@pytest.mark.parametrize("top_k,factor", [(1, 1.0), (2, 1.0), (2, 0.5), (1, 1.25)])
+def test_capacity_drops_the_overflow_in_token_order(top_k, factor):
+    torch.manual_seed(0)
+    moe = MoE(8, 16, n_experts=4, top_k=top_k, capacity_factor=factor)
+    x = _x(n=20)
+    cap = expert_capacity(20, 4, top_k, factor)
+    assert cap == -(-int(factor * top_k * 20 * 4) // 16)  # ceil(factor k n / n_e), in integers
+    _, gates, idx = route(x, moe.W_r, top_k)
+    # brute force: walk the slots in token order, each expert takes them until it is full
+    taken, expected, dropped = [0] * 4, torch.zeros_like(x), 0
+    for t in range(20):
+        for j in range(top_k):
+            e = int(idx[t, j])
+            if taken[e] < cap:
+                taken[e] += 1
+                expected[t] += gates[t, j] * moe.experts[e](x[t : t + 1])[0]
+            else:
+                dropped += 1
+    torch.testing.assert_close(moe(x), expected)
+    keep = kept_slots(idx, 4, cap)
+    load = torch.bincount(idx.flatten(), minlength=4)
+    assert int((~keep).sum()) == dropped == int((load - cap).clamp(min=0).sum())
+    moe.capacity_factor = None  # no capacity: nothing dropped
+    expected = torch.stack([sum(gates[t, j] * moe.experts[int(idx[t, j])](x[t : t + 1])[0] for j in range(top_k))
+                            for t in range(20)])
+    torch.testing.assert_close(moe(x), expected)
+
+
+def test_capacity_arguments():
+    assert expert_capacity(64, 8, 2, 1.0) == 16 and expert_capacity(10, 4, 1, 1.1) == 3
+    for kwargs, name in (({"capacity_factor": 0.0}, "capacity_factor"), ({"n_tokens": 0}, "n_tokens"),
+                         ({"top_k": 9}, "top_k"), ({"capacity_factor": float("inf")}, "capacity_factor")):
+        with pytest.raises(ValueError, match=name):
+            expert_capacity(**({"n_tokens": 64, "n_experts": 8, "top_k": 2, "capacity_factor": 1.0} | kwargs))
+    with pytest.raises(ValueError, match="capacity_factor"):
+        MoE(8, 16, 4, capacity_factor=-1.0)
+    with pytest.raises(ValueError, match="capacity"):
+        kept_slots(torch.zeros(3, 1, dtype=torch.long), 2, -1)

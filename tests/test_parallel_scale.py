@@ -1,5 +1,6 @@
 """Tests for Chapter 11's distributed pieces on gloo: ZeRO-1 and FSDP2 training against one
-process, expert parallelism against the single-process MoE layer, 1F1B beside GPipe.
+process, the ring all-reduce and its byte count, expert parallelism against the single-process MoE
+layer, 1F1B beside GPipe.
 
 Each spawn of processes costs seconds, so each worker runs once per test session (module fixtures)
 and several tests read its result.
@@ -17,8 +18,8 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.moe import MoE
 from gptlib.parallel import run_distributed, timetable
 from gptlib.parallel import pipeline as PP
-from gptlib.parallel.experts import expert_parallel_worker
-from gptlib.parallel.sharding import local_numel, sharded_training_worker
+from gptlib.parallel.experts import expert_parallel_forward, expert_parallel_worker
+from gptlib.parallel.sharding import local_numel, ring_bytes_per_rank, ring_worker, sharded_training_worker
 
 CONFIG = GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=2)
 
@@ -153,3 +154,23 @@ def test_1f1b_and_gpipe_on_gloo():
         torch.testing.assert_close(stages[-1]["logits"], logits.detach())
     with pytest.raises(ValueError, match="schedule"):
         PP.pipeline_timetable("interleaved", 2, 2)
+
+
+def test_ring_all_reduce_is_reduce_scatter_then_all_gather():
+    R, n = 3, 30
+    xs = torch.randn(R, n, generator=torch.Generator().manual_seed(0))
+    out = run_distributed(ring_worker, xs, world_size=R)
+    expected = ring_bytes_per_rank(4 * n, R)
+    for o in out:
+        torch.testing.assert_close(o["ring"], xs.sum(0))
+        torch.testing.assert_close(o["ring"], o["all_reduce"])
+        assert o["sent"] == {"reduce-scatter": expected["reduce-scatter"], "all-gather": expected["all-gather"]}
+    assert sum(o["sent"]["reduce-scatter"] for o in out) == (R - 1) * 4 * n  # every chunk crosses R - 1 links
+    assert ring_bytes_per_rank(100, 1)["all-reduce"] == 0
+    with pytest.raises(ValueError, match="world_size"):
+        ring_bytes_per_rank(100, 0)
+
+
+def test_expert_parallelism_refuses_a_capacity():
+    with pytest.raises(ValueError, match="capacity_factor"):
+        expert_parallel_forward(MoE(8, 16, 4, capacity_factor=1.0), torch.randn(4, 8))

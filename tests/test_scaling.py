@@ -1,4 +1,5 @@
-"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fit, Chinchilla's rule."""
+"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fits (with and without a
+floor), Chinchilla's loss surface and its optimum, and the 20-tokens rule against the papers' numbers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import pytest
 import torch
 
 from gptlib.model import GPT, GPTConfig
-from gptlib.scaling import CHINCHILLA_TOKENS_PER_PARAM, PowerLaw, compute_optimal, fit_power_law, non_embedding_parameters
+from gptlib.scaling import (
+    CHINCHILLA_APPROACH_3,
+    CHINCHILLA_TOKENS_PER_PARAM,
+    KAPLAN,
+    LossSurface,
+    PowerLaw,
+    compute_optimal,
+    fit_power_law,
+    non_embedding_parameters,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,14 +37,14 @@ def test_non_embedding_parameters(tie):
         non_embedding_parameters(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("E,A,alpha", [(1.5, 20.0, 0.1), (3.0, 400.0, 0.5), (0.0, 5.0, 1.2)])
-def test_fit_recovers_a_known_law(E, A, alpha):
-    law = PowerLaw(E, A, alpha)
+@pytest.mark.parametrize("E,c,alpha", [(1.5, 20.0, 0.1), (3.0, 400.0, 0.5), (0.0, 5.0, 1.2)])
+def test_fit_recovers_a_known_law(E, c, alpha):
+    law = PowerLaw(E, c, alpha)
     sizes = [3e3, 2e4, 1e5, 4e5, 2e6, 1e7]
     fit = fit_power_law(sizes, [law(n) for n in sizes])
     assert fit.alpha == pytest.approx(alpha, rel=1e-4)
     assert fit.E == pytest.approx(E, abs=1e-4 * max(1.0, abs(E)))
-    assert fit.A == pytest.approx(A, rel=1e-3)
+    assert fit.c == pytest.approx(c, rel=1e-3)
 
 
 def test_fit_is_least_squares():
@@ -42,9 +52,24 @@ def test_fit_is_least_squares():
     fit = fit_power_law(sizes, losses)
     sse = lambda f: sum((f(n) - l) ** 2 for n, l in zip(sizes, losses))  # noqa: E731
     for d in (-0.01, 0.01):  # nudging any parameter makes the fit worse
-        for nudged in (PowerLaw(fit.E + d, fit.A, fit.alpha), PowerLaw(fit.E, fit.A * (1 + d), fit.alpha),
-                       PowerLaw(fit.E, fit.A, fit.alpha + d)):
+        for nudged in (PowerLaw(fit.E + d, fit.c, fit.alpha), PowerLaw(fit.E, fit.c * (1 + d), fit.alpha),
+                       PowerLaw(fit.E, fit.c, fit.alpha + d)):
             assert sse(nudged) > sse(fit)
+
+
+def test_fit_without_a_floor_is_kaplans_form():
+    sizes = [768, 1e4, 1e6, 1.5e9]  # Kaplan et al.'s range of non-embedding parameters
+    fit = fit_power_law(sizes, [KAPLAN(n) for n in sizes], floor=False)
+    assert fit.E == 0.0 and fit.alpha == pytest.approx(0.076, rel=1e-4) and fit.N_c == pytest.approx(8.8e13, rel=1e-3)
+    assert KAPLAN(KAPLAN.N_c) == pytest.approx(1.0)  # (N_c / N)^alpha = 1 at N = N_c
+    # least squares in (c, alpha) with E = 0: nudging either makes the fit worse
+    losses = [6.0, 5.1, 4.7, 4.55]
+    fit = fit_power_law(sizes, losses, floor=False)
+    sse = lambda f: sum((f(n) - l) ** 2 for n, l in zip(sizes, losses))  # noqa: E731
+    for d in (-0.01, 0.01):
+        assert sse(PowerLaw(0.0, fit.c * (1 + d), fit.alpha)) > sse(fit) < sse(PowerLaw(0.0, fit.c, fit.alpha + d))
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_power_law([1], [1], floor=False)
 
 
 def test_fit_arguments():
@@ -65,6 +90,9 @@ def test_compute_optimal_is_twenty_tokens_per_parameter():
         N, D = compute_optimal(C)
         assert D == pytest.approx(CHINCHILLA_TOKENS_PER_PARAM * N)
         assert 6 * N * D == pytest.approx(C)
+    # Chinchilla itself: Gopher's budget, 5.76e23 FLOPs, spent on 70e9 parameters and 1.4e12 tokens
+    N, D = compute_optimal(5.76e23)
+    assert N == pytest.approx(70e9, rel=0.02) and D == pytest.approx(1.4e12, rel=0.02)
     N, D = compute_optimal(6e20, tokens_per_param=1)
     assert (N, D) == (pytest.approx(1e10), pytest.approx(1e10))
     with pytest.raises(ValueError, match="C"):
@@ -83,3 +111,26 @@ def test_shipped_sweep_is_consistent():
         assert (r["params"], r["N"]) == (model.num_parameters(), non_embedding_parameters(model))
         assert math.isfinite(r["val_loss"]) and 0 < r["val_loss"] < math.log(data["d_vocab"])
     assert [r["N"] for r in runs] == sorted(r["N"] for r in runs)
+
+
+def test_loss_surface_optimum_is_the_brute_force_minimum():
+    surface = LossSurface(E=1.0, c_N=300.0, c_tok=500.0, alpha_N=0.4, alpha_tok=0.25)
+    for C in (1e19, 1e23):
+        N_opt, n_opt = surface.optimum(C)
+        assert 6 * N_opt * n_opt == pytest.approx(C)
+        grid = torch.logspace(2, 16, 100_001, dtype=torch.float64)
+        losses = surface.c_N / grid**surface.alpha_N + surface.c_tok / (C / (6 * grid)) ** surface.alpha_tok
+        assert float(grid[torch.argmin(losses)]) == pytest.approx(N_opt, rel=1e-3)
+    for name in ("c_N", "alpha_tok"):
+        with pytest.raises(ValueError, match=name):
+            LossSurface(**{"E": 1.0, "c_N": 1.0, "c_tok": 1.0, "alpha_N": 0.3, "alpha_tok": 0.3} | {name: 0.0})
+    with pytest.raises(ValueError, match="C"):
+        surface.optimum(-1.0)
+
+
+def test_chinchilla_approach_3_tokens_per_parameter_grow_with_compute():
+    # Approach 3's exponents: N_opt ~ C^(0.28/0.62), so n_tok / N ~ C^((0.34 - 0.28)/0.62) = C^0.097
+    s = CHINCHILLA_APPROACH_3
+    ratio = [s.optimum(C)[1] / s.optimum(C)[0] for C in (1e20, 1e25)]
+    assert math.log(ratio[1] / ratio[0]) / math.log(1e5) == pytest.approx(0.06 / 0.62)
+    assert ratio[0] > CHINCHILLA_TOKENS_PER_PARAM  # not Approaches 1-2's constant 20

@@ -32,6 +32,8 @@ def expert_parallel_forward(moe: MoE, x: Tensor, group=None) -> tuple[Tensor, di
     share, :func:`gptlib.parallel.launch.shard_range` of them, are run). Returns the output
     (n, d_model) and the sizes exchanged: slots sent to and received from each rank.
     """
+    if moe.capacity_factor is not None:
+        raise ValueError("moe must have capacity_factor=None: expert_parallel_forward drops no tokens")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     E, k = moe.n_experts, moe.top_k
     mine = shard_range(E, rank, world)  # this rank's experts

@@ -10,6 +10,15 @@ Both compute exactly the update of one process on the whole batch; :func:`sharde
 runs a few AdamW steps each way and reports the losses and how many numbers each rank holds
 (Chapter 11 compares them with a single-process run). The byte counts per stage at scale are
 :func:`gptlib.efficiency.zero_bytes_per_device`.
+
+What the collectives cost: in a ring of R ranks, each holding M bytes, a reduce-scatter takes R - 1
+steps in which every rank sends an M / R chunk to its neighbour and adds the chunk it receives;
+an all-gather passes the reduced chunks on around the ring in R - 1 more steps. Each rank sends
+
+    reduce-scatter (R - 1) M / R,   all-gather (R - 1) M / R,   all-reduce = both = 2 (R - 1) M / R
+
+(:func:`ring_bytes_per_rank`; :func:`ring_all_reduce` runs it with point-to-point messages and
+counts the bytes).
 """
 
 from __future__ import annotations
@@ -21,9 +30,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..runtime import check_int, check_positive_int
 from .launch import lm_loss, shard_range, worker_model
 
-__all__ = ["local_numel", "sharded_training_worker"]
+__all__ = ["local_numel", "sharded_training_worker", "ring_bytes_per_rank", "ring_all_reduce", "ring_worker"]
 
 
 def local_numel(tensors) -> int:
@@ -93,3 +103,61 @@ def sharded_training_worker(rank: int, world_size: int, config, state: dict, ids
                  "optimizer": _optimizer_numel(opt)},
     }
     return out
+
+
+# =============================================================================================
+# The all-reduce as a reduce-scatter and an all-gather around a ring
+# =============================================================================================
+
+
+def ring_bytes_per_rank(n_bytes: int, world_size: int) -> dict[str, float]:
+    """Bytes each rank sends in ring collectives on ``n_bytes`` per rank among ``world_size`` ranks.
+
+    >>> ring_bytes_per_rank(1200, 4)
+    {'reduce-scatter': 900.0, 'all-gather': 900.0, 'all-reduce': 1800.0}
+    """
+    check_int("n_bytes", n_bytes, 0)
+    check_positive_int("world_size", world_size)
+    R = world_size
+    half = (R - 1) * n_bytes / R
+    return {"reduce-scatter": half, "all-gather": half, "all-reduce": 2 * half}
+
+
+def _exchange(chunk: Tensor, like: Tensor, rank: int, world: int, group) -> Tensor:
+    """Send ``chunk`` to the next rank of the ring while receiving a tensor shaped ``like`` from the previous."""
+    buf = torch.empty_like(like)
+    req = dist.isend(chunk.contiguous(), (rank + 1) % world, group=group)
+    dist.recv(buf, (rank - 1) % world, group=group)
+    req.wait()
+    return buf
+
+
+def ring_all_reduce(x: Tensor, group=None) -> tuple[Tensor, dict[str, int]]:
+    """The sum of ``x`` over the ranks, computed as a ring reduce-scatter then a ring all-gather.
+
+    The flattened x is cut into R chunks. In step k of the reduce-scatter, rank r sends chunk
+    (r - k) mod R to rank r + 1 and adds the chunk (r - k - 1) mod R that rank r - 1 sends it: after
+    R - 1 steps rank r holds the full sum of chunk (r + 1) mod R. In step k of the all-gather it
+    sends the summed chunk (r + 1 - k) mod R on and stores chunk (r - k) mod R. Returns the sum
+    (shaped like x) and the bytes this rank sent in each phase.
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunks = list(x.detach().flatten().clone().tensor_split(world))
+    sent = {"reduce-scatter": 0, "all-gather": 0}
+    for k in range(world - 1):  # reduce-scatter
+        out, into = (rank - k) % world, (rank - k - 1) % world
+        chunks[into] = chunks[into] + _exchange(chunks[out], chunks[into], rank, world, group)
+        sent["reduce-scatter"] += chunks[out].numel() * chunks[out].element_size()
+    for k in range(world - 1):  # all-gather
+        out, into = (rank + 1 - k) % world, (rank - k) % world
+        chunks[into] = _exchange(chunks[out], chunks[into], rank, world, group)
+        sent["all-gather"] += chunks[out].numel() * chunks[out].element_size()
+    return torch.cat(chunks).view_as(x), sent
+
+
+def ring_worker(rank: int, world_size: int, xs: Tensor) -> dict:
+    """Rank r all-reduces ``xs[r]`` twice, with :func:`ring_all_reduce` and with ``dist.all_reduce``."""
+    total, sent = ring_all_reduce(xs[rank])
+    reference = xs[rank].clone()
+    dist.all_reduce(reference)
+    return {"ring": total, "all_reduce": reference, "sent": sent}
