@@ -22,11 +22,16 @@ later head reads, the later head's bilinear forms pick up
 and the size of each product relative to its factors, ||W_A W_B||_F / (||W_A||_F ||W_B||_F), measures
 how much the second head reads what the first writes (Elhage et al. 2021, "A Mathematical Framework
 for Transformer Circuits", who write column vectors: their W_OV is our W_OV^T, the same score).
+
+Whether a behaviour needs a head is tested by removing the head: :func:`ablate_heads` zeroes
+heads' outputs for the duration of a ``with`` block (Chapter 12 measures the loss on a repeated
+text with its induction heads removed).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -49,6 +54,7 @@ __all__ = [
     "composition_scores",
     "copying_score",
     "diagonal_argmax_rate",
+    "ablate_heads",
 ]
 
 
@@ -293,3 +299,50 @@ def diagonal_argmax_rate(M: Tensor) -> Tensor:
     if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
         raise ValueError(f"M must be a square matrix, got {tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}")
     return (M.argmax(dim=-1) == torch.arange(M.shape[0], device=M.device)).float().mean()
+
+
+# --- ablation (Chapter 12): does a behaviour need a head? ----------------------------------------
+@contextmanager
+def ablate_heads(model, heads: Iterable[tuple[int, int]]) -> Iterator[None]:
+    """Zero-ablation: inside the ``with`` block, each head ``(layer, h)`` writes nothing into the
+    residual stream; on leaving it (also on an error) the weights are as they were, bit for bit.
+
+    Head h of a layer adds A^h X W_V^h W_O^h to the stream (Chapter 4), and W_O^h is rows
+    h*d_head .. (h+1)*d_head - 1 of the layer's W_O: setting them to 0 removes that term and
+    nothing else (the other heads, the bias b_O, the MLPs are untouched). Works for any model whose
+    ``blocks[layer].attn`` has ``W_O`` (n_heads*d_head, d_model), ``n_heads`` and ``d_head``:
+    :class:`gptlib.model.GPT` and :class:`gptlib.modern.ModernGPT` (in GQA, a query head).
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.preset("tiny")).eval()
+    >>> ids = torch.tensor([[1, 2, 3, 1, 2]])
+    >>> with torch.no_grad(), ablate_heads(model, [(1, 0), (1, 3)]):
+    ...     ablated = model(ids)
+    >>> with torch.no_grad():
+    ...     bool((ablated != model(ids)).any()), float(model.blocks[1].attn.W_O.abs().sum()) > 0
+    (True, True)
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise ValueError(f"model must have attention layers blocks[l].attn, got {type(model).__name__}")
+    chosen = []
+    for pair in heads:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(type(v) is int for v in pair)):
+            raise ValueError(f"heads must be (layer, head) pairs of ints, got {pair!r}")
+        layer, h = pair
+        if not 0 <= layer < len(blocks) or not 0 <= h < blocks[layer].attn.n_heads:
+            raise ValueError(f"heads: ({layer}, {h}) is not a head of this model "
+                             f"({len(blocks)} layers of {blocks[0].attn.n_heads} heads)")
+        attn = blocks[layer].attn
+        chosen.append((attn.W_O, slice(h * attn.d_head, (h + 1) * attn.d_head)))
+    with torch.no_grad():
+        saved = [(W_O, rows, W_O[rows].clone()) for W_O, rows in chosen]
+    try:
+        with torch.no_grad():
+            for W_O, rows, _ in saved:
+                W_O[rows] = 0.0  # (d_head, d_model): W_O^h
+        yield
+    finally:
+        with torch.no_grad():
+            for W_O, rows, kept in reversed(saved):
+                W_O[rows] = kept

@@ -13,13 +13,16 @@ its tensors, many of them quantized. SmolLM2-135M-Instruct comes as a Q4_1 GGUF 
 * states Q4_1 itself (:func:`q4_1_roundtrip`): blocks of 32 numbers x, step d = (max - min)/15,
   x ~ d q + min with q in {0, …, 15}, d and min stored as float16: 20 bytes per 32 numbers.
 
-``python -m gptlib.gguf export`` (run by ``make``) writes the dequantized model, as a gptlib file
-(:mod:`gptlib.state`), and the tokenizer into the cache, recording sha256 digests that
-:func:`load_smollm2` checks when it reads them.
+``python -m gptlib.gguf export`` (run by ``make smollm2``) writes the dequantized model, as a gptlib
+file (:mod:`gptlib.files`), and the tokenizer into the cache, recording sha256 digests that
+:func:`load_smollm2` checks when it reads them. An export made by an earlier gptlib, whose config
+or tensor names differ from :class:`ModernGPT`'s, is written again by ``export`` and refused by
+:func:`load_smollm2`, which says what to run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from dataclasses import dataclass
@@ -134,26 +137,51 @@ def config_from_gguf(contents: GGUFContents) -> ModernConfig:
             n_kv_heads=int(contents.metadata.get("llama.attention.head_count_kv", n_heads)),
             d_mlp=int(_meta(contents, "llama.feed_forward_length")), d_head=d_head,
             rope_base=_f32(contents.metadata.get("llama.rope.freq_base", 10000.0)),
-            norm_eps=_f32(_meta(contents, "llama.attention.layer_norm_rms_epsilon")),
+            ln_eps=_f32(_meta(contents, "llama.attention.layer_norm_rms_epsilon")),
             tie_weights="output.weight" not in contents.types,
         )
     except ValueError as e:
         raise ValueError(f"{contents.path}: its metadata gives an invalid model: {e}") from None
 
 
+# A block's tensors in the book's order: ours, llama.cpp's (blk.N.<name>.weight), transposed?
+_BLOCK_TENSORS = (("ln_1.w", "attn_norm", False), ("attn.W_Q", "attn_q", True), ("attn.W_K", "attn_k", True),
+                  ("attn.W_V", "attn_v", True), ("attn.W_O", "attn_output", True), ("ln_2.w", "ffn_norm", False),
+                  ("mlp.W_gate", "ffn_gate", True), ("mlp.W_up", "ffn_up", True), ("mlp.W_out", "ffn_down", True))
+
+
 def _gguf_names(config: ModernConfig) -> dict[str, tuple[str, bool]]:
-    """Our parameter name -> (GGUF tensor name, transpose?). llama.cpp stores matrices as
-    (d_out, d_in), PyTorch's nn.Linear layout; the book's are (d_in, d_out)."""
-    names = {"W_E": ("token_embd.weight", False), "norm_f.w": ("output_norm.weight", False)}
+    """Our parameter name -> (GGUF tensor name, transpose?), in the model's order. llama.cpp stores
+    matrices as (d_out, d_in), PyTorch's nn.Linear layout; the book's are (d_in, d_out). The norms
+    are ``ln_1``, ``ln_2``, ``ln_f`` as in :class:`gptlib.model.GPT` (RMSNorms here)."""
+    names = {"W_E": ("token_embd.weight", False)}
+    for l in range(config.n_layers):
+        for ours, theirs, transpose in _BLOCK_TENSORS:
+            names[f"blocks.{l}.{ours}"] = (f"blk.{l}.{theirs}.weight", transpose)
+    names["ln_f.w"] = ("output_norm.weight", False)
     if not config.tie_weights:
         names["W_U_untied"] = ("output.weight", True)
-    for l in range(config.n_layers):
-        ours, theirs = f"blocks.{l}.", f"blk.{l}."
-        for a, b, t in (("attn_norm.w", "attn_norm", False), ("attn.W_Q", "attn_q", True), ("attn.W_K", "attn_k", True),
-                        ("attn.W_V", "attn_v", True), ("attn.W_O", "attn_output", True), ("mlp_norm.w", "ffn_norm", False),
-                        ("mlp.W_gate", "ffn_gate", True), ("mlp.W_up", "ffn_up", True), ("mlp.W_out", "ffn_down", True)):
-            names[ours + a] = (theirs + b + ".weight", t)
     return names
+
+
+def _model_order(name: str) -> tuple:
+    """Sort key putting GGUF tensor names in the model's order: the embedding, the blocks in turn
+    (each in the order of ``_BLOCK_TENSORS``), the final norm and unembedding, then anything else.
+
+    >>> sorted(["output_norm.weight", "blk.10.attn_q.weight", "blk.2.ffn_down.weight", "token_embd.weight",
+    ...         "blk.2.attn_norm.weight"], key=_model_order)  # doctest: +NORMALIZE_WHITESPACE
+    ['token_embd.weight', 'blk.2.attn_norm.weight', 'blk.2.ffn_down.weight', 'blk.10.attn_q.weight',
+     'output_norm.weight']
+    """
+    parts = name.split(".")
+    block = [b for _, b, _ in _BLOCK_TENSORS]
+    if name == "token_embd.weight":
+        return (0,)
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block and parts[3] == "weight":
+        return (1, int(parts[1]), block.index(parts[2]))
+    if name in ("output_norm.weight", "output.weight"):
+        return (2, name != "output_norm.weight")
+    return (3, name)
 
 
 def state_from_gguf(contents: GGUFContents) -> tuple[ModernConfig, dict[str, Tensor]]:
@@ -238,9 +266,42 @@ def export_gguf(gguf_path: str | Path, w_path: str | Path, t_path: str | Path) -
     model = ModernGPT.from_state(config, state, source=str(gguf_path))
     tokenizer = GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).to_json()
     t_path = atomic_write(t_path, tokenizer)
-    w_path = save_model(model, w_path, gguf_sha256=sha256_file(gguf_path), gguf_types=contents.types,
+    types = dict(sorted(contents.types.items(), key=lambda kv: _model_order(kv[0])))
+    w_path = save_model(model, w_path, gguf_sha256=sha256_file(gguf_path), gguf_types=types,
                         tokenizer_sha256=_sha256(tokenizer))
     return w_path, t_path
+
+
+def _stale(w_path: Path) -> str | None:
+    """What makes an export unreadable by this gptlib's :class:`ModernGPT` although it is intact, or
+    None: an export written before a rename (``norm_eps``, ``attn_norm``, ``mlp_norm``, ``norm_f``
+    became ``ln_eps``, ``ln_1``, ``ln_2``, ``ln_f``) names its config fields and tensors otherwise.
+    Reads the header only."""
+    from safetensors import safe_open
+
+    fields = read_fields(w_path)
+    config = fields.get("config")
+    if fields.get("model") != ModernGPT.__name__ or not isinstance(config, dict):
+        return None  # not a ModernGPT file at all: ModernGPT.load names the field
+    known = {f.name for f in dataclasses.fields(ModernConfig)}
+    if set(config) != known:
+        return f"config fields {sorted(set(config) - known)} where this gptlib has {sorted(known - set(config))}"
+    try:
+        with safe_open(str(w_path), "pt") as f:
+            names = set(f.keys())
+        expected = set(_expected_shapes(ModernConfig(**config)))
+    except (TypeError, ValueError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    if names != expected:
+        old, new = sorted(names - expected), sorted(expected - names)
+        return f"tensors {old[:3]}{' …' if len(old) > 3 else ''} where this gptlib has {new[:3]}{' …' if len(new) > 3 else ''}"
+    return None
+
+
+def _refuse_stale(w_path: Path, problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(f"{w_path} was exported by an earlier gptlib ({problem}); run `make smollm2` "
+                         "(or `python -m gptlib.gguf export`) to export it again")
 
 
 def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
@@ -250,6 +311,11 @@ def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torc
     for p in (w_path, t_path):
         if not p.is_file():
             raise FileNotFoundError(f"{p} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
+    try:
+        problem = _stale(w_path)  # from the header, before the tensors are read
+    except ValueError as e:
+        raise ValueError(f"{e}; run `python -m gptlib.gguf export --force`") from None
+    _refuse_stale(w_path, problem)
     try:
         model = ModernGPT.load(w_path, map_location)  # checks the file's own digest
         recorded = read_fields(w_path).get("tokenizer_sha256")
@@ -264,29 +330,34 @@ def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torc
 
 def export_smollm2(force: bool = False) -> tuple[Path, Path]:
     """Dequantize the fetched SmolLM2 GGUF once into the cache (:func:`export_gguf`). A no-op when
-    both files exist, in this format, made from the same GGUF and from each other."""
+    both files exist, in this format and with this gptlib's names, made from the same GGUF and
+    from each other; otherwise (a stale or damaged export included) the export is written again."""
     gguf_path = asset_path(ASSET)
     w_path, t_path = _export_paths()
     if not force and w_path.is_file() and t_path.is_file():
         try:
             fields = read_fields(w_path)
+            stale = _stale(w_path)
         except ValueError:  # an earlier format or a damaged header: export again
-            fields = {}
-        if fields.get("gguf_sha256") == sha256_file(gguf_path) and fields.get("tokenizer_sha256") == sha256_file(t_path):
+            fields, stale = {}, "unreadable"
+        if (stale is None and fields.get("gguf_sha256") == sha256_file(gguf_path)
+                and fields.get("tokenizer_sha256") == sha256_file(t_path)):
             return w_path, t_path
     return export_gguf(gguf_path, w_path, t_path)
 
 
 def stored_types() -> dict[str, str]:
     """GGUF tensor name -> its storage type in the file (Q4_1, Q8_0, F32), as recorded by the export
-    (read from the header of the cached model file)."""
+    (read from the header of the cached model file), in the model's order: the embedding, block 0's
+    tensors, block 1's, …, the final norm."""
     w_path, _ = _export_paths()
     if not w_path.is_file():
         raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
+    _refuse_stale(w_path, _stale(w_path))
     types = read_fields(w_path).get("gguf_types")
     if not isinstance(types, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
         raise ValueError(f"{w_path}: field 'gguf_types' is missing or malformed; run `python -m gptlib.gguf export --force`")
-    return types
+    return dict(sorted(types.items(), key=lambda kv: _model_order(kv[0])))
 
 
 def load_smollm2(map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:

@@ -180,15 +180,15 @@ def to_hf_llama(model: ModernGPT):
     hf_config = LlamaConfig(
         vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
         num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.d_head,
-        max_position_embeddings=c.n_ctx, rms_norm_eps=c.norm_eps, rope_theta=c.rope_base,
+        max_position_embeddings=c.n_ctx, rms_norm_eps=c.ln_eps, rope_theta=c.rope_base,
         tie_word_embeddings=c.tie_weights, attention_bias=False, mlp_bias=False, hidden_act="silu",
     )
     hf_config.rope_parameters = {"rope_type": "default", "rope_theta": c.rope_base}
-    sd = {"model.embed_tokens.weight": model.W_E, "model.norm.weight": model.norm_f.w, "lm_head.weight": model.W_U.T}
+    sd = {"model.embed_tokens.weight": model.W_E, "model.norm.weight": model.ln_f.w, "lm_head.weight": model.W_U.T}
     for l, blk in enumerate(model.blocks):
         p, a, m = f"model.layers.{l}.", blk.attn, blk.mlp
-        sd[p + "input_layernorm.weight"] = blk.attn_norm.w
-        sd[p + "post_attention_layernorm.weight"] = blk.mlp_norm.w
+        sd[p + "input_layernorm.weight"] = blk.ln_1.w
+        sd[p + "post_attention_layernorm.weight"] = blk.ln_2.w
         sd[p + "self_attn.q_proj.weight"] = unpermute_rope(a.W_Q, c.n_heads).T
         sd[p + "self_attn.k_proj.weight"] = unpermute_rope(a.W_K, c.n_kv_heads).T
         sd[p + "self_attn.v_proj.weight"] = a.W_V.T

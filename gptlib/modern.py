@@ -3,15 +3,15 @@
 Four changes turn the GPT-2 block of Chapters 4–6 into the block of Llama-style models such as
 SmolLM2 (all linear maps without biases, rows times weights as everywhere in the book):
 
-    RoPE:     q_m = x_m W_Q R_m,  k_n = x_n W_K R_n,  R_m block-diagonal rotations by m theta_i,
-              so q_m . k_n = x_m W_Q R_(m-n) (x_n W_K)^T depends on m - n only
+    RoPE:     q_t = x_t W_Q rho_t,  k_s = x_s W_K rho_s,  rho_t block-diagonal rotations by t omega_i,
+              omega_i = base^(-2i/d_head), so q_t . k_s = x_t W_Q rho_(t-s) (x_s W_K)^T depends on t - s only
     RMSNorm:  x / sqrt(mean(x^2) + eps) * w                       (LayerNorm without centring)
     SwiGLU:   (silu(x W_gate) * (x W_up)) W_out                    (a gated MLP, three matrices)
-    GQA:      n_heads query heads share n_kv_heads key/value heads, group g = n_heads / n_kv_heads
+    GQA:      n_heads query heads share n_kv_heads key/value heads, group G = n_heads / n_kv_heads
 
     X_0 = one_hot(ids) W_E                      (no positional matrix: positions enter through RoPE)
-    X_l = X_(l-1) + Attn(RMSNorm(X_(l-1))),  then  X_l + SwiGLU(RMSNorm(X_l))
-    logits = RMSNorm_f(X_L) W_U,  W_U = W_E^T when tied
+    X_l = X_(l-1) + Attn(ln_1(X_(l-1))),  then  X_l + SwiGLU(ln_2(X_l))    (ln_1, ln_2, ln_f: RMSNorms)
+    logits = ln_f(X_L) W_U,  W_U = W_E^T when tied
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
 
 # --- rotary position embedding ------------------------------------------------------------------
 def rope_angles(T: int, d_head: int, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
-    """The rotation angles (offset + t) theta_i, theta_i = base^(-2i/d_head): shape (T, d_head/2).
+    """The rotation angles (offset + t) omega_i, omega_i = base^(-2i/d_head): shape (T, d_head/2).
 
     The frequencies are those of the sinusoidal encoding (Chapter 2), computed in float64.
 
@@ -217,7 +217,7 @@ class ModernConfig:
     d_mlp: int = 1536
     d_head: int | None = None
     rope_base: float = 100000.0
-    norm_eps: float = 1e-5
+    ln_eps: float = 1e-5
     tie_weights: bool = True
 
     def __post_init__(self) -> None:
@@ -229,7 +229,7 @@ class ModernConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         object.__setattr__(self, "rope_base", check_float("rope_base", self.rope_base, 1.0, lo_open=True))
-        object.__setattr__(self, "norm_eps", check_float("norm_eps", self.norm_eps, 0.0))
+        object.__setattr__(self, "ln_eps", check_float("ln_eps", self.ln_eps, 0.0))
         if not isinstance(self.tie_weights, bool):
             raise ValueError(f"tie_weights must be True or False, got {self.tie_weights!r}")
 
@@ -247,24 +247,28 @@ MODERN_PRESETS: dict[str, ModernConfig] = {
 
 
 class ModernBlock(nn.Module):
-    """Pre-norm block: x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); ``hook_resid`` sees the output."""
+    """Pre-norm block: x + Attn(ln_1(x)), then x + SwiGLU(ln_2(x)); ``hook_resid`` sees the output.
+
+    ``ln_1`` and ``ln_2`` are RMSNorms with gain ``w``, named as in :class:`gptlib.block.Block`,
+    whose ``ln_1``, ``ln_2`` are LayerNorms: a norm is named by its place in the block."""
 
     def __init__(self, config: ModernConfig, layer: int = 0):
         super().__init__()
         c = config
-        self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.ln_1 = RMSNorm(c.d_model, c.ln_eps)
         self.attn = GroupedQueryAttention(c.d_model, c.n_heads, c.n_kv_heads, c.d_head, rope_base=c.rope_base, layer=layer)
-        self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.ln_2 = RMSNorm(c.d_model, c.ln_eps)
         self.mlp = SwiGLU(c.d_model, c.d_mlp)
         self.hook_resid = HookPoint()  # (B, T, d_model)
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cache)
-        return self.hook_resid(x + self.mlp(self.mlp_norm(x)))
+        x = x + self.attn(self.ln_1(x), cache)
+        return self.hook_resid(x + self.mlp(self.ln_2(x)))
 
 
 class ModernGPT(nn.Module):
-    """A Llama-style decoder: ids (B, T) -> logits (B, T, d_vocab). ``hook_resid`` points see the
+    """A Llama-style decoder: ids (B, T) -> logits (B, T, d_vocab), ``ln_f(X_L) W_U`` with ``ln_f``
+    the final RMSNorm (as :class:`gptlib.model.GPT`'s ``ln_f``). ``hook_resid`` points see the
     residual stream after the embedding and after every block (n_layers + 1 in all)."""
 
     def __init__(self, config: ModernConfig):
@@ -275,7 +279,7 @@ class ModernGPT(nn.Module):
         self.W_E = nn.Parameter(torch.randn(c.d_vocab, c.d_model) * 0.02)
         self.hook_resid = HookPoint()
         self.blocks = nn.ModuleList(ModernBlock(c, layer) for layer in range(c.n_layers))
-        self.norm_f = RMSNorm(c.d_model, c.norm_eps)
+        self.ln_f = RMSNorm(c.d_model, c.ln_eps)
         self.W_U_untied = None if c.tie_weights else nn.Parameter(torch.randn(c.d_model, c.d_vocab) * 0.02)
 
     @property
@@ -301,7 +305,7 @@ class ModernGPT(nn.Module):
         x = self.hook_resid(F.embedding(ids, self.W_E))  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)
-        return self.norm_f(x) @ self.W_U  # (B, T, d_vocab)
+        return self.ln_f(x) @ self.W_U  # (B, T, d_vocab)
 
     # --- files: one safetensors file with the config inside (gptlib.state) ----------------------
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -338,4 +342,4 @@ def logit_lens(model: ModernGPT, ids: Tensor) -> Tensor:
     """
     with capture(model, "hook_resid") as seen:
         model(ids)
-    return torch.stack([model.norm_f(x) @ model.W_U for x in seen])
+    return torch.stack([model.ln_f(x) @ model.W_U for x in seen])

@@ -7,6 +7,7 @@ import torch
 
 from gptlib.attention import MultiHeadAttention
 from gptlib.circuits import (
+    ablate_heads,
     composition_score,
     composition_scores,
     copying_score,
@@ -177,3 +178,75 @@ def test_attention_only_gpt(tmp_path):
     torch.testing.assert_close(loaded(ids), m(ids))
     with pytest.raises(ValueError, match="attn_only"):
         GPTConfig(d_vocab=16, n_ctx=8, d_model=16, n_heads=2, n_layers=2, attn_only=True, block="parallel")
+
+
+# --- ablation -------------------------------------------------------------------------------------
+def _attention_output(model, layer, x):
+    with torch.no_grad():
+        return model.blocks[layer].attn(x)
+
+
+def test_ablating_heads_removes_exactly_their_terms_gpt():
+    """A layer's output is b_O plus one term per head: zeroing head h takes away its term, the terms
+    of all heads add up to the output less b_O, and the weights come back bit for bit."""
+    from gptlib.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny")).eval()
+    with torch.no_grad():
+        model.blocks[1].attn.b_O.normal_()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 7, model.config.d_model)
+    out = _attention_output(model, 1, x)
+    n = model.config.n_heads
+    terms = []
+    for h in range(n):
+        with ablate_heads(model, [(1, h)]):
+            terms.append(out - _attention_output(model, 1, x))
+    with ablate_heads(model, [(1, h) for h in range(n)]):
+        none = _attention_output(model, 1, x)
+    torch.testing.assert_close(none, model.blocks[1].attn.b_O.detach().expand_as(none))
+    torch.testing.assert_close(sum(terms), out - none, atol=1e-5, rtol=1e-5)
+    assert all(float(t.abs().max()) > 1e-3 for t in terms)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(RuntimeError, match="inside"), ablate_heads(model, [(0, 2)]):
+        raise RuntimeError("an error inside the block")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_ablating_a_query_head_of_grouped_query_attention():
+    """In GQA a head is a query head: zeroing it leaves the sum of the other heads, each computed
+    by hand from head_weights (its own W_Q^h and W_O^h, its group's W_K, W_V), RoPE applied."""
+    from gptlib.attention import attention, causal_mask
+    from gptlib.modern import ModernConfig, ModernGPT, apply_rope, rope_angles
+
+    torch.manual_seed(1)
+    model = ModernGPT(ModernConfig.preset("tiny")).eval()
+    attn, T = model.blocks[0].attn, 6
+    x = torch.randn(1, T, model.config.d_model)
+    angles = rope_angles(T, attn.d_head, attn.rope_base)
+    with torch.no_grad():
+        heads = []
+        for h in range(attn.n_heads):
+            W_Q, W_K, W_V, W_O = attn.head_weights(h)
+            z, _ = attention(apply_rope(x @ W_Q, angles), apply_rope(x @ W_K, angles), x @ W_V, causal_mask(T))
+            heads.append(z @ W_O)
+    with ablate_heads(model, [(0, 1)]):
+        ablated = _attention_output(model, 0, x)
+    torch.testing.assert_close(ablated, sum(heads[:1] + heads[2:]), atol=1e-5, rtol=1e-4)
+    ids = torch.tensor([[3, 4, 5, 3, 4, 5]])
+    with torch.no_grad():
+        clean = model(ids)
+        with ablate_heads(model, [(1, h) for h in range(attn.n_heads)]):
+            assert not torch.allclose(model(ids), clean)
+        torch.testing.assert_close(model(ids), clean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("heads", [[(2, 0)], [(0, 4)], [(0, -1)], [(0, 1.0)], [(0,)], [0]])
+def test_ablate_heads_refuses_what_is_not_a_head(heads):
+    from gptlib.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.preset("tiny"))
+    with pytest.raises(ValueError, match="heads"), ablate_heads(model, heads):
+        pass
+

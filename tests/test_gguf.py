@@ -51,7 +51,7 @@ def write_gguf(path, model, *, quantize=(), drop=(), reshape=None, arch="llama",
         "block_count": lambda: w.add_block_count(c.n_layers), "context_length": lambda: w.add_context_length(c.n_ctx),
         "embedding_length": lambda: w.add_embedding_length(c.d_model), "feed_forward_length": lambda: w.add_feed_forward_length(c.d_mlp),
         "head_count": lambda: w.add_head_count(c.n_heads), "head_count_kv": lambda: w.add_head_count_kv(c.n_kv_heads),
-        "freq_base": lambda: w.add_rope_freq_base(c.rope_base), "eps": lambda: w.add_layer_norm_rms_eps(c.norm_eps),
+        "freq_base": lambda: w.add_rope_freq_base(c.rope_base), "eps": lambda: w.add_layer_norm_rms_eps(c.ln_eps),
         "rope_dim": lambda: w.add_rope_dimension_count(c.d_head),
     }
     for k, add in keys.items():
@@ -206,6 +206,63 @@ def test_export_is_verified_when_loaded(tiny, tmp_path):
     t.unlink()
     with pytest.raises(FileNotFoundError, match="tok.json is missing"):
         load_export(w, t)
+
+
+def _rewrite(path, tensors, fields):
+    from gptlib.files import write_file
+
+    write_file(path, tensors, {k: v for k, v in fields.items() if k not in ("version", "sha256")})
+
+
+def test_a_stale_export_is_refused_and_exported_again(tiny, tmp_path, monkeypatch):
+    """Issue 23.8: ModernGPT's norms became ln_eps, ln_1, ln_2, ln_f (GPT's names). An export written
+    before (config norm_eps, tensors attn_norm, mlp_norm, norm_f) is intact but stale: reading it says
+    what to run, and `python -m gptlib.gguf export` (make smollm2) notices it and writes it again."""
+    import gptlib.gguf as G
+    from gptlib.files import read_file
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", tiny, quantize=("blk.1.attn_q.weight",))
+    monkeypatch.setenv("GPTLIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(G, "asset_path", lambda name: gguf_path)
+    w, _ = G.export_smollm2()
+    good = w.read_bytes()
+    assert G.export_smollm2() and w.read_bytes() == good  # a current export is left alone
+
+    tensors, fields = read_file(w)
+    old = {"ln_1.": "attn_norm.", "ln_2.": "mlp_norm.", "ln_f.": "norm_f."}
+    rename = lambda k: next((k.replace(a, b) for a, b in old.items() if a in k), k)  # noqa: E731
+    fields["config"]["norm_eps"] = fields["config"].pop("ln_eps")
+    _rewrite(w, {rename(k): v for k, v in tensors.items()}, fields)
+    for read in (G.load_smollm2, G.stored_types):
+        with pytest.raises(ValueError, match=r"exported by an earlier gptlib \(config fields \['norm_eps'\].*make smollm2"):
+            read()
+    fields["config"]["ln_eps"] = fields["config"].pop("norm_eps")  # the config renamed, the tensors not
+    _rewrite(w, {rename(k): v for k, v in tensors.items()}, fields)
+    with pytest.raises(ValueError, match=r"earlier gptlib \(tensors \['blocks.0.attn_norm.w'.*make smollm2"):
+        G.load_smollm2()
+
+    assert G._main(["export"]) == 0 and w.read_bytes() == good  # written again, as `make smollm2` does
+    model, _ = G.load_smollm2()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny.state_dict().items() if "attn.W_Q" not in k)
+
+
+def test_stored_types_are_in_the_models_order(tiny, tmp_path, monkeypatch):
+    """The types come back in the model's order (embedding, block by block, final norm) however the
+    export's header stored them (an earlier export sorted them by name)."""
+    import gptlib.gguf as G
+    from gptlib.files import read_file
+
+    gguf_path = write_gguf(tmp_path / "tiny.gguf", tiny, quantize=("blk.1.attn_q.weight",))
+    monkeypatch.setenv("GPTLIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(G, "asset_path", lambda name: gguf_path)
+    w, _ = G.export_smollm2()
+    in_order = [theirs for theirs, _ in G._gguf_names(tiny.config).values()]
+    assert list(G.stored_types()) == in_order
+    tensors, fields = read_file(w)
+    fields["gguf_types"] = dict(sorted(fields["gguf_types"].items()))
+    _rewrite(w, tensors, fields)
+    types = G.stored_types()
+    assert list(types) == in_order and types["blk.1.attn_q.weight"] == "Q4_1" and types["token_embd.weight"] == "F32"
 
 
 # --- the tokenizer --------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def test_logit_lens_last_row_is_the_logits():
     lens = logit_lens(model, ids)
     assert lens.shape == (3, 1, 4, 300)
     torch.testing.assert_close(lens[-1], model(ids))
-    torch.testing.assert_close(lens[0], model.norm_f(model.W_E[ids]) @ model.W_U)
+    torch.testing.assert_close(lens[0], model.ln_f(model.W_E[ids]) @ model.W_U)
 
 
 def test_head_scores_of_modern_gpt_are_the_circuits_scores():
@@ -267,7 +267,7 @@ def test_head_scores_of_modern_gpt_are_the_circuits_scores():
 
 # --- issue 24: floats finite and in range --------------------------------------------------------------
 @pytest.mark.parametrize("field, value", [
-    ("norm_eps", float("nan")), ("norm_eps", float("inf")), ("rope_base", float("inf")), ("rope_base", float("nan")),
+    ("ln_eps", float("nan")), ("ln_eps", float("inf")), ("rope_base", float("inf")), ("rope_base", float("nan")),
     ("rope_base", 1.0), ("d_model", 32.0), ("tie_weights", 1),
 ])
 def test_config_values_finite_in_range_and_typed(field, value):
