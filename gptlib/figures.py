@@ -297,6 +297,9 @@ def decoder_stack(stages, n_layers: int, title: str):
     ax.set_ylim(-0.1, n)
     ax.axis("off")
     ax.set_title(title)
+    return fig
+
+
 # --- Chapter 7: sampling ----------------------------------------------------------------------
 
 
@@ -341,6 +344,9 @@ def truncation_panels(panels, reference, *, ncols: int = 3, height: float = 4.6)
     key.axis("off")
     for ax in axes[len(panels) + 1 :]:
         ax.axis("off")
+    return fig
+
+
 # =============================================================================================
 # Chapter 11: pipeline timetables
 # =============================================================================================
