@@ -161,7 +161,7 @@ def english_split(val_every: int = 20) -> tuple[list[str], list[str]]:
 
     A name's second letter is its genre (``a`` press reportage ... ``r`` humour), so the held-out
     genres can be counted: with ``val_every=20`` they are 14 of the 15, without ``m`` (science
-    fiction, the six samples 428 to 433, between the held-out 420 and 440).
+    fiction: the 428th to the 433rd samples, between the held-out 420th and 440th).
     """
     names = [name for name, _ in brown_documents()]
     held = set(held_out_indices(len(names), val_every))
