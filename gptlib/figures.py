@@ -173,6 +173,8 @@ def draw_dag(ax, edges, label=str, title: str = "") -> dict:
     ax.set_title(title)
     ax.axis("off")
     return xy
+
+
 # --- Chapters 5 and 6: diagrams of a block and of the decoder stack ---------------------------------
 
 LAYER_FILL = {"LN": "#dbe9f6", "sub-layer": "#fde0c5", "stream": "white"}  # light fills, dark text
@@ -378,3 +380,44 @@ def timetables(grids: list[list[list[str]]], titles: list[str], *, height: float
         ax.set_title(title, fontsize=10)
     axes[-1, 0].set_xlabel("time slot")
     return fig
+
+
+# --- Chapter 8: training curves ---------------------------------------------------------------
+
+
+def loss_curves(lines=None, marked=None, *, level=None, lr=None, ylabel="loss (nats per token)", title=None,
+                height: float = 3.0):
+    """One panel of losses against the training step, the figure Chapter 8 draws four times.
+
+    ``lines`` and ``marked`` map a label to ``(steps, losses)``: the first are drawn as thin lines
+    (a loss per training batch), the second with their points marked (an evaluation every few
+    steps). ``level = (value, label)`` adds a dotted horizontal line (the uniform model's
+    :math:`\\ln|V|`); ``lr = (steps, rates)`` the learning rate, in grey on a second axis at the
+    right. Returns ``(fig, ax)``.
+
+    >>> fig, ax = loss_curves({"train": ([0, 1, 2], [3.0, 2.0, 1.5])}, {"held-out": ([2], [2.5])},
+    ...                       level=(3.5, "uniform"), lr=([0, 1, 2], [1e-3, 1e-3, 1e-4]))
+    >>> [line.get_label() for line in ax.get_lines()], len(fig.axes), fig.get_size_inches().tolist()
+    (['train', 'held-out', 'uniform'], 2, [7.0, 3.0])
+    """
+    fig, ax = subplots(height=height)
+    for label, (x, y) in (lines or {}).items():
+        ax.plot(list(x), list(y), lw=0.8, label=label)
+    for label, (x, y) in (marked or {}).items():
+        ax.plot(list(x), list(y), "o-", ms=3, label=label)
+    if level is not None:
+        ax.axhline(level[0], color=COLOURS[-1], ls=":", label=level[1])
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    if lr is not None:
+        ax2 = ax.twinx()
+        (line,) = ax2.plot(list(lr[0]), list(lr[1]), color=COLOURS[-1], lw=1.0, ls="--", label="learning rate")
+        ax2.set_ylabel("learning rate")
+        ax2.set_ylim(0, max(lr[1]) * 1.05)
+        ax2.spines["right"].set_visible(True)
+        handles, labels = handles + [line], labels + ["learning rate (right)"]
+    ax.legend(handles, labels)
+    return fig, ax

@@ -41,6 +41,8 @@ from gptlib.data import (  # noqa: E402
     bits_per_byte,
     brown_documents,
     detokenize,
+    english_split,
+    held_out_indices,
     load_english,
     token_byte_lengths,
     untag_brown,
@@ -92,6 +94,24 @@ def test_load_english_fixed_disjoint_split():
     assert 0.04 < len(val) / (len(train) + len(val)) < 0.06
     with pytest.raises(ValueError, match="val_every"):
         load_english(1)
+
+
+def test_held_out_indices():
+    assert held_out_indices(500) == list(range(19, 500, 20))
+    assert held_out_indices(3, 5) == []
+    for bad in ({"n_docs": 0}, {"n_docs": 10, "val_every": 1}, {"n_docs": 10, "val_every": 2.0}):
+        with pytest.raises(ValueError, match=next(reversed(bad))):
+            held_out_indices(**bad)
+
+
+@needs_brown
+def test_english_split_names_the_held_out_samples_and_genres():
+    train, val = english_split()
+    docs = brown_documents()
+    assert val == [docs[i][0] for i in range(19, 500, 20)] and len(train) == 475 and not set(train) & set(val)
+    genres = {name[1] for name, _ in docs}
+    assert len(genres) == 15 and {name[1] for name in val} == genres - {"m"}  # no science fiction held out
+    assert load_english()[1] == "\n\n".join(dict(docs)[n] for n in val) + "\n"
 
 
 @needs_brown
