@@ -98,3 +98,13 @@ def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits():
         expected = model.norm_f(x) @ model.W_U
     assert float((patched - clean).abs().max()) > 1e-3
     torch.testing.assert_close(patched, expected)
+
+
+def test_capture_needs_a_module():
+    for bad in (None, "model", [torch.nn.Linear(2, 2)]):
+        with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+            with capture(bad, "hook_pattern"):
+                pass
+        with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+            with capture_patterns(bad):
+                pass
