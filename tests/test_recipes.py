@@ -1,6 +1,7 @@
 """gptlib.recipes: how the shipped models are made (run configs, presets, the training runs)."""
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -71,3 +72,25 @@ def test_documentation_run_is_the_shipped_small_models_recipe():
     tok = BPETokenizer.train(train_text, DOCUMENTATION_RUN.model.d_vocab)  # the recipe's first step, 2 s
     assert tok.vocab == BPETokenizer.load(MODELS / "small" / "tokenizer.json").vocab
     assert log["train_tokens"] == len(tok.encode(train_text))
+
+
+def test_run_configs_and_samples_check_their_arguments():
+    """Issue 24's audit: a bool or a str is not a fraction, a config is a config; samples() names a
+    bad seed or length and leaves the caller's model where it is (it used to call model.cpu())."""
+    rc = PRESETS["cpu"]
+    for bad in (True, "0.5", math.nan, 0.0, 1.5):
+        with pytest.raises(ValueError, match="train_fraction"):
+            RunConfig(rc.model, rc.train, bad)
+    with pytest.raises(ValueError, match="model must be a GPTConfig"):
+        RunConfig({"d_model": 64}, rc.train)
+    with pytest.raises(ValueError, match="train must be a TrainConfig"):
+        RunConfig(rc.model, None)
+    tok = BPETokenizer.train("The cat sat on the mat. " * 10, 270)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
+    for kwargs, name in (({"seed": 1.5}, "seed"), ({"seed": True}, "seed"), ({"n_tokens": -1}, "n_tokens"),
+                         ({"n_tokens": 2.0}, "n_tokens")):
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            samples(model, tok, **kwargs)
+    model.cpu = model.to = lambda *a, **k: pytest.fail("samples() moved the caller's model")
+    assert len(samples(model, tok, n_tokens=2)) == 3 and model.training  # its mode is kept too
