@@ -16,7 +16,7 @@ import torch
 
 from gptlib.export import OUTPUTS, export, main, manifest, readout, to_onnx, tokenizer_json, weights_sha256
 from gptlib.hooks import capture
-from gptlib.model import GPT, GPTConfig
+from gptlib.model import GPT
 from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,16 +53,11 @@ def english_onnx(exported):
     return exported[0].read_bytes()
 
 
-def _tiny(seed=0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig.preset("tiny", **({"n_ctx": 16} | overrides))).eval()
-
-
 # --- readout ------------------------------------------------------------------------------------
 
 
-def test_readout_is_the_models_forward_pass():
-    model = _tiny(n_layers=3)
+def test_readout_is_the_models_forward_pass(tiny_gpt):
+    model = tiny_gpt(n_ctx=16, n_layers=3)
     ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(1))
     out = readout(model, ids)
     assert {k: tuple(v.shape) for k, v in out.items()} == {
@@ -84,8 +79,8 @@ def test_readout_is_the_models_forward_pass():
     torch.testing.assert_close(out["lens"][:, -1], out["logits"][:, -1], atol=1e-5, rtol=0)
 
 
-def test_readout_keeps_the_mode_and_refuses_bad_ids():
-    model = _tiny().train()
+def test_readout_keeps_the_mode_and_refuses_bad_ids(tiny_gpt):
+    model = tiny_gpt(n_ctx=16).train()
     readout(model, torch.tensor([[1, 2]]))
     assert model.training
     for ids, match in [(torch.tensor([1, 2]), "shape"), (torch.zeros(1, 0, dtype=torch.long), "shape"),
@@ -97,9 +92,9 @@ def test_readout_keeps_the_mode_and_refuses_bad_ids():
         readout(torch.nn.Linear(2, 2), torch.tensor([[1]]))
 
 
-def test_readout_does_not_capture_afterwards():
+def test_readout_does_not_capture_afterwards(tiny_gpt):
     """capture_patterns restores the fused path and removes its hooks."""
-    model = _tiny()
+    model = tiny_gpt(n_ctx=16)
     readout(model, torch.tensor([[1, 2, 3]]))
     assert all(blk.attn.fused for blk in model.blocks)
     with capture(model, "hook_pattern") as seen:
@@ -144,11 +139,11 @@ def test_onnx_stores_the_weights_in_float16(english, english_onnx):
     assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no stack traces
 
 
-def test_to_onnx_refuses_what_it_cannot_export():
+def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
     with pytest.raises(ValueError, match="model"):
         to_onnx(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="n_ctx"):
-        to_onnx(_tiny(n_ctx=2))
+        to_onnx(tiny_gpt(n_ctx=2))
 
 
 # --- the tokenizer ------------------------------------------------------------------------------
@@ -187,9 +182,9 @@ def test_tokenizer_json_of_a_freshly_trained_bpe():
 # --- the files ----------------------------------------------------------------------------------
 
 
-def test_weights_sha256_names_the_weights():
-    a, b = _tiny(1), _tiny(1)
-    assert weights_sha256(a) == weights_sha256(b) != weights_sha256(_tiny(2))
+def test_weights_sha256_names_the_weights(tiny_gpt):
+    a, b = tiny_gpt(1), tiny_gpt(1)
+    assert weights_sha256(a) == weights_sha256(b) != weights_sha256(tiny_gpt(2))
     with torch.no_grad():
         b.blocks[0].ln_1.b[3] += 1e-3
     assert weights_sha256(a) != weights_sha256(b)
@@ -224,14 +219,14 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     assert not out.exists()
 
 
-def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(tmp_path, capsys):
+def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(tmp_path, capsys, tiny_gpt):
     """``python -m gptlib.export`` writes the three files; a second export of the same model gives
     the same bytes; weights that float16 cannot hold exactly stay float32: nothing is lost."""
     from onnx import TensorProto
 
     src = tmp_path / "tiny"
     tok = BPETokenizer.train("the cat sat on the mat " * 10, 269)  # all the merges the text allows
-    model = _tiny(3, d_vocab=tok.vocab_size, n_ctx=8)
+    model = tiny_gpt(3, d_vocab=tok.vocab_size, n_ctx=8)
     model.save(src)
     tok.save(src / "tokenizer.json")
     assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
@@ -264,9 +259,9 @@ def test_bad_arguments_are_value_errors_naming_them(tmp_path):
         weights_sha256(None)
 
 
-def test_a_model_with_non_finite_weights_is_not_exported():
+def test_a_model_with_non_finite_weights_is_not_exported(tiny_gpt):
     """The page would show NaN as the model's probabilities; to_onnx refuses, naming the weight."""
-    model = _tiny()
+    model = tiny_gpt(n_ctx=16)
     with torch.no_grad():
         model.blocks[1].mlp.W_in[0, 0] = float("nan")
     with pytest.raises(ValueError, match="blocks.1.mlp.W_in holds NaN or inf"):
