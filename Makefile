@@ -14,10 +14,12 @@ export PYTHONHASHSEED := 0
 .PHONY: test book execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 # The unit tests with the doctests of gptlib and of the scripts' helpers; the chapters under strict
-# nbval, two at a time (pytest-xdist, one chapter per worker); then the book and the browser tests.
+# nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that the
+# longest (the later ones) start first, one torch thread per kernel unless a chapter sets its own
+# (their outputs do not depend on it); then the book and the browser tests.
 test: install assets
 	$(PY) -m pytest -q -m "not browser" --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) chapters
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
 
 book: install $(VENDOR)/.done $(LIVE)/english.json
