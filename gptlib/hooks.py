@@ -37,6 +37,11 @@ class HookPoint(nn.Identity):
     """
 
 
+def _check_module(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 @contextmanager
 def capture(model: nn.Module, name: str) -> Iterator[list[Tensor]]:
     """Record, in call order, every tensor that passes through a :class:`HookPoint` called ``name``.
@@ -58,6 +63,7 @@ def capture(model: nn.Module, name: str) -> Iterator[list[Tensor]]:
     >>> [t.tolist() for t in seen]
     [[2.0], [6.0]]
     """
+    _check_module(model)
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
     points = [m for path, m in model.named_modules() if isinstance(m, HookPoint) and path.rsplit(".", 1)[-1] == name]
@@ -80,6 +86,7 @@ def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
     ``fused`` switch is set to ``False``, and restored on exit). For one forward pass of a GPT the
     list holds the layers' patterns in order, layer 0 first.
     """
+    _check_module(model)
     owners = [m for m in model.modules() if isinstance(getattr(m, "hook_pattern", None), HookPoint)]
     if not owners:
         raise ValueError("model has no attention module with a hook_pattern")

@@ -12,6 +12,7 @@ CPU a run repeats byte for byte at the same thread count.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, fields, replace
 
@@ -19,7 +20,7 @@ import torch
 
 from .data import load_corpus, load_english, token_byte_lengths, train_val_split
 from .model import GPT, GPTConfig
-from .runtime import seed_everything
+from .runtime import check_float, check_int, seed_everything
 from .sampling import generate
 from .tokenizers import BPETokenizer
 from .trainer import Trainer, TrainConfig
@@ -44,8 +45,11 @@ class RunConfig:
     train_fraction: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.train_fraction <= 1:
-            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+        if not isinstance(self.model, GPTConfig):
+            raise ValueError(f"model must be a GPTConfig, got {type(self.model).__name__}")
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"train must be a TrainConfig, got {type(self.train).__name__}")
+        check_float("train_fraction", self.train_fraction, 0.0, 1.0, lo_open=True)
 
     def but(self, **changes) -> "RunConfig":
         """A copy with fields of the model config, the training config or ``train_fraction`` changed;
@@ -83,9 +87,9 @@ PROMPTS = ["He said that", "She looked at", "The President said"]
 
 def corpus_ids(d_vocab: int, train_fraction: float = 1.0) -> tuple[BPETokenizer, torch.Tensor, torch.Tensor, str, str]:
     """The tokenizer trained on the training text only, and both texts encoded."""
+    check_float("train_fraction", train_fraction, 0.0, 1.0, lo_open=True)  # before the corpus is read
+    check_int("d_vocab", d_vocab, lo=257)
     train_text, val_text = load_english()
-    if not 0 < train_fraction <= 1:
-        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}")
     train_text = train_text[: int(len(train_text) * train_fraction)]
     tok = BPETokenizer.train(train_text, d_vocab)
     return tok, torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text)), train_text, val_text
@@ -129,11 +133,16 @@ def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.devic
 
 
 def samples(model: GPT, tok: BPETokenizer, n_tokens: int = 60, seed: int = 0) -> list[str]:
-    """One seeded sample per prompt of :data:`PROMPTS`, temperature 0.6, top-p 0.9, on the CPU."""
+    """One seeded sample per prompt of :data:`PROMPTS`, temperature 0.6, top-p 0.9, on the CPU (a
+    model elsewhere is copied there; the caller's model stays where it is)."""
+    check_int("n_tokens", n_tokens, lo=0)
+    check_int("seed", seed, lo=0)
+    if next(model.parameters()).device.type != "cpu":
+        model = copy.deepcopy(model).to("cpu")
     out = []
     for k, prompt in enumerate(PROMPTS):
         g = torch.Generator().manual_seed(seed + k)
-        ids = generate(model.cpu(), torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.6, top_p=0.9, generator=g)
+        ids = generate(model, torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.6, top_p=0.9, generator=g)
         out.append(tok.decode(ids.tolist()))
     return out
 

@@ -45,8 +45,16 @@ def alternating_rounds(
     check_int("rounds", rounds, lo=1)
     check_int("warmup", warmup, lo=0)
     check_int("per_call", per_call, lo=1)
+    if not isinstance(calls, Mapping):
+        raise ValueError(f"calls must be a mapping {{name: function}}, got {type(calls).__name__}")
     if not calls:
         raise ValueError("calls is empty: nothing to time")
+    for name, call in calls.items():  # all checked before anything runs
+        if not callable(call):
+            raise ValueError(f"calls[{name!r}] must be callable, got {type(call).__name__}")
+    for name, f in (("sync", sync), ("after_round", after_round)):
+        if f is not None and not callable(f):
+            raise ValueError(f"{name} must be callable or None, got {type(f).__name__}")
     sync = sync or (lambda: None)
     for call in calls.values():
         for _ in range(warmup):

@@ -1,6 +1,7 @@
 """Shared test set-up: a header saying what the run can use (torch, CUDA, Chromium, a built book),
-the browser tests' fixtures (the built book served locally, one headless Chromium), and a place
-where a test leaves a table for the end of the test log."""
+the fixtures several test files use (one torch thread, tiny seeded models, the book's BPE), the
+browser tests' fixtures (the built book served locally, one headless Chromium), and a place where a
+test leaves a table for the end of the test log."""
 
 from __future__ import annotations
 
@@ -21,6 +22,63 @@ def pytest_report_header(config):
         f"browser test: {CHROMIUM} {'present' if Path(CHROMIUM).exists() else 'missing'}, "
         f"built book {HTML} {'present' if (HTML / 'index.html').is_file() else 'missing (run `make book`)'}",
     ]
+
+
+# --- models and tokenizers -------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, the count restored afterwards: tiny tensors compute as fast on
+    one thread, do not spin-wait on a busy machine, and give sums that do not depend on the core
+    count. A test file opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt():
+    """``tiny_gpt(seed=0, **overrides)``: a fresh GPT of the ``"tiny"`` preset (``overrides`` go to
+    ``GPTConfig.preset``), its weights drawn after ``torch.manual_seed(seed)``, in eval mode."""
+    import torch
+
+    from gptlib.model import GPT, GPTConfig
+
+    def build(seed: int = 0, **overrides):
+        torch.manual_seed(seed)
+        return GPT(GPTConfig.preset("tiny", **overrides)).eval()
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_modern():
+    """``tiny_modern(seed=0, **overrides)``: the same for the Llama-style ``ModernGPT``."""
+    import torch
+
+    from gptlib.modern import ModernConfig, ModernGPT
+
+    def build(seed: int = 0, **overrides):
+        torch.manual_seed(seed)
+        return ModernGPT(ModernConfig.preset("tiny", **overrides)).eval()
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def book_bpe():
+    """The book's 1024-token BPE (:func:`gptlib.data.book_tokenizer`): trained once per session and
+    shared by every test that reads it, so no test may change it."""
+    from gptlib.data import book_tokenizer
+
+    return book_tokenizer()
+
+
+# --- the built book and the browser ----------------------------------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 A small book is built here with Sphinx, MyST-NB and book_ext/book_equations.py: a chapter notebook
 and a Markdown page that label equations (``$$ ... $$ (label)``) and cite them with ``{eq}``, on
-the page and across pages. The built book itself is checked too, where ``make book`` has run.
+the page and across pages. The built book itself is checked too, in the browser stage of
+``make test`` (marked ``browser``: it runs just after ``make book``, never on a stale build).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def test_chapter_equations_are_numbered_after_the_chapter(small_book):
     assert eq_links(notation) == [("equation-notation-softmax", "1"), ("equation-mlp-activation", "3.2")]
 
 
+@pytest.mark.browser  # the browser stage of `make test` runs it, just after `make book`
 def test_the_built_notation_page_numbers_and_links_its_equations():
     page = HTML / "chapters" / "notation.html"
     if not page.is_file():

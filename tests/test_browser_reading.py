@@ -1,7 +1,7 @@
 """What a reader sees on each page of the built book, measured in Chromium.
 
-Every page of the table of contents is opened at 1280x900 and at 420 px wide, after MathJax has
-typeset it and its widgets are drawn, and measured:
+Every page of the table of contents is opened once at 1280x900, after MathJax has typeset it and its
+widgets are drawn, and measured there and again with the window narrowed to 420 px:
 
 * ``code``: the share of the article's height taken by code sources a reader sees (a cell whose
   input is hidden behind "Show code cell source" counts only once opened, so not here);
@@ -118,10 +118,14 @@ class Reading:
         return [f"{i['where']} ({i['scale']:.2f})" for i in self.images if i["scale"] < MIN_IMAGE_SCALE]
 
 
-def read_page(browser, site: str, page: str, size: tuple[int, int]) -> Reading:
-    reading = Reading(page, size[0])
-    tab = browser.new_page(viewport={"width": size[0], "height": size[1]})
-    errors = reading.errors
+def read_page(browser, site: str, page: str) -> dict[int, Reading]:
+    """One page, loaded once at the wide window, measured there, then narrowed and measured again:
+    ``{width: Reading}``. The book's layout follows the window by CSS alone (no widget or MathJax
+    sizes itself in script), so a narrowed window shows what a narrow one would have loaded; the
+    errors of the one load count at both widths."""
+    readings = {w: Reading(page, w) for w, _ in (WIDE, NARROW)}
+    errors: list[str] = []
+    tab = browser.new_page(viewport={"width": WIDE[0], "height": WIDE[1]})
     tab.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text[:120]}"))
     tab.on("pageerror", lambda e: errors.append(f"script: {str(e)[:120]}"))
     tab.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
@@ -137,11 +141,16 @@ def read_page(browser, site: str, page: str, size: tuple[int, int]) -> Reading:
                                   timeout=20_000)
         tab.evaluate("() => Promise.all([...document.images].map((i) => i.decode().catch(() => null)))")
         tab.evaluate("() => document.fonts.ready.then(() => null)")
-        for key, value in tab.evaluate(MEASURE).items():
-            setattr(reading, key, value)
+        for width, height in (WIDE, NARROW):
+            tab.set_viewport_size({"width": width, "height": height})
+            tab.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+            for key, value in tab.evaluate(MEASURE).items():
+                setattr(readings[width], key, value)
     finally:
         tab.close()
-    return reading
+    for reading in readings.values():
+        reading.errors = list(errors)
+    return readings
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +161,8 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
         pytest.skip(f"pages missing from the built book: {missing}")
     out = {}
     for page in PAGES:
-        for size in (WIDE, NARROW):
-            out[page, size[0]] = read_page(browser, site, page, size)
+        for width, reading in read_page(browser, site, page).items():
+            out[page, width] = reading
     summary("what a reader sees (tests/test_browser_reading.py)", table(out))
     return out
 

@@ -144,8 +144,8 @@ def test_shipped_english_model_matches_its_log():
         bits_per_byte(log["final_val"]["nats_per_token"], log["final_val"]["tokens"], log["final_val"]["bytes"]), abs=1e-3)
 
 
-def test_token_byte_lengths_add_up_to_the_text():
-    tok = book_tokenizer()
+def test_token_byte_lengths_add_up_to_the_text(book_bpe):
+    tok = book_bpe
     lengths = token_byte_lengths(tok)
     assert lengths.shape == (tok.vocab_size,) and lengths[:256].eq(1).all()
     text = "Assert statements: caf\u00e9 \u2014 \U0001F600 and <|endoftext|>"

@@ -16,7 +16,7 @@ import torch
 
 from gptlib.export import OUTPUTS, export, main, manifest, readout, to_onnx, tokenizer_json, weights_sha256
 from gptlib.hooks import capture
-from gptlib.model import GPT, GPTConfig
+from gptlib.model import GPT
 from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,16 +53,11 @@ def english_onnx(exported):
     return exported[0].read_bytes()
 
 
-def _tiny(seed=0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig.preset("tiny", **({"n_ctx": 16} | overrides))).eval()
-
-
 # --- readout ------------------------------------------------------------------------------------
 
 
-def test_readout_is_the_models_forward_pass():
-    model = _tiny(n_layers=3)
+def test_readout_is_the_models_forward_pass(tiny_gpt):
+    model = tiny_gpt(n_ctx=16, n_layers=3)
     ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(1))
     out = readout(model, ids)
     assert {k: tuple(v.shape) for k, v in out.items()} == {
@@ -84,8 +79,8 @@ def test_readout_is_the_models_forward_pass():
     torch.testing.assert_close(out["lens"][:, -1], out["logits"][:, -1], atol=1e-5, rtol=0)
 
 
-def test_readout_keeps_the_mode_and_refuses_bad_ids():
-    model = _tiny().train()
+def test_readout_keeps_the_mode_and_refuses_bad_ids(tiny_gpt):
+    model = tiny_gpt(n_ctx=16).train()
     readout(model, torch.tensor([[1, 2]]))
     assert model.training
     for ids, match in [(torch.tensor([1, 2]), "shape"), (torch.zeros(1, 0, dtype=torch.long), "shape"),
@@ -97,9 +92,9 @@ def test_readout_keeps_the_mode_and_refuses_bad_ids():
         readout(torch.nn.Linear(2, 2), torch.tensor([[1]]))
 
 
-def test_readout_does_not_capture_afterwards():
+def test_readout_does_not_capture_afterwards(tiny_gpt):
     """capture_patterns restores the fused path and removes its hooks."""
-    model = _tiny()
+    model = tiny_gpt(n_ctx=16)
     readout(model, torch.tensor([[1, 2, 3]]))
     assert all(blk.attn.fused for blk in model.blocks)
     with capture(model, "hook_pattern") as seen:
@@ -144,25 +139,11 @@ def test_onnx_stores_the_weights_in_float16(english, english_onnx):
     assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no stack traces
 
 
-def test_onnx_bytes_are_deterministic_and_lossless_for_float32_weights():
-    """A model whose weights float16 cannot hold exactly keeps them in float32: nothing is lost."""
-    from onnx import TensorProto
-
-    a, b = to_onnx(_tiny(3)), to_onnx(_tiny(3))
-    assert a == b
-    proto = onnx.load_from_string(a)
-    assert all(i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024)
-    model = _tiny(3)
-    ids = torch.tensor([[5, 1, 500, 7, 7, 7]])
-    got = _session(a).run(None, {"ids": ids.numpy()})
-    np.testing.assert_allclose(got[0], readout(model, ids)["logits"].numpy(), atol=1e-5, rtol=0)
-
-
-def test_to_onnx_refuses_what_it_cannot_export():
+def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
     with pytest.raises(ValueError, match="model"):
         to_onnx(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="n_ctx"):
-        to_onnx(_tiny(n_ctx=2))
+        to_onnx(tiny_gpt(n_ctx=2))
 
 
 # --- the tokenizer ------------------------------------------------------------------------------
@@ -192,7 +173,7 @@ def test_tokenizer_json_of_a_freshly_trained_bpe():
     from tokenizers import Tokenizer
 
     text = "the cat sat on the mat; the dog sat on the log. Ünïcödé 😀 1234 " * 20
-    tok = BPETokenizer.train(text, 330)
+    tok = BPETokenizer.train(text, 293)  # all the merges the text allows
     hf = Tokenizer.from_str(json.dumps(tokenizer_json(tok)))
     for t in _fuzz(300, seed=1) + [text]:
         assert hf.encode(t).ids == tok.encode(t), repr(t)
@@ -201,9 +182,9 @@ def test_tokenizer_json_of_a_freshly_trained_bpe():
 # --- the files ----------------------------------------------------------------------------------
 
 
-def test_weights_sha256_names_the_weights():
-    a, b = _tiny(1), _tiny(1)
-    assert weights_sha256(a) == weights_sha256(b) != weights_sha256(_tiny(2))
+def test_weights_sha256_names_the_weights(tiny_gpt):
+    a, b = tiny_gpt(1), tiny_gpt(1)
+    assert weights_sha256(a) == weights_sha256(b) != weights_sha256(tiny_gpt(2))
     with torch.no_grad():
         b.blocks[0].ln_1.b[3] += 1e-3
     assert weights_sha256(a) != weights_sha256(b)
@@ -230,7 +211,7 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     out = tmp_path / "out"
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         export(src, out)
-    BPETokenizer.train("the cat sat on the mat " * 10, 300).save(src / "tokenizer.json")
+    BPETokenizer.train("the cat sat on the mat " * 10, 269).save(src / "tokenizer.json")
     with pytest.raises(ValueError, match="tokenizer.json has"):
         export(src, out)
     with pytest.raises(ValueError, match="name"):
@@ -238,12 +219,57 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     assert not out.exists()
 
 
-def test_command_line(tmp_path, capsys):
+def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(tmp_path, capsys, tiny_gpt):
+    """``python -m gptlib.export`` writes the three files; a second export of the same model gives
+    the same bytes; weights that float16 cannot hold exactly stay float32: nothing is lost."""
+    from onnx import TensorProto
+
     src = tmp_path / "tiny"
-    tok = BPETokenizer.train("the cat sat on the mat " * 10, 280)
-    torch.manual_seed(0)
-    GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=8)).save(src)
+    tok = BPETokenizer.train("the cat sat on the mat " * 10, 269)  # all the merges the text allows
+    model = tiny_gpt(3, d_vocab=tok.vocab_size, n_ctx=8)
+    model.save(src)
     tok.save(src / "tokenizer.json")
     assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["t.json", "t.onnx", "t.tokenizer.json"]
+    a = (tmp_path / "out" / "t.onnx").read_bytes()
+    assert to_onnx(GPT.load(src)) == a
+    proto = onnx.load_from_string(a)
+    assert all(i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024)
+    ids = torch.tensor([[5, 1, 268, 7, 7, 7]])
+    got = _session(a).run(None, {"ids": ids.numpy()})
+    np.testing.assert_allclose(got[0], readout(model, ids)["logits"].numpy(), atol=1e-5, rtol=0)
+
+
+# --- a hostile caller ---------------------------------------------------------------------------
+
+
+def test_bad_arguments_are_value_errors_naming_them(tmp_path):
+    """Issue 24's audit: an empty or non-str name is refused (an empty one used to fall back to the
+    directory's name silently), and what is not a BPETokenizer or a model is named, not an
+    AttributeError."""
+    for name in ("", 5, "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="name must be"):
+            export(ENGLISH, tmp_path / "out", name=name)
+    assert not (tmp_path / "out").exists()
+    for bad in (None, "tokenizer", torch.nn.Linear(2, 2)):
+        with pytest.raises(ValueError, match="tokenizer must be a BPETokenizer"):
+            tokenizer_json(bad)
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+        weights_sha256(None)
+
+
+def test_a_model_with_non_finite_weights_is_not_exported(tiny_gpt):
+    """The page would show NaN as the model's probabilities; to_onnx refuses, naming the weight."""
+    model = tiny_gpt(n_ctx=16)
+    with torch.no_grad():
+        model.blocks[1].mlp.W_in[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="blocks.1.mlp.W_in holds NaN or inf"):
+        to_onnx(model)
+
+
+def test_manifest_needs_the_models_vocabulary(english):
+    model, tok = english
+    small = BPETokenizer.train("the cat sat on the mat " * 10, 268)
+    with pytest.raises(ValueError, match="tokenizer has 268 tokens, the model d_vocab=4096"):
+        manifest(model, small, "english", b"", b"")

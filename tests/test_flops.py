@@ -73,3 +73,22 @@ def test_float_arguments_must_be_finite():
         args = dict(model_flops=6e12, seconds=10.0, peak_flops_per_s=1e12) | kw
         with pytest.raises(ValueError, match=name):
             flops.model_flops_utilization(**args)
+
+
+def test_the_count_is_for_gpt_configs_only():
+    """The formula is GPT-2's block (full-width K and V, a two-matrix MLP): for a Llama-style
+    ModernConfig (grouped K and V, SwiGLU's three matrices) it would be silently wrong, and a config
+    that is not one at all must not fail with an AttributeError."""
+    from gptlib.modern import ModernConfig
+
+    for bad in (ModernConfig.preset("tiny"), None, {"d_model": 64}):
+        for call in (flops.matmul_weights, flops.forward_flops_per_token, lambda c: flops.training_flops(c, 1)):
+            with pytest.raises(ValueError, match="config must be a GPTConfig"):
+                call(bad)
+
+
+def test_the_matmul_rate_needs_a_floating_dtype():
+    with pytest.raises(ValueError, match="dtype"):
+        flops.matmul_flops_per_s(8, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="dtype"):
+        flops.matmul_flops_per_s(8, 1, dtype="float32")

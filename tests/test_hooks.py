@@ -4,18 +4,6 @@ import pytest
 import torch
 
 from gptlib.hooks import HookPoint, capture, capture_patterns
-from gptlib.model import GPT, GPTConfig
-from gptlib.modern import ModernConfig, ModernGPT
-
-
-def _gpt(seed=0):
-    torch.manual_seed(seed)
-    return GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
-
-
-def _modern(seed=0):
-    torch.manual_seed(seed)
-    return ModernGPT(ModernConfig.preset("tiny")).eval()
 
 
 def _uniform_pattern(shape):
@@ -42,8 +30,8 @@ def test_hook_point_is_the_identity_and_capture_detaches():
             pass
 
 
-def test_capture_patterns_restores_the_switch_after_an_error():
-    model = _gpt()
+def test_capture_patterns_restores_the_switch_after_an_error(tiny_gpt):
+    model = tiny_gpt(n_ctx=16)
     with pytest.raises(RuntimeError, match="boom"):
         with capture_patterns(model):
             assert not any(blk.attn.fused for blk in model.blocks)
@@ -54,14 +42,14 @@ def test_capture_patterns_restores_the_switch_after_an_error():
             pass
 
 
-@pytest.mark.parametrize("make", [_gpt, _modern], ids=["GPT", "ModernGPT"])
-def test_patching_an_attention_pattern_changes_the_logits(make):
+@pytest.mark.parametrize("make", ["tiny_gpt", "tiny_modern"], ids=["GPT", "ModernGPT"])
+def test_patching_an_attention_pattern_changes_the_logits(make, request):
     """A forward hook on hook_pattern that returns a tensor replaces the pattern the layer uses.
 
     Patching layer 0's pattern to the uniform causal one must give the model whose layer-0 queries
     are zero (every score 0, so every query averages keys 0..i): an independent way to the same logits.
     """
-    model = make()
+    model = request.getfixturevalue(make)()
     ids = torch.randint(0, model.config.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
     attn = model.blocks[0].attn
     with torch.no_grad():
@@ -81,8 +69,8 @@ def test_patching_an_attention_pattern_changes_the_logits(make):
     torch.testing.assert_close(patched, zero_queries)
 
 
-def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits():
-    model = _modern()
+def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits(tiny_modern):
+    model = tiny_modern()
     ids = torch.randint(0, model.config.d_vocab, (1, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         clean = model(ids)
@@ -98,3 +86,13 @@ def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits():
         expected = model.norm_f(x) @ model.W_U
     assert float((patched - clean).abs().max()) > 1e-3
     torch.testing.assert_close(patched, expected)
+
+
+def test_capture_needs_a_module():
+    for bad in (None, "model", [torch.nn.Linear(2, 2)]):
+        with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+            with capture(bad, "hook_pattern"):
+                pass
+        with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+            with capture_patterns(bad):
+                pass

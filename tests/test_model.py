@@ -1,5 +1,6 @@
 """gptlib.model: config, forward, parameter count, HF parity (gptlib.hf), files (gptlib.files)."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_config_derived_values_and_errors():
     with pytest.raises(ValueError, match="unknown fields"):
         GPTConfig.from_dict({"d_vocab": 10, "colour": "red"})
     assert GPTConfig.from_dict(c.to_dict()) == c
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.d_model = 5  # frozen
 
 

@@ -5,6 +5,7 @@ The distributed tests start real gloo process groups on 127.0.0.1 through run_di
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import time
@@ -112,6 +113,21 @@ def test_run_distributed_rejects_bad_arguments():
         P.run_distributed(_rank_worker, 1.0, backend="mpi")
     with pytest.raises(ValueError, match="timeout"):
         P.run_distributed(_rank_worker, 1.0, timeout=0)
+
+
+def test_run_distributed_checks_every_number_before_starting_a_process():
+    """Issue 24's audit: a bool is not a world size, a timeout is finite, a port an int in
+    [1, 65535]. Each used to start processes: world_size=True ran one rank, a NaN timeout failed
+    inside multiprocessing, a bad port killed the ranks with an error of their own."""
+    cases = [({"world_size": True}, "world_size"), ({"world_size": 2.0}, "world_size"),
+             ({"timeout": math.nan}, "timeout"), ({"timeout": math.inf}, "timeout"), ({"timeout": "5"}, "timeout"),
+             ({"port": "x"}, "port"), ({"port": 0}, "port"), ({"port": 65536}, "port"), ({"port": True}, "port")]
+    for kwargs, name in cases:
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            P.run_distributed(_rank_worker, 1.0, **kwargs)
+    with pytest.raises(ValueError, match="^timeout must"):
+        P.run_together({"a": (_rank_worker, (1.0,))}, timeout=-1.0)
+    assert multiprocessing.active_children() == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,6 +324,12 @@ def test_shard_range():
         P.shard_range(4, 2, 2)
     with pytest.raises(ValueError, match="world_size"):
         P.shard_range(4, 0, 0)
+    # floats, bools and negative sizes: a float slice or a negative one used to come back
+    for args, name in (((8.0, 1, 2), "n"), ((-4, 1, 2), "n"), ((8, True, 2), "rank"), ((8, 0, 2.0), "world_size"),
+                       ((8, 0, True), "world_size")):
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            P.shard_range(*args)
+    assert P.shard_range(0, 1, 2) == slice(0, 0)  # nothing to share: every rank gets nothing
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])

@@ -1,6 +1,7 @@
 """gptlib.recipes: how the shipped models are made (run configs, presets, the training runs)."""
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,12 +18,7 @@ from gptlib.training import WindowsLoss
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
 def test_run_config_but_routes_fields_and_derives_sizes_again():
@@ -48,7 +44,7 @@ def test_the_english_preset_is_the_shipped_models_config():
 
 def test_train_run_is_seeded_and_scores_every_window():
     text = "The cat sat on the mat. The dog sat on the log. " * 40
-    tok = BPETokenizer.train(text, 300)
+    tok = BPETokenizer.train(text, 276)  # all the merges the text allows
     ids = torch.tensor(tok.encode(text))
     data = (tok, ids[: len(ids) * 9 // 10], ids[len(ids) * 9 // 10 :], "", "")
     rc = RunConfig(GPTConfig(d_vocab=tok.vocab_size, n_ctx=16, d_model=32, n_heads=2, n_layers=1, dropout=0.0),
@@ -71,3 +67,25 @@ def test_documentation_run_is_the_shipped_small_models_recipe():
     tok = BPETokenizer.train(train_text, DOCUMENTATION_RUN.model.d_vocab)  # the recipe's first step, 2 s
     assert tok.vocab == BPETokenizer.load(MODELS / "small" / "tokenizer.json").vocab
     assert log["train_tokens"] == len(tok.encode(train_text))
+
+
+def test_run_configs_and_samples_check_their_arguments():
+    """Issue 24's audit: a bool or a str is not a fraction, a config is a config; samples() names a
+    bad seed or length and leaves the caller's model where it is (it used to call model.cpu())."""
+    rc = PRESETS["cpu"]
+    for bad in (True, "0.5", math.nan, 0.0, 1.5):
+        with pytest.raises(ValueError, match="train_fraction"):
+            RunConfig(rc.model, rc.train, bad)
+    with pytest.raises(ValueError, match="model must be a GPTConfig"):
+        RunConfig({"d_model": 64}, rc.train)
+    with pytest.raises(ValueError, match="train must be a TrainConfig"):
+        RunConfig(rc.model, None)
+    tok = BPETokenizer.train("The cat sat on the mat. " * 10, 270)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
+    for kwargs, name in (({"seed": 1.5}, "seed"), ({"seed": True}, "seed"), ({"n_tokens": -1}, "n_tokens"),
+                         ({"n_tokens": 2.0}, "n_tokens")):
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            samples(model, tok, **kwargs)
+    model.cpu = model.to = lambda *a, **k: pytest.fail("samples() moved the caller's model")
+    assert len(samples(model, tok, n_tokens=2)) == 3 and model.training  # its mode is kept too

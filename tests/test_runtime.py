@@ -1,5 +1,6 @@
 """gptlib.runtime: device choice, precision, seeding, atomic writes."""
 
+import errno
 import os
 
 import pytest
@@ -51,11 +52,27 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
     p = tmp_path / "f.txt"
     runtime.atomic_write(p, "old")
 
-    class Boom:  # not bytes or str: encoding fails before anything is written
+    class Boom:  # not bytes or str: refused before anything is written
         pass
 
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="data must be bytes or str"):
         runtime.atomic_write(p, Boom())  # type: ignore[arg-type]
+    assert p.read_text() == "old"
+    assert os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_atomic_write_keeps_old_file_when_the_disk_fails_mid_write(tmp_path, monkeypatch):
+    """The temporary file is written, then flushing it fails (a full disk): the old file stays
+    whole and the temporary file is removed."""
+    p = tmp_path / "f.txt"
+    runtime.atomic_write(p, "old")
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runtime.os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        runtime.atomic_write(p, "new " * 1000)
     assert p.read_text() == "old"
     assert os.listdir(tmp_path) == ["f.txt"]
 

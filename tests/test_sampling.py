@@ -9,13 +9,7 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import Generation, generate, generate_with_logits, next_token_probs
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors: one thread is as fast, and immune to an oversubscribed shared CPU.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
 def test_worked_example_of_004():
@@ -109,9 +103,8 @@ def test_top_p_boundary_is_exact():
 
 
 @pytest.fixture(scope="module")
-def small():
-    torch.manual_seed(0)
-    return GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
+def small(tiny_gpt):
+    return tiny_gpt(n_ctx=16)
 
 
 def test_generate_cache_equals_no_cache_past_n_ctx(small):
@@ -213,11 +206,10 @@ def test_infinite_temperature_is_refused_with_a_clear_message():
 @pytest.mark.parametrize("use_cache", [True, False])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_generate_refuses_a_model_with_non_finite_weights(use_cache, fused, bad):
+def test_generate_refuses_a_model_with_non_finite_weights(use_cache, fused, bad, tiny_gpt):
     """The fused CPU attention turns NaN scores into 0 (torch >= 2.5): without a check the logits
     are finite and generate returns tokens. A non-finite weight is a ValueError naming it."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", n_ctx=16)).eval()
+    model = tiny_gpt(n_ctx=16)
     for blk in model.blocks:
         blk.attn.fused = fused
     with torch.no_grad():

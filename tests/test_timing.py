@@ -41,3 +41,16 @@ def test_bad_arguments_name_the_parameter():
             timing.alternating_rounds({"a": lambda: None}, **kwargs)
     with pytest.raises(ValueError, match="calls"):
         timing.alternating_rounds({}, 1)
+
+
+def test_what_is_not_callable_is_refused_before_anything_runs():
+    """Every contender, ``sync`` and ``after_round`` is checked before the first call: a bad one
+    found after the others' warm-up would have wasted the warm-up, and a list is not a mapping."""
+    ran = []
+    good = lambda: ran.append(1)  # noqa: E731
+    for kwargs, name in (({"calls": {"a": good, "b": 3}}, r"calls\['b'\]"), ({"calls": [good]}, "calls"),
+                         ({"calls": {"a": good}, "sync": 3}, "sync"), ({"calls": {"a": good}, "after_round": "x"},
+                                                                        "after_round")):
+        with pytest.raises(ValueError, match=name):
+            timing.alternating_rounds(**{"rounds": 1, **kwargs})
+    assert ran == []

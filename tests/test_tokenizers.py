@@ -43,9 +43,9 @@ def corpus():
 
 
 @pytest.fixture(scope="module")
-def trained(corpus):
-    train, _ = train_val_split(corpus)
-    return BPETokenizer.train(train, 1024)
+def trained(book_bpe):
+    """The book's 1024-token BPE, trained on the corpus's training split (once per session)."""
+    return book_bpe
 
 
 @pytest.fixture(scope="module")
@@ -301,24 +301,22 @@ def test_property_word_keeps_its_documented_survivors(text):
     assert _WORDS.decode(ids) == _word_survivors(_WORDS, text)
 
 
+@pytest.fixture(scope="module")
+def small_bpe(corpus):
+    """A 300-token BPE of the corpus's first 30,000 characters, and its tiktoken twin."""
+    tok = BPETokenizer.train(corpus[:30_000], 300)
+    return tok, tok.to_tiktoken()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.text(max_size=60))
-def test_property_round_trip_any_text(text):
-    tok = _small_tokenizer()
+def test_property_round_trip_any_text(small_bpe, text):
+    tok, twin = small_bpe
     assert tok.decode(tok.encode(text)) == text
-    assert tok.encode(text) == tok.to_tiktoken().encode_ordinary(text)
+    assert tok.encode(text) == twin.encode_ordinary(text)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=299), max_size=40))
-def test_property_decode_never_raises_on_valid_ids(ids):
-    assert isinstance(_small_tokenizer().decode(ids), str)
-
-
-_SMALL = []
-
-
-def _small_tokenizer():
-    if not _SMALL:
-        _SMALL.append(BPETokenizer.train(load_corpus()[:30_000], 300))
-    return _SMALL[0]
+def test_property_decode_never_raises_on_valid_ids(small_bpe, ids):
+    assert isinstance(small_bpe[0].decode(ids), str)

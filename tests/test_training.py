@@ -17,13 +17,7 @@ from gptlib.training import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than several (no spin-waiting on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
 def test_make_windows_stride_and_errors():
@@ -113,6 +107,17 @@ def _setup(seed=0, steps=12, dropout=0.1):
     return Trainer(model, make_windows(ids[:1500], 16, 8), make_windows(ids[1500:], 16, 16), tc)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The history of _setup()'s 12 steps run without a stop: what every resumed run must repeat."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the tests that compare with it (one_thread)
+    try:
+        return _setup().run()
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_training_lowers_the_loss():
     t = _setup(steps=40)
     h = t.run()
@@ -121,10 +126,10 @@ def test_training_lowers_the_loss():
     assert h.loss[0] == pytest.approx(math.log(64), abs=0.3)  # starts near ln |V|
 
 
-def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, uninterrupted):
     from gptlib.files import read_file
 
-    full = _setup().run()
+    full = uninterrupted
     t = _setup()
     t.run(5)
     path = t.save_checkpoint(tmp_path / "ckpt.safetensors")
@@ -193,10 +198,10 @@ def test_a_bad_checkpoint_is_refused_whole_naming_the_field(tmp_path):
                         r"state\[1\]\['exp_avg_sq'\] holds NaN"),
         "weights": (trainer, {k: v for k, v in tensors.items() if k != "ln_f.b"}, r"lacks tensor\(s\) \['ln_f.b'\]"),
     }
+    t = _setup(seed=7)  # one trainer for every case: each must leave it as it was
+    t.run(1)
     for name, (tr, ts, match) in cases.items():
         path = write_file(tmp_path / f"{name}.safetensors", ts, {**fields, "trainer": tr})
-        t = _setup(seed=7)
-        t.run(1)
         before = _snapshot(t)
         with pytest.raises(ValueError, match=f"{name}.safetensors.*{match}"):
             t.load_checkpoint(path)
@@ -205,10 +210,10 @@ def test_a_bad_checkpoint_is_refused_whole_naming_the_field(tmp_path):
         other_opt.load_checkpoint(tmp_path / "good.safetensors")
 
 
-def test_checkpoint_refused_after_a_step_interrupted_part_way(tmp_path):
+def test_checkpoint_refused_after_a_step_interrupted_part_way(tmp_path, uninterrupted):
     """Issue 24.13: a Ctrl-C in the middle of a step (here after the optimiser moved the weights,
     before the step was counted) must not give a checkpoint that resumes into a different run."""
-    full = _setup().run()
+    full = uninterrupted
     t = _setup()
     t.run(4)
     real_step = t.opt.step

@@ -411,10 +411,10 @@ def test_from_model_names_tokens_with_token_str():
     UTF-8 on its own is shown, not dropped)."""
     from gptlib.tokenizers import BPETokenizer
 
-    tok = BPETokenizer.train(TEXT * 4, 300)
+    tok = BPETokenizer.train(TEXT * 4, 274)  # all the merges the text allows
     torch.manual_seed(1)
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
-    V = tok.vocab_size  # the short text may run out of pairs to merge before 300
+    V = tok.vocab_size
     w = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=2, n_logits=V)
     assert sorted(w.prompts[0]["root"]["ids"]) == list(range(V)) and w.prompts[0]["root"]["mass"] == 1.0
     assert w.tokens == {str(i): tok.token_str(i) for i in range(V)}
@@ -667,7 +667,7 @@ def test_chapters_store_the_current_widget_code():
 def bpe_tiny():
     from gptlib.tokenizers import BPETokenizer
 
-    tok = BPETokenizer.train(TEXT * 4, 280)
+    tok = BPETokenizer.train(TEXT * 4, 274)  # all the merges the text allows
     torch.manual_seed(2)
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16)).eval()
     return model, tok
@@ -819,3 +819,86 @@ console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, 
     assert js["logits"] == out["logits"][0, -1].tolist() and js["patterns"] == out["patterns"][0].flatten().tolist()
     assert js["lens"] == out["lens"][0].flatten().tolist()
     assert "ids" in js["error"]
+
+
+# --- a hostile caller (issue 24's audit): each case used to pass silently or fail obscurely ------
+
+
+def test_a_string_is_not_a_list_of_strings():
+    """tokens="abc" was split into characters, and so was a step given as one string."""
+    with pytest.raises(ValueError, match="tokens must be a list of strings"):
+        SamplingView([1.0, 2.0, 3.0], "abc")
+    with pytest.raises(ValueError, match="tokens must be a list of strings"):
+        AttentionView("ab", [[[[1.0, 0.0], [0.25, 0.75]]]])
+    with pytest.raises(ValueError, match=r"steps\[0\] must be a list of strings"):
+        BPEMergeView(["the"], [])
+    with pytest.raises(ValueError, match="merges must be a list of strings"):
+        BPEMergeView([list("ab"), ["ab"]], "a")
+
+
+def test_bpe_steps_hold_pieces_of_a_text():
+    """An empty piece is no token, and a view of no text shows nothing."""
+    with pytest.raises(ValueError, match="empty piece"):
+        BPEMergeView([["", "the"]], [])
+    with pytest.raises(ValueError, match="no text"):
+        BPEMergeView([[]], [])
+
+
+@pytest.mark.parametrize("make", [lambda title: BPEMergeView([["a"]], [], title=title),
+                                  lambda title: AttentionView(["a"], [[[[1.0]]]], title=title),
+                                  lambda title: SamplingView([1.0], ["a"], title=title)])
+def test_a_title_is_a_str(make):
+    for bad in (None, 5, ["t"]):
+        with pytest.raises(ValueError, match="title must be a str"):  # was traitlets' TraitError
+            make(bad)
+
+
+def test_attention_rows_are_causal_distributions():
+    """Row i is the distribution of query i over the keys j <= i: the scores compare a head with a
+    uniform causal one. A row that does not sum to 1, or that looks ahead, is no such pattern."""
+    with pytest.raises(ValueError, match=r"row .* sums to 0.5"):
+        AttentionView(["a", "b"], [[[[1.0, 0.0], [0.25, 0.25]]]])
+    with pytest.raises(ValueError, match="causal"):
+        AttentionView(["a", "b"], [[[[0.5, 0.5], [0.25, 0.75]]]])
+    with pytest.raises(ValueError, match="patterns must hold numbers"):
+        AttentionView(["a", "b"], [[[[True, False], [0.25, 0.75]]]])
+    AttentionView(list("abcd"), _patterns(2, 2))  # softmax rows: sums 1 up to rounding
+
+
+def test_top_logits_and_rest_log_weights_check_their_input():
+    y = torch.tensor([2.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="n must"):
+        top_logits(y, True)  # a bool is not a count
+    with pytest.raises(ValueError, match="logits must be a tensor"):
+        top_logits([2.0, 1.0], 1)
+    # a negative id used to wrap around to the last token; t = 0 or < 0, a NaN reference or NaN
+    # logits gave NaN or a weight of the wrong sign in the stored state
+    for kwargs, name in (({"stored": [-1]}, "stored"), ({"stored": [3]}, "stored"), ({"stored": [0.5]}, "stored"),
+                         ({"temperatures": [0.0]}, "temperatures"), ({"temperatures": [-1.0]}, "temperatures"),
+                         ({"temperatures": [math.nan]}, "temperatures"), ({"reference": math.nan}, "reference"),
+                         ({"logits": torch.tensor([2.0, math.nan, 0.0])}, "logits")):
+        with pytest.raises(ValueError, match=name):
+            rest_log_weights(**({"logits": y, "stored": [0], "temperatures": [1.0]} | kwargs))
+
+
+def test_continuation_tree_context_is_token_ids():
+    """[0.7] was truncated to [0], [True] read as [1] and the string "01" as the ids 0, 1."""
+    next_logits, _ = _bigram(torch.zeros(3, 3))
+    for bad in ([0.7], [True], "01", [-1]):
+        with pytest.raises(ValueError, match="context"):
+            continuation_tree(next_logits, bad, 1, 1, 2, 2)
+    with pytest.raises(ValueError, match="temperatures"):
+        continuation_tree(next_logits, [0], 1, 1, 2, 2, temperatures=[0.0])
+    with pytest.raises(ValueError, match="ndigits"):
+        continuation_tree(next_logits, [0], 1, 1, 2, 2, ndigits=1.5)
+
+
+def test_from_model_needs_the_models_vocabulary(bpe_tiny):
+    """PlaygroundView refused a tokenizer of another size; from_model failed in token_str, saying
+    only that an id was out of range."""
+    from gptlib.tokenizers import BPETokenizer
+
+    model, _ = bpe_tiny
+    other = BPETokenizer.train(TEXT * 4, 270)
+    with pytest.raises(ValueError, match="tokenizer has 270 tokens, the model d_vocab=274"):
+        SamplingView.from_model(model, other, ["the cat"], depth=1, n_logits=274)

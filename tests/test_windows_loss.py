@@ -6,17 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptlib.data import book_tokenizer, load_corpus, token_byte_lengths, train_val_split
+from gptlib.data import load_corpus, token_byte_lengths, train_val_split
 from gptlib.model import GPT, GPTConfig
 from gptlib.training import make_windows, windows_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
 def test_equals_cross_entropy_over_all_windows_at_once_for_any_batch_size():
@@ -34,8 +29,8 @@ def test_equals_cross_entropy_over_all_windows_at_once_for_any_batch_size():
     assert model.training  # scored in eval mode (no dropout), the mode restored
 
 
-def test_bits_per_byte_divides_the_total_by_the_texts_bytes():
-    tok = book_tokenizer()
+def test_bits_per_byte_divides_the_total_by_the_texts_bytes(book_bpe):
+    tok = book_bpe
     _, val = train_val_split(load_corpus(), 0.1)
     ids = torch.tensor(tok.encode(val[:20_000]))
     x, y = make_windows(ids, 32, 32)

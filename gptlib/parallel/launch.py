@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 
 from ..files import load_tree, save_tree
 from ..model import GPT
+from ..runtime import check_float, check_int
 from ..training import lm_loss  # re-exported: the workers' loss
 
 __all__ = ["DistributedError", "free_port", "run_distributed", "run_together", "shard_range", "worker_model", "lm_loss"]
@@ -130,15 +131,13 @@ def run_distributed(
     or a function defined in a notebook.
     """
     _check_importable(fn, "fn")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    check_int("world_size", world_size, lo=1)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend='nccl' needs CUDA, and torch.cuda.is_available() is False")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0, got {timeout}")
-    port = free_port() if port is None else port
+    check_float("timeout", timeout, 0.0, lo_open=True)
+    port = free_port() if port is None else check_int("port", port, 1, 65535)
     with tempfile.TemporaryDirectory(prefix="gptlib-dist-") as out_dir:
         ctx = mp.start_processes(
             _entry, args=(fn, args, world_size, backend, port, out_dir), nprocs=world_size, join=False, start_method="spawn"
@@ -197,6 +196,8 @@ def run_together(jobs: dict, *, world_size: int = 2, backend: str = "gloo", time
     ...
     ValueError: jobs['ddp'] must be callable, got str
     """
+    check_int("world_size", world_size, lo=1)
+    check_float("timeout", timeout, 0.0, lo_open=True)
     if not isinstance(jobs, dict) or not jobs:
         raise ValueError(f"jobs must be a non-empty dict {{name: (fn, args)}}, got {jobs!r}")
     for name, job in jobs.items():
@@ -242,10 +243,9 @@ def shard_range(n: int, rank: int, world_size: int) -> slice:
     >>> shard_range(8, 1, 2)
     slice(4, 8, None)
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    n = check_int("n", n, lo=0)
+    world_size = check_int("world_size", world_size, lo=1)
+    rank = check_int("rank", rank, 0, world_size - 1)
     if n % world_size:
         raise ValueError(f"world_size={world_size} must divide n={n}")
     size = n // world_size

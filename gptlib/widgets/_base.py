@@ -7,6 +7,7 @@ notebook's stored outputs do not change between runs (strict nbval).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,29 @@ def esm(*names: str) -> str:
     (0, 1)
     """
     return "\n".join(read_asset(n) for n in names)
+
+
+def check_strings(name: str, value: Any) -> list[str]:
+    """``value`` as a list of strings (each item passed through ``str``); a ``str`` itself is
+    refused, since it would be split into its characters.
+
+    >>> check_strings("tokens", ["a", 1])
+    ['a', '1']
+    >>> check_strings("tokens", "ab")
+    Traceback (most recent call last):
+    ...
+    ValueError: tokens must be a list of strings, got a str
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a list of strings, got a {type(value).__name__}")
+    return [str(v) for v in value]
+
+
+def check_title(title: Any) -> str:
+    """A widget's title: a ``str`` (traitlets would raise its own TraitError)."""
+    if not isinstance(title, str):
+        raise ValueError(f"title must be a str, got {title!r}")
+    return title
 
 
 def rounded(x: Any, ndigits: int = 6) -> Any:

@@ -12,9 +12,15 @@ import torch
 import traitlets
 
 from ..circuits import head_scores
-from ._base import BookWidget, esm, read_asset, rounded
+from ._base import BookWidget, check_strings, check_title, esm, read_asset, rounded
 
 __all__ = ["AttentionView"]
+
+
+def _holds_bool(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_holds_bool(v) for v in x)
+    return isinstance(x, bool)
 
 
 def _as_nested(patterns):
@@ -52,7 +58,8 @@ class AttentionView(BookWidget):
     head = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, tokens, patterns, title: str = "", layer_labels=None, head_labels=None):
-        tokens = [str(t) for t in tokens]
+        tokens = check_strings("tokens", tokens)
+        check_title(title)
         p = _as_nested(patterns)
         try:
             n_layers, n_heads = len(p), len(p[0])
@@ -63,6 +70,8 @@ class AttentionView(BookWidget):
         if shapes != {(T, T)}:
             raise ValueError(f"patterns must have shape (n_layers, n_heads, T, T) with T = len(tokens) = {T}, got rows {sorted(shapes)}")
         try:
+            if _holds_bool(p):
+                raise TypeError("a bool is not a weight")
             weights = torch.tensor(p, dtype=torch.float64)  # (n_layers, n_heads, T, T)
         except (TypeError, ValueError):
             raise ValueError("patterns must hold numbers") from None
@@ -71,6 +80,17 @@ class AttentionView(BookWidget):
         if weights.numel() and not (weights.min() >= -1e-6 and weights.max() <= 1 + 1e-6):
             raise ValueError(f"patterns must be attention weights in [0, 1], got values in "
                              f"[{float(weights.min()):.4g}, {float(weights.max()):.4g}]")
+        # each row a distribution over the keys j <= i (rounding to 6 decimals moves a sum by < 1e-3)
+        sums = weights.sum(-1)  # (n_layers, n_heads, T)
+        if weights.numel() and float((sums - 1).abs().max()) > 1e-3:
+            l, h, i = (int(v) for v in torch.nonzero((sums - 1).abs() > 1e-3)[0])
+            raise ValueError(f"patterns must be attention patterns: row {i} of layer {l}, head {h} sums to "
+                             f"{float(sums[l, h, i]):.4g}, not 1")
+        ahead = torch.triu(weights, diagonal=1)  # (n_layers, n_heads, T, T): weights on keys j > i
+        if weights.numel() and float(ahead.max()) > 1e-6:
+            l, h, i, j = (int(v) for v in torch.nonzero(ahead > 1e-6)[0])
+            raise ValueError(f"patterns must be causal (query i attends to keys j <= i): layer {l}, head {h}, "
+                             f"query {i} gives key {j} the weight {float(weights[l, h, i, j]):.4g}")
         layer_labels = [str(x) for x in (layer_labels or [f"layer {l}" for l in range(n_layers)])]
         head_labels = [str(x) for x in (head_labels or [f"head {h}" for h in range(n_heads)])]
         if len(layer_labels) != n_layers:

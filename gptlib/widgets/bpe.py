@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ._base import BookWidget, read_asset
+from ._base import BookWidget, check_strings, check_title, read_asset
 
 
 class BPEMergeView(BookWidget):
@@ -26,10 +26,17 @@ class BPEMergeView(BookWidget):
     step = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, steps: list[list[str]], merges: list[str], title: str = ""):
-        steps = [list(map(str, s)) for s in steps]
-        merges = [str(m) for m in merges]
+        if isinstance(steps, (str, bytes)):
+            raise ValueError("steps must be a list of splits (lists of strings), got a str")
+        steps = [check_strings(f"steps[{i}]", s) for i, s in enumerate(steps)]
+        merges = check_strings("merges", merges)
+        check_title(title)
         if not steps:
             raise ValueError("steps must hold at least the unmerged split (steps[0])")
+        if any("" in s for s in steps):
+            raise ValueError("steps must not hold an empty piece: no token is empty")
+        if not steps[0]:
+            raise ValueError("steps[0] holds no text: there is nothing to merge")
         if len(steps) != len(merges) + 1:
             raise ValueError(f"steps must have len(merges) + 1 = {len(merges) + 1} entries, got {len(steps)}")
         joined = {"".join(s) for s in steps}

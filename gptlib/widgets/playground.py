@@ -32,7 +32,7 @@ import traitlets
 from ..export import readout, weights_sha256
 from ..model import GPT
 from ..runtime import check_ids, check_int
-from ._base import BookWidget, esm, read_asset, rounded
+from ._base import BookWidget, check_title, esm, read_asset, rounded
 from .sampling import _check_settings
 
 __all__ = ["PlaygroundView"]
@@ -92,6 +92,7 @@ class PlaygroundView(BookWidget):
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty str")
         _check_settings(temperature, top_k, top_p, n_show, seed)
+        check_title(title)
         lens_top = check_int("lens_top", lens_top, 1, c.d_vocab)
         layer, head = check_int("layer", layer, 0, c.n_layers - 1), check_int("head", head, 0, c.n_heads - 1)
         if not isinstance(source, str) or not source.endswith(".json") or source.startswith(("/", "http:", "https:")):

@@ -23,7 +23,8 @@ import torch
 import traitlets
 from torch import Tensor
 
-from ._base import BookWidget, esm, read_asset, rounded
+from ..runtime import check_float, check_ids, check_int
+from ._base import BookWidget, check_strings, check_title, esm, read_asset, rounded
 
 __all__ = ["SamplingView", "top_logits", "rest_log_weights", "continuation_tree", "TEMPERATURES"]
 
@@ -48,14 +49,22 @@ def top_logits(logits: Tensor, n: int) -> tuple[list[int], list[float], float]:
     >>> ids, values, round(mass, 4)
     ([1, 3], [3.0, 3.0], 0.799)
     """
-    if logits.dim() != 1:
-        raise ValueError(f"logits must have shape (d_vocab,), got {tuple(logits.shape)}")
-    if not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    _check_vector(logits)
+    check_int("n", n, lo=1)
     _check_logits(logits)
     order = torch.sort(logits, descending=True, stable=True).indices[:n]  # (n,)
     mass = float(torch.softmax(logits.double(), dim=-1)[order].sum())
     return order.tolist(), logits[order].double().tolist(), mass
+
+
+def _check_vector(logits: object) -> None:
+    if not isinstance(logits, Tensor) or logits.dim() != 1:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a tensor of shape (d_vocab,), got {shape}")
+
+
+def _check_temperatures(temperatures: Sequence[float]) -> list[float]:
+    return [check_float("temperatures", t, 0.0, lo_open=True) for t in temperatures]
 
 
 def _check_logits(logits: Tensor) -> None:
@@ -81,12 +90,20 @@ def rest_log_weights(logits: Tensor, stored: Sequence[int], temperatures: Sequen
     >>> rest_log_weights(y, [0, 1, 2, 3]) is None
     True
     """
+    _check_vector(logits)
     logits = logits.detach().to("cpu").double()
+    _check_logits(logits)
+    stored = list(stored)
+    check_ids(stored, logits.shape[-1], "stored")  # a negative id would wrap around to the last tokens
+    temperatures = _check_temperatures(temperatures)
+    check_int("ndigits", ndigits, lo=0)
+    if reference is not None:
+        reference = check_float("reference", reference)
     others = torch.ones(logits.shape[-1], dtype=torch.bool)
-    others[list(stored)] = False
+    others[stored] = False
     if not others.any():
         return None
-    tail, m = logits[others], (logits.max() if reference is None else torch.tensor(float(reference), dtype=torch.float64))
+    tail, m = logits[others], (logits.max() if reference is None else torch.tensor(reference, dtype=torch.float64))
     out: list[float | None] = []
     for t in temperatures:
         v = float(torch.logsumexp((tail - m) / float(t), dim=0))
@@ -131,6 +148,9 @@ def continuation_tree(
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if branch > n_logits or (depth >= 2 and branch > n_logits_deep):
         raise ValueError(f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep ({n_logits_deep})")
+    check_int("ndigits", ndigits, lo=0)
+    temperatures = _check_temperatures(temperatures)
+    check_ids(context, 2**63 - 1, "context")  # ints >= 0 (bools, floats and strings refused)
     context = [int(t) for t in context]
     if not context:
         raise ValueError("context must hold at least one token id")
@@ -186,6 +206,13 @@ def _check_settings(temperature, top_k, top_p, n_show, seed) -> None:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
 
 
+def _check_vocabulary(tokenizer, d_vocab: int) -> None:
+    """A tokenizer that names tokens of the model's vocabulary, no more and no fewer."""
+    size = getattr(tokenizer, "vocab_size", d_vocab)
+    if size != d_vocab:
+        raise ValueError(f"tokenizer has {size} tokens, the model d_vocab={d_vocab}")
+
+
 def _nodes(node: dict):
     yield node
     for child in node["next"].values():
@@ -237,7 +264,7 @@ class SamplingView(BookWidget):
             raise ValueError("logits must be a non-empty 1-D sequence (one logit per token)")
         values = [float(v) for v in raw]
         _check_logits(torch.tensor(values, dtype=torch.float64))
-        tokens = [str(t) for t in tokens]
+        tokens = check_strings("tokens", tokens)
         if len(tokens) != len(values):
             raise ValueError(f"tokens must have one string per logit ({len(values)}), got {len(tokens)}")
         _check_settings(temperature, top_k, top_p, n_show, seed)
@@ -278,6 +305,8 @@ class SamplingView(BookWidget):
         is_module = isinstance(model, torch.nn.Module)
         if not is_module and not callable(model):
             raise ValueError(f"model must be a GPT or a function of contexts, got {type(model).__name__}")
+        if is_module:
+            _check_vocabulary(tokenizer, model.config.d_vocab)
         was_training = model.training if is_module else False
         if is_module:
             model.eval()
@@ -289,13 +318,14 @@ class SamplingView(BookWidget):
         finally:
             if is_module:
                 model.train(was_training)
+        d_vocab = model.config.d_vocab if is_module else len(next_logits([tokenizer.encode(prompts[0])])[0])
+        _check_vocabulary(tokenizer, d_vocab)
         token_str = _token_strings(tokenizer)
         vocab: dict[str, str] = {}
         for t in trees:
             for node in _nodes(t["root"]):
                 for i in node["ids"]:
                     vocab.setdefault(str(i), token_str(i))
-        d_vocab = len(next_logits([tokenizer.encode(prompts[0])])[0]) if not is_module else model.config.d_vocab
         view = cls.__new__(cls)
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
         view._setup(trees, dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))), d_vocab, temps,
@@ -304,6 +334,7 @@ class SamplingView(BookWidget):
 
     def _setup(self, prompts, vocab, vocab_size, temps, temperature, top_k, top_p, n_show, title, seed) -> None:
         _check_settings(temperature, top_k, top_p, n_show, seed)
+        check_title(title)
         partial = [len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None]
         if top_k is not None and partial and top_k > min(partial):
             raise ValueError(f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution holds "
