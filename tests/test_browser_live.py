@@ -35,9 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("GPTLIB_BOOK_HTML", ROOT / "_build" / "html"))
 ENGLISH = ROOT / "models" / "english"
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 LIVE_FILES = ("vendor/onnxruntime-web/", "vendor/tokenizers/", "live/")
 OPENING = "The President said that the"
 # Texts that are not in the chapters.
@@ -126,20 +123,6 @@ def site(english, tmp_path_factory):
         yield served
     finally:
         served.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 class Page:

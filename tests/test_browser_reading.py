@@ -50,7 +50,11 @@ CHAPTERS = [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()]
 MEASURE = r"""
 () => {
   const article = document.querySelector("article.bd-article") || document.querySelector("main");
-  const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  // Chromium gives a box inside a closed <details> its size; checkVisibility() knows it is hidden.
+  const shown = (e) => {
+    const r = e.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && e.checkVisibility();
+  };
   const height = (e) => shown(e) ? e.getBoundingClientRect().height : 0;
   // A block is wide when it, or a box inside it that scrolls sideways, is wider than itself
   // (MathJax's own inner boxes, such as its clipped copy for screen readers, do not count).
