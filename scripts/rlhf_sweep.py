@@ -2,16 +2,16 @@
 
 The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English model
 without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward model)
-and then runs, for each beta and seed, ``gptlib.rlhf.ppo`` with each baseline (``"grpo"``, GRPO's
-group-normalised advantage; ``"rloo"``, the leave-one-out baseline) and ``gptlib.rlhf.dpo`` on the
-ranked pairs, measuring each policy as the chapter does (the judged score and ``gptlib.rlhf.kl_to``
+and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for each
+beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
+``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the chapter does (the judged score and ``gptlib.rlhf.kl_to``
 on the evaluation prompts). It sets two torch threads, as the chapter does, so it computes exactly
 what the page computes: the page runs PPO (both baselines) at beta = 0.1 with seed 5 and DPO at
 beta = 0.1 with seed 6 itself, checks that each equals the stored run step by step, and plots the
 stored beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
-    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --dpo-betas 0.1 --out /tmp/s.json
+    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out /tmp/s.json
 """
 from __future__ import annotations
 
@@ -83,15 +83,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
-    ap.add_argument("--methods", nargs="+", default=["grpo", "rloo"], choices=sorted(rlhf.loops.ADVANTAGES),
-                    help="PPO's baselines")
+    ap.add_argument("--rloo-betas", type=float, nargs="+", default=[0.1],
+                    help="the betas of the PPO runs with RLOO's baseline (--betas: with GRPO's)")
     ap.add_argument("--steps", type=int, default=18, help="PPO steps")
-    ap.add_argument("--dpo-betas", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.5])
+    ap.add_argument("--dpo-betas", type=float, nargs="+", default=[0.1])
     ap.add_argument("--dpo-steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "rlhf_sweep.json")
     args = ap.parse_args()
-    if any(b < 0 for b in args.betas):
-        raise ValueError(f"betas must be >= 0, got {args.betas}")
+    if any(b < 0 for b in args.betas + args.rloo_betas):
+        raise ValueError(f"betas and rloo-betas must be >= 0, got {args.betas}, {args.rloo_betas}")
     if any(b <= 0 for b in args.dpo_betas):  # at beta = 0 DPO's loss is ln 2 with zero gradient
         raise ValueError(f"dpo-betas must be > 0, got {args.dpo_betas}")
     t0 = time.time()
@@ -122,8 +122,8 @@ def main() -> None:
                 "history": {"loss": losses},  # per DPO step
             })
             report(runs[-1])
-    for method in args.methods:
-        for beta in args.betas:
+    for method, betas in (("grpo", args.betas), ("rloo", args.rloo_betas)):
+        for beta in betas:
             for seed in args.seeds:
                 policy, hist = rlhf.ppo(policy_sft, s["rm"], task.train_prompts, Y_len, beta=beta, steps=args.steps,
                                         seed=seed, judge=task.judged, advantage=method)
@@ -138,7 +138,7 @@ def main() -> None:
     result = {
         "what": "chapters/09_rlhf.ipynb's ppo() per baseline, beta and seed, and its dpo() per beta and seed; "
                 "made by scripts/rlhf_sweep.py",
-        "steps": args.steps, "methods": args.methods, "betas": args.betas, "seeds": args.seeds,
+        "steps": args.steps, "betas": args.betas, "rloo_betas": args.rloo_betas, "seeds": args.seeds,
         "dpo_steps": args.dpo_steps, "dpo_betas": args.dpo_betas, "n_pairs": len(chosen),
         "score_sft": judged(policy_sft), "n_eval_prompts": len(task.eval_prompts),
         "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
