@@ -421,3 +421,42 @@ def loss_curves(lines=None, marked=None, *, level=None, lr=None, ylabel="loss (n
         handles, labels = handles + [line], labels + ["learning rate (right)"]
     ax.legend(handles, labels)
     return fig, ax
+
+
+# --- Chapter 9: fine-tuning from preferences ------------------------------------------------------
+
+
+def rlhf_pipeline():
+    """Chapter 9's pipeline: boxes are models, arrows say what trains what. Returns the figure.
+
+    >>> rlhf_pipeline().get_size_inches().tolist()
+    [7.0, 3.4]
+    """
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig, ax = subplots(height=3.4)
+    ax.set_xlim(0, 10.4)
+    ax.set_ylim(0, 5.0)
+    ax.axis("off")
+    w, h = 2.6, 1.05
+    boxes = {  # name: (x, y) of the lower-left corner, label
+        "base": (0.1, 3.1, "pretrained model\n(Chapter 8)"),
+        "sft": (3.9, 3.1, "SFT policy $\\pi^\\mathrm{SFT}$\n(next-token loss\non demonstrations)"),
+        "rm": (7.7, 3.1, "reward model $r_\\theta$\n(Bradley–Terry loss)"),
+        "dpo": (3.9, 0.1, "DPO policy\n(the reward-model loss\non log-ratios)"),
+        "ppo": (7.7, 0.1, "RL policy $\\pi^\\mathrm{RL}_\\phi$\n(PPO on the\nKL-regularised objective)"),
+    }
+    for x, y, label in boxes.values():
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", fc="#eef3fb", ec=COLOURS[0]))
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=8)
+    arrows = [  # start, end, label position, label, horizontal alignment
+        ((2.75, 3.62), (3.85, 3.62), (3.3, 4.5), "demonstrations\n(judged score 1)", "center"),
+        ((6.55, 3.62), (7.65, 3.62), (7.1, 4.5), "$K = 4$ samples per\nprompt, ranked pairs", "center"),
+        ((9.0, 3.05), (9.0, 1.2), (9.1, 2.1), "reward", "left"),
+        ((6.0, 3.05), (7.9, 1.2), (7.05, 2.45), "reference for\nthe KL penalty;\ninitial policy", "left"),
+        ((5.2, 3.05), (5.2, 1.2), (5.1, 2.1), "the ranked pairs;\nreference", "right"),
+    ]
+    for start, end, (tx, ty), label, ha in arrows:
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#333333"))
+        ax.text(tx, ty, label, ha=ha, va="center", fontsize=7.5, color="#333333")
+    return fig

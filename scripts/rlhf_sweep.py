@@ -1,15 +1,17 @@
-"""Chapter 9's PPO over several KL weights beta and seeds, precomputed (the chapter reads the JSON).
+"""Chapter 9's PPO and DPO over several KL weights beta and seeds, precomputed (the chapter reads the JSON).
 
 The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English model
-without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the reward model) and then runs
-``gptlib.rlhf.ppo`` for each beta and seed, measuring each policy as the chapter does (the judged
-score and ``gptlib.rlhf.kl_to`` on the evaluation prompts). It sets two torch threads, as the
-chapter does, so it computes exactly what the page computes: the page runs beta = 0.1 with seed 5
-itself and checks that it equals the stored run step by step, and it plots the stored beta = 0 run of
-the same seed.
+without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward model)
+and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for each
+beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
+``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the chapter does (the judged score and ``gptlib.rlhf.kl_to``
+on the evaluation prompts). It sets two torch threads, as the chapter does, so it computes exactly
+what the page computes: the page runs PPO (both baselines) at beta = 0.1 with seed 5 and DPO at
+beta = 0.1 with seed 6 itself, checks that each equals the stored run step by step, and plots the
+stored beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
-    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --out /tmp/s.json
+    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out /tmp/s.json
 """
 from __future__ import annotations
 
@@ -52,7 +54,14 @@ def chapter_setup() -> dict:
     Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(128, K))
     n_train = int(0.8 * len(Yw))
     rm, _ = rlhf.train_reward_model(policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=4e-4, seed=4)
-    return {"task": task, "policy_sft": policy_sft, "rm": rm}
+    return {"task": task, "policy_sft": policy_sft, "rm": rm, "chosen": Yw[:n_train], "rejected": Yl[:n_train]}
+
+
+@torch.no_grad()
+def log_ratios(policy, ref, ids: torch.Tensor, prompt_len: int) -> float:
+    """The mean over the rows of ids of log policy(Y|X) - log ref(Y|X)."""
+    m = rlhf.response_mask(ids, prompt_len)
+    return float((rlhf.sequence_logprob(policy, ids, m) - rlhf.sequence_logprob(ref, ids, m)).mean())
 
 
 def _rounded(value):
@@ -74,11 +83,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
-    ap.add_argument("--steps", type=int, default=18)
+    ap.add_argument("--rloo-betas", type=float, nargs="+", default=[0.1],
+                    help="the betas of the PPO runs with RLOO's baseline (--betas: with GRPO's)")
+    ap.add_argument("--steps", type=int, default=18, help="PPO steps")
+    ap.add_argument("--dpo-betas", type=float, nargs="+", default=[0.1])
+    ap.add_argument("--dpo-steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "rlhf_sweep.json")
     args = ap.parse_args()
-    if any(b < 0 for b in args.betas):
-        raise ValueError(f"betas must be >= 0, got {args.betas}")
+    if any(b < 0 for b in args.betas + args.rloo_betas):
+        raise ValueError(f"betas and rloo-betas must be >= 0, got {args.betas}, {args.rloo_betas}")
+    if any(b <= 0 for b in args.dpo_betas):  # at beta = 0 DPO's loss is ln 2 with zero gradient
+        raise ValueError(f"dpo-betas must be > 0, got {args.dpo_betas}")
     t0 = time.time()
     s = chapter_setup()
     task, policy_sft = s["task"], s["policy_sft"]
@@ -87,24 +102,44 @@ def main() -> None:
     def judged(policy) -> float:  # held-out prompts, one sample each (the chapter's evaluate)
         return rlhf.judged_score(policy, task.eval_prompts, Y_len, task.judged, seed=1)
 
-    runs = []
-    for beta in args.betas:
+    def kl_eval(policy) -> float:  # Monte Carlo KL to SFT on the same samples
+        return rlhf.kl_to(policy, policy_sft, task.eval_prompts, Y_len, seed=1)
+
+    def report(run: dict) -> None:
+        print(f"{run['method']} beta={run['beta']} seed={run['seed']}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in run.items() if isinstance(v, float) and k != "beta"), flush=True)
+
+    runs = []  # DPO first: its runs are the quickest
+    chosen, rejected, P = s["chosen"], s["rejected"], task.prompt_len
+    for beta in args.dpo_betas:
         for seed in args.seeds:
-            policy, hist = rlhf.ppo(policy_sft, s["rm"], task.train_prompts, Y_len, beta=beta, steps=args.steps,
-                                    seed=seed, judge=task.judged)
+            policy, losses = rlhf.dpo(policy_sft, chosen, rejected, P, beta=beta, steps=args.dpo_steps, seed=seed)
             runs.append({
-                "beta": beta, "seed": seed,
-                "judged": judged(policy),
-                "kl_eval": rlhf.kl_to(policy, policy_sft, task.eval_prompts, Y_len, seed=1),  # Monte Carlo KL to SFT
-                "kl_last5": sum(hist["kl"][-5:]) / 5,  # mean KL of the last 5 training batches
-                "reward_last5": sum(hist["reward"][-5:]) / 5,
-                "history": hist,  # per PPO step: judged score, reward and KL of the batch
+                "method": "dpo", "beta": beta, "seed": seed,
+                "judged": judged(policy), "kl_eval": kl_eval(policy),
+                "logratio_chosen": log_ratios(policy, policy_sft, chosen, P),  # means over the training pairs
+                "logratio_rejected": log_ratios(policy, policy_sft, rejected, P),
+                "history": {"loss": losses},  # per DPO step
             })
-            print(f"beta={beta} seed={seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1].items()
-                                                          if k not in ("beta", "seed", "history")), flush=True)
+            report(runs[-1])
+    for method, betas in (("grpo", args.betas), ("rloo", args.rloo_betas)):
+        for beta in betas:
+            for seed in args.seeds:
+                policy, hist = rlhf.ppo(policy_sft, s["rm"], task.train_prompts, Y_len, beta=beta, steps=args.steps,
+                                        seed=seed, judge=task.judged, advantage=method)
+                runs.append({
+                    "method": method, "beta": beta, "seed": seed,
+                    "judged": judged(policy), "kl_eval": kl_eval(policy),
+                    "kl_last5": sum(hist["kl"][-5:]) / 5,  # mean KL of the last 5 training batches
+                    "reward_last5": sum(hist["reward"][-5:]) / 5,
+                    "history": hist,  # per PPO step: judged score, reward and KL of the batch
+                })
+                report(runs[-1])
     result = {
-        "what": "chapters/09_rlhf.ipynb's ppo() per beta and seed; made by scripts/rlhf_sweep.py",
-        "steps": args.steps, "betas": args.betas, "seeds": args.seeds,
+        "what": "chapters/09_rlhf.ipynb's ppo() per baseline, beta and seed, and its dpo() per beta and seed; "
+                "made by scripts/rlhf_sweep.py",
+        "steps": args.steps, "betas": args.betas, "rloo_betas": args.rloo_betas, "seeds": args.seeds,
+        "dpo_steps": args.dpo_steps, "dpo_betas": args.dpo_betas, "n_pairs": len(chosen),
         "score_sft": judged(policy_sft), "n_eval_prompts": len(task.eval_prompts),
         "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
         "runs": [_rounded(r) for r in runs],

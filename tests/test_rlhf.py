@@ -67,6 +67,22 @@ def test_group_advantages_are_centred_and_scaled():
         rlhf.group_advantages(torch.ones(3))
 
 
+def test_leave_one_out_advantages_hand_values_and_unbiased_baseline():
+    r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 1.0, 1.0]])
+    a = rlhf.leave_one_out_advantages(r)
+    # r_i minus the mean of the three others, by hand
+    torch.testing.assert_close(a, torch.tensor([[1 - 11 / 3, 2 - 10 / 3, 3 - 3.0, 6 - 2.0],
+                                                [-2 / 3, -2 / 3, 1 - 1 / 3, 1 - 1 / 3]]))
+    torch.testing.assert_close(a, 4 / 3 * (r - r.mean(dim=1, keepdim=True)))  # K / (K - 1) times the centred r
+    # the baseline of sample i does not move when r_i does
+    bumped = r.clone()
+    bumped[0, 2] += 5.0
+    base, base_bumped = r - a, bumped - rlhf.leave_one_out_advantages(bumped)
+    assert base_bumped[0, 2] == base[0, 2] and not torch.equal(base_bumped[0], base[0])
+    with pytest.raises(ValueError, match="rewards"):
+        rlhf.leave_one_out_advantages(torch.ones(3, 1))
+
+
 def test_ppo_loss_clips_only_in_the_profitable_direction():
     lp_old = torch.zeros(4)
     lp = torch.log(torch.tensor([1.5, 0.5, 1.5, 0.5]))  # ratios
@@ -270,7 +286,11 @@ def test_ppo_is_seeded_and_raises_the_reward():
     before = rlhf.judged_score(sft, x.repeat(8, 1), Y, low_tokens, seed=3)  # 64 samples
     after = rlhf.judged_score(a, x.repeat(8, 1), Y, low_tokens, seed=3)
     assert 0.4 < before < 0.6 and after > before + 0.2
-    for name, kwargs in (("beta", {"beta": -0.1}), ("group_size", {"group_size": 1}), ("epochs", {"epochs": 0})):
+    c, hc = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, lr=1e-2, advantage="rloo")
+    assert hc["kl"][0] == ha["kl"][0] and hc != {k: ha[k] for k in hc}  # same first batch, other updates
+    assert rlhf.judged_score(c, x.repeat(8, 1), Y, low_tokens, seed=3) > before + 0.2  # RLOO learns too
+    for name, kwargs in (("beta", {"beta": -0.1}), ("group_size", {"group_size": 1}), ("epochs", {"epochs": 0}),
+                         ("advantage", {"advantage": "ppo"})):
         with pytest.raises(ValueError, match=name):
             rlhf.ppo(sft, rm, x, Y, **{"beta": 0.1, "steps": 1, "seed": 0, **kwargs})
 
@@ -328,6 +348,8 @@ def test_sentence_task_prompts_open_sentences_of_their_own_split():
     assert torch.equal(task.openings[:, :3], ids[starts[:, None] + torch.arange(3)])
     scores = task.judged(task.openings)
     assert scores.dtype == torch.float32 and scores.shape == (len(starts),)
+    parts = task.judged_parts(task.openings)  # (n, 2): finishes a sentence, known words only
+    assert parts.dtype == torch.bool and torch.equal(scores, 0.5 * parts.sum(dim=1).float())
     assert scores.tolist() == [judge(tok.decode(w[3:].tolist())) for w in task.openings]
     with pytest.raises(ValueError, match="val_text"):
         sentence_task(tok, train, val, judge, prompt_len=3, response_len=2, n_train=4, n_eval=1000)

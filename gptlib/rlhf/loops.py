@@ -26,6 +26,7 @@ from .objectives import (
     dpo_loss,
     group_advantages,
     kl_penalty,
+    leave_one_out_advantages,
     ppo_loss,
     reward_model_loss,
     sequence_logprob,
@@ -42,7 +43,10 @@ __all__ = [
     "dpo",
     "kl_to",
     "judged_score",
+    "ADVANTAGES",
 ]
+
+ADVANTAGES = {"grpo": group_advantages, "rloo": leave_one_out_advantages}  # ppo's ``advantage``
 
 
 def response_mask(ids: Tensor, prompt_len: int) -> Tensor:
@@ -150,13 +154,16 @@ def ppo(
     lr: float = 3e-4,
     clip_eps: float = 0.2,
     grad_clip: float = 1.0,
+    advantage: str = "grpo",
 ) -> tuple[torch.nn.Module, dict[str, list[float]]]:
-    """PPO on eq. 15 (gamma = 0) with GRPO's group-normalised advantage, from a copy of ``sft_policy``.
+    """PPO on eq. 15 (gamma = 0) with a group baseline, from a copy of ``sft_policy``.
 
     Each step draws ``n_prompts`` of ``prompts`` (n, P), samples ``group_size`` responses of
     ``response_len`` tokens to each, scores them r - beta * KL (the log-ratio to ``sft_policy`` summed
-    over the response), standardises the scores within each group (:func:`group_advantages`) and takes
-    ``epochs`` clipped-surrogate steps on the same samples. Returns the policy and, per step, the
+    over the response), turns the scores into advantages within each group and takes ``epochs``
+    clipped-surrogate steps on the same samples. ``advantage`` names the baseline (``ADVANTAGES``):
+    ``"grpo"``, GRPO's group-normalised scores (:func:`group_advantages`), or ``"rloo"``, the
+    leave-one-out baseline of RLOO (:func:`leave_one_out_advantages`). Returns the policy and, per step, the
     batch's mean reward-model score, its mean KL to ``sft_policy`` and, if ``judge`` maps sequences
     (B, P + response_len) to scores (B,), their mean score ``"judged"``.
     """
@@ -165,6 +172,9 @@ def ppo(
     check_int("n_prompts", n_prompts, lo=1)
     check_int("group_size", group_size, lo=2)
     check_int("epochs", epochs, lo=1)
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"advantage must be one of {sorted(ADVANTAGES)}, got {advantage!r}")
+    advantages_of = ADVANTAGES[advantage]
     policy, ref = copy.deepcopy(sft_policy), sft_policy
     opt = _adamw(policy, lr)
     g = torch.Generator().manual_seed(seed)
@@ -182,7 +192,7 @@ def ppo(
             lp_ref = token_logprobs(ref(ids), ids)
         kl = (kl_penalty(lp_old, lp_ref, beta=1.0) * m).sum(dim=-1)  # (n_prompts * G,): per response
         total = r - beta * kl  # eq. 15, the penalty summed over the response
-        adv = group_advantages(total.view(n_prompts, group_size)).view(-1, 1).expand_as(lp_old)
+        adv = advantages_of(total.view(n_prompts, group_size)).view(-1, 1).expand_as(lp_old)
         policy.train()
         for _ in range(epochs):  # the scorer F, with gradient
             loss = ppo_loss(token_logprobs(policy(ids), ids), lp_old, adv, m, clip_eps)

@@ -25,6 +25,7 @@ __all__ = [
     "preference_pairs",
     "kl_penalty",
     "group_advantages",
+    "leave_one_out_advantages",
     "ppo_loss",
     "dpo_loss",
     "RewardModel",
@@ -145,6 +146,22 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
     return (rewards - mean) / (std + eps)
+
+
+def leave_one_out_advantages(rewards: Tensor) -> Tensor:
+    """Advantages against the leave-one-out baseline of RLOO: r_i minus the mean of the other K - 1.
+
+    rewards: (n_prompts, K), several responses sampled per prompt. The baseline of sample i does not
+    depend on sample i, so the policy gradient stays unbiased; A_i = K / (K - 1) (r_i - mean).
+
+    >>> leave_one_out_advantages(torch.tensor([[1.0, 3.0, 5.0]]))
+    tensor([[-3.,  0.,  3.]])
+    """
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape (n_prompts, K >= 2), got {tuple(rewards.shape)}")
+    K = rewards.shape[1]
+    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (K - 1)  # (n_prompts, K)
+    return rewards - others
 
 
 def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | None = None, clip_eps: float = 0.2) -> Tensor:

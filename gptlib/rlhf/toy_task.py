@@ -44,12 +44,21 @@ class SentenceLabeller:
         """A labeller whose dictionary is every word (a run of letters, lower-cased) of ``text``."""
         return cls(frozenset(re.findall(r"[a-z]+", text.lower())))
 
-    def __call__(self, response: str) -> float:
+    def parts(self, response: str) -> tuple[bool, bool]:
+        """The two halves of the score: (finishes a sentence, uses only known words).
+
+        >>> SentenceLabeller.from_text("The jury said.").parts(" the jurry said. It")
+        (True, False)
+        """
         words = re.findall(r"[A-Za-z]+", response)
         if response[-1:].isalpha():
             words = words[:-1]
         real_words = all(w.lower() in self.known_words for w in words)
         ends_sentence = re.search(r"[.?!](\s|$)", response) is not None
+        return ends_sentence, real_words
+
+    def __call__(self, response: str) -> float:
+        ends_sentence, real_words = self.parts(response)
         return 0.5 * ends_sentence + 0.5 * real_words
 
 
@@ -83,6 +92,11 @@ class SentenceTask:
     def judged(self, ids: Tensor) -> Tensor:
         """(B,) float32: the labeller's score of each response ``ids[:, prompt_len:]``, decoded."""
         return torch.tensor([self.labeller(self.tokenizer.decode(row[self.prompt_len:].tolist())) for row in ids])
+
+    def judged_parts(self, ids: Tensor) -> Tensor:
+        """(B, 2) bool: for each response, whether it finishes a sentence and whether it uses only known
+        words (:meth:`SentenceLabeller.parts`); :meth:`judged` is half their sum."""
+        return torch.tensor([self.labeller.parts(self.tokenizer.decode(row[self.prompt_len:].tolist())) for row in ids])
 
 
 def sentence_task(
