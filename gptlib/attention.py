@@ -325,9 +325,7 @@ def _stack_into_views(params: tuple[nn.Parameter, ...]) -> Tensor:
 def _is_stacked(params: tuple[Tensor, ...], stacked: Tensor | None) -> bool:
     """Whether the parameters are still the slices of ``stacked`` (``.to()``, ``load_state_dict(assign=True)``
     or a replaced ``.data`` separate them)."""
-    if stacked is None:
-        return False
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if stacked is None or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False  # traced tensors have no storage to compare: stack per call (the same function)
     ptr, step, shape = stacked.data_ptr(), stacked.stride(0) * stacked.element_size(), stacked.shape[1:]
     return all(p.data_ptr() == ptr + i * step and p.shape == shape for i, p in enumerate(params))

@@ -349,39 +349,6 @@ def truncation_panels(panels, reference, *, ncols: int = 3, height: float = 4.6)
     return fig
 
 
-# =============================================================================================
-# Chapter 11: pipeline timetables
-# =============================================================================================
-
-
-def timetables(grids: list[list[list[str]]], titles: list[str], *, height: float = 1.8):
-    """Pipeline timetables, one panel per grid, stacked: ``grid[stage][slot]`` is ``"F3"`` (a
-    forward, blue), ``"B3"`` (a backward, vermillion) or ``""`` (idle, left white).
-
-    >>> fig = timetables([[["F0", "B0"], ["", "F0"]]], ["two stages"])
-    >>> len(fig.axes), fig.axes[0].get_title()
-    (1, 'two stages')
-    """
-    import matplotlib.pyplot as plt
-
-    if len(grids) != len(titles) or not grids:
-        raise ValueError(f"grids and titles must be non-empty and match, got {len(grids)} and {len(titles)}")
-    fig, axes = subplots(len(grids), 1, height=height * len(grids), sharex=True, squeeze=False)
-    for ax, grid, title in zip(axes[:, 0], grids, titles):
-        for s, row in enumerate(grid):
-            for t, op in enumerate(row):
-                if op:
-                    colour = COLOURS[0] if op[0] == "F" else COLOURS[1]
-                    ax.add_patch(plt.Rectangle((t, s), 1, 1, facecolor=colour, edgecolor="white"))
-                    ax.text(t + 0.5, s + 0.5, op, ha="center", va="center", color="white", fontsize=8)
-        ax.set_xlim(0, max(len(row) for row in grid))
-        ax.set_ylim(len(grid), 0)
-        ax.set_yticks([s + 0.5 for s in range(len(grid))], [f"stage {s}" for s in range(len(grid))])
-        ax.set_title(title, fontsize=10)
-    axes[-1, 0].set_xlabel("time slot")
-    return fig
-
-
 # --- Chapter 8: training curves ---------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Chapter 10's diagrams: data, tensor, pipeline and ring (context) parallelism.
+"""Chapter 10's diagrams (data, tensor, pipeline and ring parallelism) and Chapter 11's pipeline timetables.
 
 Each function draws one figure of the chapter at the book's size (:func:`gptlib.figures.subplots`)
 and returns it; the chapter's cell is one call. The pictures are schematic: their numbers (ranks,
@@ -20,7 +20,7 @@ from .figures import COLOURS, WIDTH, subplots
 from .runtime import check_int
 
 __all__ = ["box", "arrow", "data_parallel_diagram", "tensor_parallel_mlp_diagram", "pipeline_timetable",
-           "ring_attention_diagram"]
+           "ring_attention_diagram", "timetables"]
 
 SHADE = "#f3f3f3"  # the collective operations' boxes
 
@@ -178,4 +178,30 @@ def ring_attention_diagram(R: int = 4, step: int = 1):
     ax1.xaxis.tick_top()
     ax1.tick_params(length=0)
     ax1.set_title("score blocks computed, and in which\nstep $k$ (causal mask)", fontsize=10)
+    return fig
+
+
+def timetables(grids: list[list[list[str]]], titles: list[str], *, height: float = 1.8):
+    """Chapter 11: pipeline timetables, one panel per grid, stacked: ``grid[stage][slot]`` is ``"F3"`` (a
+    forward, blue), ``"B3"`` (a backward, vermillion) or ``""`` (idle, left white).
+
+    >>> fig = timetables([[["F0", "B0"], ["", "F0"]]], ["two stages"])
+    >>> len(fig.axes), fig.axes[0].get_title()
+    (1, 'two stages')
+    """
+    if len(grids) != len(titles) or not grids:
+        raise ValueError(f"grids and titles must be non-empty and match, got {len(grids)} and {len(titles)}")
+    fig, axes = subplots(len(grids), 1, height=height * len(grids), sharex=True, squeeze=False)
+    for ax, grid, title in zip(axes[:, 0], grids, titles):
+        for s, row in enumerate(grid):
+            for t, op in enumerate(row):
+                if op:
+                    colour = COLOURS[0] if op[0] == "F" else COLOURS[1]
+                    ax.add_patch(Rectangle((t, s), 1, 1, facecolor=colour, edgecolor="white"))
+                    ax.text(t + 0.5, s + 0.5, op, ha="center", va="center", color="white", fontsize=8)
+        ax.set_xlim(0, max(len(row) for row in grid))
+        ax.set_ylim(len(grid), 0)
+        ax.set_yticks([s + 0.5 for s in range(len(grid))], [f"stage {s}" for s in range(len(grid))])
+        ax.set_title(title, fontsize=10)
+    axes[-1, 0].set_xlabel("time slot")
     return fig

@@ -83,7 +83,7 @@ def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits(tiny_modern
         x = torch.zeros(1, 8, model.config.d_model)
         for blk in model.blocks[1:]:
             x = blk(x)
-        expected = model.norm_f(x) @ model.W_U
+        expected = model.ln_f(x) @ model.W_U
     assert float((patched - clean).abs().max()) > 1e-3
     torch.testing.assert_close(patched, expected)
 

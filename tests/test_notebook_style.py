@@ -1,8 +1,8 @@
 """The chapters' page style (scripts/notebook_style.py), on every chapter, and the tool itself.
 
-Each rule of the style is one test over all chapters. A rule today's chapters do not meet yet is
-marked ``xfail(strict=True)`` with the numbers of the day: when the chapters meet it, the test
-passes, strict xfail fails the run, and the marker is removed, so the rule then holds for good.
+Each rule of the style is one test over all chapters, and every chapter meets every rule. A new
+rule the chapters do not meet yet may be marked with ``xfail_today(reason)`` (a strict xfail):
+when the chapters meet it, the run fails until the marker is removed, so the rule then holds.
 """
 
 from __future__ import annotations
@@ -51,14 +51,12 @@ def test_doctests():
 # --- the rules, on every chapter ----------------------------------------------------------------
 
 
-@xfail_today("983 code lines over 88 characters, in every chapter")
 def test_code_lines_fit_88_columns():
     found = per_chapter(style.long_lines)
     assert not found, f"code lines over {style.LINE_LENGTH} characters: {found}"
 
 
 @needs_ruff
-@xfail_today("the chapters have never been formatted: 260 cells would change")
 def test_code_cells_are_formatted():
     changed = {}
     for path in CHAPTERS:
@@ -68,7 +66,6 @@ def test_code_cells_are_formatted():
     assert not changed, f"`scripts/notebook_style.py format` would change: {changed}"
 
 
-@xfail_today("display maths inside a paragraph: Propositions 5.2 and 5.3, Chapter 8's K-composition")
 def test_display_maths_stands_alone():
     found = per_chapter(lambda nb: style.markdown_findings(nb)[0])
     found.update({p.stem: [f"line {n}: {what}" for n, what in style.display_maths_in_paragraphs(p.read_text("utf-8"))]
@@ -76,13 +73,11 @@ def test_display_maths_stands_alone():
     assert not found, f"display maths touching a paragraph or list item (MyST leaves it raw): {found}"
 
 
-@xfail_today("29 boxes about the notes in Chapters 0-8 and 10 are open (:class: warning or note)")
 def test_notes_boxes_are_collapsible():
     found = per_chapter(lambda nb: style.markdown_findings(nb)[1])
     assert not found, f"boxes about the notes that are not collapsed: {found}"
 
 
-@xfail_today("191 check cells show their code")
 def test_check_cells_hide_their_code():
     found = per_chapter(style.check_cells_shown)
     assert not found, f"check cells not tagged hide-input: {found}"
