@@ -14,9 +14,9 @@ widgets are drawn, and measured there and again with the window narrowed to 420 
 * ``small_img``: images shown below 0.62 of the width they were drawn at.
 
 The table of every page is printed at the end of the test log. Each target of the book (issue 27)
-is one test below; a target the chapters do not meet yet is marked ``xfail(strict=True)`` with
-the numbers of the day, so that meeting it fails the run until its marker is removed: nothing
-gets better, or worse, unnoticed.
+is one test below, and every chapter meets every target. A new target the chapters do not meet
+yet may be marked with ``xfail_today(reason)`` (a strict xfail), so that meeting it fails the run
+until its marker is removed: nothing gets better, or worse, unnoticed.
 
 Needs ``make book`` and Debian's Chromium (see conftest.py); ``make browser`` runs it.
 """
@@ -201,7 +201,6 @@ def xfail_today(reason: str):
     return pytest.mark.xfail(strict=True, reason=f"not met by today's chapters: {reason}")
 
 
-@xfail_today("visible code is 36% of a chapter on average, 8 chapters over 35% (issue 27, item 1)")
 def test_visible_code_is_at_most_a_quarter_of_a_chapter(readings):
     shares = {c: readings[c, WIDE[0]].code_share for c in CHAPTERS}
     over = {c: f"{s:.0%}" for c, s in shares.items() if s > MAX_CODE}
@@ -211,19 +210,16 @@ def test_visible_code_is_at_most_a_quarter_of_a_chapter(readings):
         f"chapters over {MAX_CODE:.0%}: {over}")
 
 
-@xfail_today("254 code cells wider than the column: lines up to 150 characters (item 2: format at 88)")
 def test_no_code_scrolls_sideways(readings):
     wide = failures(readings, WIDE[0], lambda r: r.wide_code)
     assert not wide, f"code cells wider than the column at 1280 px, by section: {wide}"
 
 
-@xfail_today("Chapter 8's attention view (section 8.8) is 888 px wide in a 736 px column")
 def test_no_output_scrolls_sideways(readings):
     wide = failures(readings, WIDE[0], lambda r: r.wide_output)
     assert not wide, f"outputs wider than the column at 1280 px, by section: {wide}"
 
 
-@xfail_today("13 display equations in Chapters 4, 5, 8-12 wider than the column (item 2)")
 def test_no_display_maths_scrolls_sideways(readings):
     wide = failures(readings, WIDE[0], lambda r: r.wide_maths)
     assert not wide, f"display equations wider than the column at 1280 px, by section: {wide}"
@@ -234,8 +230,6 @@ def test_no_table_scrolls_sideways(readings):
     assert not wide, f"tables wider than the column at 1280 px, by section: {wide}"
 
 
-@xfail_today("display maths inside a paragraph or list item in Chapters 5 and 8, a | inside maths "
-              "in a table of Chapter 11 (item 3)")
 def test_no_raw_tex(readings):
     raw = {}
     for width in (WIDE[0], NARROW[0]):
@@ -250,13 +244,11 @@ def test_no_console_errors(readings):
     assert not errors, f"console errors, script errors or failed requests: {errors}"
 
 
-@xfail_today("figures of Chapter 4 (0.61) and Chapter 7 (0.53) shown below 0.62 of their width (item 6)")
 def test_no_image_shrunk_below_its_scale(readings):
     small = failures(readings, WIDE[0], lambda r: r.small_images)
     assert not small, f"images shown below {MIN_IMAGE_SCALE} of their drawn width at 1280 px: {small}"
 
 
-@xfail_today("Chapters 1, 7, 11 and 12 are wider than a 420 px window, up to 526 px (item 7)")
 def test_pages_fit_a_narrow_window(readings):
     wide = failures(readings, NARROW[0], lambda r: r.page_wide and r.page_width)
     assert not wide, f"pages wider than a {NARROW[0]} px window (their width in px): {wide}"
