@@ -10,14 +10,12 @@ from __future__ import annotations
 import doctest
 import re
 import shutil
-import sys
 
 import nbformat
 import pytest
-from browser_support import ROOT
+from browser_support import ROOT, load_module
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import notebook_style as style  # noqa: E402
+style = load_module(ROOT / "scripts" / "notebook_style.py")
 
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 PAGES = sorted((ROOT / "chapters").glob("*.md"))
