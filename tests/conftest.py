@@ -78,6 +78,43 @@ def book_bpe():
     return book_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def gpt2():
+    """GPT-2's tokenizer from its 50,257 ranks (``make test`` fetches them); skips without them."""
+    from gptlib.assets import ASSETS, cache_dir
+    from gptlib.tokenizers import gpt2_tokenizer
+
+    if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
+        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
+    return gpt2_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def r50k(gpt2):
+    """tiktoken's GPT-2 encoding, read from the same ranks file by tiktoken's own loader: the peer."""
+    import tiktoken
+    import tiktoken.load
+
+    from gptlib.assets import asset_path
+    from gptlib.tokenizers import GPT2_SPLIT_PATTERN
+
+    ranks = tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks")))
+    return tiktoken.Encoding("r50k-local", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 50256})
+
+
+@pytest.fixture(scope="session")
+def english():
+    """The shipped English model and its tokenizer (``models/english``), in eval mode."""
+    from gptlib.model import GPT
+    from gptlib.tokenizers import BPETokenizer
+
+    path = Path(__file__).resolve().parents[1] / "models" / "english"
+    if not (path / "model.safetensors").is_file():
+        pytest.skip(f"no shipped model at {path}")
+    return GPT.load(path).eval(), BPETokenizer.load(path / "tokenizer.json")
+
+
 # --- the built book and the browser ----------------------------------------------------------
 
 

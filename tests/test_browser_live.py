@@ -33,7 +33,6 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("GPTLIB_BOOK_HTML", ROOT / "_build" / "html"))
-ENGLISH = ROOT / "models" / "english"
 ARTIFACTS = ROOT / "test-artifacts"
 LIVE_FILES = ("vendor/onnxruntime-web/", "vendor/tokenizers/", "live/")
 OPENING = "The President said that the"
@@ -70,16 +69,6 @@ class Served:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def english():
-    from gptlib.model import GPT
-    from gptlib.tokenizers import BPETokenizer
-
-    if not (ENGLISH / "model.safetensors").is_file():
-        pytest.skip(f"no shipped model at {ENGLISH}")
-    return GPT.load(ENGLISH).eval(), BPETokenizer.load(ENGLISH / "tokenizer.json")
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,6 @@ def _session(data: bytes):
 
 
 @pytest.fixture(scope="module")
-def english():
-    if not (ENGLISH / "model.safetensors").is_file():
-        pytest.skip(f"no shipped model at {ENGLISH}")
-    return GPT.load(ENGLISH).eval(), BPETokenizer.load(ENGLISH / "tokenizer.json")
-
-
-@pytest.fixture(scope="module")
 def exported(english, tmp_path_factory):
     """What `make book` writes for the English model: export() into a fresh folder, once."""
     return export(ENGLISH, tmp_path_factory.mktemp("live") / "live")

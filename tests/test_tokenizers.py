@@ -3,12 +3,9 @@
 import json
 
 import pytest
-import tiktoken
-import tiktoken.load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptlib.assets import ASSETS, asset_path, cache_dir
 from gptlib.data import load_corpus, train_val_split
 from gptlib.tokenizers import (
     GPT2_SPLIT_PATTERN,
@@ -17,7 +14,6 @@ from gptlib.tokenizers import (
     Tokenizer,
     WordTokenizer,
     get_stats,
-    gpt2_tokenizer,
     merge,
     merge_steps,
 )
@@ -46,13 +42,6 @@ def corpus():
 def trained(book_bpe):
     """The book's 1024-token BPE, trained on the corpus's training split (once per session)."""
     return book_bpe
-
-
-@pytest.fixture(scope="module")
-def gpt2():
-    if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
-        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
-    return gpt2_tokenizer()
 
 
 def test_get_stats_and_merge_worked_examples():
@@ -182,12 +171,8 @@ def test_gpt2_known_encoding(gpt2):
     assert gpt2.encode("Not all heroes wear capes") == [3673, 477, 10281, 5806, 1451, 274]
 
 
-def test_gpt2_equals_tiktoken_r50k(gpt2):
-    ref = tiktoken.Encoding(
-        "r50k-local", pat_str=GPT2_SPLIT_PATTERN,
-        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks"))),
-        special_tokens={"<|endoftext|>": 50256},
-    )
+def test_gpt2_equals_tiktoken_r50k(gpt2, r50k):
+    ref = r50k
     text = load_corpus()[:20_000]
     for t in VARIED + [text]:
         assert gpt2.encode(t) == ref.encode_ordinary(t)

@@ -17,15 +17,12 @@ import tiktoken
 import tiktoken.load
 import torch
 
-from gptlib.assets import ASSETS, asset_path, cache_dir
 from gptlib.tokenizers import (
-    GPT2_SPLIT_PATTERN,
     BPETokenizer,
     CharTokenizer,
     WordTokenizer,
     encode_piece,
     get_stats,
-    gpt2_tokenizer,
     merge,
     merge_steps,
 )
@@ -36,21 +33,6 @@ TEXT = "the cat sat on the mat. the dog sat on the log, it's 3.14 🙂\n" * 3
 @pytest.fixture(scope="module")
 def tok():
     return BPETokenizer.train(TEXT, 280)
-
-
-@pytest.fixture(scope="module")
-def gpt2():
-    if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
-        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
-    return gpt2_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def r50k(gpt2):
-    """tiktoken's GPT-2 encoding, read from the same ranks file by tiktoken's own loader."""
-    return tiktoken.Encoding("r50k-local", pat_str=GPT2_SPLIT_PATTERN,
-                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks"))),
-                             special_tokens={"<|endoftext|>": 50256})
 
 
 def _edited(tmp_path, tok, **fields):

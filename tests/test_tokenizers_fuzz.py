@@ -19,14 +19,11 @@ import regex
 import tiktoken
 import tiktoken.load
 
-from gptlib.assets import ASSETS, asset_path, cache_dir
 from gptlib.data import load_corpus
 from gptlib.tokenizers import (
-    GPT2_SPLIT_PATTERN,
     BPETokenizer,
     encode_piece,
     get_stats,
-    gpt2_tokenizer,
     merge,
     merge_steps,
 )
@@ -77,21 +74,6 @@ def fuzz_texts(n: int, seed: int) -> list[str]:
         kinds = [rng.choice(KINDS) for _ in range(rng.randint(0, 12))]
         texts.append("".join((" " if rng.random() < 0.3 else "") + FRAGMENTS[k](rng) for k in kinds))
     return texts
-
-
-@pytest.fixture(scope="module")
-def gpt2():
-    if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
-        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
-    return gpt2_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def r50k(gpt2):
-    """tiktoken's GPT-2 encoding, read from the ranks file by tiktoken's own loader."""
-    return tiktoken.Encoding("r50k-local", pat_str=GPT2_SPLIT_PATTERN,
-                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks"))),
-                             special_tokens={"<|endoftext|>": 50256})
 
 
 @pytest.fixture(scope="module")
