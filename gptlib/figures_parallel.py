@@ -118,18 +118,23 @@ def pipeline_timetable(grid, title: str = ""):
     if not grid or not grid[0] or any(len(row) != len(grid[0]) for row in grid):
         raise ValueError("grid must be a non-empty list of rows of one length (stages x time slots)")
     fig, ax = subplots(height=0.45 * len(grid) + 1.1)
+    _draw_timetable(ax, grid, title)
+    ax.set_xlabel("time slot")
+    return fig
+
+
+def _draw_timetable(ax, grid, title: str) -> None:
+    """``grid`` on ``ax``: a forward in blue, a backward in vermillion, idle slots left white."""
     for s, row in enumerate(grid):
         for t, op in enumerate(row):
             if op:
                 colour = COLOURS[0] if op[0] == "F" else COLOURS[1]
                 ax.add_patch(Rectangle((t, s), 1, 1, facecolor=colour, edgecolor="white"))
                 ax.text(t + 0.5, s + 0.5, op, ha="center", va="center", color="white", fontsize=8)
-    ax.set_xlim(0, len(grid[0]))
+    ax.set_xlim(0, max(len(row) for row in grid))
     ax.set_ylim(len(grid), 0)
     ax.set_yticks([s + 0.5 for s in range(len(grid))], [f"stage {s}" for s in range(len(grid))])
-    ax.set_xlabel("time slot")
     ax.set_title(title, fontsize=10)
-    return fig
 
 
 def ring_attention_diagram(R: int = 4, step: int = 1):
@@ -193,15 +198,6 @@ def timetables(grids: list[list[list[str]]], titles: list[str], *, height: float
         raise ValueError(f"grids and titles must be non-empty and match, got {len(grids)} and {len(titles)}")
     fig, axes = subplots(len(grids), 1, height=height * len(grids), sharex=True, squeeze=False)
     for ax, grid, title in zip(axes[:, 0], grids, titles):
-        for s, row in enumerate(grid):
-            for t, op in enumerate(row):
-                if op:
-                    colour = COLOURS[0] if op[0] == "F" else COLOURS[1]
-                    ax.add_patch(Rectangle((t, s), 1, 1, facecolor=colour, edgecolor="white"))
-                    ax.text(t + 0.5, s + 0.5, op, ha="center", va="center", color="white", fontsize=8)
-        ax.set_xlim(0, max(len(row) for row in grid))
-        ax.set_ylim(len(grid), 0)
-        ax.set_yticks([s + 0.5 for s in range(len(grid))], [f"stage {s}" for s in range(len(grid))])
-        ax.set_title(title, fontsize=10)
+        _draw_timetable(ax, grid, title)
     axes[-1, 0].set_xlabel("time slot")
     return fig
