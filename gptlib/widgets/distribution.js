@@ -161,3 +161,42 @@ export function chartKey() {
              item("cum", "cumulative mass (what top-p cuts)"), item("pline", "top-p"));
   return key;
 }
+
+// The three sampling controls as rows of labelled sliders: temperature (0 to 3), top-k (0 = off,
+// up to kMax) and top-p (1 = off). show(T, k, tp) puts settings on them; onInput(set) calls
+// set(trait, value) when the reader moves one ("temperature", "top_k" or "top_p").
+export function samplingControls(kMax) {
+  const specs = [["temperature", "gptlib-samp-temperature", "0", "3", "0.05"],
+                 ["top-k", "gptlib-samp-topk", "0", String(kMax), "1"],
+                 ["top-p", "gptlib-samp-topp", "0.05", "1", "0.05"]];
+  const sliders = [], labels = [];
+  const rows = specs.map(([name, cls, min, max, step]) => {
+    const s = make("input", cls), l = make("span"), row = make("label", "gptlib-controls");
+    s.type = "range"; s.min = min; s.max = max; s.step = step;
+    row.append(`${name} `, s, l);
+    sliders.push(s); labels.push(l);
+    return row;
+  });
+  function show(T, k, tp) {
+    [T, k, tp].forEach((v, i) => { sliders[i].value = String(v); });
+    labels[0].textContent = ` ${T.toFixed(2)}`;
+    labels[1].textContent = k > 0 ? ` ${k}` : " off";
+    labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
+  }
+  function onInput(set) {
+    ["temperature", "top_k", "top_p"].forEach((trait, i) =>
+      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value))));
+  }
+  return { rows, show, onInput };
+}
+
+// The chart's rows (drawChart): the n most probable tokens of the distribution `d`, named by
+// label(i), each over its probability in `g` (temperature 1, no cut), and, when the vocabulary's
+// V tokens are more than those, one row for all the others.
+export function chartRows(d, g, n, label, V) {
+  const rows = d.order.slice(0, n).map((i, r) => ({ label: label(i), p: d.p[i], ghost: g.p[i], cum: d.cum[r] }));
+  const shown = rows.reduce((s, r) => s + r.p, 0), shownGhost = rows.reduce((s, r) => s + r.ghost, 0);
+  const hidden = V - rows.length;
+  const other = hidden > 0 ? { label: `${hidden} others`, p: Math.max(0, 1 - shown), ghost: Math.max(0, 1 - shownGhost) } : null;
+  return { rows, other };
+}

@@ -188,20 +188,7 @@ function render({ model, el }) {
   const out = make("div", "gptlib-samp-text gptlib-play-out");
 
   // Sampling controls.
-  const slider = (cls, min, max, step) => {
-    const s = make("input", cls);
-    s.type = "range"; s.min = min; s.max = max; s.step = step;
-    return s;
-  };
-  const tSlider = slider("gptlib-samp-temperature", "0", "3", "0.05");
-  const kSlider = slider("gptlib-samp-topk", "0", String(Math.max(100, model.get("top_k"))), "1");
-  const pSlider = slider("gptlib-samp-topp", "0.05", "1", "0.05");
-  const labels = [make("span"), make("span"), make("span")];
-  const row = (name, s, l) => {
-    const d = make("label", "gptlib-controls");
-    d.append(name, s, l);
-    return d;
-  };
+  const controls = samplingControls(Math.max(100, model.get("top_k")));
   const seedBox = make("input", "gptlib-play-seed");
   seedBox.type = "number"; seedBox.min = "0"; seedBox.max = "4294967295"; seedBox.step = "1";
   const button = (cls, text) => { const b = make("button", cls, text); b.type = "button"; return b; };
@@ -222,8 +209,7 @@ function render({ model, el }) {
   const heads = make("div", "gptlib-play-heads");
   const section = (text) => make("div", "gptlib-play-section", text);
   root.append(title, box, startRow, tokenRow, out,
-              section("Next token"), row("temperature ", tSlider, labels[0]), row("top-k ", kSlider, labels[1]),
-              row("top-p ", pSlider, labels[2]), buttons, msg, stats, chart, chartKey(),
+              section("Next token"), ...controls.rows, buttons, msg, stats, chart, chartKey(),
               section("Logit lens: the next token read off the residual stream after each block (LN_f, then W_U; temperature 1)"), lens,
               section("Every head on this text"), heads);
   el.appendChild(root);
@@ -297,17 +283,12 @@ function render({ model, el }) {
   function drawDistribution() {
     if (!current) return;
     const { T, k, tp } = settings();
-    tSlider.value = String(T); kSlider.value = String(k); pSlider.value = String(tp);
-    labels[0].textContent = ` ${T.toFixed(2)}`;
-    labels[1].textContent = k > 0 ? ` ${k}` : " off";
-    labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
+    controls.show(T, k, tp);
     const d = distribution(current.logits, T, k, tp), g = distribution(current.logits, 1, 0, 1);
     const V = current.logits.length, kept = d.p.filter((v) => v > 0).length;
     stats.textContent = `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`;
-    const order = d.order.slice(0, model.get("n_show"));
-    const rows = order.map((i, r) => ({ label: tokenStr(i), p: d.p[i], ghost: g.p[i], cum: d.cum[r] }));
-    const shown = rows.reduce((s, r) => s + r.p, 0), shownGhost = rows.reduce((s, r) => s + r.ghost, 0);
-    drawChart(chart, rows, { label: `${V - rows.length} others`, p: Math.max(0, 1 - shown), ghost: Math.max(0, 1 - shownGhost) }, tp);
+    const { rows, other } = chartRows(d, g, model.get("n_show"), tokenStr, V);
+    drawChart(chart, rows, other, tp);
     root.dataset.settings = JSON.stringify({ temperature: T, top_k: k, top_p: tp });
     root.__gptlib = { ...(root.__gptlib || {}), probs: d.p };
   }
@@ -493,9 +474,7 @@ function render({ model, el }) {
     act(async () => { path = []; rng = xorshift32(s); draws = 0; if (live) await run(); });
   });
   const set = (name, v) => { model.set(name, v); model.save_changes(); drawDistribution(); };
-  tSlider.addEventListener("input", () => set("temperature", Number(tSlider.value)));
-  kSlider.addEventListener("input", () => set("top_k", Number(kSlider.value)));
-  pSlider.addEventListener("input", () => set("top_p", Number(pSlider.value)));
+  controls.onInput(set);
   ["temperature", "top_k", "top_p", "n_show"].forEach((n) => model.on(`change:${n}`, drawDistribution));
   model.on("change:layer", panel.redraw);
   model.on("change:head", panel.redraw);

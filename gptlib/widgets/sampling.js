@@ -21,11 +21,6 @@ function render({ model, el }) {
   const promptRow = make("label", "gptlib-controls");
   promptRow.append("prompt ", promptSel);
   if (prompts.length < 2) promptRow.style.display = "none";
-  const slider = (cls, min, max, step) => {
-    const s = make("input", cls);
-    s.type = "range"; s.min = min; s.max = max; s.step = step;
-    return s;
-  };
   // top-k: 0 (off) up to where the bars still differ, and never past the tokens a node stores
   // when it does not store them all (beyond them the page would not know which tokens to keep).
   const nodes = [];
@@ -34,15 +29,7 @@ function render({ model, el }) {
   const longest = Math.max(...nodes.map((n) => n.ids.length));
   const partial = nodes.filter((n) => n.rest).map((n) => n.ids.length);
   const kMax = Math.max(Math.min(longest, 100, ...partial), model.get("top_k"));
-  const tSlider = slider("gptlib-samp-temperature", "0", "3", "0.05");
-  const kSlider = slider("gptlib-samp-topk", "0", String(kMax), "1");
-  const pSlider = slider("gptlib-samp-topp", "0.05", "1", "0.05");
-  const labels = [make("span"), make("span"), make("span")];
-  const row = (name, s, l) => {
-    const d = make("label", "gptlib-controls");
-    d.append(name, s, l);
-    return d;
-  };
+  const controls = samplingControls(kMax);
   const stats = make("div", "gptlib-samp-stats");
   const chart = svg("svg", { class: "gptlib-samp-chart" });
 
@@ -55,8 +42,7 @@ function render({ model, el }) {
   const buttons = make("div", "gptlib-controls");
   buttons.append(stepBtn, undoBtn, resetBtn);
   const msg = make("div", "gptlib-samp-msg");
-  root.append(title, promptRow, row("temperature ", tSlider, labels[0]), row("top-k ", kSlider, labels[1]),
-              row("top-p ", pSlider, labels[2]), stats, chart, chartKey(), text, buttons, msg);
+  root.append(title, promptRow, ...controls.rows, stats, chart, chartKey(), text, buttons, msg);
   el.appendChild(root);
 
   const rng = xorshift32(model.get("seed"));
@@ -92,10 +78,7 @@ function render({ model, el }) {
     const { T, k, tp } = settings();
     title.textContent = model.get("title");
     promptSel.value = String(model.get("prompt"));
-    tSlider.value = String(T); kSlider.value = String(k); pSlider.value = String(tp);
-    labels[0].textContent = ` ${T.toFixed(2)}`;
-    labels[1].textContent = k > 0 ? ` ${k}` : " off";
-    labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
+    controls.show(T, k, tp);
     const rest = restAt(node, T);
     const d = distribution(logits, T, k, tp, rest.logZ);
     const g = distribution(logits, 1, 0, 1, restAt(node, 1).logZ);
@@ -113,11 +96,7 @@ function render({ model, el }) {
     }
 
     // The chart: the n_show most probable tokens, then all other tokens as one row.
-    const order = d.order.slice(0, model.get("n_show"));
-    const rows = order.map((i, r) => ({ label: tok(ids[i]), p: d.p[i], ghost: g.p[i], cum: d.cum[r] }));
-    const shown = rows.reduce((s, r) => s + r.p, 0), shownGhost = rows.reduce((s, r) => s + r.ghost, 0);
-    const hidden = V - rows.length;
-    const other = hidden > 0 ? { label: `${hidden} others`, p: Math.max(0, 1 - shown), ghost: Math.max(0, 1 - shownGhost) } : null;
+    const { rows, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
     drawChart(chart, rows, other, tp);
 
     // The text: the prompt, then the drawn tokens.
@@ -174,9 +153,7 @@ function render({ model, el }) {
   }
 
   const set = (name, v) => { model.set(name, v); model.save_changes(); draw(); };
-  tSlider.addEventListener("input", () => set("temperature", Number(tSlider.value)));
-  kSlider.addEventListener("input", () => set("top_k", Number(kSlider.value)));
-  pSlider.addEventListener("input", () => set("top_p", Number(pSlider.value)));
+  controls.onInput(set);
   promptSel.addEventListener("change", () => { path = []; set("prompt", Number(promptSel.value)); });
   stepBtn.addEventListener("click", step);
   undoBtn.addEventListener("click", () => { path.pop(); draw(); });
