@@ -30,17 +30,21 @@ SETUP_CELL = '''\
 import os, subprocess, sys
 
 if "google.colab" in sys.modules:
-    repo = os.environ.get("GPTLIB_BOOK_REPO", "{repo}")
+    url = "{repo}"
+    repo = os.environ.get("GPTLIB_BOOK_REPO", url)
     ref = os.environ.get("GPTLIB_BOOK_REF", "{ref}")
     book = os.environ.get("GPTLIB_BOOK_DIR", "/content/gpt-book")
     if not os.path.isdir(book):
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", ref, repo, book], check=True)
-    # Colab's own torch, numpy and matplotlib are kept: only what is missing is installed.
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", {packages}], check=True)
+        clone = ["git", "clone", "--quiet", "--depth", "1", "--branch", ref, repo, book]
+        subprocess.run(clone, check=True)
+    # Colab's torch, numpy and matplotlib are kept: only what is missing is installed.
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.run(pip + [{packages}], check=True)
     sys.path.insert(0, book)
     os.chdir(os.path.join(book, "chapters"))
     from google.colab import output
-    output.enable_custom_widget_manager()  # anywidget needs Colab's third-party widget manager'''
+
+    output.enable_custom_widget_manager()  # anywidget needs Colab's widget manager'''
 
 # What Colab lacks (Colab ships torch, numpy, matplotlib, tqdm, ipywidgets, huggingface_hub).
 COLAB_PACKAGES = ["tiktoken", "anywidget", "safetensors"]

@@ -93,7 +93,7 @@ def stream_text(cell) -> str:
 
 
 def long_lines(nb, limit: int = LINE_LENGTH) -> list[Finding]:
-    """Code lines longer than ``limit`` characters (the Colab set-up cell excepted).
+    """Code lines longer than ``limit`` characters (the Colab set-up cell included: Colab shows it).
 
     >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1\\n" + "y" * 90)])
     >>> [(f.line, f.what) for f in long_lines(nb)]
@@ -101,7 +101,7 @@ def long_lines(nb, limit: int = LINE_LENGTH) -> list[Finding]:
     """
     found = []
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or SETUP_TAG in tags(cell):
+        if cell.cell_type != "code":
             continue
         for n, line in enumerate(cell.source.split("\n"), start=1):
             if len(line) > limit:
