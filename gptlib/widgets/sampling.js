@@ -131,7 +131,7 @@ function render({ model, el }) {
     root.dataset.restLogz1 = node.rest ? String(restAt(node, 1).logZ) : "";
     root.dataset.approx = d.approx ? "1" : "0";
     root.dataset.ghost = JSON.stringify(g.p);
-    root.dataset.cum = JSON.stringify(d.cum.slice(0, order.length));
+    root.dataset.cum = JSON.stringify(d.cum.slice(0, rows.length));
     root.dataset.settings = JSON.stringify({ temperature: T, top_k: k, top_p: tp });
     root.dataset.logits = JSON.stringify(logits);
     root.dataset.ids = JSON.stringify(ids);
