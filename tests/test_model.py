@@ -444,3 +444,31 @@ def test_config_from_hf_refuses_a_non_finite_layer_norm_epsilon():
 def test_config_refuses_values_of_the_wrong_type(field, value):
     with pytest.raises(ValueError, match=field):
         GPTConfig.preset("tiny", **{field: value})
+
+
+def test_hf_parity_at_perturbed_weights_fails_on_small_slips():
+    """At HF's initialisation (std 0.02, zero biases) every block is nearly the identity, so
+    parity there cannot see a GELU swap or a dropped bias. At weights perturbed by 0.2 N(0, 1)
+    gptlib still equals HF to 1e-4, and each slip (exact GELU, scores / sqrt(d_model), b_in
+    dropped), made in every block, misses by more than ten times that."""
+    import copy
+    import math
+
+    hf = hf_model(seed=3, n_layer=3, n_embd=64, n_positions=64)
+    ids = torch.randint(0, 200, (2, 64), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+        ours = from_hf(hf).eval()
+        y_hf = hf(ids).logits
+        assert float((y_hf - ours(ids)).abs().max()) <= 1e-4
+        gelu, scale, no_bias = (copy.deepcopy(ours) for _ in range(3))
+        ratio = math.sqrt(ours.config.d_head / ours.config.d_model)
+        for b_gelu, b_scale, b_bias in zip(gelu.blocks, scale.blocks, no_bias.blocks):
+            b_gelu.mlp.activation = "gelu"
+            b_scale.attn.W_Q.mul_(ratio)
+            b_scale.attn.b_Q.mul_(ratio)
+            b_bias.mlp.b_in.zero_()
+        for slipped in (gelu, scale, no_bias):
+            assert float((y_hf - slipped(ids)).abs().max()) > 1e-3
