@@ -1,8 +1,12 @@
 """The book's corpora.
 
-``pydoc_data.topics``, shipped with every CPython, holds about 465 KB of English technical prose,
-the pages that ``help()`` shows: no download is needed, so every chapter can train on it instantly.
-:func:`book_tokenizer` is the 1024-token BPE that chapter 1 trains on it and later chapters reuse.
+The documentation corpus is the text of ``pydoc_data.topics``, about 465 KB of English technical
+prose, the pages that ``help()`` shows, as CPython 3.11.7 ships them. Each CPython release ships
+its own edition of these pages, so the book does not read the running interpreter's: it reads a copy
+of 3.11.7's, stored in ``gptlib/corpora/`` (gzip, under the PSF licence of the Python
+documentation) and checked by its sha256 on every read, so that every Python prints the same
+numbers. :func:`book_tokenizer` is the 1024-token BPE that chapter 1 trains on it and later
+chapters reuse.
 
 The Brown corpus (W. N. Francis and H. Kucera, Brown University, 1964, revised 1971 and 1979) is
 the shipped model's corpus: 500 samples of about 2,000 words of edited American English prose
@@ -17,10 +21,12 @@ part-of-speech tags (``The/at jury/nn said/vbd ./.``), which :func:`untag_brown`
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import re
 import tarfile
 from functools import lru_cache
-from pydoc_data.topics import topics
+from pathlib import Path
 
 import torch
 
@@ -28,18 +34,46 @@ from .assets import asset_path
 from .runtime import check_int, check_positive_int
 from .tokenizers import BPETokenizer
 
-__all__ = ["load_corpus", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
+__all__ = ["load_corpus", "corpus_from_topics", "CORPUS_FILE", "CORPUS_SHA256", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
            "held_out_indices", "english_split", "load_english", "bits_per_byte", "token_byte_lengths"]
 
 
-def load_corpus() -> str:
-    """All help topics, in sorted order of their names, separated by blank lines.
+#: the pinned documentation corpus and the sha256 of its UTF-8 text
+CORPUS_FILE = Path(__file__).resolve().parent / "corpora" / "pydoc_topics_3.11.7.txt.gz"
+CORPUS_SHA256 = "2a95af4ac93f5b719944030ce3769070ddf827d847cba42192afa8da989e5dc4"
 
-    >>> text = load_corpus()
-    >>> len(text) > 400_000 and "Assert statements are a convenient way" in text
-    True
+
+def corpus_from_topics(topics: dict[str, str]) -> str:
+    r"""The corpus made from a ``pydoc_data.topics``-style dict: every topic, stripped, in sorted
+    order of the names, separated by blank lines. This is how the pinned copy was made.
+
+    >>> corpus_from_topics({"b": " second ", "a": "first\n"})
+    'first\n\nsecond\n'
     """
     return "\n\n".join(topics[name].strip() for name in sorted(topics)) + "\n"
+
+
+def load_corpus() -> str:
+    """The documentation corpus: CPython 3.11.7's help topics (:func:`corpus_from_topics`), read
+    from the pinned copy and checked by its sha256, whatever Python runs this.
+
+    >>> text = load_corpus()
+    >>> len(text), text.startswith('The "assert" statement')
+    (465048, True)
+    """
+    return _load_corpus()
+
+
+@lru_cache(maxsize=1)
+def _load_corpus() -> str:
+    try:
+        data = gzip.decompress(CORPUS_FILE.read_bytes())
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{CORPUS_FILE} is not a readable gzip file: {e}") from e
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != CORPUS_SHA256:
+        raise ValueError(f"{CORPUS_FILE} holds text with sha256 {digest}, expected {CORPUS_SHA256}")
+    return data.decode("utf-8")
 
 
 def train_val_split(text: str, val_fraction: float = 0.1) -> tuple[str, str]:

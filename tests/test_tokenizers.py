@@ -98,9 +98,27 @@ def test_trained_equals_its_own_tiktoken_on_held_out_text(trained, corpus):
 
 
 def test_trained_tokenizer_compresses(trained, corpus):
+    # The corpus is pinned (gptlib.data.load_corpus), so the counts are known values (Chapter 1
+    # prints them): 46,591 bytes in 15,983 tokens, and every token's bytes add up to the text's.
     _, held_out = train_val_split(corpus)
     ids = trained.encode(held_out)
-    assert len(held_out.encode("utf-8")) / len(ids) > 2.5
+    assert (len(held_out.encode("utf-8")), len(ids)) == (46_591, 15_983)
+    assert sum(len(trained.token_bytes(i)) for i in ids) == len(held_out.encode("utf-8"))
+
+
+def test_rank_rule_and_learned_order_part_where_a_pair_spells_a_token_another_way():
+    # Merges (a, b), (b, c), (a, bc): on "abc" the learned order stops at ab|c, since (ab, c) is no
+    # rule, while the rank rule merges ab|c because its bytes spell the token abc.
+    ranks = {bytes([i]): i for i in range(256)} | {b"ab": 256, b"bc": 257, b"abc": 258}
+    tok = BPETokenizer(ranks)
+    assert tok.encode("abc") == [258]
+    rules = {(97, 98): 256, (98, 99): 257, (97, 257): 258}
+    ids = [97, 98, 99]
+    while present := [p for p in zip(ids, ids[1:]) if p in rules]:
+        pair = min(present, key=rules.get)
+        ids = merge(ids, pair, rules[pair])
+    assert ids == [256, 99]
+    assert tok.merges[2] == (256, 99)  # the merge the ranks imply for abc is (ab, c), not (a, bc)
 
 
 def test_special_tokens_only_when_allowed(trained):
