@@ -59,7 +59,7 @@ def control_heads(others: list[tuple[int, int]], seed: int) -> list[tuple[int, i
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "ablation_sweep.json")
-    ap.add_argument("--n-seq", type=int, default=32)
+    ap.add_argument("--n-seq", type=int, default=16)
     ap.add_argument("--draws", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(1)
