@@ -197,9 +197,9 @@ def train_documentation_model(rc: RunConfig = DOCUMENTATION_RUN, progress: bool 
 # --- Chapter 14's runs: LoRA against full fine-tuning, and three attention layers ----------------
 
 # Fine-tuning the English model on one Brown genre (scripts/lora_mla_sweep.py, Chapter 14):
-# windows of 64 tokens, batches of 8, AdamW without weight decay, 5 warm-up steps, a cosine to a
+# windows of 64 tokens, batches of 8, 30 steps, AdamW without weight decay, 3 warm-up steps, a cosine to a
 # tenth of the peak rate; the LoRA factors on every block's W_Q, W_K, W_V, W_O, W_in and W_out.
-FINE_TUNE = {"genre": "j", "n_ctx": 64, "batch_size": 8, "steps": 40, "warmup": 4,
+FINE_TUNE = {"genre": "j", "n_ctx": 64, "batch_size": 8, "steps": 30, "warmup": 3,
              "lr_lora": 2e-3, "lr_full": 2e-4, "alpha": 8.0}
 
 

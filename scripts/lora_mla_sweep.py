@@ -10,7 +10,8 @@ Attention: the three models of ``gptlib.recipes.ATTENTION_VARIANTS`` (multi-head
 latent) trained from seed 0 with the English model's recipe (``PRESETS["cpu"]``: AdamW, its peak
 and final rates, weight decay, clipping, a warm-up of 5% of the steps, windows of 128 tokens with
 stride 64 on the Brown training split, its tokenizer), shortened to ``--attn-steps`` steps of
-``--attn-batch`` windows, and scored on evenly spaced validation windows.
+``--attn-batch`` windows drawn from the first ``--attn-fraction`` of the training text, and scored on
+evenly spaced validation windows.
 
 Each part runs in a process of its own with one torch thread (the LoRA runs one process per seed),
 as the chapter, which re-runs the first steps of the LoRA run of rank 4 and
@@ -82,6 +83,12 @@ def _rounded(value):
     return value
 
 
+def _keep(args, name: str, part: dict) -> dict:
+    """Write one finished part next to the output (kept if a later part fails); return it."""
+    atomic_write(args.out.parent / f".{args.out.stem}.{name}.json", json.dumps(_rounded(part)) + "\n")
+    return part
+
+
 def lora_sweep(args, seeds: list[int]) -> dict:
     torch.set_num_threads(1)
     tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
@@ -116,13 +123,14 @@ def lora_sweep(args, seeds: list[int]) -> dict:
             print(f"lora r={r} seed={seed}: genre {run['genre']:.4f} other {run['other']:.4f} "
                   f"({run['seconds']} s)", flush=True)
     result["full_update_energy"] = energy  # per matrix kind: one curve per layer and seed
-    return result
+    return _keep(args, f"lora-{'-'.join(map(str, seeds))}", result)
 
 
 def attention_sweep(args) -> dict:
     torch.set_num_threads(1)
     tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
     train_text, val_text = load_english()
+    train_text = train_text[: int(len(train_text) * args.attn_fraction)]  # as RunConfig.train_fraction
     train_ids, val_ids = torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
     n_ctx = ATTENTION_VARIANTS["mha"][0].n_ctx
     val = spaced(*make_windows(val_ids, n_ctx, n_ctx), args.attn_eval)
@@ -130,7 +138,7 @@ def attention_sweep(args) -> dict:
     tc = PRESETS["cpu"].but(steps=args.attn_steps, batch_size=args.attn_batch, warmup=max(1, args.attn_steps // 20),
                             eval_every=args.attn_steps, eval_batches=1).train
     out = {"train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()},
-           "recipe_steps": recipe.steps, "recipe_batch_size": recipe.batch_size, "eval_windows": len(val[0]),
+           "train_fraction": args.attn_fraction, "train_tokens": len(train_ids), "recipe_steps": recipe.steps, "recipe_batch_size": recipe.batch_size, "eval_windows": len(val[0]),
            "runs": {}}
     for name, (config, latent) in ATTENTION_VARIANTS.items():
         seed_everything(0)
@@ -145,7 +153,7 @@ def attention_sweep(args) -> dict:
             "val": windows_loss(model, *val).nats_per_token, "loss": hist.loss,
             "seconds": round(time.time() - t0, 1)}
         print(f"{name}: val {out['runs'][name]['val']:.4f} ({out['runs'][name]['seconds']} s)", flush=True)
-    return out
+    return _keep(args, "attention", out)
 
 
 def main() -> None:
@@ -153,8 +161,9 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=FINE_TUNE["steps"], help="fine-tuning steps")
-    ap.add_argument("--attn-steps", type=int, default=120)
-    ap.add_argument("--attn-batch", type=int, default=16)
+    ap.add_argument("--attn-steps", type=int, default=80)
+    ap.add_argument("--attn-batch", type=int, default=8)
+    ap.add_argument("--attn-fraction", type=float, default=0.1, help="the share of the training text used")
     ap.add_argument("--attn-eval", type=int, default=64, help="validation windows of the attention runs")
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "lora_mla_sweep.json")
     args = ap.parse_args()
