@@ -8,7 +8,7 @@ WHEELHOUSE := .cache/wheelhouse
 VENDOR := book_static/vendor
 LIVE := book_static/live
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test book execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean

@@ -18,16 +18,21 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .data import load_corpus, load_english, token_byte_lengths, train_val_split
+from .data import brown_documents, english_split, load_corpus, load_english, token_byte_lengths, train_val_split
+from .lora import LoRA, attention_mlp_targets
+from .mla import mla_model
 from .model import GPT, GPTConfig
+from .modern import ModernConfig, ModernGPT
 from .runtime import check_float, check_int, seed_everything
 from .sampling import generate
 from .tokenizers import BPETokenizer
-from .trainer import Trainer, TrainConfig
+from .trainer import History, Trainer, TrainConfig
 from .training import make_windows, perplexity, windows_loss
 
 __all__ = ["RunConfig", "PRESETS", "SHIPPED_DTYPE", "PROMPTS", "corpus_ids", "train_run", "samples",
-           "DOCUMENTATION_RUN", "train_documentation_model"]
+           "DOCUMENTATION_RUN", "train_documentation_model",
+           "FINE_TUNE", "english_without_dropout", "genre_texts", "fine_tune", "ATTENTION_VARIANTS",
+           "attention_variant"]
 
 
 @dataclass(frozen=True)
@@ -187,3 +192,78 @@ def train_documentation_model(rc: RunConfig = DOCUMENTATION_RUN, progress: bool 
         "loss_every_10": [round(v, 4) for v in hist.loss[::10]],
     }
     return {"model": model, "tokenizer": tok, "history": hist, "log": log}
+
+
+# --- Chapter 14's runs: LoRA against full fine-tuning, and three attention layers ----------------
+
+# Fine-tuning the English model on one Brown genre (scripts/lora_mla_sweep.py, Chapter 14):
+# windows of 64 tokens, batches of 8, 30 steps, AdamW without weight decay, 3 warm-up steps, a cosine to a
+# tenth of the peak rate; the LoRA factors on every block's W_Q, W_K, W_V, W_O, W_in and W_out.
+FINE_TUNE = {"genre": "j", "n_ctx": 64, "batch_size": 8, "steps": 30, "warmup": 3,
+             "lr_lora": 2e-3, "lr_full": 2e-4, "alpha": 8.0}
+
+
+def english_without_dropout(path) -> GPT:
+    """The shipped English model with dropout 0 (fine-tuning then computes the function it trains)."""
+    shipped = GPT.load(path)
+    model = GPT(replace(shipped.config, dropout=0.0))
+    model.load_state_dict(shipped.state_dict())
+    return model.eval()
+
+
+def genre_texts(genre: str) -> tuple[str, str, str]:
+    """Chapter 8's split seen through one genre: the genre's training text, its held-out text, and
+    the held-out text of every other genre (Brown samples joined by blank lines, as load_english)."""
+    if not isinstance(genre, str) or len(genre) != 1:
+        raise ValueError(f"genre must be one letter of the Brown genres, got {genre!r}")
+    train_names, val_names = english_split()
+    docs = dict(brown_documents())
+    if not any(n[1] == genre for n in val_names):
+        raise ValueError(f"genre {genre!r} has no held-out sample in Chapter 8's split")
+    def join(names):
+        return "\n\n".join(docs[n] for n in names) + "\n"
+    return (join([n for n in train_names if n[1] == genre]), join([n for n in val_names if n[1] == genre]),
+            join([n for n in val_names if n[1] != genre]))
+
+
+def fine_tune(base: GPT, train: tuple[torch.Tensor, torch.Tensor], r: int | None, seed: int,
+              steps: int = FINE_TUNE["steps"], n_steps: int | None = None) -> tuple[torch.nn.Module, History]:
+    """Fine-tune ``base`` on the windows ``train`` with :data:`FINE_TUNE`'s settings: LoRA of rank
+    ``r`` (A drawn from ``seed``), or every parameter of a copy when ``r`` is None. The batches
+    are drawn from ``seed`` too; ``n_steps`` stops after that many of the ``steps`` of the schedule
+    (the first steps of the run, exactly). Returns the trained model (a :class:`gptlib.lora.LoRA` or a GPT)
+    and the Trainer's history; ``base`` is left as it was, apart from being frozen by LoRA."""
+    check_int("seed", seed, lo=0)
+    ft = FINE_TUNE
+    if r is None:
+        model, lr = copy.deepcopy(base), ft["lr_full"]
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        model = LoRA(base, attention_mlp_targets(base), r, ft["alpha"], torch.Generator().manual_seed(seed))
+        lr = ft["lr_lora"]
+    tc = TrainConfig(steps=steps, batch_size=ft["batch_size"], max_lr=lr, min_lr=lr / 10, warmup=ft["warmup"],
+                     weight_decay=0.0, eval_every=steps, eval_batches=1, seed=seed)
+    hist = Trainer(model, train, None, tc).run(n_steps)
+    return model.eval(), hist
+
+
+# Three attention layers in one small Llama-style model (RoPE, RMSNorm, SwiGLU): multi-head,
+# grouped-query with one key/value head, and latent attention with d_c = 48, d_R = 16. d_mlp makes
+# up the attention's parameters, so the three totals agree to within 256 numbers of 0.90 million.
+ATTENTION_VARIANTS = {
+    "mha": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_mlp=320,
+                         rope_base=10000.0), None),
+    "gqa": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, d_mlp=384,
+                         rope_base=10000.0), None),
+    "mla": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_mlp=331,
+                         rope_base=10000.0), (48, 16)),
+}
+
+
+def attention_variant(name: str) -> ModernGPT:
+    """A freshly initialised model of :data:`ATTENTION_VARIANTS` (seed the generator first)."""
+    if name not in ATTENTION_VARIANTS:
+        raise ValueError(f"name must be one of {sorted(ATTENTION_VARIANTS)}, got {name!r}")
+    config, latent = ATTENTION_VARIANTS[name]
+    return ModernGPT(config) if latent is None else mla_model(config, *latent)
