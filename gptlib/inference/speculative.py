@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from ..attention import KVCache
 from ..runtime import check_float, check_ids, check_int
-from ..sampling import next_token_probs
 
 __all__ = [
     "acceptance_probability",
@@ -253,6 +252,14 @@ class SpeculativeResult:
     prompt_len: int = 0
 
 
+def _probs(logits: Tensor, temperature: float) -> Tensor:
+    """:func:`gptlib.sampling.next_token_probs` without top-k and top-p, for logits (n, d_vocab)
+    whose values the model's checks already cover: one-hot on the first argmax at temperature 0."""
+    if temperature == 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
 class _Stepper:
     """A model with its KV cache, kept to hold the keys of all but the last token of the text."""
 
@@ -315,12 +322,11 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_n
         g = min(gamma, capacity - n - 1)  # the last round drafts no token past the end
         drafts, qs = [], []
         for _ in range(g):
-            q = next_token_probs(drf(torch.cat([seq, *[d.view(1, 1) for d in drafts]], dim=1))[-1].float(),
-                                 temperature)
+            q = _probs(drf(torch.cat([seq, *[d.view(1, 1) for d in drafts]], dim=1))[-1:], temperature)[0]
             qs.append(q)
             drafts.append(torch.multinomial(q, 1, generator=generator)[0])
         drafts_t = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long)
-        p = next_token_probs(tgt(seq, drafts_t).float(), temperature)  # (g + 1, d_vocab)
+        p = _probs(tgt(seq, drafts_t), temperature)  # (g + 1, d_vocab)
         q = torch.stack(qs) if qs else p[:0]
         out = speculative_round(p, q, drafts_t, generator)
         res.passes, res.drafted, res.kept = res.passes + 1, res.drafted + g, res.kept + len(out) - 1
