@@ -74,17 +74,24 @@ def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
 
 def accept_or_resample(p: Tensor, q: Tensor, x: Tensor, generator: torch.Generator | None = None
                        ) -> tuple[Tensor, Tensor]:
-    """One draft position, for N rows at once: p, q (N, d_vocab), drafts x (N,) drawn from q.
-    Keep x_n with probability min(1, p/q); else draw from the residual. Returns (kept (N,) bool,
-    token (N,)), the token x_n where kept.
+    """One draft position, for N rows at once: p, q (N, d_vocab), drafts x (N,) drawn from q; or
+    p, q (d_vocab,) shared by N independent drafts x (N,). Keep x_n with probability min(1, p/q);
+    else draw from the residual. Returns (kept (N,) bool, token (N,)), the token x_n where kept.
 
     >>> p, q = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
     >>> accept_or_resample(p, q, torch.tensor([0]))  # p(0) = 0: rejected, the residual is token 1
     (tensor([False]), tensor([1]))
     """
+    shared = p.dim() == 1
+    if shared:
+        p, q = p.expand(len(x), -1), q.expand(len(x), -1)  # (N, d_vocab), no copy
     u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
     kept = u < acceptance_probability(p, q, x)
-    replacement = torch.multinomial(residual_distribution(p, q), 1, generator=generator)[:, 0]
+    if shared:
+        replacement = torch.multinomial(residual_distribution(p[0], q[0]), len(x), replacement=True,
+                                        generator=generator)
+    else:
+        replacement = torch.multinomial(residual_distribution(p, q), 1, generator=generator)[:, 0]
     return kept, torch.where(kept, x, replacement)
 
 
