@@ -117,8 +117,8 @@ def blockwise_quantize(x: Tensor, bits: int = 4, block: int = 32) -> Quantized:
 def error_bound(r: Quantized, bits: int, blockwise: bool) -> Tensor:
     """A bound on |quantized - x| for every number: delta / 2, plus, for a blockwise map, what storing
     delta and min in float16 can cost, 2^-11 (|min| + (2^b - 1) delta) + 2^-25 (1 + (2^b - 1)) (the
-    last term for subnormal float16 numbers). An absmax scale is kept in float32: delta / 2, to
-    float32's rounding of the product.
+    last term for subnormal float16 numbers). An absmax scale is kept in float32: delta / 2 plus
+    float32's rounding of x / delta and of delta q, 2^-22 L delta with L = 2^(b-1) - 1 the top level.
 
     >>> x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     >>> r = blockwise_quantize(x, bits=3)
@@ -126,7 +126,7 @@ def error_bound(r: Quantized, bits: int, blockwise: bool) -> Tensor:
     True
     """
     if not blockwise:
-        return r.step / 2 * (1 + 2.0**-20)
+        return r.step / 2 + 2.0**-22 * (2 ** (bits - 1) - 1) * r.step
     L = 2**bits - 1
     return r.step / 2 + F16_UNIT * (r.minimum.abs() + L * r.step) + F16_SUBNORMAL * (1 + L)
 
