@@ -244,7 +244,9 @@ class BigramDraft(nn.Module):
 @dataclass
 class SpeculativeResult:
     """What :func:`speculative_generate` returns: the ids (T + max_new_tokens,), the number of
-    target passes, drafted and kept tokens, and beta = sum min(p, q) at every drafted position."""
+    target passes, drafted and kept tokens, and beta = sum min(p, q) at every judged draft position
+    (the kept drafts and the first rejected one of each round: the later drafts of a round are
+    never judged)."""
 
     ids: Tensor
     passes: int = 0
@@ -337,7 +339,8 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_n
         q = torch.stack(qs) if qs else p[:0]
         out = speculative_round(p, q, drafts_t, generator)
         res.passes, res.drafted, res.kept = res.passes + 1, res.drafted + g, res.kept + len(out) - 1
-        res.betas += acceptance_rate(p[:g], q).tolist()
+        judged = min(len(out), g)  # the drafts kept and the first rejected one, if any
+        res.betas += acceptance_rate(p[:judged], q[:judged]).tolist()
         seq = torch.cat([seq, out[None].to(seq.dtype)], dim=1)
         tgt.keep(seq.shape[1] - 1)
         drf.keep(seq.shape[1] - 1)
