@@ -363,3 +363,21 @@ def test_quantizers_refuse_bad_input():
         blockwise_quantize(torch.zeros(30), 4)
     with pytest.raises(ValueError, match="finite"):
         absmax_quantize(torch.tensor([float("nan")]))
+
+
+def chi_square_statistic(p, q, N, seed):
+    """Pearson's statistic of N first tokens of a round (gamma = 1) against p."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.multinomial(q, N, replacement=True, generator=gen)
+    _, tokens = speculative.accept_or_resample(p, q, x, gen)
+    freq = torch.bincount(tokens, minlength=len(p)).double()
+    return ((freq - N * p.double()) ** 2 / (N * p.double())).sum().item()
+
+
+def test_statistical_check_passes_and_catches_a_broken_residual(monkeypatch):
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    crit, _ = chi_square_power(0.0, 3, 1e-3)
+    assert chi_square_statistic(p, q, 20_000, 0) < crit
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    assert chi_square_statistic(p, q, 20_000, 0) > crit
