@@ -271,6 +271,32 @@ class KVCache:
         """Forget every position and keep the buffers (generation refills them after a crop)."""
         self._filled = [0] * self.n_layers
 
+    def crop(self, offset: int) -> None:
+        """Keep the first ``offset`` positions of every layer and forget the later ones (keep the
+        buffers): speculative decoding drops the keys of rejected drafts this way.
+
+        >>> cache = KVCache(n_layers=1)
+        >>> _ = cache.append(0, torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
+        >>> cache.crop(3); len(cache)
+        3
+        """
+        offset = check_int("offset", offset, 0, len(self))
+        self._filled = [min(n, offset) for n in self._filled]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the key and value buffers allocated so far, over all layers (with a
+        ``capacity``: 2 n_layers B n_kv_heads capacity d_head bytes-per-number once every layer
+        has appended).
+
+        >>> cache = KVCache(n_layers=2, capacity=10)
+        >>> for layer in range(2):
+        ...     _ = cache.append(layer, torch.ones(1, 3, 1, 64), torch.ones(1, 3, 1, 64))
+        >>> cache.nbytes == 2 * 2 * 3 * 10 * 64 * 4
+        True
+        """
+        return sum(b.numel() * b.element_size() for store in (self._k, self._v) for b in store if b is not None)
+
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys and values (B, n_kv_heads, T, d_head) for ``layer``; return all so far."""
         if type(layer) is not int or not 0 <= layer < self.n_layers:

@@ -21,37 +21,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..attention import causal_mask
+from ..inference.flash import online_softmax_update  # derived in Chapter 13.1
 from .launch import shard_range
 
 __all__ = ["online_softmax_update", "blockwise_attention", "ring_attention", "ring_attention_worker"]
-
-
-def online_softmax_update(
-    state: tuple[Tensor, Tensor, Tensor] | None, scores: Tensor, v: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Fold one block of keys into a running softmax-weighted sum.
-
-    ``state = (m, l, acc)``: the running row maximum m (..., T, 1), the running sum
-    l = sum_j exp(s_j - m) (..., T, 1) and acc = sum_j exp(s_j - m) v_j (..., T, d_head), all over
-    the key blocks seen so far. A new block with scores S (..., T, T_b) (-inf where masked) and
-    values V (..., T_b, d_head) gives m' = max(m, rowmax S) and
-
-        l'   = l   exp(m - m') + sum_j exp(S_j - m'),
-        acc' = acc exp(m - m') + exp(S - m') V.
-
-    After the last block, acc / l is exactly softmax(all scores) @ all values.
-    """
-    block_max = scores.amax(dim=-1, keepdim=True)  # (..., T, 1)
-    m_new = block_max if state is None else torch.maximum(state[0], block_max)
-    # A row that has seen only masked keys keeps m = -inf; shift it by 0 to avoid (-inf) - (-inf).
-    shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-    p = torch.exp(scores - shift)  # (..., T, T_b)
-    l_new, acc_new = p.sum(dim=-1, keepdim=True), p @ v
-    if state is not None:
-        m, l, acc = state
-        scale = torch.exp(torch.where(torch.isfinite(m), m, shift) - shift)  # (..., T, 1); 0 rows stay 0
-        l_new, acc_new = l * scale + l_new, acc * scale + acc_new
-    return m_new, l_new, acc_new
 
 
 def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: bool = True) -> Tensor:

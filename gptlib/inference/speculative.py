@@ -1,0 +1,348 @@
+"""Chapter 13.2: speculative sampling, and why every token it emits has the target's distribution.
+
+A cheap draft model with next-token distribution q proposes gamma tokens x_1, ..., x_gamma; the
+target model (distribution p) scores all of them in one pass. Left to right, x_i is kept with
+probability min(1, p(x_i) / q(x_i)); at the first rejection a token is drawn from the residual
+
+    r = max(0, p - q) / sum max(0, p - q)
+
+and the round ends; if all gamma are kept, a last token is drawn from the target's next p. Each
+emitted token then has exactly the target's distribution (Leviathan et al., 2023; Chen et al.,
+2023): :func:`emitted_distribution` enumerates every draft outcome and shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import KVCache
+from ..runtime import check_float, check_ids, check_int
+
+__all__ = [
+    "acceptance_probability",
+    "residual_distribution",
+    "acceptance_rate",
+    "accept_or_resample",
+    "speculative_round",
+    "emitted_distribution",
+    "sequence_distribution",
+    "expected_tokens_per_pass",
+    "chi_square_power",
+    "BigramDraft",
+    "SpeculativeResult",
+    "speculative_generate",
+]
+
+
+def acceptance_probability(p: Tensor, q: Tensor, x: Tensor) -> Tensor:
+    """min(1, p(x) / q(x)) for distributions p, q (..., d_vocab) and draft tokens x (...).
+
+    >>> p, q = torch.tensor([[0.2, 0.8], [0.2, 0.8]]), torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    >>> acceptance_probability(p, q, torch.tensor([0, 1]))
+    tensor([0.4000, 1.0000])
+    """
+    px, qx = p.gather(-1, x[..., None])[..., 0], q.gather(-1, x[..., None])[..., 0]
+    return torch.clamp(px / qx, max=1.0)
+
+
+def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
+    """The residual r = max(0, p - q) / sum max(0, p - q), (..., d_vocab): where a rejected draft's
+    replacement is drawn from. Where p = q (no draft is ever rejected) it is p.
+
+    >>> residual_distribution(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.4, 0.2]))
+    tensor([0., 0., 1.])
+    """
+    r = torch.clamp(p - q, min=0.0)
+    z = r.sum(dim=-1, keepdim=True)
+    return torch.where(z > 0, r / torch.where(z > 0, z, torch.ones_like(z)), p)
+
+
+def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
+    """beta = sum_x min(p(x), q(x)) = 1 - TV(p, q), (...): the probability that a draft x ~ q is kept.
+
+    >>> acceptance_rate(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.4, 0.2]))
+    tensor(0.7000)
+    """
+    return torch.minimum(p, q).sum(dim=-1)
+
+
+def accept_or_resample(p: Tensor, q: Tensor, x: Tensor, generator: torch.Generator | None = None
+                       ) -> tuple[Tensor, Tensor]:
+    """One draft position, for N rows at once: p, q (N, d_vocab), drafts x (N,) drawn from q; or
+    p, q (d_vocab,) shared by N independent drafts x (N,). Keep x_n with probability min(1, p/q);
+    else draw from the residual. Returns (kept (N,) bool, token (N,)), the token x_n where kept.
+
+    >>> p, q = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
+    >>> accept_or_resample(p, q, torch.tensor([0]))  # p(0) = 0: rejected, the residual is token 1
+    (tensor([False]), tensor([1]))
+    """
+    shared = p.dim() == 1
+    if shared:
+        p, q = p.expand(len(x), -1), q.expand(len(x), -1)  # (N, d_vocab), no copy
+    u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
+    kept = u < acceptance_probability(p, q, x)
+    if shared:
+        replacement = torch.multinomial(residual_distribution(p[0], q[0]), len(x), replacement=True,
+                                        generator=generator)
+    else:
+        replacement = torch.multinomial(residual_distribution(p, q), 1, generator=generator)[:, 0]
+    return kept, torch.where(kept, x, replacement)
+
+
+def speculative_round(p: Tensor, q: Tensor, drafts: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """The tokens one round emits (1 to gamma + 1 of them): p (gamma + 1, d_vocab) the target's
+    distributions after each draft prefix, q (gamma, d_vocab) the draft's, drafts (gamma,) ~ q.
+
+    >>> p = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]])
+    >>> speculative_round(p, torch.tensor([[0.5, 0.5], [0.5, 0.5]]), torch.tensor([1, 0]))  # q = p: both kept
+    tensor([1, 0, 1])
+    """
+    gamma = q.shape[0]
+    if p.shape[0] != gamma + 1 or drafts.shape != (gamma,):
+        raise ValueError(f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
+                         f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}")
+    if gamma == 0:
+        return torch.multinomial(p[0], 1, generator=generator)
+    kept, tokens = accept_or_resample(p[:gamma], q, drafts, generator)
+    rejected = (~kept).nonzero()
+    if len(rejected) == 0:  # all kept: one more token from the target, free
+        return torch.cat([drafts, torch.multinomial(p[gamma], 1, generator=generator)])
+    j = int(rejected[0])
+    return tokens[: j + 1]  # drafts[:j], then the replacement of draft j
+
+
+def emitted_distribution(p_of: Callable[[tuple], Tensor], q_of: Callable[[tuple], Tensor], gamma: int, n: int
+                         ) -> Tensor:
+    """The exact distribution of the first n tokens that speculative sampling emits, (d_vocab,) * n,
+    by enumerating every draft, every accept/reject outcome and every replacement, round after round.
+
+    ``p_of(prefix)`` and ``q_of(prefix)`` give the target's and the draft's next-token distributions
+    (d_vocab,) after a tuple of tokens (any functions of the prefix). The theorem says the result is
+    :func:`sequence_distribution` of ``p_of``:
+
+    >>> p_of = lambda s: torch.tensor([0.6, 0.3, 0.1] if len(s) % 2 else [0.1, 0.2, 0.7], dtype=torch.float64)
+    >>> q_of = lambda s: torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
+    >>> e = emitted_distribution(p_of, q_of, gamma=2, n=3)
+    >>> float((e - sequence_distribution(p_of, 3, 3)).abs().max()) < 1e-15
+    True
+    """
+    gamma, n = check_int("gamma", gamma, lo=0), check_int("n", n, lo=1)
+    d_vocab = p_of(()).shape[-1]
+    out = torch.zeros((d_vocab,) * n, dtype=torch.float64)
+
+    def record(seq: tuple, prob: float) -> None:
+        out[seq[:n]] += prob
+
+    def start_round(seq: tuple, prob: float) -> None:
+        if len(seq) >= n:
+            record(seq, prob)
+        else:
+            draft(seq, 0, prob)
+
+    def draft(seq: tuple, i: int, prob: float) -> None:  # i drafts of this round kept so far
+        if len(seq) >= n:
+            return record(seq, prob)
+        p, q = p_of(seq).double(), q_of(seq).double()
+        if i == gamma:  # all kept: one token from p
+            for t in range(d_vocab):
+                start_round(seq + (t,), prob * float(p[t]))
+            return
+        r = residual_distribution(p, q)
+        for x in range(d_vocab):
+            if q[x] == 0:
+                continue  # never drafted
+            a = float(acceptance_probability(p, q, torch.tensor(x)))
+            if a > 0:
+                draft(seq + (x,), i + 1, prob * float(q[x]) * a)
+            if a < 1:
+                for t in range(d_vocab):
+                    start_round(seq + (t,), prob * float(q[x]) * (1 - a) * float(r[t]))
+
+    start_round((), 1.0)
+    return out
+
+
+def sequence_distribution(p_of: Callable[[tuple], Tensor], n: int, d_vocab: int) -> Tensor:
+    """The target's own distribution of n tokens, prod_t p(x_t | x_{0:t}), (d_vocab,) * n.
+
+    >>> sequence_distribution(lambda s: torch.tensor([0.25, 0.75]), 2, 2).tolist()
+    [[0.0625, 0.1875], [0.1875, 0.5625]]
+    """
+    out = torch.zeros((d_vocab,) * n, dtype=torch.float64)
+    for seq in torch.cartesian_prod(*[torch.arange(d_vocab)] * n).reshape(-1, n).tolist():
+        out[tuple(seq)] = math.prod(float(p_of(tuple(seq[:t]))[seq[t]]) for t in range(n))
+    return out
+
+
+def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
+    """E[tokens per round] = 1 + alpha + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha),
+    when every draft is kept with the same probability alpha, independently.
+
+    >>> expected_tokens_per_pass(0.5, 3), expected_tokens_per_pass(1.0, 3)
+    (1.875, 4.0)
+    """
+    alpha, gamma = check_float("alpha", alpha, 0.0, 1.0), check_int("gamma", gamma, lo=0)
+    return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def chi_square_power(noncentrality: float, df: int, level: float = 0.001) -> tuple[float, float]:
+    """(critical value, power) of Pearson's chi-square test with ``df`` degrees of freedom at
+    ``level``, against an alternative of noncentrality lambda = N sum_k (p'_k - p_k)^2 / p_k.
+
+    Wilson and Hilferty's cube-root normal approximation for chi-square quantiles, and Patnaik's
+    for the noncentral law (a scaled chi-square with matched mean and variance).
+
+    >>> crit, power = chi_square_power(0.0, 10, 0.05)
+    >>> round(crit, 2), round(power, 3)  # the table value is 18.31
+    (18.29, 0.05)
+    """
+    df = check_int("df", df, lo=1)
+    level = check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
+    lam = check_float("noncentrality", noncentrality, 0.0)
+    z = NormalDist().inv_cdf(1 - level)
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    c, h = (df + 2 * lam) / (df + lam), (df + lam) ** 2 / (df + 2 * lam)  # chi2'(df, lam) ~ c chi2(h)
+    x = crit / c
+    z_alt = ((x / h) ** (1 / 3) - (1 - 2 / (9 * h))) / math.sqrt(2 / (9 * h))
+    return crit, 1 - NormalDist().cdf(z_alt)
+
+
+class BigramDraft(nn.Module):
+    """A draft model that reads only the current token: P(next | current) from bigram counts, with
+    ``smoothing`` added to every count. ``forward(ids)`` gives log-probabilities (B, T, d_vocab)
+    for ids (B, T); the logits at a position depend on that position's token alone.
+
+    >>> draft = BigramDraft(torch.tensor([0, 1, 0, 1, 0, 2]), d_vocab=3, smoothing=0.0)
+    >>> draft(torch.tensor([[0]])).exp()  # after 0: 1 twice, 2 once
+    tensor([[[0.0000, 0.6667, 0.3333]]])
+    """
+
+    def __init__(self, ids: Tensor, d_vocab: int, smoothing: float = 0.01):
+        super().__init__()
+        d_vocab = check_int("d_vocab", d_vocab, lo=1)
+        smoothing = check_float("smoothing", smoothing, 0.0)
+        ids = torch.as_tensor(ids).flatten()
+        check_ids(ids, d_vocab)
+        counts = torch.full((d_vocab, d_vocab), smoothing, dtype=torch.float64)
+        counts.index_put_((ids[:-1], ids[1:]), torch.ones(len(ids) - 1, dtype=torch.float64), accumulate=True)
+        total = counts.sum(dim=-1, keepdim=True)
+        uniform = torch.full_like(counts, 1 / d_vocab)  # a token never followed by another
+        probs = torch.where(total > 0, counts / torch.where(total > 0, total, 1.0), uniform)
+        self.register_buffer("log_probs", probs.log().float())  # (d_vocab, d_vocab)
+        self.d_vocab = d_vocab
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.log_probs[ids]  # (B, T, d_vocab)
+
+
+@dataclass
+class SpeculativeResult:
+    """What :func:`speculative_generate` returns: the ids (T + max_new_tokens,), the number of
+    target passes, drafted and kept tokens, and beta = sum min(p, q) at every judged draft position
+    (the kept drafts and the first rejected one of each round: the later drafts of a round are
+    never judged)."""
+
+    ids: Tensor
+    passes: int = 0
+    drafted: int = 0
+    kept: int = 0
+    betas: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return (len(self.ids) - self.prompt_len) / self.passes
+
+    prompt_len: int = 0
+
+
+def _probs(logits: Tensor, temperature: float) -> Tensor:
+    """:func:`gptlib.sampling.next_token_probs` without top-k and top-p, for logits (n, d_vocab)
+    whose values the model's checks already cover: one-hot on the first argmax at temperature 0."""
+    if temperature == 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+class _Stepper:
+    """A model with its KV cache, kept to hold the keys of all but the last token of the text."""
+
+    def __init__(self, model: nn.Module, capacity: int):
+        self.model = model
+        self.cache = None if isinstance(model, BigramDraft) else KVCache(model.config.n_layers, capacity)
+
+    def __call__(self, seq: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Logits (n, d_vocab) after the last token of seq (1, T) and after each of ``extra`` (k,)."""
+        if self.cache is None:  # a bigram reads one token per position
+            new = seq[:, -1:] if extra is None else torch.cat([seq[:, -1:], extra[None]], dim=1)
+            return self.model(new)[0]
+        new = seq[:, len(self.cache):]  # (1, n): what the cache lacks
+        if extra is not None:
+            new = torch.cat([new, extra[None]], dim=1)
+        return self.model(new, cache=self.cache, check_ids=False)[0, -(1 + (0 if extra is None else len(extra))):]
+
+    def keep(self, n: int) -> None:
+        """Forget the cached positions from n on (rejected drafts)."""
+        if self.cache is not None and len(self.cache) > n:
+            self.cache.crop(n)
+
+
+@torch.no_grad()
+def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_new_tokens: int, gamma: int, *,
+                         temperature: float = 1.0, generator: torch.Generator | None = None) -> SpeculativeResult:
+    """Append ``max_new_tokens`` tokens to ids (T,) by speculative sampling: rounds of ``gamma`` draft
+    tokens scored by one target pass. The tokens have the distribution of
+    :func:`gptlib.sampling.generate` from the target at this ``temperature``; at temperature 0
+    (greedy) they are the target's greedy tokens. Both models keep a KV cache, cut back after a
+    rejection; the text must fit the target's context (T + max_new_tokens <= n_ctx).
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> from gptlib.sampling import generate
+    >>> _ = torch.manual_seed(0)
+    >>> target, draft = GPT(GPTConfig.preset("tiny")).eval(), GPT(GPTConfig.preset("tiny")).eval()
+    >>> out = speculative_generate(target, draft, torch.tensor([1, 2, 3]), 20, 3, temperature=0.0)
+    >>> torch.equal(out.ids, generate(target, torch.tensor([1, 2, 3]), 20, temperature=0.0))
+    True
+    """
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=0)
+    gamma = check_int("gamma", gamma, lo=0)
+    temperature = check_float("temperature", temperature, 0.0)
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or len(ids) < 1:
+        raise ValueError(f"ids must have shape (T,) with T >= 1, got {getattr(ids, 'shape', type(ids).__name__)}")
+    c = target.config
+    check_ids(ids, c.d_vocab)
+    if len(ids) + max_new_tokens > c.n_ctx:
+        raise ValueError(f"T + max_new_tokens = {len(ids) + max_new_tokens} exceeds the target's n_ctx={c.n_ctx}")
+    capacity = len(ids) + max_new_tokens
+    tgt, drf = _Stepper(target.eval(), capacity), _Stepper(draft.eval(), capacity)
+    seq = ids[None].clone()  # (1, T)
+    res = SpeculativeResult(ids, prompt_len=len(ids))
+    if len(ids) > 1:  # the prompt's keys, all but the last token's
+        tgt.model(seq[:, :-1], cache=tgt.cache, check_ids=False)
+        if drf.cache is not None:
+            drf.model(seq[:, :-1], cache=drf.cache, check_ids=False)
+    while seq.shape[1] < capacity:
+        n = seq.shape[1]
+        g = min(gamma, capacity - n - 1)  # the last round drafts no token past the end
+        drafts, qs = [], []
+        for _ in range(g):
+            q = _probs(drf(torch.cat([seq, *[d.view(1, 1) for d in drafts]], dim=1))[-1:], temperature)[0]
+            qs.append(q)
+            drafts.append(torch.multinomial(q, 1, generator=generator)[0])
+        drafts_t = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long)
+        p = _probs(tgt(seq, drafts_t), temperature)  # (g + 1, d_vocab)
+        q = torch.stack(qs) if qs else p[:0]
+        out = speculative_round(p, q, drafts_t, generator)
+        res.passes, res.drafted, res.kept = res.passes + 1, res.drafted + g, res.kept + len(out) - 1
+        judged = min(len(out), g)  # the drafts kept and the first rejected one, if any
+        res.betas += acceptance_rate(p[:judged], q[:judged]).tolist()
+        seq = torch.cat([seq, out[None].to(seq.dtype)], dim=1)
+        tgt.keep(seq.shape[1] - 1)
+        drf.keep(seq.shape[1] - 1)
+    res.ids = seq[0]
+    return res
