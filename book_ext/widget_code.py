@@ -3,8 +3,8 @@
 The notebooks store each widget's data, not its code (scripts/execute.py strips ``_esm`` and
 ``_css``). As Sphinx reads a notebook, this adds to the widget state the code the widget classes
 send today (the bundles of ``gptlib/widgets/static/``, gptlib.widgets.stored.add_code), so each
-page runs its widgets offline with no kernel. gptlib is imported from the book's own source tree,
-so a page never gets another checkout's widget code.
+page runs its widgets offline with no kernel. When the book's source tree holds gptlib, gptlib is
+imported from it, so a page never gets another checkout's widget code.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def add_widget_code(app, docname, source):
 
 
 def setup(app):
-    root = str(Path(app.srcdir).resolve())
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    root = Path(app.srcdir).resolve()
+    if (root / "gptlib").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     app.connect("source-read", add_widget_code)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
