@@ -11,18 +11,18 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
 export PYTHONHASHSEED := 0
 
-.PHONY: test book execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
+.PHONY: test book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 # The unit tests with the doctests of gptlib and of the scripts' helpers; the chapters under strict
 # nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that the
 # longest (the later ones) start first, one torch thread per kernel unless a chapter sets its own
 # (their outputs do not depend on it); then the book and the browser tests.
-test: install assets
+test: install assets $(NODE_MODULES)
 	$(PY) -m pytest -q -m "not browser" --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
 
-book: install $(VENDOR)/.done $(LIVE)/english.json
+book: install widgets $(VENDOR)/.done $(LIVE)/english.json
 	@mkdir -p _build
 	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going . > _build/book.log 2>&1 \
 	    || { tail -n 40 _build/book.log; exit 1; }
@@ -65,13 +65,26 @@ $(WHEELHOUSE)/.done: requirements.txt
 	    torch==2.13.0 numpy tqdm ipywidgets tiktoken anywidget safetensors
 	touch $@
 
+# The npm packages, pinned by package-lock.json (no install scripts run: esbuild's binary comes
+# in its platform package, @esbuild/linux-x64).
+NODE_MODULES := node_modules/.installed
+$(NODE_MODULES): package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+# The widgets' bundles, gptlib/widgets/static/*.js, made by esbuild from gptlib/widgets/js/: one ES
+# module per view. They are committed (a kernel without node reads them); a unit test fails when
+# they differ from a fresh build of the sources, and the book's pages get them at build time
+# (book_ext/widget_code.py).
+widgets: $(NODE_MODULES) $(STAMP)
+	$(PY) scripts/build_widgets.py
+
 # The JavaScript the HTML book serves itself: npm packages pinned by package-lock.json and
 # anywidget's AMD bundle from the installed wheel. For the live model (gptlib/widgets/playground.py),
 # loaded only when a reader starts it: onnxruntime-web's WebAssembly build (one thread, no
 # WebGPU/WebGL) and @huggingface/tokenizers, each with its package.json (version, licence).
 ORT_DIST := node_modules/onnxruntime-web/dist
-$(VENDOR)/.done: package.json package-lock.json $(STAMP)
-	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+$(VENDOR)/.done: $(NODE_MODULES) $(STAMP)
 	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/html-manager $(VENDOR)/anywidget $(VENDOR)/onnxruntime-web $(VENDOR)/tokenizers
 	cp node_modules/requirejs/require.js $(VENDOR)/require.js
 	cp node_modules/@jupyter-widgets/html-manager/dist/*.js $(VENDOR)/html-manager/

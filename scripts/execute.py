@@ -2,11 +2,13 @@
 
     python scripts/execute.py chapters/01_tokens.ipynb [more.ipynb ...]
     python scripts/execute.py --all
+    python scripts/execute.py --strip-only chapters/*.ipynb   # no execution: drop stored widget code
 
 Outputs that nbval later compares are produced on the CPU (CUDA hidden), with a fixed hash seed.
 Execution counts are renumbered 1..n and widget model ids (random uuids in the kernel) are renamed
 to ids derived from the notebook's name and the widgets' order, so re-executing an unchanged
-notebook rewrites the same file.
+notebook rewrites the same file. The book's widgets are stored with their data and without their
+code (``_esm``, ``_css``: gptlib.widgets.stored.strip_code); the book's build adds the current code.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from gptlib.widgets.stored import strip_code
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -88,10 +92,26 @@ def execute(path: Path, timeout: int = 600) -> float:
                     out["execution_count"] = n
             cell.metadata.pop("execution", None)
     nb = stable_widget_ids(nb, path.name)
+    strip_code(nb)
+    write(nb, path)
+    return elapsed
+
+
+def write(nb, path: Path) -> None:
+    """``nb`` written to ``path`` atomically."""
     tmp = path.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
     os.replace(tmp, path)
-    return elapsed
+
+
+def strip_only(path: Path) -> int:
+    """The stored widget code removed from ``path`` without executing it; the characters removed.
+    The file is rewritten only when it held some."""
+    nb = nbformat.read(path, as_version=4)
+    removed = strip_code(nb)
+    if removed:
+        write(nb, path)
+    return removed
 
 
 def main() -> int:
@@ -99,10 +119,16 @@ def main() -> int:
     ap.add_argument("notebooks", nargs="*", type=Path)
     ap.add_argument("--all", action="store_true", help="every chapters/*.ipynb")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--strip-only", action="store_true",
+                    help="do not execute: only remove the widget code the notebooks store")
     args = ap.parse_args()
     paths = sorted((ROOT / "chapters").glob("*.ipynb")) if args.all else args.notebooks
     if not paths:
         ap.error("give notebooks or --all")
+    if args.strip_only:
+        for p in paths:
+            print(f"{p}: {strip_only(Path(p)):,} characters of widget code removed", flush=True)
+        return 0
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the stored outputs come from the CPU
     os.environ.setdefault("PYTHONHASHSEED", "0")
     for p in paths:

@@ -127,9 +127,27 @@ def site():
         yield url
 
 
+class _TestBrowser:
+    """A Playwright browser whose pages set the widgets' test hook before any script runs:
+    ``window.__gptlibTest = true`` makes each view report what it draws on its root (data-*
+    attributes, ``root.__gptlib``; gptlib/widgets/js/dom.js, ``report``)."""
+
+    def __init__(self, browser):
+        self._browser = browser
+
+    def new_page(self, **kwargs):
+        page = self._browser.new_page(**kwargs)
+        page.add_init_script("window.__gptlibTest = true;")
+        return page
+
+    def __getattr__(self, name):
+        return getattr(self._browser, name)
+
+
 @pytest.fixture(scope="session")
 def browser():
-    """Debian's Chromium, headless, driven by Playwright; skips when it is missing."""
+    """Debian's Chromium, headless, driven by Playwright, with the widgets' test hook on; skips
+    when Chromium is missing."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
     from playwright.sync_api import sync_playwright
@@ -137,7 +155,7 @@ def browser():
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            yield b
+            yield _TestBrowser(b)
         finally:
             b.close()
 

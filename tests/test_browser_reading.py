@@ -136,9 +136,10 @@ def read_page(browser, site: str, page: str) -> dict[int, Reading]:
     tab.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
     try:
         tab.goto(f"{site}/{page}.html", wait_until="load")
-        tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                              timeout=20_000)
-        tab.evaluate("() => MathJax.startup.promise")
+        if tab.locator('script[src*="mathjax"]').count():  # Sphinx loads MathJax only where there is maths
+            tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                  timeout=20_000)
+            tab.evaluate("() => MathJax.startup.promise")
         views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
         if views:
             tab.wait_for_function(f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",

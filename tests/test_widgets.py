@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser_support import load_module
 
 from gptlib.circuits import (first_token_score, head_scores, induction_pairs, induction_score, previous_token_score,
                              uniform_causal_pattern)
@@ -23,8 +25,10 @@ from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, PlaygroundView, SamplingView
 from gptlib.widgets.sampling import (KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, rest_log_weights,
                                      top_logits)
+from gptlib.widgets.stored import WIDGET_STATE, add_code, code_size, strip_code
 
-WIDGETS = Path(__file__).resolve().parents[1] / "gptlib" / "widgets"
+ROOT = Path(__file__).resolve().parents[1]
+WIDGETS = ROOT / "gptlib" / "widgets"
 
 STEPS = [list("the cat"), ["th", "e", " ", "c", "a", "t"], ["the", " ", "c", "a", "t"]]
 MERGES = ["'t' + 'h' -> 'th'", "'th' + 'e' -> 'the'"]
@@ -45,7 +49,7 @@ def test_bpe_state_holds_every_step():
     s = _state(w)
     assert s["steps"] == STEPS and s["merges"] == MERGES and s["title"] == "merges"
     assert s["step"] == len(MERGES)  # opens on the fully merged split
-    assert s["_esm"] == (WIDGETS / "bpe.js").read_text(encoding="utf-8")
+    assert s["_esm"] == (WIDGETS / "static" / "bpe.js").read_text(encoding="utf-8")
     json.dumps(s)  # what the HTML book embeds
 
 
@@ -494,15 +498,14 @@ SETTINGS = [
 ]
 
 
-def _node(tmp_path, script_body: str, widget=SamplingView):
-    """Run an ES module snippet with node that imports the named exports of a widget's module:
-    the very text the widget ships in its state (its ``_esm``)."""
+def _node(tmp_path, script_body: str, module: str = "distribution.js"):
+    """Run an ES module snippet with node that imports the named exports of one of the widgets'
+    source modules (gptlib/widgets/js/, from which their bundles are built) as ``m``."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
-    target = tmp_path / f"{widget.__name__}.mjs"
-    target.write_text(widget._esm, encoding="utf-8")
-    out = subprocess.run([node, "--input-type=module", "-e", f"import * as m from {json.dumps(target.as_uri())};\n" + script_body],
+    target = (WIDGETS / "js" / module).as_uri()
+    out = subprocess.run([node, "--input-type=module", "-e", f"import * as m from {json.dumps(target)};\n" + script_body],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -619,7 +622,7 @@ def test_head_scores_js_equals_python(tmp_path):
     A = _patterns(2, 3, 7, seed=5)
     for keys in (list("abcdefg"), [1, 2, 3, 1, 2, 3, 1], list("aabaaba")):
         js = _node(tmp_path, f"console.log(JSON.stringify(m.headScores({json.dumps(A.tolist())}, {json.dumps(keys)})));",
-                   AttentionView)
+                   "heads.js")
         want = head_scores(A.double(), keys)
         assert [s["name"] for s in js] == [s["name"] for s in want]
         for got, w in zip(js, want):
@@ -628,36 +631,58 @@ def test_head_scores_js_equals_python(tmp_path):
 
 
 def test_attention_js_colour_scale(tmp_path):
-    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", AttentionView)
+    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js")
     assert js[0] == [247, 251, 255] and js[3] == [8, 48, 107]  # the legend's two ends
     assert js[4] == js[0] and js[5] == js[3]  # clamped to [0, 1]
     darkness = [sum(c) for c in js[:4]]
     assert darkness == sorted(darkness, reverse=True)  # more weight, darker
 
 
-# --- the chapters' stored widget state is the current widget code -------------------------------
+# --- the widgets' code: bundled from its sources, stored in no notebook ---------------------------
 
 
-def test_chapters_store_the_current_widget_code():
-    """The HTML book runs the JS/CSS stored in each notebook's widget state, which nbval does not
-    compare: after editing a widget's .js or .css, re-execute the chapters that show it."""
-    import importlib
+def test_the_bundles_are_built_from_the_current_sources():
+    """gptlib/widgets/static/ (committed, what a kernel sends) is what esbuild makes of js/ now."""
+    build = load_module(ROOT / "scripts" / "build_widgets.py")
+    why = build.missing_tools()
+    if why:
+        pytest.skip(f"cannot rebuild the widget bundles to compare ({why}); make test installs esbuild with npm ci")
+    assert not build.stale(), "run python scripts/build_widgets.py and commit gptlib/widgets/static/"
+    assert sorted(p.name for p in (WIDGETS / "static").glob("*.js")) == sorted(f"{v}.js" for v in build.VIEWS)
 
-    stale = []
-    for path in sorted((WIDGETS.parents[1] / "chapters").glob("*.ipynb")):
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        state = nb.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-        for model in state.get("state", {}).values():
-            wid = model.get("state", {}).get("_anywidget_id", "")
-            if not wid.startswith("gptlib.widgets."):
-                continue
-            module, name = wid.rsplit(".", 1)
-            cls = getattr(importlib.import_module(module), name)
-            for trait in ("_esm", "_css"):
-                if model["state"].get(trait) != getattr(cls, trait):
-                    stale.append(f"{path.name}: {name}.{trait}")
-    assert not stale, ("stored widget code is out of date; run scripts/execute.py on these chapters: "
-                       + ", ".join(stale))
+
+def test_each_view_sends_its_bundle_and_the_stylesheet():
+    css = (WIDGETS / "widgets.css").read_text(encoding="utf-8")
+    for cls, name in ((BPEMergeView, "bpe"), (AttentionView, "attention"), (SamplingView, "sampling"),
+                      (PlaygroundView, "playground")):
+        assert cls._esm == (WIDGETS / "static" / f"{name}.js").read_text(encoding="utf-8") and cls._css == css
+        # one self-contained module: the view as its default export, nothing left to import
+        assert re.search(r"^export \{\s+\w+ as default\s+\};$", cls._esm, re.M) and not re.search(r"^import ", cls._esm, re.M)
+
+
+def test_no_chapter_stores_widget_code():
+    """The notebooks keep each widget's data; the book's build adds the code (book_ext/widget_code.py)
+    and a kernel sends it, so the JavaScript changes with no re-execution."""
+    holding = []
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        size = code_size(json.loads(path.read_text(encoding="utf-8")))
+        if size["chars"]:
+            holding.append(f"{path.name} ({size['chars']:,} characters)")
+    assert not holding, "widget code stored in " + ", ".join(holding) + "; run scripts/execute.py --strip-only on them"
+
+
+def test_strip_and_add_code_round_trip():
+    w = BPEMergeView(STEPS, MERGES)
+    state = {k: v for k, v in _state(w).items()}
+    nb = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": dict(state)},
+                                                             "other": {"state": {"_esm": "kept"}}}}}}}
+    assert strip_code(nb) == len(w._esm) + len(w._css)
+    models = nb["metadata"]["widgets"][WIDGET_STATE]["state"]
+    assert "_esm" not in models["m"]["state"] and models["other"]["state"] == {"_esm": "kept"}  # not a book widget
+    assert code_size(nb) == {"widgets": 1, "chars": 0} and add_code(nb) == 1 and models["m"]["state"] == state
+    nb_bad = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": {"_anywidget_id": "gptlib.widgets.bpe.Nope"}}}}}}}
+    with pytest.raises(ValueError, match="gptlib.widgets.bpe.Nope"):
+        add_code(nb_bad)
 
 
 # --- PlaygroundView: the stored analysis, the kernel's answers, bad input --------------------------
@@ -765,7 +790,7 @@ def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
     lens = torch.randn(3, 50, generator=g) * 3
     lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
     js = _node(tmp_path, f"const rows = {json.dumps(lens.tolist())};\n"
-               "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));", PlaygroundView)
+               "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));", "live.js")
     want = _lens_tops(lens, 4)
     for got, w in zip(js, want):
         assert got["ids"] == w["ids"]
@@ -811,7 +836,7 @@ let error = null;
 try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
 console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
   logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens), error }}));
-""", PlaygroundView)
+""", "live.js")
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]

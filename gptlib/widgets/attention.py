@@ -12,7 +12,7 @@ import torch
 import traitlets
 
 from ..circuits import head_scores
-from ._base import BookWidget, check_strings, check_title, esm, read_asset, rounded
+from ._base import BookWidget, bundle, check_strings, check_title, read_asset, rounded
 
 __all__ = ["AttentionView"]
 
@@ -46,7 +46,7 @@ class AttentionView(BookWidget):
     AttentionView(layers=1, heads=1, tokens=2)
     """
 
-    _esm = esm("dom.js", "heads.js", "attention.js")
+    _esm = bundle("attention")
     _css = read_asset("widgets.css")
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
     patterns = traitlets.List().tag(sync=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ._base import BookWidget, check_strings, check_title, read_asset
+from ._base import BookWidget, bundle, check_strings, check_title, read_asset
 
 
 class BPEMergeView(BookWidget):
@@ -18,7 +18,7 @@ class BPEMergeView(BookWidget):
     BPEMergeView(merges=2, pieces=[3, 1])
     """
 
-    _esm = read_asset("bpe.js")
+    _esm = bundle("bpe")
     _css = read_asset("widgets.css")
     steps = traitlets.List(traitlets.List(traitlets.Unicode())).tag(sync=True)
     merges = traitlets.List(traitlets.Unicode()).tag(sync=True)

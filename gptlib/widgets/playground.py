@@ -32,7 +32,7 @@ import traitlets
 from ..export import readout, weights_sha256
 from ..model import GPT
 from ..runtime import check_ids, check_int
-from ._base import BookWidget, check_title, esm, read_asset, rounded
+from ._base import BookWidget, bundle, check_title, read_asset, rounded
 from .sampling import _check_settings
 
 __all__ = ["PlaygroundView"]
@@ -60,7 +60,7 @@ class PlaygroundView(BookWidget):
     ``n_show`` and ``seed`` are as in :class:`SamplingView`.
     """
 
-    _esm = esm("dom.js", "heads.js", "distribution.js", "playground.js")
+    _esm = bundle("playground")
     _css = read_asset("widgets.css")
     title = traitlets.Unicode("").tag(sync=True)
     text = traitlets.Unicode("").tag(sync=True)

@@ -24,7 +24,7 @@ import traitlets
 from torch import Tensor
 
 from ..runtime import check_float, check_ids, check_int
-from ._base import BookWidget, check_strings, check_title, esm, read_asset, rounded
+from ._base import BookWidget, bundle, check_strings, check_title, read_asset, rounded
 
 __all__ = ["SamplingView", "top_logits", "rest_log_weights", "continuation_tree", "TEMPERATURES"]
 
@@ -242,7 +242,7 @@ class SamplingView(BookWidget):
     SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=1.0)
     """
 
-    _esm = esm("dom.js", "distribution.js", "sampling.js")
+    _esm = bundle("sampling")
     _css = read_asset("widgets.css")
     prompts = traitlets.List(traitlets.Dict()).tag(sync=True)  # [{"text", "root": node}]
     tokens = traitlets.Dict().tag(sync=True)  # {str(id): token string} for every stored id

@@ -1,6 +1,7 @@
 // The next-token distribution in the page: gptlib.sampling.next_token_probs (temperature, then
 // top-k, then top-p, then renormalise), for every token of a vocabulary or for its most probable
 // tokens together with the total weight of the others; seeded draws; and the chart.
+import { make, show, svg } from "./dom.js";
 
 // Token indices by decreasing logit, ties by the lower index (torch.sort(stable=True) order).
 export function byLogit(logits) {

@@ -1,5 +1,9 @@
 // Attention view (AttentionView): the panel of heads.js on patterns and scores stored in the state.
+import { lifetime, make } from "./dom.js";
+import { attentionPanel } from "./heads.js";
+
 function render({ model, el }) {
+  const life = lifetime(model);
   const root = make("div", "gptlib-widget gptlib-attn");
   el.appendChild(root);
   const panel = attentionPanel(root, {
@@ -10,7 +14,9 @@ function render({ model, el }) {
     title: model.get("title"), tokens: model.get("tokens"), patterns: model.get("patterns"),
     layerLabels: model.get("layer_labels"), headLabels: model.get("head_labels"), scores: model.get("scores"),
   });
-  model.on("change:layer", panel.redraw);
-  model.on("change:head", panel.redraw);
+  life.on("change:layer", panel.redraw);
+  life.on("change:head", panel.redraw);
+  return () => { life.end(); root.remove(); };
 }
+
 export default { render };

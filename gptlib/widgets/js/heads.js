@@ -1,0 +1,322 @@
+// Attention heads: the colour scale, the head scores of gptlib.circuits, and the panel that shows
+// every head as a thumbnail (layers down, heads across) with its scores, one head enlarged as a
+// heatmap (query tokens down, key tokens across) on a fixed scale from 0 to 1, and the text,
+// coloured by where a hovered token attends.
+import { make, report, show } from "./dom.js";
+
+// The colour scale: attention weight 0 (near white) to 1 (dark blue), linear between the stops.
+const STOPS = [[247, 251, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+
+export function colour(a) {
+  const x = Math.min(Math.max(a, 0), 1) * (STOPS.length - 1);
+  const i = Math.min(Math.floor(x), STOPS.length - 2), f = x - i;
+  return STOPS[i].map((c, k) => Math.round(c + f * (STOPS[i + 1][k] - c)));
+}
+const heat = (a) => `rgb(${colour(a).join(", ")})`;
+// The scale in 256 steps, for canvases (a thumbnail of T = 128 has 8256 cells).
+const LUT = Uint8ClampedArray.from({ length: 256 * 3 }, (_, k) => colour(Math.floor(k / 3) / 255)[k % 3]);
+const ink = (a) => (a > 0.55 ? "#fff" : "#000");  // readable text on a cell of weight a
+
+// The query/key pairs of an induction head (gptlib.circuits.induction_pairs): query i whose
+// token last occurred at k, key k + 1, leaving out k + 1 = i.
+export function inductionPairs(keys) {
+  const last = new Map(), pairs = [];
+  keys.forEach((t, i) => {
+    const k = last.get(t);
+    if (k !== undefined && k + 1 < i) pairs.push([i, k + 1]);
+    last.set(t, i);
+  });
+  return pairs;
+}
+
+// gptlib.circuits.head_scores: for patterns[l][h][i][j] on the tokens `keys`, the previous-token
+// and first-token scores (mean weight on key i - 1, on key 0, over queries 1..T-1) and, when a
+// token repeats, the induction score; each with a uniform causal head's score beside it.
+export function headScores(patterns, keys) {
+  const T = keys.length;
+  if (T < 2) return [];
+  const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
+  const uniform = (i) => 1 / (i + 1);
+  const rows = [...Array(T - 1).keys()].map((i) => i + 1);
+  const found = [
+    ["previous token", rows.map((i) => [i, i - 1])],
+    ["first token", rows.map((i) => [i, 0])],
+  ];
+  const induction = inductionPairs(keys);
+  if (induction.length) found.push(["induction", induction]);
+  return found.map(([name, pairs]) => ({
+    name,
+    values: patterns.map((layer) => layer.map((A) => mean(pairs, (i, j) => A[i][j]))),
+    uniform: mean(pairs, (i) => uniform(i)),
+  }));
+}
+
+const SHORT = { "previous token": "prev", "first token": "first", induction: "induct" };
+const CANVAS_FROM = 48;  // texts longer than this draw the enlarged head on a canvas
+const MEANING = {
+  "previous token": "mean weight on key i\u22121",
+  "first token": "mean weight on key 0",
+  induction: "mean weight on the token that followed the last occurrence of the query's token",
+};
+
+// A pattern as the pixels of a canvas T x T (masked cells stay transparent: the theme shows through).
+function thumbnail(P, T) {
+  const canvas = document.createElement("canvas");
+  canvas.width = T; canvas.height = T;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(T, T);
+  const d = img.data;
+  for (let i = 0; i < T; i++) {
+    const row = P[i];
+    for (let j = 0; j <= i; j++) {
+      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255), o = 4 * (i * T + j);
+      d[o] = LUT[k]; d[o + 1] = LUT[k + 1]; d[o + 2] = LUT[k + 2]; d[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
+// The colour scale's legend, 0 to 1.
+function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  bar.style.background = `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(heat).join(", ")})`;
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "", "attention weight"), scale);
+  return box;
+}
+
+// The panel's elements, appended to `root`.
+function panelLayout(root) {
+  const v = {
+    title: make("div", "gptlib-title"),
+    thumbs: make("div", "gptlib-attn-thumbs"),
+    key: make("div", "gptlib-attn-score-key"),
+    layerSel: make("select", "gptlib-attn-layer"),
+    headSel: make("select", "gptlib-attn-head"),
+    current: make("div", "gptlib-attn-current"),
+    grid: make("div", "gptlib-attn-grid"),
+    text: make("div", "gptlib-attn-text"),
+    focus: make("div", "gptlib-attn-focus", "hover a token of the text, or a query row, to see where it looks"),
+  };
+  const controls = make("div", "gptlib-controls");
+  controls.append("layer ", v.layerSel, " head ", v.headSel, legend());
+  root.append(v.title, v.thumbs, v.key, controls, v.current, v.grid,
+              make("div", "gptlib-attn-text-label", "text (hover a token):"), v.text, v.focus);
+  return v;
+}
+
+function setOptions(sel, labels) {
+  sel.replaceChildren(...labels.map((lab, i) => {
+    const o = make("option", "", lab);
+    o.value = String(i);
+    return o;
+  }));
+}
+
+// The label of query i; `data-i` tells the heatmap's hover listener which query a row is.
+function queryLabel(token, i) {
+  const q = make("div", "gptlib-attn-query", show(token));
+  q.dataset.i = String(i);
+  return q;
+}
+
+const cellTitle = (tokens, A, i, j) => `${show(tokens[i])} -> ${show(tokens[j])}: ${A[i][j].toFixed(3)}`;
+
+// The enlarged head for short texts: one element per cell. Returns the rows [query, ...cells].
+function cellHeatmap(grid, tokens, A, cell, keys) {
+  const T = tokens.length;
+  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
+  grid.style.gridAutoRows = `${cell}px`;
+  const rows = tokens.map((t, i) => [queryLabel(t, i), ...tokens.map((_, j) => {
+    const c = make("div", "gptlib-attn-cell" + (j > i ? " masked" : ""));
+    c.dataset.i = String(i);
+    if (j <= i) c.style.background = heat(A[i][j]);
+    c.title = cellTitle(tokens, A, i, j);
+    return c;
+  })]);
+  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
+  return rows;
+}
+
+// The enlarged head for long texts: the cells are the pixels of one canvas (T * T elements would
+// take the page seconds to lay out); the labels stay elements, and a band marks the hovered
+// query. onQuery(i) is called as the pointer moves over row i. Returns {rows, band}.
+function canvasHeatmap(grid, tokens, A, cell, keys, onQuery) {
+  const T = tokens.length;
+  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+  grid.style.gridAutoRows = "auto";
+  const keyRow = make("div", "gptlib-attn-keys");
+  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+  keyRow.append(...keys);
+  const rows = tokens.map((t, i) => [queryLabel(t, i)]);
+  const queries = make("div", "gptlib-attn-queries");
+  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+  queries.append(...rows.map((r) => r[0]));
+  const canvas = thumbnail(A, T);
+  canvas.style.width = canvas.style.height = `${T * cell}px`;
+  const band = make("div", "gptlib-attn-band");
+  band.style.height = `${cell}px`;
+  const box = make("div", "gptlib-attn-canvas");
+  box.append(canvas, band);
+  canvas.addEventListener("mousemove", (e) => {
+    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+    canvas.title = cellTitle(tokens, A, i, j);
+    onQuery(i);
+  });
+  grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  return { rows, band };
+}
+
+// The thumbnails, one button per head with its scores (the best of each score in bold).
+// onPick(layer, head) is called on a click. Returns the buttons.
+function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, onPick) {
+  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, max-content)`;
+  const best = scores.map((s) => Math.max(...s.values.flat()));
+  const buttons = [];
+  const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];
+  patterns.forEach((layerPatterns, l) => {
+    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
+    layerPatterns.forEach((P, h) => {
+      const b = make("button", "gptlib-attn-thumb");
+      b.type = "button";
+      b.dataset.layer = String(l);
+      b.dataset.head = String(h);
+      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
+      b.append(thumbnail(P, tokens.length));
+      scores.forEach((s, n) => {
+        const v = s.values[l][h];
+        const line = make("div", "gptlib-attn-score" + (v === best[n] ? " best" : ""), `${SHORT[s.name] || s.name} ${v.toFixed(2)}`);
+        report(line, { name: s.name, value: v });
+        b.append(line);
+      });
+      b.addEventListener("click", () => onPick(l, h));
+      buttons.push(b);
+      items.push(b);
+    });
+  });
+  thumbs.replaceChildren(...items);
+  return buttons;
+}
+
+function scoreKey(scores) {
+  if (!scores.length) return "";
+  return "Scores on this text: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ` +
+    `${s.uniform.toFixed(2)} for a uniform head)`).join(", ") + ". Bold: the highest head of each score.";
+}
+
+// The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
+function drawText(box, tokens, onEnter, onLeave) {
+  const words = tokens.map((t, i) => {
+    const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "\u21b5\n"));
+    s.addEventListener("mouseenter", () => onEnter(i));
+    s.addEventListener("mouseleave", onLeave);
+    return s;
+  });
+  // Sub-word tokens carry their own spaces (" cat"); whole words get one between them.
+  const spaced = !tokens.some((t) => /^\s|\s$/.test(t));
+  box.replaceChildren(...words.flatMap((w, i) => (spaced && i > 0 ? [" ", w] : [w])));
+  return words;
+}
+
+// The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)}.
+// update({title, tokens, patterns, layerLabels, headLabels, scores}) redraws it for new data;
+// redraw() draws the selected head again (after the state changed it).
+export function attentionPanel(root, state) {
+  root.classList.add("gptlib-attn");
+  const v = panelLayout(root);
+  // The data, the thumbnails, the text's spans, the heatmap's key labels and rows (each
+  // [query label, ...cells]), the enlarged pattern, the canvas band, and the focused query.
+  let data = null, buttons = [], words = [], keys = [], rows = [], A = null, band = null, focused = null, cellPx = 0;
+
+  // Query i: its row outlined, every key and text token coloured by the weight i gives it.
+  function focusQuery(i) {
+    unfocus();
+    rows[i].forEach((c) => { c.style.outline = "1px solid #c00"; });
+    rows[i][0].style.fontWeight = "bold";
+    if (band) { band.style.top = `${i * cellPx}px`; band.style.display = "block"; }
+    keys.forEach((k, j) => { k.style.background = j <= i ? heat(A[i][j]) : ""; k.style.color = j <= i ? ink(A[i][j]) : ""; });
+    words.forEach((w, j) => {
+      w.style.background = j <= i ? heat(A[i][j]) : "";
+      w.style.color = j <= i ? ink(A[i][j]) : "var(--gptlib-muted)";  // later tokens are out of its sight
+    });
+    words[i].classList.add("gptlib-attn-hot");
+    const tokens = data.tokens;
+    const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
+    v.focus.textContent = `query "${show(tokens[i])}" attends to ` +
+      top.map(([a, j]) => `"${show(tokens[j])}" (${a.toFixed(2)})`).join(", ");
+    focused = i;
+    report(root, { focus: i });
+  }
+
+  function unfocus() {
+    focused = null;
+    rows.forEach((r) => { r.forEach((c) => { c.style.outline = ""; }); r[0].style.fontWeight = ""; });
+    if (band) band.style.display = "none";
+    keys.forEach((k) => { k.style.background = ""; k.style.color = ""; });
+    words.forEach((w) => { w.style.background = ""; w.style.color = ""; w.classList.remove("gptlib-attn-hot"); });
+  }
+
+  // The selected head: selectors, thumbnail outline, its scores, and the enlarged heatmap.
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    const { tokens, patterns, layerLabels, headLabels, scores } = data;
+    const T = tokens.length;
+    A = patterns[layer][head];
+    v.layerSel.value = String(layer);
+    v.headSel.value = String(head);
+    buttons.forEach((b) => b.classList.toggle("selected", b.dataset.layer === String(layer) && b.dataset.head === String(head)));
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` +
+      (scores.length ? ": " + scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ") : "");
+    // Cells shrink for long texts so that the heatmap stays about as wide as the page.
+    const cell = T <= 24 ? 22 : Math.max(4, Math.floor(528 / T));
+    cellPx = cell;
+    v.grid.style.fontSize = `${Math.max(3, Math.min(12, cell - 4))}px`;
+    keys = tokens.map((t) => make("div", "gptlib-attn-key", show(t)));
+    band = null;
+    focused = null;
+    if (T > CANVAS_FROM) {
+      ({ rows, band } = canvasHeatmap(v.grid, tokens, A, cell, keys, (i) => {
+        if (focused !== i || band.style.display !== "block") focusQuery(i);
+      }));
+    } else {
+      rows = cellHeatmap(v.grid, tokens, A, cell, keys);
+    }
+    // What is drawn: the diagonal as a fingerprint, and the whole enlarged pattern.
+    report(root, { view: `${layer}/${head}:` + A.map((r, i) => r[i].toFixed(3)).join(","), pattern: A.map((r) => Array.from(r)) });
+  }
+
+  function select(layer, head) {
+    state.set(layer, head);
+    drawHead();
+  }
+
+  // One listener for the whole heatmap: a row (its query label or a cell) focuses its query.
+  v.grid.addEventListener("mouseover", (e) => {
+    const i = e.target.dataset ? e.target.dataset.i : undefined;
+    if (i !== undefined) focusQuery(Number(i));
+  });
+  v.grid.addEventListener("mouseleave", unfocus);
+  v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
+  v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+
+  function update(next) {
+    data = next;
+    v.title.textContent = data.title || "";
+    v.title.style.display = data.title ? "" : "none";
+    setOptions(v.layerSel, data.layerLabels);
+    setOptions(v.headSel, data.headLabels);
+    buttons = drawThumbs(v.thumbs, data, select);
+    v.key.textContent = scoreKey(data.scores);
+    words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    drawHead();
+  }
+
+  return { update, select, redraw: drawHead };
+}
