@@ -257,7 +257,7 @@ def export_gguf(gguf_path: str | Path, w_path: str | Path, t_path: str | Path) -
     """Dequantize a llama GGUF into a gptlib model file (``w_path``) and its tokenizer (``t_path``).
 
     The tokenizer JSON is written first and its sha256 recorded in the model file, which is
-    written last (one atomic step, :func:`gptlib.state.save_model`) with the GGUF's sha256 and
+    written last (one atomic step, :func:`gptlib.files.save_model`) with the GGUF's sha256 and
     tensor types: a crash between the two leaves files that :func:`load_export` refuses.
     """
     gguf_path = Path(gguf_path)

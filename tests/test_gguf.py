@@ -22,7 +22,8 @@ from gptlib.gguf import (  # noqa: E402
 from gptlib.hf import to_hf_llama, unpermute_rope  # noqa: E402
 from gptlib.modern import ModernConfig, ModernGPT  # noqa: E402
 from gptlib.tokenizers import BPETokenizer  # noqa: E402
-from gptlib.tokenizers.gguf import GGUFTokenizer, _byte_to_char  # noqa: E402
+from gptlib.tokenizers.bpe import bytes_to_unicode  # noqa: E402
+from gptlib.tokenizers.gguf import GGUFTokenizer  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXT = ("the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotary position turns queries and keys; "
@@ -31,7 +32,7 @@ TEXT = ("the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotar
 
 def tiny_vocab(d_vocab=300):
     """Specials, the 256 bytes in GPT-2's printable form, then merges learned from TEXT."""
-    b2c = _byte_to_char()
+    b2c = bytes_to_unicode()
     as_str = lambda b: "".join(b2c[x] for x in b)  # noqa: E731
     bpe = BPETokenizer.train(TEXT, 256 + d_vocab - len(SPECIALS) - 256, special_tokens=())
     tokens = SPECIALS + [b2c[b] for b in range(256)]

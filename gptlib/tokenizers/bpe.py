@@ -32,12 +32,31 @@ from .base import (_PROBE, _check_ranks, _check_special_tokens, _check_strings, 
                    check_text, compile_pattern, split_pieces)
 
 __all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "encode_piece", "BPETokenizer",
-           "gpt2_tokenizer"]
+           "gpt2_tokenizer", "bytes_to_unicode"]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENDOFTEXT = "<|endoftext|>"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, the alphabet of byte-level token strings (GGUF
+    files, Hugging Face's tokenizer.json): printable Latin-1 bytes stand for themselves, the others
+    for U+0100, U+0101, ... in byte order (so " " is "Ġ", "\\n" is "Ċ").
+
+    >>> table = bytes_to_unicode()
+    >>> table[ord("a")], table[ord(" ")], table[ord("\\n")], table[0], len(set(table.values()))
+    ('a', 'Ġ', 'Ċ', 'Ā', 256)
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 256
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(extra)
+            extra += 1
+    return table
 
 
 # --- the two small operations of BPE ----------------------------------------------------------
