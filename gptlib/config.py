@@ -76,16 +76,6 @@ class GPTConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"config must be a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"config has unknown fields {unknown}")
-        return cls(**d)
-
 
 def _gpt3(d_model: int, n_heads: int, n_layers: int, d_head: int | None = None) -> GPTConfig:
     return GPTConfig(d_vocab=50257, n_ctx=2048, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_head=d_head)

@@ -30,7 +30,6 @@ from .runtime import check_float, check_int, check_positive_int
 from .training import lm_loss
 
 __all__ = [
-    "BYTES",
     "adamw_bytes_per_parameter",
     "tensor_bytes",
     "model_state_bytes",
@@ -47,9 +46,6 @@ __all__ = [
     "ZERO_STAGES",
     "zero_bytes_per_device",
 ]
-
-BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-
 
 # =============================================================================================
 # Bytes per parameter

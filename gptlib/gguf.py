@@ -43,7 +43,6 @@ __all__ = [
     "read_gguf",
     "config_from_gguf",
     "state_from_gguf",
-    "model_from_gguf",
     "q4_1_roundtrip",
     "export_gguf",
     "load_export",
@@ -211,12 +210,6 @@ def _expected_shapes(c: ModernConfig) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of ModernGPT(c), without allocating the model."""
     with torch.device("meta"):
         return {k: tuple(v.shape) for k, v in ModernGPT(c).state_dict().items()}
-
-
-def model_from_gguf(path: str | Path) -> ModernGPT:
-    """A :class:`ModernGPT` with the dequantized weights of a llama GGUF file."""
-    config, state = state_from_gguf(read_gguf(path))
-    return ModernGPT.from_state(config, state, source=str(path))
 
 
 # --- Q4_1 -----------------------------------------------------------------------------------------
