@@ -10,9 +10,9 @@ model is built from a ``GPT2Config`` with random weights and gptlib's copy is ma
 identical tokens). The runs alternate (``gptlib.timing.alternating_rounds``) and the best of
 ``--reps`` is kept, on one torch thread by default (``--threads``): at this size a second thread
 gains little, and on a machine shared with other jobs an oversubscribed thread pool makes every
-timing ten times slower and noisy. ``--baseline DIR`` adds a fourth contender: the KV-cache path of
-the gptlib in another checkout ``DIR`` (imported under the package name ``gptlib_baseline``, with the
-same weights), to compare two versions of the decode path in one run.
+timing ten times slower and noisy. ``--baseline DIR`` adds a fourth contender: the KV-cache path
+of the gptlib in another checkout ``DIR`` (imported under the package name ``gptlib_baseline``,
+with the same weights), to compare two versions of the decode path in one run.
 Targets: cache >= 8x no cache at 256 new tokens; gptlib >= 1.0x HF generate; with ``--baseline``,
 this checkout >= 1.0x the other.
 """
@@ -100,8 +100,8 @@ def main() -> None:
     print(f"cache speed-up: {rate['gptlib, KV cache'] / rate['gptlib, no cache']:.1f}x (target >= 8x at 256 tokens)")
     print(f"gptlib / HF generate: {rate['gptlib, KV cache'] / rate['HF generate (use_cache=True)']:.2f}x (target >= 1.0x)")
     if args.baseline:
-        print(f"gptlib / baseline ({args.baseline}): "
-              f"{rate['gptlib, KV cache'] / rate['baseline gptlib, KV cache']:.2f}x (target >= 1.0x)")
+        ratio = rate["gptlib, KV cache"] / rate["baseline gptlib, KV cache"]
+        print(f"gptlib / baseline ({args.baseline}): {ratio:.2f}x (target >= 1.0x)")
 
 
 if __name__ == "__main__":

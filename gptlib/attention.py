@@ -12,6 +12,7 @@ and the layer is the sum of its heads, which equals concat_h(A^h X W_V^h) W_O.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -320,8 +321,8 @@ class MultiHeadAttention(nn.Module):
     passes it through ``hook_pattern`` (see :func:`gptlib.hooks.capture_patterns`). Both compute the
     same function (:func:`attend`). ``layer`` is this layer's index in a :class:`KVCache`.
 
-    W_Q, W_K and W_V are three parameters and Q, K, V three products, x W_Q + b_Q and so on; one
-    product with the concatenation [W_Q | W_K | W_V] (GPT-2's ``c_attn``) computes the same function.
+    W_Q, W_K and W_V are three parameters and Q, K, V three products, x W_Q + b_Q and so on;
+    one product with the concatenation [W_Q | W_K | W_V] (GPT-2's ``c_attn``) is the same function.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True,

@@ -59,7 +59,8 @@ class Block(nn.Module):
     with probability p (as GPT-2 does). ``layer`` is the block's index in the stack, which its
     attention layer uses in a :class:`KVCache`. Attention and MLP run their fused kernels; setting
     ``blk.attn.fused`` or ``blk.mlp.fused`` to ``False`` selects the formulas of Chapters 3 and 4.
-    ``hook_resid`` (a :class:`~gptlib.hooks.HookPoint`) sees the block's output, the residual stream.
+    ``hook_resid`` (a :class:`~gptlib.hooks.HookPoint`) sees the block's output (the residual
+    stream).
 
     >>> blk = Block(GPTConfig(d_model=8, n_heads=2, d_mlp=32)).eval()
     >>> X = torch.randn(1, 3, 8)  # (B, T, d_model)

@@ -69,7 +69,7 @@ class GPTConfig:
             raise ValueError(f"attn_only needs block='pre_ln', got block={self.block!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "GPTConfig":
+    def preset(cls, name: str, **overrides) -> GPTConfig:
         """A named configuration (see :data:`PRESETS`), optionally with fields overridden."""
         return named_preset(PRESETS, name, **overrides)
 

@@ -17,7 +17,7 @@ state is sharded over.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn

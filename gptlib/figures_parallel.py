@@ -19,8 +19,8 @@ from matplotlib.patches import FancyBboxPatch, Polygon, Rectangle
 from .figures import COLOURS, WIDTH, subplots
 from .runtime import check_int
 
-__all__ = ["box", "arrow", "data_parallel_diagram", "tensor_parallel_mlp_diagram", "timetable_diagram",
-           "ring_attention_diagram", "timetables"]
+__all__ = ["box", "arrow", "data_parallel_diagram", "tensor_parallel_mlp_diagram",
+           "timetable_diagram", "ring_attention_diagram", "timetables"]
 
 SHADE = "#f3f3f3"  # the collective operations' boxes
 
@@ -123,7 +123,8 @@ def timetable_diagram(grid, title: str = ""):
     return fig
 
 
-pipeline_timetable = timetable_diagram  # the name Chapter 10 imports; gptlib.parallel.pipeline's computes
+# The name Chapter 10 imports; gptlib.parallel.pipeline.pipeline_timetable computes a timetable.
+pipeline_timetable = timetable_diagram
 
 
 def _draw_timetable(ax, grid, title: str) -> None:

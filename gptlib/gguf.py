@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
+from .files import read_fields, save_model
 from .modern import ModernConfig, ModernGPT
 from .runtime import atomic_write
-from .files import read_fields, save_model
 from .tokenizers.gguf import GGUFTokenizer
 
 __all__ = [

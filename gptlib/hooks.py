@@ -16,8 +16,8 @@ restores it afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -104,11 +104,13 @@ def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
 
 @torch.no_grad()
 def logit_lens(model: nn.Module, ids: Tensor) -> Tensor:
-    """The final norm and unembedding applied to every residual stream: (n_layers + 1, B, T, d_vocab).
+    """The final norm and unembedding applied to every residual stream: (L + 1, B, T, d_vocab),
+    L = n_layers.
 
-    ``model`` is a :class:`gptlib.model.GPT` or :class:`gptlib.modern.ModernGPT`: its ``hook_resid``
-    points see X_0 and the output of each block, and ``model.read_out(X_l) = ln_f(X_l) W_U`` reads them. Row 0 reads the
-    embedding, row l the output of block l; the last row is the model's logits.
+    ``model`` is a :class:`gptlib.model.GPT` or :class:`gptlib.modern.ModernGPT`: its
+    ``hook_resid`` points see X_0 and the output of each block, and ``model.read_out``,
+    ln_f(X_l) W_U, reads them. Row 0 reads the embedding, row l the output of block l; the last
+    row is the model's logits.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)

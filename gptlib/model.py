@@ -21,9 +21,9 @@ from .attention import KVCache, check_cache
 from .block import Block, LayerNorm
 from .config import PRESETS, GPTConfig
 from .embedding import Embedding, Unembedding
+from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, capture_patterns
 from .positional import LearnedPositional, SinusoidalPositional
-from .files import config_from_dict, read_model, save_model
 from .state import load_state_checked
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
@@ -149,7 +149,7 @@ class GPT(nn.Module):
         return save_model(self, path, dtype)
 
     @classmethod
-    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
         """Read a model written by :meth:`save` (or the model of a training checkpoint).
 
         A file that is damaged, holds another class's model, or whose tensors do not match its

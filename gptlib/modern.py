@@ -234,7 +234,7 @@ class ModernConfig:
             raise ValueError(f"tie_weights must be True or False, got {self.tie_weights!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ModernConfig":
+    def preset(cls, name: str, **overrides) -> ModernConfig:
         return named_preset(MODERN_PRESETS, name, **overrides)
 
 
@@ -291,7 +291,7 @@ class ModernGPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def read_out(self, x: Tensor) -> Tensor:
-        """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x (B, T, d_model)."""
+        """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x, (B, T, d_model)."""
         return self.ln_f(x) @ self.W_U
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True) -> Tensor:
@@ -318,14 +318,14 @@ class ModernGPT(nn.Module):
         return save_model(self, path, dtype)
 
     @classmethod
-    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ModernGPT":
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> ModernGPT:
         """Read a model written by :meth:`save`; a damaged file, or one that does not match its
         config, raises ``ValueError`` naming the file and the field or tensor."""
         config, state, _, source = read_model(path, cls.__name__)
         return cls.from_state(config_from_dict(ModernConfig, config, source), state, source).to(map_location)
 
     @classmethod
-    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> "ModernGPT":
+    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> ModernGPT:
         """A model that holds the given tensors (no copy, no random initialisation first; float
         widths are cast to the model's); a missing, unexpected, mis-shaped or mistyped tensor raises
         ``ValueError`` naming it."""

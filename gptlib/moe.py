@@ -124,8 +124,9 @@ class MoE(nn.Module):
 
     ``forward(x)`` maps (..., d_model) to (..., d_model) and keeps, in ``aux_loss``, the
     load-balancing loss of the routing it made (:func:`load_balancing_loss`), to be added (times a
-    small coefficient, 0.01 in Switch) to the language-model loss. With a ``capacity_factor``, each expert processes at most
-    :func:`expert_capacity` slots of a batch and drops the rest (:func:`kept_slots`).
+    small coefficient, 0.01 in Switch) to the language-model loss. With a ``capacity_factor``, each
+    expert processes at most :func:`expert_capacity` slots of a batch and drops the rest
+    (:func:`kept_slots`).
 
     >>> moe = MoE(8, 32, n_experts=4, top_k=1)
     >>> x = torch.randn(5, 8)

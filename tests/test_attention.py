@@ -60,7 +60,6 @@ def test_layer_is_sum_of_heads_with_low_rank_matrices():
     with torch.no_grad():
         total = 0
         for h in range(4):
-            Wq, Wk, Wv, Wo = mha.head_weights(h)
             A = softmax(X[0] @ mha.W_QK(h) @ X[0].T / 2.0 + causal_mask(6))
             total = total + A @ X[0] @ mha.W_OV(h)
             assert int(torch.linalg.matrix_rank(mha.W_QK(h))) <= mha.d_head
@@ -290,7 +289,7 @@ def test_kv_cache_buffers_are_allocated_once_and_written_in_place():
     cache.append(1, k, -k)
     buffer = cache._k[1]
     for t in range(3):
-        k_all, v_all = cache.append(1, torch.full((1, 2, 1, 4), float(t)), torch.zeros(1, 2, 1, 4))
+        k_all, _ = cache.append(1, torch.full((1, 2, 1, 4), float(t)), torch.zeros(1, 2, 1, 4))
         assert cache._k[1] is buffer and k_all.data_ptr() == buffer.data_ptr()  # no reallocation
     assert cache.offset(1) == 6 and len(cache) == 0 and cache.k[0] is None
     torch.testing.assert_close(cache.k[1][:, :, :3], k)

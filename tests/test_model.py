@@ -398,7 +398,7 @@ def test_model_deepcopy_is_independent():
         assert m2.unembed.W_U.data_ptr() == m2.W_E.data_ptr()  # the copy's W_U is tied to the copy's W_E
 
 
-# --- issue 24: every float of a config finite and in range ------------------------------------------
+# --- every float of a config finite and in range --------------------------------------------------
 @pytest.mark.parametrize("field, value", [
     ("ln_eps", float("nan")), ("ln_eps", float("inf")), ("ln_eps", -1e-5),
     ("dropout", float("nan")), ("dropout", float("-inf")), ("dropout", 1.0),

@@ -7,9 +7,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gptlib.mlp import MLP
 from gptlib.flops import moe_flops_per_token
-from gptlib.moe import MoE, expert_capacity, kept_slots, load_balancing_loss, moe_parameters, route, sort_by_expert
+from gptlib.mlp import MLP
+from gptlib.moe import (
+    MoE,
+    expert_capacity,
+    kept_slots,
+    load_balancing_loss,
+    moe_parameters,
+    route,
+    sort_by_expert,
+)
 
 
 def _x(n: int = 12, d: int = 8, seed: int = 0) -> torch.Tensor:

@@ -116,9 +116,9 @@ def test_run_distributed_rejects_bad_arguments():
 
 
 def test_run_distributed_checks_every_number_before_starting_a_process():
-    """Issue 24's audit: a bool is not a world size, a timeout is finite, a port an int in
-    [1, 65535]. Each used to start processes: world_size=True ran one rank, a NaN timeout failed
-    inside multiprocessing, a bad port killed the ranks with an error of their own."""
+    """A bool is not a world size, a timeout is finite, a port an int in [1, 65535]; each is
+    refused before any process starts (world_size=True would run one rank, a NaN timeout fail
+    inside multiprocessing, a bad port kill the ranks with an error of their own)."""
     cases = [({"world_size": True}, "world_size"), ({"world_size": 2.0}, "world_size"),
              ({"timeout": math.nan}, "timeout"), ({"timeout": math.inf}, "timeout"), ({"timeout": "5"}, "timeout"),
              ({"port": "x"}, "port"), ({"port": 0}, "port"), ({"port": 65536}, "port"), ({"port": True}, "port")]
@@ -162,7 +162,7 @@ def test_tensor_parallel_equals_unsplit(kind):
         xi = x.clone().requires_grad_(True)
         y = module(xi)
         (y * probe).sum().backward()
-        for rank, o in enumerate(out):
+        for o in out:
             torch.testing.assert_close(o[name]["y"], y.detach())
             torch.testing.assert_close(o[name]["dx"], xi.grad)
         full = dict(module.named_parameters())
@@ -324,7 +324,7 @@ def test_shard_range():
         P.shard_range(4, 2, 2)
     with pytest.raises(ValueError, match="world_size"):
         P.shard_range(4, 0, 0)
-    # floats, bools and negative sizes: a float slice or a negative one used to come back
+    # floats, bools and negative sizes are refused, not turned into a float or negative slice
     for args, name in (((8.0, 1, 2), "n"), ((-4, 1, 2), "n"), ((8, True, 2), "rank"), ((8, 0, 2.0), "world_size"),
                        ((8, 0, True), "world_size")):
         with pytest.raises(ValueError, match=f"^{name} must"):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import numbers
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import regex
 
@@ -91,7 +91,7 @@ class GGUFTokenizer:
             if self.special_tokens else None
 
     @classmethod
-    def from_metadata(cls, metadata: dict, source: str = "metadata") -> "GGUFTokenizer":
+    def from_metadata(cls, metadata: dict, source: str = "metadata") -> GGUFTokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model != "gpt2":
             raise ValueError(f"{source}: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {model!r}")
@@ -157,7 +157,7 @@ class GGUFTokenizer:
         return json.dumps(self.to_dict(), ensure_ascii=False).encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: bytes | str, source: str = "JSON") -> "GGUFTokenizer":
+    def from_json(cls, data: bytes | str, source: str = "JSON") -> GGUFTokenizer:
         """The tokenizer :meth:`to_json` wrote; anything else raises ``ValueError`` naming ``source``."""
         try:
             d = json.loads(data)
@@ -171,7 +171,7 @@ class GGUFTokenizer:
         return atomic_write(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path) -> "GGUFTokenizer":
+    def load(cls, path: str | Path) -> GGUFTokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")
