@@ -140,7 +140,7 @@ def test_checkpointing_same_gradients_and_keeps_only_block_inputs():
     _, kept = E.saved_tensor_bytes(E.checkpointed_logits, ckpt, x, exclude=ckpt.parameters())
     B, T = x.shape
     c = TINY
-    per_block = 4 * (E.activation_elements(B, T, c.d_model, c.n_heads) + 3 * c.d_model * c.d_model)
+    per_block = 4 * E.activation_elements(B, T, c.d_model, c.n_heads)
     assert full - kept == c.n_layers * (per_block - 4 * B * T * c.d_model)
     with pytest.raises(ValueError, match="ids"):
         E.checkpointed_logits(ckpt, x[0])
@@ -172,7 +172,7 @@ def test_checkpointed_backward_peaks(n_layers):
     for p, q in zip(plain.parameters(), ckpt.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
     B, T = x.shape
-    M_act = 4 * (E.activation_elements(B, T, 16, 2) + 3 * 16 * 16)
+    M_act = 4 * E.activation_elements(B, T, 16, 2)
     BTd = 4 * B * T * 16
     assert len(t_plain) == len(t_ckpt) == n_layers + 1
     assert f_plain - f_ckpt == t_plain[0] - t_ckpt[0] == n_layers * (M_act - BTd)

@@ -98,6 +98,7 @@ def test_readout_does_not_capture_afterwards(tiny_gpt):
 # --- the ONNX graph -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_equals_pytorch_on_the_english_model(english, english_onnx):
     """Unicode prompts, a one-token prompt and a full n_ctx window: every output within 1e-4."""
     model, tok = english

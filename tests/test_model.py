@@ -284,6 +284,7 @@ def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tm
         assert saved == shipped.read_bytes()
 
 
+@pytest.mark.slow
 def test_preset_counts_equal_the_formula_and_hf():
     known = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
     for name, c in PRESETS.items():

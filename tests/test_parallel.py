@@ -77,6 +77,7 @@ def _sleeping_worker(rank, world_size):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_distributed_failure_cleans_up_then_the_port_works_again(tmp_path):
     port = P.free_port()
     with pytest.raises(P.DistributedError) as e:
