@@ -342,6 +342,7 @@ def smollm2():
     return load_smollm2()
 
 
+@pytest.mark.slow
 @real
 def test_smollm2_logits_match_hf_llama(smollm2):
     model, tok = smollm2

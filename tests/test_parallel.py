@@ -136,6 +136,7 @@ def test_run_distributed_checks_every_number_before_starting_a_process():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_data_parallel_equals_full_batch():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)
@@ -151,6 +152,7 @@ def test_data_parallel_equals_full_batch():
         torch.testing.assert_close(out[0]["state"][k], w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pre_ln"])
 def test_tensor_parallel_equals_unsplit(kind):
     cfg, model, state = _model(block=kind)
@@ -226,6 +228,7 @@ def test_pipeline_stages_compose_to_the_model(training):
         assert not torch.equal(model(ids), expect)
 
 
+@pytest.mark.slow
 def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)
@@ -242,6 +245,7 @@ def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
     assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(2, 4)) == pytest.approx(0.2)
 
 
+@pytest.mark.slow
 def test_context_parallel_ring_attention_equals_full_attention():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 4, 12, 8, generator=g) for _ in range(3))
@@ -253,6 +257,7 @@ def test_context_parallel_ring_attention_equals_full_attention():
     torch.testing.assert_close(torch.cat([o["z"] for o in out], dim=-2), peer)
 
 
+@pytest.mark.slow
 def test_four_ranks_pipeline_and_ring():
     cfg, model, state = _model(n_layers=4)
     ids, targets = _batch(cfg, B=4, T=8)
@@ -277,6 +282,7 @@ def test_four_ranks_pipeline_and_ring():
     torch.testing.assert_close(torch.cat([o["z"] for o in out["ring"]], dim=-2), z)
 
 
+@pytest.mark.slow
 def test_run_together_returns_what_separate_runs_return():
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
@@ -289,6 +295,7 @@ def test_run_together_returns_what_separate_runs_return():
         assert torch.equal(together["z"], separate["z"])  # the same computation, bit for bit
 
 
+@pytest.mark.slow
 def test_run_together_names_the_failing_job_and_cleans_up(tmp_path):
     jobs = {"fine": (_rank_worker, (1.0,)), "broken": (_failing_worker, (str(tmp_path),))}
     with pytest.raises(P.DistributedError) as e:
@@ -382,6 +389,7 @@ def test_online_softmax_handles_fully_masked_blocks_and_large_scores():
     torch.testing.assert_close(out[1, 0], expect)
 
 
+@pytest.mark.slow
 def test_fsdp_shards_the_weights_and_keeps_the_gradients():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)

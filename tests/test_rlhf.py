@@ -278,6 +278,7 @@ def test_ppo_ratio_is_one_at_the_first_epoch_and_kl_starts_at_zero(monkeypatch):
     assert hist["kl"][-1] != 0.0 and policy.training is False
 
 
+@pytest.mark.slow
 def test_ppo_is_seeded_and_raises_the_reward():
     sft, rm, x = tiny_gpt(), low_tokens, prompts(8)
     a, ha = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
