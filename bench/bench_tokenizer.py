@@ -2,8 +2,8 @@
 
     python bench/bench_tokenizer.py
 
-Targets (issue 2): >= 100x the naive re-count loop, <= 20x the time of HF's Rust trainer,
-encode throughput >= 0.2x tiktoken's on the same ranks. Long pieces (issue 24): one word of
+Targets: >= 100x the naive re-count loop, <= 20x the time of HF's Rust trainer,
+encode throughput >= 0.2x tiktoken's on the same ranks. Long pieces: one word of
 20,000 letters and 4,000 CJK characters without a break, with GPT-2's ranks, in a small multiple
 of tiktoken's time (the merge loop is O(n log n) in the length of a piece, tiktoken's too).
 All measured in this run.
@@ -17,7 +17,14 @@ import time
 import regex
 
 from gptlib.data import load_corpus
-from gptlib.tokenizers import GPT2_SPLIT_PATTERN, BPETokenizer, get_stats, gpt2_tokenizer, merge, merge_steps
+from gptlib.tokenizers import (
+    GPT2_SPLIT_PATTERN,
+    BPETokenizer,
+    get_stats,
+    gpt2_tokenizer,
+    merge,
+    merge_steps,
+)
 
 VOCAB = 4096
 

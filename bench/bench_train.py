@@ -9,7 +9,7 @@ steps, 5 HF steps, one fp32 matmul-rate measurement, so machine noise hits all t
 are compared.
 Model FLOPs are ``gptlib.flops.training_flops`` (3 forward passes per token, matrix products only,
 every key position counted as in PaLM's MFU); the rate is ``gptlib.flops.matmul_flops_per_s``.
-Target (issue 12): Trainer model FLOP/s >= 70% of the matmul rate.
+Target: Trainer model FLOP/s >= 70% of the matmul rate.
 """
 
 from __future__ import annotations

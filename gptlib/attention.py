@@ -12,6 +12,7 @@ and the layer is the sum of its heads, which equals concat_h(A^h X W_V^h) W_O.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -337,26 +338,6 @@ def check_cache(cache: object, n_layers: int) -> None:
         raise ValueError(f"cache has {got}; the model needs a KVCache of n_layers={n_layers}")
 
 
-def _stack_into_views(params: tuple[nn.Parameter, ...]) -> Tensor:
-    """Copy equally shaped parameters into one tensor (n, *shape) and make each the view of its slice:
-    the same objects (an optimiser's references hold), and any in-place change to one, however made,
-    is a change to the stacked tensor."""
-    with torch.no_grad():
-        stacked = torch.stack([p.detach() for p in params])
-    for i, p in enumerate(params):
-        p.data = stacked[i]
-    return stacked
-
-
-def _is_stacked(params: tuple[Tensor, ...], stacked: Tensor | None) -> bool:
-    """Whether the parameters are still the slices of ``stacked`` (``.to()``, ``load_state_dict(assign=True)``
-    or a replaced ``.data`` separate them)."""
-    if stacked is None or torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return False  # traced tensors have no storage to compare: stack per call (the same function)
-    ptr, step, shape = stacked.data_ptr(), stacked.stride(0) * stacked.element_size(), stacked.shape[1:]
-    return all(p.data_ptr() == ptr + i * step and p.shape == shape for i, p in enumerate(params))
-
-
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention with separate W_Q, W_K, W_V, W_O, as in the notes.
 
@@ -366,11 +347,8 @@ class MultiHeadAttention(nn.Module):
     passes it through ``hook_pattern`` (see :func:`gptlib.hooks.capture_patterns`). Both compute the
     same function (:func:`attend`). ``layer`` is this layer's index in a :class:`KVCache`.
 
-    W_Q, W_K and W_V are three parameters, the readable weights; they are also the three slices of
-    one tensor (3, d_model, n_heads*d_head), so that inference computes [Q | K | V] with one batched
-    product and no copy of the weights. Training, ``load_state_dict`` and in-place edits write into
-    that tensor; after ``.to()`` or a deep copy the slices are stacked again; if the parameters were
-    replaced some other way the product stacks them per call, which is slower and still exact.
+    W_Q, W_K and W_V are three parameters and Q, K, V three products, x W_Q + b_Q and so on;
+    one product with the concatenation [W_Q | W_K | W_V] (GPT-2's ``c_attn``) is the same function.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True,
@@ -385,18 +363,19 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         self.causal, self.fused, self.layer = causal, fused, check_int("layer", layer, lo=0)
         d_attn = n_heads * d_head
-        W_QKV = torch.empty(3, d_model, d_attn)  # (3, d_model, d_attn): the slices are W_Q, W_K, W_V
-        self.W_Q, self.W_K, self.W_V = (nn.Parameter(W) for W in W_QKV)
+        self.W_Q = nn.Parameter(torch.empty(d_model, d_attn))
+        self.W_K = nn.Parameter(torch.empty(d_model, d_attn))
+        self.W_V = nn.Parameter(torch.empty(d_model, d_attn))
         self.W_O = nn.Parameter(torch.empty(d_attn, d_model))
         for W in (self.W_Q, self.W_K, self.W_V, self.W_O):
             nn.init.normal_(W, std=0.02)
         if bias:
-            b_QKV = torch.zeros(3, 1, d_attn)  # (3, 1, d_attn): the slices are b_Q, b_K, b_V
-            self.b_Q, self.b_K, self.b_V = (nn.Parameter(b[0]) for b in b_QKV)
+            self.b_Q = nn.Parameter(torch.zeros(d_attn))
+            self.b_K = nn.Parameter(torch.zeros(d_attn))
+            self.b_V = nn.Parameter(torch.zeros(d_attn))
             self.b_O = nn.Parameter(torch.zeros(d_model))
         else:
-            b_QKV, self.b_Q, self.b_K, self.b_V, self.b_O = None, None, None, None, None
-        self._W_QKV, self._b_QKV = W_QKV, b_QKV
+            self.b_Q = self.b_K = self.b_V = self.b_O = None
         self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
         self.attn_drop = nn.Dropout(dropout)
         self.resid_drop = nn.Dropout(dropout)
@@ -419,41 +398,13 @@ class MultiHeadAttention(nn.Module):
         _, _, W_V, W_O = self.head_weights(h)
         return W_V @ W_O
 
-    # --- [Q | K | V] in one product -----------------------------------------------------------
-    def _restack(self) -> None:
-        """Make W_Q, W_K, W_V (and the biases) slices of one tensor again, if they no longer are."""
-        Ws = (self.W_Q, self.W_K, self.W_V)
-        if not _is_stacked(Ws, self._W_QKV):
-            self._W_QKV = _stack_into_views(Ws)
-        if self.b_Q is not None and not _is_stacked((self.b_Q, self.b_K, self.b_V), self._b_QKV):
-            self._b_QKV = _stack_into_views((self.b_Q, self.b_K, self.b_V)).unsqueeze(1)
-
-    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .double(), ... convert each parameter
-        out = super()._apply(fn, recurse)
-        self._restack()
-        return out
-
-    def __setstate__(self, state) -> None:  # copy.deepcopy and pickle copy each parameter
-        super().__setstate__(state)
-        self._restack()
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # load_state_dict(assign=True) replaces them
-        super()._load_from_state_dict(*args, **kwargs)
-        self._restack()
-
+    # --- Q, K, V: three products ----------------------------------------------------------------
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V = x W_Q + b_Q, x W_K + b_K, x W_V + b_V for rows x (N, d_model): each (N, d_attn)."""
-        Ws, bs = (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V)
-        if torch.is_grad_enabled():  # autograd needs the parameters themselves: one product of X with
-            W = torch.cat(Ws, dim=1)  # [W_Q | W_K | W_V], (d_model, 3 d_attn), a copy per call
-            qkv = x @ W if self.b_Q is None else torch.addmm(torch.cat(bs), x, W)  # (N, 3 d_attn)
-            return qkv.split(self.n_heads * self.d_head, dim=1)
-        W = self._W_QKV if _is_stacked(Ws, self._W_QKV) else torch.stack(Ws)  # (3, d_model, d_attn)
-        x3 = x.expand(3, *x.shape)  # (3, N, d_model), no copy
         if self.b_Q is None:
-            return torch.bmm(x3, W).unbind(0)  # 3 x (N, d_attn)
-        b = self._b_QKV if _is_stacked(bs, self._b_QKV) else torch.stack(bs).unsqueeze(1)  # (3, 1, d_attn)
-        return torch.baddbmm(b, x3, W).unbind(0)
+            return x @ self.W_Q, x @ self.W_K, x @ self.W_V
+        return (torch.addmm(self.b_Q, x, self.W_Q), torch.addmm(self.b_K, x, self.W_K),
+                torch.addmm(self.b_V, x, self.W_V))
 
     # --- forward ----------------------------------------------------------------------------
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import BLOCK_KINDS, GPTConfig
+from .hooks import HookPoint
 from .mlp import MLP
 from .runtime import check_float, check_positive_int
 
@@ -58,6 +59,8 @@ class Block(nn.Module):
     with probability p (as GPT-2 does). ``layer`` is the block's index in the stack, which its
     attention layer uses in a :class:`KVCache`. Attention and MLP run their fused kernels; setting
     ``blk.attn.fused`` or ``blk.mlp.fused`` to ``False`` selects the formulas of Chapters 3 and 4.
+    ``hook_resid`` (a :class:`~gptlib.hooks.HookPoint`) sees the block's output (the residual
+    stream).
 
     >>> blk = Block(GPTConfig(d_model=8, n_heads=2, d_mlp=32)).eval()
     >>> X = torch.randn(1, 3, 8)  # (B, T, d_model)
@@ -79,9 +82,13 @@ class Block(nn.Module):
         self.mlp_drop = nn.Dropout(c.dropout)
         if c.attn_only:  # no MLP sub-layer: Z = X + Attn(LN_1(X)) (Chapter 8's induction heads)
             self.ln_2 = self.mlp = None
+        self.hook_resid = HookPoint()  # (B, T, d_model)
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model); ``cache`` is passed to the attention layer."""
+        return self.hook_resid(self._sublayers(x, cache))
+
+    def _sublayers(self, x: Tensor, cache: KVCache | None) -> Tensor:
         if self.kind == "pre_ln":
             y = x + self.attn(self.ln_1(x), cache)  # (B, T, d_model)
             return y if self.mlp is None else y + self.mlp_drop(self.mlp(self.ln_2(y)))

@@ -69,22 +69,12 @@ class GPTConfig:
             raise ValueError(f"attn_only needs block='pre_ln', got block={self.block!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "GPTConfig":
+    def preset(cls, name: str, **overrides) -> GPTConfig:
         """A named configuration (see :data:`PRESETS`), optionally with fields overridden."""
         return named_preset(PRESETS, name, **overrides)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"config must be a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"config has unknown fields {unknown}")
-        return cls(**d)
 
 
 def _gpt3(d_model: int, n_heads: int, n_layers: int, d_head: int | None = None) -> GPTConfig:

@@ -17,7 +17,7 @@ state is sharded over.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,6 @@ from .runtime import check_float, check_int, check_positive_int
 from .training import lm_loss
 
 __all__ = [
-    "BYTES",
     "adamw_bytes_per_parameter",
     "tensor_bytes",
     "model_state_bytes",
@@ -47,9 +46,6 @@ __all__ = [
     "ZERO_STAGES",
     "zero_bytes_per_device",
 ]
-
-BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-
 
 # =============================================================================================
 # Bytes per parameter
@@ -141,20 +137,19 @@ def activation_elements(
 ) -> int:
     """Numbers that autograd keeps for the backward pass of one pre-LN block of gptlib (no dropout).
 
-    Per token: the block input and LN_1's output (2 d_model), the product [Q|K|V] (3 d_attn), the
+    Per token: the block input and LN_1's output (2 d_model), the products Q, K, V (3 d_attn), the
     attention output, which W_O multiplies (d_attn), the residual Y and LN_2's output (2 d_model),
     the MLP's pre-activation and activation (2 d_mlp), and each LayerNorm's mean and 1/std (4).
     The fused kernel (``scaled_dot_product_attention``) keeps one log-sum-exp per head (n_heads)
     and recomputes the pattern in the backward pass; the readable path (``fused=False``, which
     forms the pattern as in Chapter 4) keeps the scores, exp(scores - max) and the pattern
-    (3 n_heads T per token), a max and a sum per row (2 n_heads), and copies of Q, K, V (3 d_attn)
-    instead of [Q|K|V]:
+    (3 n_heads T per token), a max and a sum per row (2 n_heads), and copies of Q, K, V in the
+    heads' layout (3 d_attn) instead of the products:
 
         fused:   B T (4 d_model + 4 d_attn + 2 d_mlp + n_heads + 4)
         pattern: B T (4 d_model + 4 d_attn + 2 d_mlp + 4) + B n_heads (3 T^2 + 2 T)
 
-    (d_attn = n_heads d_head.) Not counted: the copy of [W_Q|W_K|W_V] (3 d_model d_attn numbers,
-    independent of B and T) that the attention concatenates once per call while it records gradients.
+    (d_attn = n_heads d_head.) The parameters are not activations and are not counted.
 
     >>> activation_elements(1, 1, 4, 1, d_mlp=16)  # 4*4 + 4*4 + 2*16 + 1 + 4
     69

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .hooks import capture_patterns
+from .hooks import capture, capture_patterns
 from .model import GPT
 from .runtime import atomic_write, check_ids
 from .sampling import _check_finite_weights
@@ -77,15 +77,11 @@ def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
     was_training = model.training
     model.eval()
     try:
-        x = model.input_stream(ids, check_ids=False)  # (B, T, d_model): X_0 (ids checked above)
-        streams = [x]
-        with capture_patterns(model) as patterns:
-            for blk in model.blocks:
-                x = blk(x)  # (B, T, d_model)
-                streams.append(x)
-        resid = torch.stack(streams, dim=1)  # (B, n_layers + 1, T, d_model)
+        with capture(model, "hook_resid") as streams, capture_patterns(model) as patterns:
+            logits = model(ids, check_ids=False)  # (B, T, d_vocab); ids checked above
+        resid = torch.stack(streams, dim=1)  # (B, n_layers + 1, T, d_model): X_0, ..., X_L
         return {
-            "logits": model.read_out(x),  # (B, T, d_vocab)
+            "logits": logits,
             "patterns": torch.stack(patterns, dim=1),  # (B, n_layers, n_heads, T, T)
             "resid": resid,
             "lens": model.read_out(resid[:, :, -1]),  # (B, n_layers + 1, d_vocab)
@@ -181,24 +177,6 @@ def to_onnx(model: GPT) -> bytes:
     return proto.SerializeToString(deterministic=True)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte, the alphabet of byte-level tokenizer.json files:
-    printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order.
-
-    >>> table = _bytes_to_unicode()
-    >>> table[ord("a")], table[ord(" ")], table[0], len(set(table.values()))
-    ('a', 'Ġ', 'Ā', 256)
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = 256
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(extra)
-            extra += 1
-    return table
-
-
 def tokenizer_json(tokenizer) -> dict:
     """A :class:`~gptlib.tokenizers.BPETokenizer` in Hugging Face's ``tokenizer.json`` format.
 
@@ -215,11 +193,11 @@ def tokenizer_json(tokenizer) -> dict:
     >>> d["model"]["merges"], d["model"]["vocab"]["Ġhug"]
     ([['h', 'u'], ['hu', 'g'], ['Ġ', 'hug']], 258)
     """
-    from .tokenizers import BPETokenizer
+    from .tokenizers.bpe import BPETokenizer, bytes_to_unicode
 
     if not isinstance(tokenizer, BPETokenizer):
         raise ValueError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
-    byte = _bytes_to_unicode()
+    byte = bytes_to_unicode()
     name = lambda i: "".join(byte[b] for b in tokenizer.vocab[i])  # noqa: E731
     n = len(tokenizer.ranks)
     return {

@@ -11,8 +11,9 @@ A chapter makes a figure with one call, ``fig, ax = subplots(...)``, and gets th
 * an opaque white background and a palette, ``COLOURS``, in which every colour keeps a contrast of
   at least 3:1 on white and on the light-grey card the theme puts figures on in dark mode.
 
-``use()`` applies the same defaults to figures made with ``plt`` directly. This module needs
-matplotlib, which the chapters import; nothing else in gptlib imports it.
+``use()`` applies the same defaults to figures made with ``plt`` directly. This module and
+:mod:`gptlib.figures_parallel` (Chapters 10 and 11's diagrams, drawn with it) are the two that
+import matplotlib; the models and the maths do not.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from matplotlib.patches import FancyBboxPatch, Polygon, Rectangle
 from .figures import COLOURS, WIDTH, subplots
 from .runtime import check_int
 
-__all__ = ["box", "arrow", "data_parallel_diagram", "tensor_parallel_mlp_diagram", "pipeline_timetable",
-           "ring_attention_diagram", "timetables"]
+__all__ = ["box", "arrow", "data_parallel_diagram", "tensor_parallel_mlp_diagram",
+           "timetable_diagram", "ring_attention_diagram", "timetables"]
 
 SHADE = "#f3f3f3"  # the collective operations' boxes
 
@@ -112,7 +112,7 @@ def tensor_parallel_mlp_diagram():
     return fig
 
 
-def pipeline_timetable(grid, title: str = ""):
+def timetable_diagram(grid, title: str = ""):
     """A pipeline schedule as a timetable: ``grid[s][t]`` is the operation stage ``s`` runs in slot ``t``
     ("F3" forward of micro-batch 3, "B3" its backward) or ``None`` (idle, left white)."""
     if not grid or not grid[0] or any(len(row) != len(grid[0]) for row in grid):
@@ -121,6 +121,10 @@ def pipeline_timetable(grid, title: str = ""):
     _draw_timetable(ax, grid, title)
     ax.set_xlabel("time slot")
     return fig
+
+
+# The name Chapter 10 imports; gptlib.parallel.pipeline.pipeline_timetable computes a timetable.
+pipeline_timetable = timetable_diagram
 
 
 def _draw_timetable(ax, grid, title: str) -> None:

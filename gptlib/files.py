@@ -56,7 +56,6 @@ __all__ = [
     "config_from_dict",
     "save_tree",
     "load_tree",
-    "upgrade_legacy",
 ]
 
 VERSION = 1
@@ -116,9 +115,6 @@ def read_fields(path: str | Path) -> dict:
     path = Path(path)
     meta = _open_header(path)
     if KEY not in meta:
-        if meta.get("format") in ("gptlib", "gptlib.modern"):
-            raise ValueError(f"{path} was written by an earlier gptlib; convert it once with "
-                             "gptlib.files.upgrade_legacy")
         raise ValueError(f"{path} is not a gptlib file (no {KEY!r} entry in its safetensors metadata)")
     try:
         fields = json.loads(meta[KEY], parse_constant=_no_constants)
@@ -218,10 +214,23 @@ def read_model(path: str | Path, kind: str) -> tuple[dict, dict[str, Tensor], di
     return fields["config"], {k: v for k, v in tensors.items() if "/" not in k}, fields, source
 
 
-def config_from_dict(cls: type, d: dict, source: str):
-    """``cls(**d)`` for a config dataclass, with an unknown field or an invalid value reported as
+def config_from_dict(cls: type, d: dict, source: str = "config"):
+    """``cls(**d)`` for a config dataclass (:class:`~gptlib.config.GPTConfig`,
+    :class:`~gptlib.modern.ModernConfig`), with an unknown field or an invalid value reported as
     ``ValueError`` naming ``source`` and the field ``config``. JSON lists become tuples where the
-    dataclass's default is a tuple."""
+    dataclass's default is a tuple. The inverse of ``dataclasses.asdict``.
+
+    >>> from gptlib.config import GPTConfig
+    >>> c = GPTConfig.preset("tiny")
+    >>> config_from_dict(GPTConfig, c.to_dict()) == c
+    True
+    >>> config_from_dict(GPTConfig, {"d_vocab": 10, "colour": "red"})
+    Traceback (most recent call last):
+    ...
+    ValueError: config: field 'config' has unknown entries ['colour']
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: field 'config' must be a dict, got {type(d).__name__}")
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - set(names))
     if unknown:
@@ -245,33 +254,3 @@ def load_tree(path: str | Path) -> Any:
     if "tree" not in fields:
         raise ValueError(f"{path}: field 'tree' is missing")
     return unpack(fields["tree"], tensors, f"{path}: field 'tree'", "tree")
-
-
-def upgrade_legacy(path: str | Path) -> Path:
-    """Convert, in place, a model saved by an earlier gptlib to the one-file format: a GPT's
-    directory (``config.json`` beside ``model.safetensors``; ``config.json`` is removed after) or a
-    ModernGPT's file (its config in separate metadata). The tensors are kept byte for byte and the
-    config as stored; converting twice gives the same bytes, and if the stored config lists every
-    field, the result is what ``GPT.save`` (``ModernGPT.save``) writes for the same weights."""
-    path = Path(path)
-    w_path = model_file(path)
-    meta = _open_header(w_path)
-    kind = {"gptlib": "GPT", "gptlib.modern": "ModernGPT"}.get(meta.get("format")) if KEY not in meta else None
-    if kind is None:
-        raise ValueError(f"{w_path} is not a model saved by an earlier gptlib")
-    cfg_path = w_path.parent / "config.json" if kind == "GPT" else None
-    if cfg_path is not None and not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path} does not exist")
-    source = cfg_path or w_path
-    try:
-        text = cfg_path.read_text(encoding="utf-8") if cfg_path else meta.get("config", "")
-        config = json.loads(text, parse_constant=_no_constants)
-    except ValueError as e:
-        raise ValueError(f"{source}: the config is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{source}: the config must be a JSON object")
-    config = json.loads(_canonical(config))  # its fields in sorted order, as save_model writes them
-    written = write_file(w_path, read_tensors(w_path), {"model": kind, "config": config})
-    if cfg_path is not None:
-        cfg_path.unlink()
-    return written

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
+from .files import read_fields, save_model
 from .modern import ModernConfig, ModernGPT
 from .runtime import atomic_write
-from .files import read_fields, save_model
 from .tokenizers.gguf import GGUFTokenizer
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "read_gguf",
     "config_from_gguf",
     "state_from_gguf",
-    "model_from_gguf",
     "q4_1_roundtrip",
     "export_gguf",
     "load_export",
@@ -213,12 +212,6 @@ def _expected_shapes(c: ModernConfig) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in ModernGPT(c).state_dict().items()}
 
 
-def model_from_gguf(path: str | Path) -> ModernGPT:
-    """A :class:`ModernGPT` with the dequantized weights of a llama GGUF file."""
-    config, state = state_from_gguf(read_gguf(path))
-    return ModernGPT.from_state(config, state, source=str(path))
-
-
 # --- Q4_1 -----------------------------------------------------------------------------------------
 def q4_1_roundtrip(x: Tensor) -> Tensor:
     """Quantize to Q4_1 and back, in blocks of 32 along the last dimension (as llama.cpp does).
@@ -257,7 +250,7 @@ def export_gguf(gguf_path: str | Path, w_path: str | Path, t_path: str | Path) -
     """Dequantize a llama GGUF into a gptlib model file (``w_path``) and its tokenizer (``t_path``).
 
     The tokenizer JSON is written first and its sha256 recorded in the model file, which is
-    written last (one atomic step, :func:`gptlib.state.save_model`) with the GGUF's sha256 and
+    written last (one atomic step, :func:`gptlib.files.save_model`) with the GGUF's sha256 and
     tensor types: a crash between the two leaves files that :func:`load_export` refuses.
     """
     gguf_path = Path(gguf_path)

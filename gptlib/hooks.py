@@ -16,12 +16,13 @@ restores it afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["HookPoint", "capture", "capture_patterns"]
+__all__ = ["HookPoint", "capture", "capture_patterns", "logit_lens"]
 
 
 class HookPoint(nn.Identity):
@@ -99,3 +100,25 @@ def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
     finally:
         for m, f in zip(owners, before):
             m.fused = f
+
+
+@torch.no_grad()
+def logit_lens(model: nn.Module, ids: Tensor) -> Tensor:
+    """The final norm and unembedding applied to every residual stream: (L + 1, B, T, d_vocab),
+    L = n_layers.
+
+    ``model`` is a :class:`gptlib.model.GPT` or :class:`gptlib.modern.ModernGPT`: its
+    ``hook_resid`` points see X_0 and the output of each block, and ``model.read_out``,
+    ln_f(X_l) W_U, reads them. Row 0 reads the embedding, row l the output of block l; the last
+    row is the model's logits.
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> _ = torch.manual_seed(0)
+    >>> model, ids = GPT(GPTConfig.preset("tiny")).eval(), torch.tensor([[1, 2, 3]])
+    >>> lens = logit_lens(model, ids)
+    >>> tuple(lens.shape), torch.allclose(lens[-1], model(ids), atol=1e-5)
+    ((3, 1, 3, 512), True)
+    """
+    with capture(model, "hook_resid") as seen:
+        model(ids)
+    return torch.stack([model.read_out(x) for x in seen])

@@ -21,9 +21,9 @@ from .attention import KVCache, check_cache
 from .block import Block, LayerNorm
 from .config import PRESETS, GPTConfig
 from .embedding import Embedding, Unembedding
-from .hooks import capture_patterns
-from .positional import LearnedPositional, SinusoidalPositional
 from .files import config_from_dict, read_model, save_model
+from .hooks import HookPoint, capture_patterns
+from .positional import LearnedPositional, SinusoidalPositional
 from .state import load_state_checked
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
@@ -34,6 +34,9 @@ class GPT(nn.Module):
 
     The forward pass is three steps, each a method that other code reuses (activation
     checkpointing, pipeline stages): :meth:`input_stream`, the blocks, :meth:`read_out`.
+    ``hook_resid`` points (:class:`~gptlib.hooks.HookPoint`) see the residual stream X_0 and the
+    output of every block (n_layers + 1 in all), as in :class:`gptlib.modern.ModernGPT`, so
+    :func:`gptlib.hooks.logit_lens` reads either model.
     """
 
     def __init__(self, config: GPTConfig):
@@ -44,6 +47,7 @@ class GPT(nn.Module):
         self.embed = Embedding(c.d_vocab, c.d_model)
         self.pos = LearnedPositional(c.n_ctx, c.d_model) if c.positional == "learned" else SinusoidalPositional(c.n_ctx, c.d_model)
         self.drop = nn.Dropout(c.dropout)
+        self.hook_resid = HookPoint()  # (B, T, d_model): X_0
         self.blocks = nn.ModuleList(Block(c, layer) for layer in range(c.n_layers))
         self.ln_f = LayerNorm(c.d_model, c.ln_eps, c.bias)
         self.unembed = Unembedding(c.d_model, c.d_vocab, tied_to=self.embed if c.tie_weights else None)
@@ -94,7 +98,8 @@ class GPT(nn.Module):
                 f"ids has {offset + T} positions{' including the cache' if offset else ''}, "
                 f"more than n_ctx={self.config.n_ctx}; crop the context first"
             )
-        return self.drop(self.embed(ids, check_ids=check_ids) + self.pos(T, offset))  # (B, T, d_model)
+        x = self.drop(self.embed(ids, check_ids=check_ids) + self.pos(T, offset))  # (B, T, d_model)
+        return self.hook_resid(x)
 
     def read_out(self, x: Tensor) -> Tensor:
         """logits = LN_f(x) W_U, (B, T, d_vocab), from the last residual stream x (B, T, d_model)."""
@@ -139,12 +144,12 @@ class GPT(nn.Module):
         ``path`` is a ``.safetensors`` file or a directory (then ``path/model.safetensors``).
         ``dtype`` (float16, bfloat16, float32, float64) stores the floating-point weights in that
         width: float16 halves the file, and a weight beyond its range is an error, not an infinity.
-        The same weights always give the same bytes. See :func:`gptlib.state.save_model`.
+        The same weights always give the same bytes. See :func:`gptlib.files.save_model`.
         """
         return save_model(self, path, dtype)
 
     @classmethod
-    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "GPT":
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
         """Read a model written by :meth:`save` (or the model of a training checkpoint).
 
         A file that is damaged, holds another class's model, or whose tensors do not match its

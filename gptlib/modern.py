@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from . import runtime
 from .attention import KVCache, attend, check_cache, d_head_of
 from .files import config_from_dict, read_model, save_model
-from .hooks import HookPoint, capture
+from .hooks import HookPoint, logit_lens
 from .positional import sinusoidal_frequencies
 from .runtime import check_float, check_int, check_positive_int, named_preset
 from .state import check_state
@@ -44,7 +44,7 @@ __all__ = [
     "MODERN_PRESETS",
     "ModernBlock",
     "ModernGPT",
-    "logit_lens",
+    "logit_lens",  # gptlib.hooks.logit_lens, which reads GPT and ModernGPT alike
 ]
 
 
@@ -234,7 +234,7 @@ class ModernConfig:
             raise ValueError(f"tie_weights must be True or False, got {self.tie_weights!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ModernConfig":
+    def preset(cls, name: str, **overrides) -> ModernConfig:
         return named_preset(MODERN_PRESETS, name, **overrides)
 
 
@@ -290,6 +290,10 @@ class ModernGPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def read_out(self, x: Tensor) -> Tensor:
+        """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x, (B, T, d_model)."""
+        return self.ln_f(x) @ self.W_U
+
     def forward(self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True) -> Tensor:
         """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions. The ids'
         values are checked (ints in [0, d_vocab)) unless ``check_ids=False``, as in :class:`gptlib.model.GPT`."""
@@ -305,7 +309,7 @@ class ModernGPT(nn.Module):
         x = self.hook_resid(F.embedding(ids, self.W_E))  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)
-        return self.ln_f(x) @ self.W_U  # (B, T, d_vocab)
+        return self.read_out(x)  # (B, T, d_vocab)
 
     # --- files: one safetensors file with the config inside (gptlib.state) ----------------------
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -314,14 +318,14 @@ class ModernGPT(nn.Module):
         return save_model(self, path, dtype)
 
     @classmethod
-    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ModernGPT":
+    def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> ModernGPT:
         """Read a model written by :meth:`save`; a damaged file, or one that does not match its
         config, raises ``ValueError`` naming the file and the field or tensor."""
         config, state, _, source = read_model(path, cls.__name__)
         return cls.from_state(config_from_dict(ModernConfig, config, source), state, source).to(map_location)
 
     @classmethod
-    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> "ModernGPT":
+    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> ModernGPT:
         """A model that holds the given tensors (no copy, no random initialisation first; float
         widths are cast to the model's); a missing, unexpected, mis-shaped or mistyped tensor raises
         ``ValueError`` naming it."""
@@ -331,15 +335,3 @@ class ModernGPT(nn.Module):
         expected = model.state_dict()
         model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, assign=True)
         return model.eval()
-
-
-# --- reading the model --------------------------------------------------------------------------
-@torch.no_grad()
-def logit_lens(model: ModernGPT, ids: Tensor) -> Tensor:
-    """The final norm and unembedding applied to every residual stream: (n_layers + 1, B, T, d_vocab).
-
-    Row 0 reads the embedding, row l the output of block l; the last row is the model's logits.
-    """
-    with capture(model, "hook_resid") as seen:
-        model(ids)
-    return torch.stack([model.ln_f(x) @ model.W_U for x in seen])

@@ -122,10 +122,11 @@ def kept_slots(idx: Tensor, n_experts: int, capacity: int) -> Tensor:
 class MoE(nn.Module):
     """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of them.
 
-    ``forward(x)`` maps (..., d_model) to (..., d_model); ``aux_loss(x)`` is the load-balancing loss
-    of routing the same batch, to be added (times a small coefficient, 0.01 in Switch) to the
-    language-model loss. With a ``capacity_factor``, each expert processes at most
-    :func:`expert_capacity` slots of a batch and drops the rest (:func:`kept_slots`).
+    ``forward(x)`` maps (..., d_model) to (..., d_model) and keeps, in ``aux_loss``, the
+    load-balancing loss of the routing it made (:func:`load_balancing_loss`), to be added (times a
+    small coefficient, 0.01 in Switch) to the language-model loss. With a ``capacity_factor``, each
+    expert processes at most :func:`expert_capacity` slots of a batch and drops the rest
+    (:func:`kept_slots`).
 
     >>> moe = MoE(8, 32, n_experts=4, top_k=1)
     >>> x = torch.randn(5, 8)
@@ -146,17 +147,14 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts))
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
         nn.init.normal_(self.W_r, std=0.02)
-
-    def aux_loss(self, x: Tensor) -> Tensor:
-        """The load-balancing loss of routing ``x`` (..., d_model): :func:`load_balancing_loss`."""
-        probs, _, idx = route(x.reshape(-1, self.d_model), self.W_r, self.top_k)
-        return load_balancing_loss(probs, idx, self.n_experts)
+        self.aux_loss: Tensor | None = None  # the last forward pass's load-balancing loss
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != (self.d_model,):
             raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
         x2 = x.reshape(-1, self.d_model)  # (n, d_model), n = B*T tokens
         probs, gates, idx = route(x2, self.W_r, self.top_k)  # (n, E), (n, k), (n, k)
+        self.aux_loss = load_balancing_loss(probs, idx, self.n_experts)
         order, counts = sort_by_expert(idx, self.n_experts)
         cap = None if self.capacity_factor is None else expert_capacity(
             x2.shape[0], self.n_experts, self.top_k, self.capacity_factor)
@@ -168,8 +166,7 @@ class MoE(nn.Module):
             tokens = slots // self.top_k  # which rows of x2 expert e processes
             out = self.experts[e](x2[tokens])  # (n_e, d_model)
             y.index_add_(0, tokens, out * gates.flatten()[slots, None].to(out.dtype))
-        y = y.view(x.shape)  # (..., d_model)
-        return y
+        return y.view(x.shape)  # (..., d_model)
 
     def extra_repr(self) -> str:
         cap = "" if self.capacity_factor is None else f", capacity_factor={self.capacity_factor}"

@@ -50,6 +50,7 @@ def test_train_val_split():
         train_val_split("abc", 1.0)
 
 
+@pytest.mark.slow
 def test_book_tokenizer_is_the_trained_bpe_and_is_cached():
     train, _ = train_val_split(load_corpus())
     tok = book_tokenizer()
@@ -104,6 +105,7 @@ def test_bits_per_byte():
         bits_per_byte(1.0, 10, 0)
 
 
+@pytest.mark.slow
 @needs_brown
 def test_brown_documents_are_clean_english():
     docs = brown_documents()
@@ -145,6 +147,7 @@ def test_english_split_names_the_held_out_samples_and_genres():
     assert load_english()[1] == "\n\n".join(dict(docs)[n] for n in val) + "\n"
 
 
+@pytest.mark.slow
 @needs_brown
 @pytest.mark.slow
 def test_shipped_english_model_matches_its_log(one_thread):

@@ -89,8 +89,7 @@ def test_activation_formula_equals_the_bytes_autograd_saves(B, T, d_model, n_hea
     x = torch.randn(B, T, d_model, requires_grad=True)
     blk.attn.fused = attention == "fused"  # False: the readable path, which forms the pattern
     _, saved = E.saved_tensor_bytes(blk, x, exclude=blk.parameters())
-    qkv_weight_copy = 3 * d_model * d_model  # [W_Q|W_K|W_V], concatenated once per call
-    assert saved == 4 * (E.activation_elements(B, T, d_model, n_heads, attention=attention) + qkv_weight_copy)
+    assert saved == 4 * E.activation_elements(B, T, d_model, n_heads, attention=attention)
 
 
 def test_activation_elements_arguments():
@@ -141,7 +140,7 @@ def test_checkpointing_same_gradients_and_keeps_only_block_inputs():
     _, kept = E.saved_tensor_bytes(E.checkpointed_logits, ckpt, x, exclude=ckpt.parameters())
     B, T = x.shape
     c = TINY
-    per_block = 4 * (E.activation_elements(B, T, c.d_model, c.n_heads) + 3 * c.d_model * c.d_model)
+    per_block = 4 * E.activation_elements(B, T, c.d_model, c.n_heads)
     assert full - kept == c.n_layers * (per_block - 4 * B * T * c.d_model)
     with pytest.raises(ValueError, match="ids"):
         E.checkpointed_logits(ckpt, x[0])
@@ -173,7 +172,7 @@ def test_checkpointed_backward_peaks(n_layers):
     for p, q in zip(plain.parameters(), ckpt.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
     B, T = x.shape
-    M_act = 4 * (E.activation_elements(B, T, 16, 2) + 3 * 16 * 16)
+    M_act = 4 * E.activation_elements(B, T, 16, 2)
     BTd = 4 * B * T * 16
     assert len(t_plain) == len(t_ckpt) == n_layers + 1
     assert f_plain - f_ckpt == t_plain[0] - t_ckpt[0] == n_layers * (M_act - BTd)

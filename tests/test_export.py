@@ -98,6 +98,7 @@ def test_readout_does_not_capture_afterwards(tiny_gpt):
 # --- the ONNX graph -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_equals_pytorch_on_the_english_model(english, english_onnx):
     """Unicode prompts, a one-token prompt and a full n_ctx window: every output within 1e-4."""
     model, tok = english
@@ -212,6 +213,7 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(tmp_path, capsys, tiny_gpt):
     """``python -m gptlib.export`` writes the three files; a second export of the same model gives
     the same bytes; weights that float16 cannot hold exactly stay float32: nothing is lost."""

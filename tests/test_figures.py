@@ -67,6 +67,7 @@ def drawn_width(fig) -> int:
     return Image.open(io.BytesIO(buf.getvalue())).size[0]
 
 
+@pytest.mark.slow
 def test_the_widest_figure_is_shown_at_full_size():
     fig, axes = figures.subplots(1, 3, height=2.5)
     for ax in axes:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gptlib.hooks import HookPoint, capture, capture_patterns
+from gptlib.hooks import HookPoint, capture, capture_patterns, logit_lens
 
 
 def _uniform_pattern(shape):
@@ -86,6 +86,23 @@ def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits(tiny_modern
         expected = model.ln_f(x) @ model.W_U
     assert float((patched - clean).abs().max()) > 1e-3
     torch.testing.assert_close(patched, expected)
+
+
+def test_logit_lens_of_gpt_reads_each_stream_of_a_walk_through_the_blocks(tiny_gpt):
+    model = tiny_gpt()
+    ids = torch.randint(0, model.config.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        x = model.input_stream(ids)  # X_0, then X_l = Block_l(X_(l-1)), walked by hand
+        streams = [x]
+        for blk in model.blocks:
+            x = blk(x)
+            streams.append(x)
+        expected = torch.stack([model.ln_f(x) @ model.W_U for x in streams])
+        logits = model(ids)
+    lens = logit_lens(model, ids)
+    assert lens.shape == (model.config.n_layers + 1, 2, 7, model.config.d_vocab)
+    torch.testing.assert_close(lens, expected)
+    torch.testing.assert_close(lens[-1], logits)
 
 
 def test_capture_needs_a_module():

@@ -217,7 +217,7 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         ModernGPT.load(tmp_path / "missing.safetensors")
     from safetensors.torch import save_file
 
-    from gptlib.files import read_file, upgrade_legacy, write_file
+    from gptlib.files import read_file, write_file
 
     tensors, fields = read_file(path)  # one gptlib file: the config is inside (gptlib.files)
     part = {k: v for k, v in tensors.items() if k != "blocks.1.mlp.W_up"}
@@ -229,14 +229,6 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         ModernGPT.load(tmp_path / "nometa.safetensors")
     with pytest.raises(ValueError, match="field 'model' is 'GPT', not 'ModernGPT'"):
         ModernGPT.load(write_file(tmp_path / "gpt.safetensors", tensors, {**fields, "model": "GPT"}))
-    import dataclasses
-    import json
-
-    # the earlier format (config in separate metadata) converts once, keeping the tensors
-    save_file(tensors, str(tmp_path / "old.safetensors"), metadata={"format": "gptlib.modern", "config": json.dumps(dataclasses.asdict(model.config))})
-    with pytest.raises(ValueError, match="earlier gptlib; convert it once"):
-        ModernGPT.load(tmp_path / "old.safetensors")
-    assert upgrade_legacy(tmp_path / "old.safetensors").read_bytes() == path.read_bytes()
 
 
 def test_logit_lens_last_row_is_the_logits():

@@ -54,6 +54,7 @@ def test_code_lines_fit_88_columns():
     assert not found, f"code lines over {style.LINE_LENGTH} characters: {found}"
 
 
+@pytest.mark.slow
 @needs_ruff
 def test_code_cells_are_formatted():
     changed = {}

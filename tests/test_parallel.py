@@ -77,6 +77,7 @@ def _sleeping_worker(rank, world_size):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_distributed_failure_cleans_up_then_the_port_works_again(tmp_path):
     port = P.free_port()
     with pytest.raises(P.DistributedError) as e:
@@ -116,9 +117,9 @@ def test_run_distributed_rejects_bad_arguments():
 
 
 def test_run_distributed_checks_every_number_before_starting_a_process():
-    """Issue 24's audit: a bool is not a world size, a timeout is finite, a port an int in
-    [1, 65535]. Each used to start processes: world_size=True ran one rank, a NaN timeout failed
-    inside multiprocessing, a bad port killed the ranks with an error of their own."""
+    """A bool is not a world size, a timeout is finite, a port an int in [1, 65535]; each is
+    refused before any process starts (world_size=True would run one rank, a NaN timeout fail
+    inside multiprocessing, a bad port kill the ranks with an error of their own)."""
     cases = [({"world_size": True}, "world_size"), ({"world_size": 2.0}, "world_size"),
              ({"timeout": math.nan}, "timeout"), ({"timeout": math.inf}, "timeout"), ({"timeout": "5"}, "timeout"),
              ({"port": "x"}, "port"), ({"port": 0}, "port"), ({"port": 65536}, "port"), ({"port": True}, "port")]
@@ -135,6 +136,7 @@ def test_run_distributed_checks_every_number_before_starting_a_process():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_data_parallel_equals_full_batch():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)
@@ -150,6 +152,7 @@ def test_data_parallel_equals_full_batch():
         torch.testing.assert_close(out[0]["state"][k], w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pre_ln"])
 def test_tensor_parallel_equals_unsplit(kind):
     cfg, model, state = _model(block=kind)
@@ -162,7 +165,7 @@ def test_tensor_parallel_equals_unsplit(kind):
         xi = x.clone().requires_grad_(True)
         y = module(xi)
         (y * probe).sum().backward()
-        for rank, o in enumerate(out):
+        for o in out:
             torch.testing.assert_close(o[name]["y"], y.detach())
             torch.testing.assert_close(o[name]["dx"], xi.grad)
         full = dict(module.named_parameters())
@@ -225,6 +228,7 @@ def test_pipeline_stages_compose_to_the_model(training):
         assert not torch.equal(model(ids), expect)
 
 
+@pytest.mark.slow
 def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)
@@ -241,6 +245,7 @@ def test_pipeline_parallel_equals_one_process_and_measures_the_bubble():
     assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(2, 4)) == pytest.approx(0.2)
 
 
+@pytest.mark.slow
 def test_context_parallel_ring_attention_equals_full_attention():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 4, 12, 8, generator=g) for _ in range(3))
@@ -252,6 +257,7 @@ def test_context_parallel_ring_attention_equals_full_attention():
     torch.testing.assert_close(torch.cat([o["z"] for o in out], dim=-2), peer)
 
 
+@pytest.mark.slow
 def test_four_ranks_pipeline_and_ring():
     cfg, model, state = _model(n_layers=4)
     ids, targets = _batch(cfg, B=4, T=8)
@@ -276,6 +282,7 @@ def test_four_ranks_pipeline_and_ring():
     torch.testing.assert_close(torch.cat([o["z"] for o in out["ring"]], dim=-2), z)
 
 
+@pytest.mark.slow
 def test_run_together_returns_what_separate_runs_return():
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
@@ -288,6 +295,7 @@ def test_run_together_returns_what_separate_runs_return():
         assert torch.equal(together["z"], separate["z"])  # the same computation, bit for bit
 
 
+@pytest.mark.slow
 def test_run_together_names_the_failing_job_and_cleans_up(tmp_path):
     jobs = {"fine": (_rank_worker, (1.0,)), "broken": (_failing_worker, (str(tmp_path),))}
     with pytest.raises(P.DistributedError) as e:
@@ -324,7 +332,7 @@ def test_shard_range():
         P.shard_range(4, 2, 2)
     with pytest.raises(ValueError, match="world_size"):
         P.shard_range(4, 0, 0)
-    # floats, bools and negative sizes: a float slice or a negative one used to come back
+    # floats, bools and negative sizes are refused, not turned into a float or negative slice
     for args, name in (((8.0, 1, 2), "n"), ((-4, 1, 2), "n"), ((8, True, 2), "rank"), ((8, 0, 2.0), "world_size"),
                        ((8, 0, True), "world_size")):
         with pytest.raises(ValueError, match=f"^{name} must"):
@@ -381,6 +389,7 @@ def test_online_softmax_handles_fully_masked_blocks_and_large_scores():
     torch.testing.assert_close(out[1, 0], expect)
 
 
+@pytest.mark.slow
 def test_fsdp_shards_the_weights_and_keeps_the_gradients():
     cfg, model, state = _model()
     ids, targets = _batch(cfg)

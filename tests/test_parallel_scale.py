@@ -108,6 +108,7 @@ def test_sharded_state_sizes(sharded):
 # ---- expert parallelism -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_expert_parallel_equals_the_moe_layer():
     torch.manual_seed(0)
     args = (16, 32, 4, 2)  # d_model, d_mlp, n_experts, top_k
@@ -133,6 +134,7 @@ def test_expert_parallel_equals_the_moe_layer():
 # ---- 1F1B and GPipe on two stages -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_1f1b_and_gpipe_on_gloo():
     model = _model()
     ids = torch.randint(0, CONFIG.d_vocab, (4, CONFIG.n_ctx + 1), generator=torch.Generator().manual_seed(2))
@@ -156,6 +158,7 @@ def test_1f1b_and_gpipe_on_gloo():
         PP.pipeline_timetable("interleaved", 2, 2)
 
 
+@pytest.mark.slow
 def test_ring_all_reduce_is_reduce_scatter_then_all_gather():
     R, n = 3, 30
     xs = torch.randn(R, n, generator=torch.Generator().manual_seed(0))

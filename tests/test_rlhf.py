@@ -286,6 +286,7 @@ def low_token_shares(policy, x, seed=3):
     return float(s.mean()), float(s.std()) / math.sqrt(len(s))
 
 
+@pytest.mark.slow
 def test_ppo_is_seeded_and_raises_the_reward():
     sft, rm, x = tiny_gpt(), low_tokens, prompts(8)
     a, ha = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)

@@ -8,7 +8,6 @@ import torch
 from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import Generation, generate, generate_with_logits, next_token_probs
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
@@ -174,7 +173,7 @@ def test_generate_errors(small):
         generate(small, torch.zeros(1, 1, 1, dtype=torch.long), 1)
 
 
-# --- issue 24: no NaN passes as a result -------------------------------------------------------------
+# --- no NaN passes as a result --------------------------------------------------------------------
 def test_temperature_below_float32_range_is_the_limit_not_nan():
     """A temperature that rounds to 0 in float32 (1e-46) gives the limit tau -> 0+: the maxima share."""
     y = torch.tensor([-math.inf, 2.0, 1.0, 2.0])

@@ -95,7 +95,7 @@ def test_files_round_trip_are_deterministic_and_name_what_is_wrong(tmp_path):
         load_tree(write_file(tmp_path / "notree.safetensors", {}, {}))
 
 
-# --- atomic writes (issue 24.15 and 24.16) --------------------------------------------------------
+# --- atomic writes --------------------------------------------------------------------------------
 def test_atomic_write_keeps_a_symlink_and_writes_its_target(tmp_path):
     target = tmp_path / "real.txt"
     target.write_text("old")
@@ -154,7 +154,7 @@ def test_stale_temp_files_of_a_killed_write_are_removed_on_the_next(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(["model.safetensors", live.name, other.name])
 
 
-# --- dependencies run one way (issue 23.1) --------------------------------------------------------
+# --- dependencies run one way ---------------------------------------------------------------------
 def _gptlib_imports() -> dict[str, set[str]]:
     """module -> the gptlib modules it imports anywhere in its source (lazy imports included)."""
     modules = {}

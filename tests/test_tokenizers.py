@@ -323,3 +323,11 @@ def test_property_round_trip_any_text(small_bpe, text):
 @given(st.lists(st.integers(min_value=0, max_value=299), max_size=40))
 def test_property_decode_never_raises_on_valid_ids(small_bpe, ids):
     assert isinstance(small_bpe[0].decode(ids), str)
+
+
+def test_bytes_to_unicode_is_gpt2s_table():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as hf_table
+
+    from gptlib.tokenizers.bpe import bytes_to_unicode
+
+    assert bytes_to_unicode() == hf_table()

@@ -126,6 +126,7 @@ def test_gpt2_equals_tiktoken_on_letters_newer_than_python(gpt2, r50k, text):
     assert gpt2.decode(gpt2.encode(text)) == text
 
 
+@pytest.mark.slow
 def test_split_classes_match_tiktoken_on_every_code_point():
     """Letters, numbers, whitespace and unassigned code points as tiktoken's tables have them."""
     every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)

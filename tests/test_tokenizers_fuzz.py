@@ -138,6 +138,7 @@ def by_get_stats_and_merge(piece: bytes, ranks: dict, rule: dict) -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2", "trained"])
 def test_encode_piece_equals_the_readable_loops(which, request):
     tok = request.getfixturevalue("gpt2") if which == "gpt2" else request.getfixturevalue("trained")[0]

@@ -846,11 +846,11 @@ console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, 
     assert "ids" in js["error"]
 
 
-# --- a hostile caller (issue 24's audit): each case used to pass silently or fail obscurely ------
+# --- a hostile caller: each bad argument is a ValueError naming it -------------------------------
 
 
 def test_a_string_is_not_a_list_of_strings():
-    """tokens="abc" was split into characters, and so was a step given as one string."""
+    """tokens="abc" is not three tokens, nor is a step given as one string."""
     with pytest.raises(ValueError, match="tokens must be a list of strings"):
         SamplingView([1.0, 2.0, 3.0], "abc")
     with pytest.raises(ValueError, match="tokens must be a list of strings"):
@@ -874,7 +874,7 @@ def test_bpe_steps_hold_pieces_of_a_text():
                                   lambda title: SamplingView([1.0], ["a"], title=title)])
 def test_a_title_is_a_str(make):
     for bad in (None, 5, ["t"]):
-        with pytest.raises(ValueError, match="title must be a str"):  # was traitlets' TraitError
+        with pytest.raises(ValueError, match="title must be a str"):  # not traitlets' TraitError
             make(bad)
 
 
@@ -896,8 +896,8 @@ def test_top_logits_and_rest_log_weights_check_their_input():
         top_logits(y, True)  # a bool is not a count
     with pytest.raises(ValueError, match="logits must be a tensor"):
         top_logits([2.0, 1.0], 1)
-    # a negative id used to wrap around to the last token; t = 0 or < 0, a NaN reference or NaN
-    # logits gave NaN or a weight of the wrong sign in the stored state
+    # a negative id is not the last token; t <= 0, a NaN reference or NaN logits would store
+    # NaN or a weight of the wrong sign
     for kwargs, name in (({"stored": [-1]}, "stored"), ({"stored": [3]}, "stored"), ({"stored": [0.5]}, "stored"),
                          ({"temperatures": [0.0]}, "temperatures"), ({"temperatures": [-1.0]}, "temperatures"),
                          ({"temperatures": [math.nan]}, "temperatures"), ({"reference": math.nan}, "reference"),
@@ -907,7 +907,7 @@ def test_top_logits_and_rest_log_weights_check_their_input():
 
 
 def test_continuation_tree_context_is_token_ids():
-    """[0.7] was truncated to [0], [True] read as [1] and the string "01" as the ids 0, 1."""
+    """[0.7] is not [0], [True] not [1], and the string "01" not the ids 0, 1."""
     next_logits, _ = _bigram(torch.zeros(3, 3))
     for bad in ([0.7], [True], "01", [-1]):
         with pytest.raises(ValueError, match="context"):
@@ -919,8 +919,8 @@ def test_continuation_tree_context_is_token_ids():
 
 
 def test_from_model_needs_the_models_vocabulary(bpe_tiny):
-    """PlaygroundView refused a tokenizer of another size; from_model failed in token_str, saying
-    only that an id was out of range."""
+    """PlaygroundView and from_model both refuse a tokenizer of another size, naming the sizes
+    (not an id out of range in token_str)."""
     from gptlib.tokenizers import BPETokenizer
 
     model, _ = bpe_tiny

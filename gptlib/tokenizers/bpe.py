@@ -20,24 +20,54 @@ import heapq
 import os
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import regex
 import tiktoken
 
 from ..assets import asset_path
 from ..runtime import check_int
-from .base import (_PROBE, _check_ranks, _check_special_tokens, _check_strings, _read_json, _write_json, as_ids,
-                   check_text, compile_pattern, split_pieces)
+from .base import (
+    _PROBE,
+    _check_ranks,
+    _check_special_tokens,
+    _check_strings,
+    _read_json,
+    _write_json,
+    as_ids,
+    check_text,
+    compile_pattern,
+    split_pieces,
+)
 
 __all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "encode_piece", "BPETokenizer",
-           "gpt2_tokenizer"]
+           "gpt2_tokenizer", "bytes_to_unicode"]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENDOFTEXT = "<|endoftext|>"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, the alphabet of byte-level token strings (GGUF
+    files, Hugging Face's tokenizer.json): printable Latin-1 bytes stand for themselves, the others
+    for U+0100, U+0101, ... in byte order (so " " is "Ġ", "\\n" is "Ċ").
+
+    >>> table = bytes_to_unicode()
+    >>> table[ord("a")], table[ord(" ")], table[ord("\\n")], table[0], len(set(table.values()))
+    ('a', 'Ġ', 'Ċ', 'Ā', 256)
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 256
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(extra)
+            extra += 1
+    return table
 
 
 # --- the two small operations of BPE ----------------------------------------------------------
@@ -314,7 +344,7 @@ class BPETokenizer:
     # -- training --
     @classmethod
     def train(cls, text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN,
-              special_tokens: Sequence[str] = (ENDOFTEXT,)) -> "BPETokenizer":
+              special_tokens: Sequence[str] = (ENDOFTEXT,)) -> BPETokenizer:
         """Learn ``vocab_size - len(special_tokens) - 256`` merges from ``text``.
 
         Each step merges the most frequent adjacent pair (ties: the smallest pair of ids), counted
@@ -393,7 +423,7 @@ class BPETokenizer:
         return _write_json(path, self.FORMAT, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BPETokenizer":
+    def load(cls, path: str | os.PathLike) -> BPETokenizer:
         """Read a tokenizer written by :meth:`save`; a corrupt file fails naming the file and the field.
 
         Beyond the types of the fields: the tokens are distinct, the 256 bytes come first, every

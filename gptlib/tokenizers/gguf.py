@@ -10,26 +10,15 @@ from __future__ import annotations
 import json
 import numbers
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import regex
 
 from ..runtime import atomic_write
-from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer
+from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, bytes_to_unicode
 
 __all__ = ["GGUFTokenizer", "CONTROL", "USER_DEFINED"]
-
-
-def _byte_to_char() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte: printable Latin-1 bytes stand for themselves, the
-    others are shifted to U+0100 onwards (so " " is "Ġ", "\\n" is "Ċ")."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in table:
-            table[b], extra = chr(256 + extra), extra + 1
-    return table
 
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types of special tokens
@@ -62,7 +51,7 @@ class GGUFTokenizer:
                 raise ValueError(f"{name} must be None or an int in [0, {len(tokens)}), got {i!r}")
         if chat_template is not None and not isinstance(chat_template, str):
             raise ValueError(f"chat_template must be a str or None, got {type(chat_template).__name__}")
-        char_to_byte = {c: b for b, c in _byte_to_char().items()}
+        char_to_byte = {c: b for b, c in bytes_to_unicode().items()}
         self.tokens, self.merges = tokens, merges
         self.token_types = [int(t) for t in token_types]
         self.bos_id = None if bos_id is None else int(bos_id)
@@ -102,7 +91,7 @@ class GGUFTokenizer:
             if self.special_tokens else None
 
     @classmethod
-    def from_metadata(cls, metadata: dict, source: str = "metadata") -> "GGUFTokenizer":
+    def from_metadata(cls, metadata: dict, source: str = "metadata") -> GGUFTokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model != "gpt2":
             raise ValueError(f"{source}: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), got {model!r}")
@@ -168,7 +157,7 @@ class GGUFTokenizer:
         return json.dumps(self.to_dict(), ensure_ascii=False).encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: bytes | str, source: str = "JSON") -> "GGUFTokenizer":
+    def from_json(cls, data: bytes | str, source: str = "JSON") -> GGUFTokenizer:
         """The tokenizer :meth:`to_json` wrote; anything else raises ``ValueError`` naming ``source``."""
         try:
             d = json.loads(data)
@@ -182,7 +171,7 @@ class GGUFTokenizer:
         return atomic_write(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path) -> "GGUFTokenizer":
+    def load(cls, path: str | Path) -> GGUFTokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")
