@@ -123,8 +123,6 @@ def timetable_diagram(grid, title: str = ""):
     return fig
 
 
-# The name Chapter 10 imports; gptlib.parallel.pipeline.pipeline_timetable computes a timetable.
-pipeline_timetable = timetable_diagram
 
 
 def _draw_timetable(ax, grid, title: str) -> None:
