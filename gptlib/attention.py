@@ -84,6 +84,10 @@ def attention_pattern(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tenso
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
     if mask is not None:
+        if not isinstance(mask, Tensor) or not mask.is_floating_point():
+            raise ValueError(f"mask must be an additive float tensor (0 where a key is seen, -inf where not), got "
+                             f"{getattr(mask, 'dtype', type(mask).__name__)}; from a boolean keep-mask m: "
+                             "torch.zeros(m.shape).masked_fill(~m, float('-inf'))")
         m_shape = ((1, 1) + tuple(mask.shape))[-2:]  # the last two dims, a scalar or vector padded with 1s
         if any(m not in (1, n) for m, n in zip(m_shape, (q.shape[-2], k.shape[-2]))):
             raise ValueError(f"mask must broadcast to (T, T_k) = ({q.shape[-2]}, {k.shape[-2]}), got shape {tuple(mask.shape)}")
@@ -194,6 +198,21 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
     return k if group == 1 else k.repeat_interleave(group, dim=1)
 
 
+def _non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
+    """0 for each query row, NaN where the row or the first key holds a NaN or an infinity: (B, n_heads, T, 1).
+
+    The formula makes such a row NaN: every score of a non-finite query is NaN or infinite, and a
+    non-finite first key, which every query sees, gives each row a NaN or infinite score. PyTorch's
+    fused kernel on the CPU does not: its running row maximum skips NaN, and a row left without a
+    finite maximum is treated as fully masked and given the output 0 (pytorch/pytorch#141128), so
+    a NaN weight would vanish from the logits. Adding this term restores the formula's NaN; a
+    NaN among the later keys or the values already reaches the output through the kernel's sums.
+    It reads T + 1 vectors per head, and needs no device synchronisation.
+    """
+    first_key = k[:, :, :1].sum(dim=(1, 3), keepdim=True)  # (B, 1, 1, 1), one per batch row
+    return (q.sum(dim=-1, keepdim=True) + first_key) * 0  # (B, n_heads, T, 1): 0 or NaN
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True, dropout: float = 0.0,
            hook_pattern: nn.Module | None = None, drop_pattern: nn.Module | None = None) -> Tensor:
     """The heads' outputs A v, (B, n_heads, T, d_head), for q (B, n_heads, T, d_head) and keys and
@@ -209,11 +228,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
     if fused:
         gqa = {"enable_gqa": True} if group > 1 else {}
         if not causal or T == 1:  # one query, the newest position, sees every key
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, **gqa)
-        if T_k == T:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, **gqa)
-        keep = causal_mask(T, T_k, device=q.device) == 0  # (T, T_k) boolean: True = may attend
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, **gqa)
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, **gqa)
+        elif T_k == T:
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, **gqa)
+        else:
+            keep = causal_mask(T, T_k, device=q.device) == 0  # (T, T_k) boolean: True = may attend
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, **gqa)
+        return z + _non_finite_rows(q, k)  # (B, n_heads, T, d_head)
     k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, n_heads, T_k, d_head)
     pattern = attention_pattern(q, k, causal_mask(T, T_k, device=q.device) if causal else None)
     if hook_pattern is not None:

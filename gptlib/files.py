@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
-from .runtime import atomic_write
+from .runtime import atomic_write, check_file
 from .state import FLOAT_DTYPES, pack, tied_aliases, unpack
 
 __all__ = [
@@ -102,8 +102,7 @@ def _no_constants(name: str):
 
 
 def _open_header(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    check_file(path)
     try:
         with safe_open(str(path), "pt") as f:
             return f.metadata() or {}
@@ -133,9 +132,7 @@ def read_fields(path: str | Path) -> dict:
 
 def read_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Every tensor of a safetensors file (any writer's), or ``ValueError`` naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = check_file(path)
     try:
         return load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError) as e:
@@ -260,8 +257,8 @@ def upgrade_legacy(path: str | Path) -> Path:
     if kind is None:
         raise ValueError(f"{w_path} is not a model saved by an earlier gptlib")
     cfg_path = w_path.parent / "config.json" if kind == "GPT" else None
-    if cfg_path is not None and not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path} does not exist")
+    if cfg_path is not None:
+        check_file(cfg_path)
     source = cfg_path or w_path
     try:
         text = cfg_path.read_text(encoding="utf-8") if cfg_path else meta.get("config", "")

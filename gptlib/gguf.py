@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
 from .modern import ModernConfig, ModernGPT
-from .runtime import atomic_write
+from .runtime import atomic_write, check_file
 from .files import read_fields, save_model
 from .tokenizers.gguf import GGUFTokenizer
 
@@ -82,9 +82,7 @@ def read_gguf(path: str | Path, tensors: bool = True) -> GGUFContents:
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import dequantize
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = check_file(path)
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors … on bad bytes
