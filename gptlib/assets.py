@@ -119,10 +119,7 @@ def asset_path(name: str) -> Path:
     """
     a = _asset(name)
     path = cache_dir() / a.filename
-    try:
-        check_file(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing; run `python -m gptlib.assets fetch {name}` (make does)") from None
+    check_file(path, hint=f"run `python -m gptlib.assets fetch {name}` (make does)")
     digest = sha256_file(path)
     if digest != a.sha256:
         raise ValueError(f"{path} has sha256 {digest}, expected {a.sha256}; delete it and fetch it again")

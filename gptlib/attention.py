@@ -29,6 +29,7 @@ __all__ = [
     "d_head_of",
     "repeat_kv",
     "attend",
+    "non_finite_rows",
     "KVCache",
     "check_cache",
     "MultiHeadAttention",
@@ -198,21 +199,6 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
     return k if group == 1 else k.repeat_interleave(group, dim=1)
 
 
-def _non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
-    """0 for each query row, NaN where the row or the first key holds a NaN or an infinity: (B, n_heads, T, 1).
-
-    The formula makes such a row NaN: every score of a non-finite query is NaN or infinite, and a
-    non-finite first key, which every query sees, gives each row a NaN or infinite score. PyTorch's
-    fused kernel on the CPU does not: its running row maximum skips NaN, and a row left without a
-    finite maximum is treated as fully masked and given the output 0 (pytorch/pytorch#141128), so
-    a NaN weight would vanish from the logits. Adding this term restores the formula's NaN; a
-    NaN among the later keys or the values already reaches the output through the kernel's sums.
-    It reads T + 1 vectors per head, and needs no device synchronisation.
-    """
-    first_key = k[:, :, :1].sum(dim=(1, 3), keepdim=True)  # (B, 1, 1, 1), one per batch row
-    return (q.sum(dim=-1, keepdim=True) + first_key) * 0  # (B, n_heads, T, 1): 0 or NaN
-
-
 def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True, dropout: float = 0.0,
            hook_pattern: nn.Module | None = None, drop_pattern: nn.Module | None = None) -> Tensor:
     """The heads' outputs A v, (B, n_heads, T, d_head), for q (B, n_heads, T, d_head) and keys and
@@ -222,19 +208,19 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
     ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` kernel, with attention dropout
     ``dropout``. ``fused=False`` is the readable path: the pattern of :func:`attention_pattern`,
     passed through ``hook_pattern`` (whose forward hooks may read or replace it) and
-    ``drop_pattern`` (a dropout module), times the values. Both compute the same function.
+    ``drop_pattern`` (a dropout module), times the values. Both compute the same function for
+    finite inputs; for a non-finite query or first key the fused kernel may give the row 0 where
+    the formula gives NaN, which a layer restores with :func:`non_finite_rows`.
     """
     T, T_k, group = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
     if fused:
         gqa = {"enable_gqa": True} if group > 1 else {}
         if not causal or T == 1:  # one query, the newest position, sees every key
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, **gqa)
-        elif T_k == T:
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, **gqa)
-        else:
-            keep = causal_mask(T, T_k, device=q.device) == 0  # (T, T_k) boolean: True = may attend
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, **gqa)
-        return z + _non_finite_rows(q, k)  # (B, n_heads, T, d_head)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, **gqa)
+        if T_k == T:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, **gqa)
+        keep = causal_mask(T, T_k, device=q.device) == 0  # (T, T_k) boolean: True = may attend
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, **gqa)
     k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, n_heads, T_k, d_head)
     pattern = attention_pattern(q, k, causal_mask(T, T_k, device=q.device) if causal else None)
     if hook_pattern is not None:
@@ -242,6 +228,28 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
     if drop_pattern is not None:
         pattern = drop_pattern(pattern)
     return pattern @ v  # (B, n_heads, T, d_head)
+
+
+def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
+    """0 for each query position, NaN where its query or the first key holds a NaN or an infinity: (B, T, 1).
+
+    q: (B, n_heads, T, d_head), k: (B, n_kv_heads, T_k, d_head). The formula makes such a row of a
+    layer's output NaN: every score of a non-finite query is NaN or infinite, and so is one score
+    of every row when the first key (which every query sees) is. PyTorch's fused kernel on the CPU
+    does not: its running row maximum skips NaN, and a row left without a finite maximum is taken
+    for a fully masked one and given the output 0 (pytorch/pytorch#141128), so a NaN weight in
+    W_Q or W_K would vanish from the logits. A layer adds this term to its output (after W_O,
+    where it keeps no extra activation for the backward pass); a NaN among the later keys or in
+    the values already reaches the output through the kernel's sums. No device synchronisation.
+
+    >>> q = torch.zeros(1, 2, 3, 4)
+    >>> q[0, 1, 2, 0] = float("nan")  # head 1's query at position 2
+    >>> non_finite_rows(q, torch.zeros(1, 1, 3, 4)).flatten().tolist()
+    [0.0, 0.0, nan]
+    """
+    rows = q.sum(dim=(1, 3))  # (B, T)
+    first_key = k[:, :, :1].sum(dim=(1, 2, 3))  # (B,)
+    return ((rows + first_key[:, None]) * 0)[..., None]  # (B, T, 1): 0, or NaN
 
 
 class KVCache:
@@ -467,4 +475,4 @@ class MultiHeadAttention(nn.Module):
                    hook_pattern=self.hook_pattern, drop_pattern=self.attn_drop)  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         out = z @ self.W_O if self.b_O is None else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
-        return self.resid_drop(out)  # (B, T, d_model)
+        return self.resid_drop(out + non_finite_rows(q, k))  # (B, T, d_model)

@@ -257,8 +257,8 @@ def upgrade_legacy(path: str | Path) -> Path:
     if kind is None:
         raise ValueError(f"{w_path} is not a model saved by an earlier gptlib")
     cfg_path = w_path.parent / "config.json" if kind == "GPT" else None
-    if cfg_path is not None:
-        check_file(cfg_path)
+    if cfg_path is not None and not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} does not exist")
     source = cfg_path or w_path
     try:
         text = cfg_path.read_text(encoding="utf-8") if cfg_path else meta.get("config", "")

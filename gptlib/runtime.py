@@ -266,13 +266,14 @@ def check_finite_weights(model: torch.nn.Module) -> None:
         raise ValueError(f"the model has non-finite weights: {name} holds NaN or inf")
 
 
-def check_file(path: object, name: str = "path", *, must_exist: bool = True) -> Path:
+def check_file(path: object, name: str = "path", *, must_exist: bool = True, hint: str = "") -> Path:
     """``path`` as a ``Path`` to a readable regular file, or an error that says what it is instead.
 
     A missing file is ``FileNotFoundError`` ("does not exist"), a directory or another non-file
     ``ValueError``, a file this process may not read ``PermissionError``; a path that is neither a
     str nor an ``os.PathLike`` is ``ValueError`` naming ``name``. With ``must_exist=False`` a
     missing file is accepted (a file about to be written); what exists must still be a file.
+    ``hint`` (how to make the file, say) ends the message of a missing file.
 
     >>> check_file(".")
     Traceback (most recent call last):
@@ -287,7 +288,7 @@ def check_file(path: object, name: str = "path", *, must_exist: bool = True) -> 
     except FileNotFoundError:
         if not must_exist:
             return path
-        raise FileNotFoundError(f"{path} does not exist") from None
+        raise FileNotFoundError(f"{path} does not exist" + (f"; {hint}" if hint else "")) from None
     except NotADirectoryError:
         raise FileNotFoundError(f"{path} does not exist (a part of it is a file, not a folder)") from None
     except PermissionError:

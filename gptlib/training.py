@@ -71,6 +71,13 @@ def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int 
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
+def _check_logits(logits: object, targets: object) -> None:
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError(f"logits must be a floating-point tensor (..., d_vocab), got {getattr(logits, 'dtype', type(logits).__name__)}")
+    if not isinstance(targets, Tensor):
+        raise ValueError(f"targets must be an integer tensor, got {type(targets).__name__}")
+
+
 def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean over positions of -log softmax(logits)[target], with log softmax = y - logsumexp(y).
 
@@ -79,6 +86,7 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     >>> round(float(cross_entropy_from_formula(torch.zeros(2, 4), torch.tensor([0, 3]))), 4)  # ln 4
     1.3863
     """
+    _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
     check_targets(targets, logits.shape[-1])
@@ -96,6 +104,7 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     >>> round(float(lm_loss(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))), 4)  # ln 4
     1.3863
     """
+    _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape or targets.dim() != 2:
         raise ValueError(f"logits (B, T, d_vocab) and targets (B, T) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
     if targets.dtype not in (torch.int64, torch.int32):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptlib import files
-from gptlib.attention import attend
+from gptlib.attention import attend, non_finite_rows
 from gptlib.model import GPT, GPTConfig
 from gptlib.modern import ModernConfig, ModernGPT
 from gptlib.parallel.context import blockwise_attention
@@ -60,13 +60,13 @@ def test_a_nan_attention_weight_makes_the_logits_nan(T, weight, grad):
 
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_the_fused_kernel_propagates_a_non_finite_query_or_key(T):
-    """The CPU's fused kernel gives a row whose scores are all NaN the output 0; attend does not."""
+    """The CPU's fused kernel gives a row whose scores are all NaN the output 0; non_finite_rows restores NaN."""
     g = torch.Generator().manual_seed(0)
     for which in range(2):
         for bad in (NAN, math.inf):
             q, k, v = (torch.randn(1, 2, T, 4, generator=g) for _ in range(3))
             (q, k)[which][..., 0, :] = bad
-            fused = attend(q, k, v, fused=True)
+            fused = attend(q, k, v, fused=True) + non_finite_rows(q, k)[:, None]
             readable = attend(q, k, v, fused=False)
             assert not torch.isfinite(fused[..., 0, :]).any()
             assert not (torch.isfinite(fused) & ~torch.isfinite(readable)).any()  # the formula's NaN shows
@@ -457,3 +457,10 @@ def test_an_additive_mask_is_not_a_boolean_one():
     q = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="mask must be an additive float tensor"):
         attention_pattern(q, q, torch.ones(2, 2, dtype=torch.bool).tril())
+
+
+def test_a_nan_score_makes_no_preference_pair():
+    from gptlib.rlhf.objectives import preference_pairs
+
+    with pytest.raises(ValueError, match="scores must be finite"):
+        preference_pairs(torch.arange(3)[:, None], torch.tensor([[0.0, NAN, 1.0]]))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..runtime import check_finite, check_float, check_ids, check_mask
+from ..runtime import check_finite, check_float, check_ids, check_int, check_mask
 
 __all__ = [
     "token_logprobs",
@@ -96,8 +96,7 @@ def ranking_pairs(K: int) -> list[tuple[int, int]]:
     >>> ranking_pairs(3)
     [(0, 1), (0, 2), (1, 2)]
     """
-    if K < 2:
-        raise ValueError(f"K must be >= 2, got {K}")
+    K = check_int("K", K, lo=2)
     return [(i, j) for i in range(K) for j in range(i + 1, K)]
 
 
@@ -116,6 +115,8 @@ def preference_pairs(samples: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
     if scores.dim() != 2 or samples.dim() < 1 or len(samples) != scores.numel():
         raise ValueError(f"samples (n * K, T) and scores (n, K) must agree, got {tuple(samples.shape)} "
                          f"and {tuple(scores.shape)}")
+    if scores.is_floating_point():
+        check_finite("scores", scores)  # a NaN score is unequal to every score: it would make pairs
     n, K = scores.shape
     winners, losers = [], []
     for i in range(n):
