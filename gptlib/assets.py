@@ -24,6 +24,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .runtime import check_file
+
 __all__ = ["Asset", "ASSETS", "cache_dir", "asset_path", "fetch", "sha256_file"]
 
 
@@ -117,8 +119,7 @@ def asset_path(name: str) -> Path:
     """
     a = _asset(name)
     path = cache_dir() / a.filename
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; run `python -m gptlib.assets fetch {name}` (make does)")
+    check_file(path, hint=f"run `python -m gptlib.assets fetch {name}` (make does)")
     digest = sha256_file(path)
     if digest != a.sha256:
         raise ValueError(f"{path} has sha256 {digest}, expected {a.sha256}; delete it and fetch it again")

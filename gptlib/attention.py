@@ -30,6 +30,7 @@ __all__ = [
     "d_head_of",
     "repeat_kv",
     "attend",
+    "non_finite_rows",
     "KVCache",
     "check_cache",
     "MultiHeadAttention",
@@ -85,6 +86,10 @@ def attention_pattern(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tenso
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
     if mask is not None:
+        if not isinstance(mask, Tensor) or not mask.is_floating_point():
+            raise ValueError(f"mask must be an additive float tensor (0 where a key is seen, -inf where not), got "
+                             f"{getattr(mask, 'dtype', type(mask).__name__)}; from a boolean keep-mask m: "
+                             "torch.zeros(m.shape).masked_fill(~m, float('-inf'))")
         m_shape = ((1, 1) + tuple(mask.shape))[-2:]  # the last two dims, a scalar or vector padded with 1s
         if any(m not in (1, n) for m, n in zip(m_shape, (q.shape[-2], k.shape[-2]))):
             raise ValueError(f"mask must broadcast to (T, T_k) = ({q.shape[-2]}, {k.shape[-2]}), got shape {tuple(mask.shape)}")
@@ -204,7 +209,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
     ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` kernel, with attention dropout
     ``dropout``. ``fused=False`` is the readable path: the pattern of :func:`attention_pattern`,
     passed through ``hook_pattern`` (whose forward hooks may read or replace it) and
-    ``drop_pattern`` (a dropout module), times the values. Both compute the same function.
+    ``drop_pattern`` (a dropout module), times the values. Both compute the same function for
+    finite inputs; for a non-finite query or first key the fused kernel may give the row 0 where
+    the formula gives NaN, which a layer restores with :func:`non_finite_rows`.
     """
     T, T_k, group = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
     if fused:
@@ -222,6 +229,28 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
     if drop_pattern is not None:
         pattern = drop_pattern(pattern)
     return pattern @ v  # (B, n_heads, T, d_head)
+
+
+def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
+    """0 for each query position, NaN where its query or the first key holds a NaN or an infinity: (B, T, 1).
+
+    q: (B, n_heads, T, d_head), k: (B, n_kv_heads, T_k, d_head). The formula makes such a row of a
+    layer's output NaN: every score of a non-finite query is NaN or infinite, and so is one score
+    of every row when the first key (which every query sees) is. PyTorch's fused kernel on the CPU
+    does not: its running row maximum skips NaN, and a row left without a finite maximum is taken
+    for a fully masked one and given the output 0 (pytorch/pytorch#141128), so a NaN weight in
+    W_Q or W_K would vanish from the logits. A layer adds this term to its output (after W_O,
+    where it keeps no extra activation for the backward pass); a NaN among the later keys or in
+    the values already reaches the output through the kernel's sums. No device synchronisation.
+
+    >>> q = torch.zeros(1, 2, 3, 4)
+    >>> q[0, 1, 2, 0] = float("nan")  # head 1's query at position 2
+    >>> non_finite_rows(q, torch.zeros(1, 1, 3, 4)).flatten().tolist()
+    [0.0, 0.0, nan]
+    """
+    rows = q.sum(dim=(1, 3))  # (B, T)
+    first_key = k[:, :, :1].sum(dim=(1, 2, 3))  # (B,)
+    return ((rows + first_key[:, None]) * 0)[..., None]  # (B, T, 1): 0, or NaN
 
 
 class KVCache:
@@ -423,4 +452,4 @@ class MultiHeadAttention(nn.Module):
                    hook_pattern=self.hook_pattern, drop_pattern=self.attn_drop)  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         out = z @ self.W_O if self.b_O is None else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
-        return self.resid_drop(out)  # (B, T, d_model)
+        return self.resid_drop(out + non_finite_rows(q, k))  # (B, T, d_model)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from .hooks import capture, capture_patterns
 from .model import GPT
-from .runtime import atomic_write, check_ids
+from .runtime import atomic_write, check_file, check_ids
 from .sampling import _check_finite_weights
 
 __all__ = ["OUTPUTS", "readout", "to_onnx", "tokenizer_json", "weights_sha256", "manifest", "export"]
@@ -273,9 +273,7 @@ def export(model_dir: str | Path, out_dir: str | Path, name: str | None = None) 
     name = model_dir.resolve().name if name is None else name
     if not isinstance(name, str) or not name or any(c in name for c in "/\\\0") or name.startswith("."):
         raise ValueError(f"name must be a plain file name, got {name!r}")
-    tok_path = model_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path} does not exist")
+    tok_path = check_file(model_dir / "tokenizer.json")
     model = GPT.load(model_dir).eval()
     tokenizer = BPETokenizer.load(tok_path)
     if tokenizer.vocab_size != model.config.d_vocab:

@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
-from .runtime import atomic_write
+from .runtime import atomic_write, check_file
 from .state import FLOAT_DTYPES, pack, tied_aliases, unpack
 
 __all__ = [
@@ -101,8 +101,7 @@ def _no_constants(name: str):
 
 
 def _open_header(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    check_file(path)
     try:
         with safe_open(str(path), "pt") as f:
             return f.metadata() or {}
@@ -129,9 +128,7 @@ def read_fields(path: str | Path) -> dict:
 
 def read_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Every tensor of a safetensors file (any writer's), or ``ValueError`` naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = check_file(path)
     try:
         return load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError) as e:

@@ -35,7 +35,7 @@ from torch import Tensor
 from .assets import asset_path, cache_dir, sha256_file
 from .files import read_fields, save_model
 from .modern import ModernConfig, ModernGPT
-from .runtime import atomic_write
+from .runtime import atomic_write, check_file
 from .tokenizers.gguf import GGUFTokenizer
 
 __all__ = [
@@ -81,9 +81,7 @@ def read_gguf(path: str | Path, tensors: bool = True) -> GGUFContents:
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import dequantize
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = check_file(path)
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors … on bad bytes
@@ -302,8 +300,7 @@ def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torc
     at export: a changed or damaged file raises ``ValueError`` naming it."""
     w_path, t_path = Path(w_path), Path(t_path)
     for p in (w_path, t_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
+        check_file(p, hint="run `make smollm2` (or `python -m gptlib.gguf export`)")
     try:
         problem = _stale(w_path)  # from the header, before the tensors are read
     except ValueError as e:
@@ -344,8 +341,7 @@ def stored_types() -> dict[str, str]:
     (read from the header of the cached model file), in the model's order: the embedding, block 0's
     tensors, block 1's, …, the final norm."""
     w_path, _ = _export_paths()
-    if not w_path.is_file():
-        raise FileNotFoundError(f"{w_path} is missing; run `make smollm2` (or `python -m gptlib.gguf export`)")
+    check_file(w_path, hint="run `make smollm2` (or `python -m gptlib.gguf export`)")
     _refuse_stale(w_path, _stale(w_path))
     types = read_fields(w_path).get("gguf_types")
     if not isinstance(types, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):

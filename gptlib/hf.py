@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .model import GPT, GPTConfig
 from .modern import ModernGPT
-from .runtime import check_float, check_positive_int
+from .runtime import check_file, check_float, check_positive_int
 from .files import read_tensors
 from .state import load_state_checked
 
@@ -32,9 +32,10 @@ HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "ge
 
 
 def _read_json(path: Path) -> dict:
+    path = check_file(path)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path} must hold a JSON object")

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import runtime
-from .attention import KVCache, attend, check_cache, d_head_of
+from .attention import KVCache, attend, check_cache, d_head_of, non_finite_rows
 from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, logit_lens
 from .positional import sinusoidal_frequencies
@@ -195,7 +195,7 @@ class GroupedQueryAttention(nn.Module):
             k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = offset + T
         z = attend(q, k, v, fused=self.fused, hook_pattern=self.hook_pattern)  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
-        return z @ self.W_O  # (B, T, d_model)
+        return z @ self.W_O + non_finite_rows(q, k)  # (B, T, d_model); see non_finite_rows
 
 
 # --- the model ----------------------------------------------------------------------------------

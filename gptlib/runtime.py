@@ -31,6 +31,11 @@ __all__ = [
     "check_int",
     "check_float",
     "check_ids",
+    "check_targets",
+    "check_mask",
+    "check_finite",
+    "check_finite_weights",
+    "check_file",
     "named_preset",
 ]
 
@@ -167,6 +172,134 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
     for k, i in enumerate(items):
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < size:
             raise ValueError(f"{name} must be ints in [0, {size}), got {i!r} at position {k}")
+
+
+def check_targets(targets: object, size: int, name: str = "targets") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``targets`` is a non-empty integer tensor of ids in [0, size).
+
+    The book's losses score every target: there is no ``ignore_index``, so -100 (PyTorch's
+    marker for a skipped position) is refused like any other id out of range.
+
+    >>> check_targets(torch.tensor([[0, 4]]), 5)
+    >>> check_targets(torch.tensor([3, -100]), 5)
+    Traceback (most recent call last):
+    ...
+    ValueError: targets must lie in [0, 5), got values in [-100, 3] (-100 skips nothing here: the book's losses have no ignore_index)
+    """
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"{name} must be an integer tensor, got {type(targets).__name__}")
+    if targets.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(targets.shape)}): a mean over no target is undefined")
+    try:
+        check_ids(targets, size, name)
+    except ValueError as e:
+        if targets.dtype in _INT_DTYPES and bool((targets == -100).any()):
+            raise ValueError(f"{e} (-100 skips nothing here: the book's losses have no ignore_index)") from None
+        raise
+
+
+def check_mask(name: str, mask: object, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    """``mask`` as a boolean tensor of ``shape``, or ``ValueError`` naming ``name``.
+
+    A mask selects: a bool tensor, or numbers that are all 0 or 1 (read as False and True). Any
+    other value (0.5, 7) would weigh what it is meant to select, so it is refused.
+
+    >>> check_mask("mask", torch.tensor([1.0, 0.0]), (2,))
+    tensor([ True, False])
+    >>> check_mask("mask", torch.tensor([0.0, 0.5]), (2,))
+    Traceback (most recent call last):
+    ...
+    ValueError: mask must be boolean (or 0/1), got values other than 0 and 1 in a tensor of torch.float32
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"{name} must be a boolean tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{name} must be boolean (or 0/1), got values other than 0 and 1 in a tensor of {mask.dtype}")
+    return mask != 0
+
+
+def check_finite(name: str, t: object) -> torch.Tensor:
+    """``t`` if it is a floating-point tensor without NaN or infinity; else ``ValueError`` naming ``name``.
+
+    Reads the data (a device synchronisation on a GPU).
+
+    >>> check_finite("rewards", torch.tensor([1.0, float("nan")]))
+    Traceback (most recent call last):
+    ...
+    ValueError: rewards must be finite, got 1 NaN or infinite value(s) of 2
+    """
+    if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+        raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.device.type != "meta" and not torch.compiler.is_compiling():
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise ValueError(f"{name} must be finite, got {bad} NaN or infinite value(s) of {t.numel()}")
+    return t
+
+
+def check_finite_weights(model: torch.nn.Module) -> None:
+    """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity.
+
+    Its outputs would be meaningless; the error says where the fault is, before any is computed.
+    One reduction per tensor (its max and min, which NaN and the infinities reach) and one device
+    synchronisation in all.
+
+    >>> m = torch.nn.Linear(2, 1)
+    >>> _ = m.bias.data.fill_(float("inf"))
+    >>> check_finite_weights(m)
+    Traceback (most recent call last):
+    ...
+    ValueError: the model has non-finite weights: bias holds NaN or inf
+    """
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel() and t.device.type != "meta"]
+    if not named:
+        return
+    dev = named[0][1].device
+    ends = torch.stack([torch.stack([t.detach().amax(), t.detach().amin()]).to(dev, torch.float32) for _, t in named])
+    if not bool(torch.isfinite(ends).all()):
+        name = named[int((~torch.isfinite(ends)).any(dim=1).nonzero()[0])][0]
+        raise ValueError(f"the model has non-finite weights: {name} holds NaN or inf")
+
+
+def check_file(path: object, name: str = "path", *, must_exist: bool = True, hint: str = "") -> Path:
+    """``path`` as a ``Path`` to a readable regular file, or an error that says what it is instead.
+
+    A missing file is ``FileNotFoundError`` ("does not exist"), a directory or another non-file
+    ``ValueError``, a file this process may not read ``PermissionError``; a path that is neither a
+    str nor an ``os.PathLike`` is ``ValueError`` naming ``name``. With ``must_exist=False`` a
+    missing file is accepted (a file about to be written); what exists must still be a file.
+    ``hint`` (how to make the file, say) ends the message of a missing file.
+
+    >>> check_file(".")
+    Traceback (most recent call last):
+    ...
+    ValueError: . is a directory, not a file
+    """
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a str or a path, got {type(path).__name__}")
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not must_exist:
+            return path
+        raise FileNotFoundError(f"{path} does not exist" + (f"; {hint}" if hint else "")) from None
+    except NotADirectoryError:
+        raise FileNotFoundError(f"{path} does not exist (a part of it is a file, not a folder)") from None
+    except PermissionError:
+        raise PermissionError(f"{path} cannot be read: no permission to reach it") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    if must_exist and not os.access(path, os.R_OK):
+        raise PermissionError(f"{path} cannot be read (mode {stat.S_IMODE(st.st_mode):o})")
+    return path
 
 
 def device(prefer: str | None = None) -> torch.device:

@@ -11,13 +11,13 @@ strategies reshape it before drawing:
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
+from .runtime import check_finite_weights as _check_finite_weights  # gptlib.export's import name
 from .runtime import check_float, check_ids, check_int
 
 __all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation"]
@@ -100,24 +100,6 @@ def next_token_probs(
     return probs[0] if squeeze else probs
 
 
-def _check_finite_weights(model: nn.Module) -> None:
-    """Raise ``ValueError`` naming the first parameter or buffer that holds a NaN or an infinity.
-
-    Needed because PyTorch's fused CPU attention turns NaN scores into 0 (since torch 2.5): a model
-    with NaN weights can give finite logits. One reduction per tensor (its max and min, which NaN
-    and the infinities reach) and one synchronisation in all.
-    """
-    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
-    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel()]
-    if not named:
-        return
-    dev = named[0][1].device
-    ends = torch.stack([torch.stack([t.amax(), t.amin()]).to(dev, torch.float32) for _, t in named])  # (n, 2)
-    if not bool(torch.isfinite(ends).all()):
-        name = named[int((~torch.isfinite(ends)).any(dim=1).nonzero()[0])][0]
-        raise ValueError(f"the model has non-finite weights ({name} holds NaN or inf): its outputs are meaningless")
-
-
 class Generation(NamedTuple):
     """The result of :func:`generate_with_logits`: the ids and the logits of every step."""
 
@@ -125,10 +107,13 @@ class Generation(NamedTuple):
     logits: Tensor  # (B, max_new_tokens, d_vocab), or (max_new_tokens, d_vocab)
 
 
+MAX_NEW_TOKENS = 2**20  # a bound on one call, far past any context here: more is a mistake, not a request
+
+
 @torch.no_grad()
 def _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits) -> Generation:
     """The generation loop of :func:`generate`; every argument is checked here, once per call."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=0)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS)
     temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
     if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or ids.shape[-1] < 1 or ids.numel() < 1:
         shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
@@ -207,8 +192,8 @@ def generate(
     positions, as without the cache. Both paths give the same tokens (and logits up to rounding).
 
     Checked once per call, off the per-token path: the settings (:func:`next_token_probs`), the ids
-    (ints in [0, d_vocab)) and the weights (finite: a NaN weight can hide behind the fused attention
-    kernel, which turns NaN scores into 0). Logits that turn non-finite are a ``ValueError`` too.
+    (ints in [0, d_vocab)), ``max_new_tokens`` (at most :data:`MAX_NEW_TOKENS`) and the weights
+    (finite, so the error names the parameter). Logits that turn non-finite are a ``ValueError`` too.
     :func:`generate_with_logits` also returns the logits of every step.
 
     >>> from gptlib.model import GPT, GPTConfig

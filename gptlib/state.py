@@ -1,7 +1,7 @@
 """Infrastructure: what a model or a training run consists of, checked before anything is loaded.
 
 * :func:`check_state` and :func:`load_state_checked`: a state dict against a model (names,
-  shapes, dtypes; a tied parameter stored once, :func:`tied_aliases`);
+  shapes, dtypes, finite values; a tied parameter stored once, :func:`tied_aliases`);
 * :func:`check_optimizer_state` and :func:`check_random_states`: an optimiser's moments and the
   random generators' states, the rest of a training run;
 * :func:`pack` and :func:`unpack`: a tree of values (dicts, lists, numbers, tensors) as a JSON
@@ -60,7 +60,7 @@ def _few(names: list[str]) -> str:
 
 def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
     """The full state dict for ``model`` (tied names filled in), or ``ValueError`` naming ``source``
-    and the missing, unexpected, mis-shaped or mistyped tensor. Changes nothing.
+    and the missing, unexpected, mis-shaped, mistyped or non-finite tensor. Changes nothing.
 
     A floating-point tensor may come in any width of :data:`FLOAT_DTYPES` (it is cast on loading);
     any other tensor must have the model's dtype: an int32 tensor is never read into a float weight.
@@ -88,6 +88,10 @@ def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state
         if not ok:
             allowed = "one of float16, bfloat16, float32, float64" if want.is_floating_point() else str(want.dtype)
             raise ValueError(f"{source}: tensor {k!r} has dtype {v.dtype}, the model expects {allowed}")
+    floats = [(k, v) for k, v in state.items() if v.is_floating_point() and v.numel() and v.device.type != "meta"]
+    if floats and not bool(torch.stack([v.isfinite().all() for _, v in floats]).all()):  # one sync
+        k = next(k for k, v in floats if not bool(v.isfinite().all()))
+        raise ValueError(f"{source}: tensor {k!r} holds NaN or infinite values")
     return state
 
 
@@ -99,10 +103,31 @@ def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str =
 
 
 # --- the rest of a training run --------------------------------------------------------------
-def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str) -> dict:
-    """``sd`` if ``optimizer.load_state_dict(sd)`` would restore it exactly, else ``ValueError``
-    naming ``source``: the same groups, settings and parameters, and every per-parameter tensor
-    except a scalar ``step`` of its parameter's shape, finite. Changes nothing."""
+# Settings that say how an optimiser computes, not what: a run on a GPU uses the fused kernel, the
+# same run resumed on a CPU cannot, and both compute the same update.
+_IMPLEMENTATION_SETTINGS = {"fused"}
+
+
+def _adam_moments(optimizer: torch.optim.Optimizer, group: dict) -> set[str] | None:
+    """The per-parameter state an Adam or AdamW step leaves, or None for another optimiser."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return None
+    return {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str, step: int | None = None,
+                          lr: float | None = None) -> dict:
+    """``sd`` if ``optimizer.load_state_dict(sd)`` would restore a state this optimiser can reach,
+    else ``ValueError`` naming ``source`` and the setting or tensor. Changes nothing.
+
+    * The same groups and parameters, and every setting of each group (betas, eps, weight decay,
+      amsgrad, maximize, foreach, ...) equal to the optimiser's own, except ``lr``, which must be a
+      finite number >= 0 and, if ``lr`` is given, equal it; ``fused`` (an implementation) may differ.
+    * Each per-parameter tensor finite, of its parameter's shape (a scalar ``step``); a ``step`` an
+      integer >= 0, equal to ``step`` if given; second moments (``exp_avg_sq``) >= 0.
+    * For Adam and AdamW, with ``step`` given: no state at step 0, and after it the state of every
+      parameter, with exactly the moments a step leaves.
+    """
     ours = optimizer.state_dict()
     if not isinstance(sd, dict) or set(sd) != {"state", "param_groups"} or not isinstance(sd["param_groups"], list):
         raise ValueError(f"{source} is not an optimiser state (state, param_groups)")
@@ -111,18 +136,43 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str
     for i, (g, o) in enumerate(zip(sd["param_groups"], ours["param_groups"])):
         if not isinstance(g, dict) or set(g) != set(o) or g["params"] != o["params"]:
             raise ValueError(f"{source}: param_groups[{i}] does not match the optimiser's parameters and settings")
+        for key in sorted(set(o) - {"params", "lr"} - _IMPLEMENTATION_SETTINGS):
+            if type(g[key]) is not type(o[key]) or g[key] != o[key]:
+                raise ValueError(f"{source}: param_groups[{i}][{key!r}] is {g[key]!r}, this run's is {o[key]!r}")
+        g_lr = g.get("lr")
+        if (isinstance(g_lr, bool) or not isinstance(g_lr, (int, float)) or not math.isfinite(g_lr) or g_lr < 0
+                or (lr is not None and g_lr != lr)):
+            want = "a finite number >= 0" if lr is None else repr(lr)
+            raise ValueError(f"{source}: param_groups[{i}]['lr'] is {g_lr!r}, this run's is {want}")
+    groups = [g for g in optimizer.param_groups for _ in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if not isinstance(sd["state"], dict) or not set(sd["state"]) <= set(range(len(params))):
         raise ValueError(f"{source}: state names parameters the optimiser does not have")
+    if step is not None and _adam_moments(optimizer, optimizer.param_groups[0]) is not None:
+        if step == 0 and sd["state"]:
+            raise ValueError(f"{source}: state holds moments of {len(sd['state'])} parameters at step 0, before any update")
+        missing = sorted(set(range(len(params))) - set(sd["state"]))
+        if step > 0 and missing:
+            raise ValueError(f"{source}: state lacks the moments of parameter(s) {missing[:5]} at step {step}")
     for i, st in sd["state"].items():
         if not isinstance(st, dict):
             raise ValueError(f"{source}: state[{i}] is not a mapping")
+        keys = _adam_moments(optimizer, groups[i])
+        if keys is not None and set(st) != keys:
+            raise ValueError(f"{source}: state[{i}] holds {sorted(st)}, an Adam step of this run leaves {sorted(keys)}")
         for k, t in st.items():
             want = () if k == "step" else tuple(params[i].shape)
             if not isinstance(t, Tensor) or tuple(t.shape) != want or not t.is_floating_point():
                 raise ValueError(f"{source}: state[{i}][{k!r}] must be a float tensor of shape {want}")
             if not bool(t.isfinite().all()):
                 raise ValueError(f"{source}: state[{i}][{k!r}] holds NaN or infinite values")
+            if k in ("exp_avg_sq", "max_exp_avg_sq") and bool((t < 0).any()):
+                raise ValueError(f"{source}: state[{i}][{k!r}] holds negative values; a mean of squares cannot")
+            if k == "step":
+                n = float(t)
+                if n < 0 or n != int(n) or (step is not None and n != step):
+                    want = "an integer >= 0" if step is None else f"this run's step {step}"
+                    raise ValueError(f"{source}: state[{i}]['step'] is {n!r}, it must be {want}")
     return sd
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .files import model_fields, model_tensors, read_file, write_file
-from .runtime import autocast, check_float, check_ids, check_int, check_positive_int
+from .runtime import autocast, check_finite_weights, check_float, check_ids, check_int, check_positive_int
 from .state import check_optimizer_state, check_random_states, check_state, pack, unpack
 from .training import lm_loss, lr_at, param_groups, train_step
 
@@ -81,14 +81,6 @@ def _check_windows(name: str, pair, d_vocab: int | None, n_ctx: int | None) -> t
     return x, y
 
 
-def _first_non_finite(model: torch.nn.Module) -> str | None:
-    """The name of the first parameter holding a NaN or an infinity (one device sync if none does)."""
-    params = list(model.named_parameters())
-    if not params or bool(torch.stack([p.detach().isfinite().all() for _, p in params]).all()):
-        return None
-    return next(n for n, p in params if not bool(p.detach().isfinite().all()))
-
-
 class Trainer:
     """AdamW, warm-up + cosine schedule, gradient clipping, periodic evaluation, checkpoints.
 
@@ -119,9 +111,7 @@ class Trainer:
         self._torn = False  # True once a step was interrupted part-way: no checkpoint until one is loaded
 
     def _check_model_finite(self) -> None:
-        bad = _first_non_finite(self.model)
-        if bad is not None:
-            raise ValueError(f"the model's parameter {bad!r} holds NaN or infinite values")
+        check_finite_weights(self.model)
 
     def lr(self) -> float:
         c = self.config
@@ -262,7 +252,8 @@ class Trainer:
                 and all(isinstance(v, int) and 0 < v <= step for v in h["eval_step"])
                 and isinstance(h["eval_loss"], list) and len(h["eval_loss"]) == len(h["eval_step"]) and finite(h["eval_loss"])):
             raise bad("trainer.history", f"does not describe steps 0 … {step - 1} (lists {names}, finite losses, one per step)")
-        check_optimizer_state(self.opt, tree["optimizer"], f"{path}: field 'trainer.optimizer'")
+        lr = h["lr"][-1] if step else self.opt.param_groups[0]["lr"]  # the last step's, or the initial one
+        check_optimizer_state(self.opt, tree["optimizer"], f"{path}: field 'trainer.optimizer'", step=step, lr=lr)
         tree["rng"] = check_random_states(tree["rng"], f"{path}: field 'trainer.rng'")
         if {"batches", "torch", "python"} - set(tree["rng"]):
             raise bad("trainer.rng", "must hold the states batches, torch and python")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .runtime import autocast, check_float, check_ids, check_int, check_positive_int
+from .runtime import autocast, check_float, check_ids, check_int, check_positive_int, check_targets
 
 __all__ = [
     "make_windows",
@@ -70,6 +71,13 @@ def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int 
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
+def _check_logits(logits: object, targets: object) -> None:
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError(f"logits must be a floating-point tensor (..., d_vocab), got {getattr(logits, 'dtype', type(logits).__name__)}")
+    if not isinstance(targets, Tensor):
+        raise ValueError(f"targets must be an integer tensor, got {type(targets).__name__}")
+
+
 def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean over positions of -log softmax(logits)[target], with log softmax = y - logsumexp(y).
 
@@ -78,9 +86,10 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     >>> round(float(cross_entropy_from_formula(torch.zeros(2, 4), torch.tensor([0, 3]))), 4)  # ln 4
     1.3863
     """
+    _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
-    check_ids(targets, logits.shape[-1], "targets")
+    check_targets(targets, logits.shape[-1])
     log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -log_probs.gather(-1, targets[..., None])[..., 0].mean()
 
@@ -88,25 +97,38 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """The training loss: mean next-token cross-entropy over all B T positions, computed in float32.
 
-    logits (B, T, d_vocab), targets (B, T). Equal to :func:`cross_entropy_from_formula`.
+    logits (B, T, d_vocab), targets (B, T) ids in [0, d_vocab), at least one. Every position is
+    scored (PyTorch's ``ignore_index=-100`` has no meaning here and is refused). Equal to
+    :func:`cross_entropy_from_formula`.
 
     >>> round(float(lm_loss(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))), 4)  # ln 4
     1.3863
     """
+    _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape or targets.dim() != 2:
         raise ValueError(f"logits (B, T, d_vocab) and targets (B, T) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64 or int32 ids, got {targets.dtype}")
+    check_targets(targets, logits.shape[-1])  # every target scored: no ignore_index, no empty mean
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 def perplexity(loss: float | Tensor) -> float:
     """exp(mean negative log-likelihood): the size of a uniform vocabulary with the same loss.
 
+    ``loss`` is a cross-entropy in nats: >= 0, and small enough for its exponential to be a float.
+
     >>> round(perplexity(math.log(50)), 6)
     50.0
     """
-    return math.exp(check_float("loss", float(loss)))
+    if isinstance(loss, Tensor):
+        if loss.numel() != 1:
+            raise ValueError(f"loss must be a number or a one-element tensor, got shape {tuple(loss.shape)}")
+        loss = loss.item()
+    return math.exp(check_float("loss", loss, 0.0, _MAX_EXP))
+
+
+_MAX_EXP = math.log(sys.float_info.max)  # 709.78...: exp of anything larger overflows a float
 
 
 def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
@@ -119,7 +141,7 @@ def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0
     check_int("warmup", warmup)
     check_int("total", total)
     check_float("max_lr", max_lr, 0.0)
-    check_float("min_lr", min_lr, 0.0)
+    check_float("min_lr", min_lr, 0.0, max_lr)  # the cosine decays: it never rises to min_lr
     if warmup < 0 or total < 1 or warmup > total:
         raise ValueError(f"need 0 <= warmup <= total and total >= 1, got warmup={warmup}, total={total}")
     if step < warmup:
@@ -149,8 +171,8 @@ def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Opti
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     else:
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-    # One device synchronisation reads both. A NaN weight need not show in the loss (the CPU's
-    # fused attention turns NaN scores into 0, pytorch/pytorch#141128) but does in the gradients.
+    # One device synchronisation reads both: a diverging run can keep a finite loss a step longer
+    # than finite gradients.
     value, grad_norm = torch.stack([loss.detach().float().reshape(()), norm.detach().float().to(loss.device)]).tolist()
     if not math.isfinite(value) or not math.isfinite(grad_norm):
         raise ValueError(f"the loss is {value} and the gradient norm {grad_norm}: training diverged or the model holds "
@@ -207,8 +229,13 @@ def windows_loss(
         raise ValueError(f"x and y must both have shape (n, T), got {tuple(x.shape)} and {tuple(y.shape)}")
     if len(x) == 0:
         raise ValueError("x holds no window")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_positive_int("batch_size", batch_size)
+    d_vocab = getattr(getattr(model, "config", None), "d_vocab", None)
+    if d_vocab is not None:
+        check_ids(x, d_vocab, "x")
+        check_targets(y, d_vocab, "y")
+    if byte_lengths is not None:
+        byte_lengths = _check_byte_lengths(byte_lengths, y)
     dev = next(model.parameters()).device
     was = model.training
     model.eval()
@@ -217,14 +244,32 @@ def windows_loss(
         with autocast(dev):
             logits = model(x[i:i + batch_size].to(dev))  # (b, T, d_vocab)
         targets = y[i:i + batch_size].flatten().to(dev)  # (b T,)
+        if i == 0 and d_vocab is None:  # a model without a config: the logits give d_vocab
+            check_targets(y, logits.shape[-1], "y")
         total += float(F.cross_entropy(logits.float().flatten(0, 1), targets, reduction="sum"))
     model.train(was)
     n_tokens = y.numel()
     if byte_lengths is None:
         return WindowsLoss(total / n_tokens, None, n_tokens, None)
-    byte_lengths = torch.as_tensor(byte_lengths)
-    if byte_lengths.dim() != 1 or int(y.max()) >= len(byte_lengths) or int(y.min()) < 0:
-        raise ValueError(f"byte_lengths must give the length of every token id in y, got shape "
-                         f"{tuple(byte_lengths.shape)} for ids up to {int(y.max())}")
     n_bytes = int(byte_lengths[y].sum())
     return WindowsLoss(total / n_tokens, total / (math.log(2) * n_bytes), n_tokens, n_bytes)
+
+
+def _check_byte_lengths(byte_lengths: Tensor | list[int], y: Tensor) -> Tensor:
+    """``byte_lengths`` as a 1-D integer tensor of lengths >= 0 covering every id of ``y``, whose
+    targets hold at least one byte; else ``ValueError`` naming ``byte_lengths``."""
+    try:
+        lengths = torch.as_tensor(byte_lengths)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"byte_lengths must be a list or tensor of ints: {e}") from None
+    if lengths.dim() != 1 or lengths.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"byte_lengths must be a 1-D list or tensor of ints, got shape {tuple(lengths.shape)} "
+                         f"and dtype {lengths.dtype}")
+    if len(lengths) and int(lengths.min()) < 0:
+        raise ValueError(f"byte_lengths must be >= 0, got {int(lengths.min())}")
+    if int(y.max()) >= len(lengths):
+        raise ValueError(f"byte_lengths must give the length of every token id in y, got {len(lengths)} lengths "
+                         f"for ids up to {int(y.max())}")
+    if int(lengths[y].sum()) == 0:
+        raise ValueError("byte_lengths gives the targets 0 bytes in all: bits per byte are undefined")
+    return lengths

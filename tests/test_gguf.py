@@ -204,7 +204,7 @@ def test_export_is_verified_when_loaded(tiny, tmp_path):
         load_export(w, t)
     w.write_bytes(good_w)
     t.unlink()
-    with pytest.raises(FileNotFoundError, match="tok.json is missing"):
+    with pytest.raises(FileNotFoundError, match="tok.json does not exist; run `make smollm2`"):
         load_export(w, t)
 
 

@@ -206,8 +206,7 @@ def test_infinite_temperature_is_refused_with_a_clear_message():
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_generate_refuses_a_model_with_non_finite_weights(use_cache, fused, bad, tiny_gpt):
-    """The fused CPU attention turns NaN scores into 0 (torch >= 2.5): without a check the logits
-    are finite and generate returns tokens. A non-finite weight is a ValueError naming it."""
+    """A non-finite weight is a ValueError naming it, before any token is drawn."""
     model = tiny_gpt(n_ctx=16)
     for blk in model.blocks:
         blk.attn.fused = fused

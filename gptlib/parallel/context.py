@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..attention import causal_mask
 from ..inference.flash import online_softmax_update  # derived in Chapter 13.1
+from ..runtime import check_int
 from .launch import shard_range
 
 __all__ = ["online_softmax_update", "blockwise_attention", "ring_attention", "ring_attention_worker"]
@@ -33,9 +34,20 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: 
     Never holds more than a (T, T / n_blocks) slice of the scores; equals
     :func:`gptlib.attention.attention` (which holds all T x T of them).
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() < 2:
+            raise ValueError(f"{name} must be a tensor (..., T, d_head), got {getattr(t, 'shape', type(t).__name__)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"q has {q.shape[-2]} positions, more than the {k.shape[-2]} keys it may see")
     T = k.shape[-2]
-    s = shard_range(T, 0, n_blocks)
-    size = s.stop
+    n_blocks = check_int("n_blocks", n_blocks, 1, T)
+    if T % n_blocks:
+        raise ValueError(f"n_blocks={n_blocks} must divide the number of keys T={T}")
+    size = T // n_blocks
     mask = causal_mask(q.shape[-2], T, device=q.device) if causal else None
     state = None
     for b in range(n_blocks):

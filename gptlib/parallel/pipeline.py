@@ -58,6 +58,11 @@ def stage_layers(n_layers: int, stage: int, n_stages: int) -> range:
     >>> list(stage_layers(4, 1, 2))
     [2, 3]
     """
+    n_layers = check_int("n_layers", n_layers, lo=1)
+    n_stages = check_int("n_stages", n_stages, 1, n_layers)
+    stage = check_int("stage", stage, 0, n_stages - 1)
+    if n_layers % n_stages:
+        raise ValueError(f"n_stages={n_stages} must divide n_layers={n_layers}")
     s = shard_range(n_layers, stage, n_stages)
     return range(s.start, s.stop)
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..runtime import check_finite, check_float, check_ids, check_int, check_mask
+
 __all__ = [
     "token_logprobs",
     "sequence_logprob",
@@ -32,15 +34,20 @@ __all__ = [
 ]
 
 
-def _same_shape(**tensors: Tensor) -> None:
+def _same_shape(*, nonempty: bool = False, **tensors: Tensor) -> None:
+    """Tensors of one shape, each finite (log-probabilities, rewards, advantages); with ``nonempty``,
+    holding at least one number (a mean over none is undefined)."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) > 1:
         raise ValueError(f"shapes must match, got {shapes}")
-
-
-def _check_beta(beta: float) -> None:
-    if not beta >= 0:  # also rejects NaN
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    name, first = next(iter(tensors.items()))
+    if nonempty and first.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(first.shape)}): a mean over nothing is undefined")
+    for name, t in tensors.items():
+        check_finite(name, t)
 
 
 def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
@@ -53,6 +60,7 @@ def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     """
     if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits (B, T, d_vocab) and ids (B, T) must agree, got {tuple(logits.shape)} and {tuple(ids.shape)}")
+    check_ids(ids, logits.shape[-1])
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, d_vocab)
     return logp.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
 
@@ -63,8 +71,9 @@ def sequence_logprob(model, ids: Tensor, response_mask: Tensor) -> Tensor:
     ids: (B, T) prompt followed by response; response_mask: (B, T) bool, True on response tokens
     (position 0 is never a response token: it has no context). Returns (B,).
     """
-    if ids.shape != response_mask.shape:
-        raise ValueError(f"response_mask must have the shape of ids {tuple(ids.shape)}, got {tuple(response_mask.shape)}")
+    response_mask = check_mask("response_mask", response_mask, ids.shape)
+    if response_mask.dim() != 2:
+        raise ValueError(f"ids and response_mask must have shape (B, T), got {tuple(ids.shape)}")
     if response_mask[:, 0].any():
         raise ValueError("response_mask must be False at position 0 (the first token has no context)")
     lp = token_logprobs(model(ids), ids)  # (B, T-1)
@@ -77,9 +86,7 @@ def reward_model_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
     >>> round(float(reward_model_loss(torch.tensor([0.0]), torch.tensor([0.0]))), 4)  # ln 2
     0.6931
     """
-    _same_shape(r_chosen=r_chosen, r_rejected=r_rejected)
-    if r_chosen.numel() == 0:
-        raise ValueError("r_chosen is empty")
+    _same_shape(r_chosen=r_chosen, r_rejected=r_rejected, nonempty=True)
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
@@ -89,8 +96,7 @@ def ranking_pairs(K: int) -> list[tuple[int, int]]:
     >>> ranking_pairs(3)
     [(0, 1), (0, 2), (1, 2)]
     """
-    if K < 2:
-        raise ValueError(f"K must be >= 2, got {K}")
+    K = check_int("K", K, lo=2)
     return [(i, j) for i in range(K) for j in range(i + 1, K)]
 
 
@@ -109,6 +115,8 @@ def preference_pairs(samples: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
     if scores.dim() != 2 or samples.dim() < 1 or len(samples) != scores.numel():
         raise ValueError(f"samples (n * K, T) and scores (n, K) must agree, got {tuple(samples.shape)} "
                          f"and {tuple(scores.shape)}")
+    if scores.is_floating_point():
+        check_finite("scores", scores)  # a NaN score is unequal to every score: it would make pairs
     n, K = scores.shape
     winners, losers = [], []
     for i in range(n):
@@ -129,7 +137,7 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, beta: float) -> Tensor:
     tensor([0.0500, 0.0000])
     """
     _same_shape(logp=logp, logp_ref=logp_ref)
-    _check_beta(beta)
+    beta = check_float("beta", beta, 0.0)
     return beta * (logp - logp_ref)
 
 
@@ -141,8 +149,10 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     >>> group_advantages(torch.tensor([[1.0, 3.0]]))
     tensor([[-0.7071,  0.7071]])
     """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must have shape (n_prompts, group_size >= 2), got {tuple(rewards.shape)}")
+    if not isinstance(rewards, Tensor) or rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape (n_prompts, group_size >= 2), got {tuple(getattr(rewards, 'shape', ()))}")
+    check_finite("rewards", rewards)
+    eps = check_float("eps", eps, 0.0, lo_open=True)  # > 0: a group of equal rewards has std 0
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
     return (rewards - mean) / (std + eps)
@@ -157,8 +167,9 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
     >>> leave_one_out_advantages(torch.tensor([[1.0, 3.0, 5.0]]))
     tensor([[-3.,  0.,  3.]])
     """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must have shape (n_prompts, K >= 2), got {tuple(rewards.shape)}")
+    if not isinstance(rewards, Tensor) or rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape (n_prompts, K >= 2), got {tuple(getattr(rewards, 'shape', ()))}")
+    check_finite("rewards", rewards)
     K = rewards.shape[1]
     others = (rewards.sum(dim=1, keepdim=True) - rewards) / (K - 1)  # (n_prompts, K)
     return rewards - others
@@ -172,17 +183,17 @@ def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | 
     >>> float(ppo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([2.0])))  # rho = 1
     -2.0
     """
-    _same_shape(logp=logp, logp_old=logp_old, advantages=advantages)
-    if not 0 < clip_eps < 1:
-        raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
+    _same_shape(logp=logp, logp_old=logp_old, advantages=advantages, nonempty=True)
+    clip_eps = check_float("clip_eps", clip_eps, 0.0, 1.0, lo_open=True, hi_open=True)
+    if mask is not None:
+        mask = check_mask("mask", mask, logp.shape)
+        if not bool(mask.any()):
+            raise ValueError("mask selects no token")
     rho = torch.exp(logp - logp_old)
     surrogate = torch.minimum(rho * advantages, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * advantages)
     if mask is None:
         return -surrogate.mean()
-    _same_shape(logp=logp, mask=mask)
     m = mask.to(surrogate.dtype)
-    if m.sum() == 0:
-        raise ValueError("mask selects no token")
     return -(surrogate * m).sum() / m.sum()
 
 
@@ -198,8 +209,8 @@ def dpo_loss(
     0.6931
     """
     _same_shape(logp_chosen=logp_chosen, logp_rejected=logp_rejected,
-                logp_ref_chosen=logp_ref_chosen, logp_ref_rejected=logp_ref_rejected)
-    _check_beta(beta)
+                logp_ref_chosen=logp_ref_chosen, logp_ref_rejected=logp_ref_rejected, nonempty=True)
+    beta = check_float("beta", beta, 0.0)
     margin = (logp_chosen - logp_ref_chosen) - (logp_rejected - logp_ref_rejected)
     return -F.logsigmoid(beta * margin).mean()
 
@@ -220,13 +231,17 @@ class RewardModel(torch.nn.Module):
         self.b_r = torch.nn.Parameter(torch.zeros(()))
 
     def forward(self, ids: Tensor, lengths: Tensor | None = None) -> Tensor:
-        h = self.backbone.hidden_states(ids)  # (B, T, d_model)
+        h = self.backbone.hidden_states(ids)  # (B, T, d_model); the backbone checks ids
         B, T = ids.shape
         if lengths is None:
             last = torch.full((B,), T - 1, device=ids.device)
         else:
-            if lengths.shape != (B,) or int(lengths.min()) < 1 or int(lengths.max()) > T:
-                raise ValueError(f"lengths must have shape ({B},) with values in [1, {T}], got {lengths.tolist()}")
-            last = lengths - 1
+            if not isinstance(lengths, Tensor) or lengths.shape != (B,):
+                raise ValueError(f"lengths must be a tensor of shape ({B},), got {getattr(lengths, 'shape', lengths)!r}")
+            if lengths.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+                raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+            if int(lengths.min()) < 1 or int(lengths.max()) > T:
+                raise ValueError(f"lengths must lie in [1, {T}], got {lengths.tolist()}")
+            last = lengths.long() - 1
         h_last = h[torch.arange(B, device=ids.device), last]  # (B, d_model)
         return h_last @ self.w_r + self.b_r  # (B,)

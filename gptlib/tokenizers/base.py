@@ -11,7 +11,7 @@ from typing import Iterable, Protocol, Sequence, runtime_checkable
 import regex
 import torch
 
-from ..runtime import atomic_write, check_ids, check_int
+from ..runtime import atomic_write, check_file, check_ids, check_int
 
 __all__ = ["Tokenizer"]
 
@@ -165,7 +165,7 @@ def _read_json(path: str | os.PathLike, fmt: str, fields: dict[str, type]) -> di
 
     ``fields`` maps each required field to the JSON type it must have (``list``, ``dict``, ``str``).
     """
-    path = Path(path)
+    path = check_file(path)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import regex
 
-from ..runtime import atomic_write
+from ..runtime import atomic_write, check_file
 from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, bytes_to_unicode
 
 __all__ = ["GGUFTokenizer", "CONTROL", "USER_DEFINED"]
@@ -172,7 +172,5 @@ class GGUFTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> GGUFTokenizer:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
+        path = check_file(path)
         return cls.from_json(path.read_bytes(), str(path))

@@ -95,7 +95,8 @@ class PlaygroundView(BookWidget):
         check_title(title)
         lens_top = check_int("lens_top", lens_top, 1, c.d_vocab)
         layer, head = check_int("layer", layer, 0, c.n_layers - 1), check_int("head", head, 0, c.n_heads - 1)
-        if not isinstance(source, str) or not source.endswith(".json") or source.startswith(("/", "http:", "https:")):
+        if (not isinstance(source, str) or not source.endswith(".json") or source.startswith(("/", "\\", "http:", "https:"))
+                or ".." in source.replace("\\", "/").split("/") or ":" in source):
             raise ValueError(f"source must be a relative path to a .json manifest under the book's _static/, got {source!r}")
         self._model, self._tokenizer = model, tokenizer
         ids = tokenizer.encode(text)

@@ -16,7 +16,6 @@ of this: it computes every distribution.)
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Callable, Sequence
 
 import torch
@@ -144,8 +143,7 @@ def continuation_tree(
     """
     for name, value, low in (("depth", depth, 0), ("branch", branch, 1), ("n_logits", n_logits, 1),
                              ("n_logits_deep", n_logits_deep, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(name, value, lo=low)
     if branch > n_logits or (depth >= 2 and branch > n_logits_deep):
         raise ValueError(f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep ({n_logits_deep})")
     check_int("ndigits", ndigits, lo=0)
@@ -158,6 +156,13 @@ def continuation_tree(
     frontier = [(root, context)]
     for level in range(depth + 1):
         logits = next_logits([c for _, c in frontier])  # (B, d_vocab)
+        if not isinstance(logits, Tensor) or logits.dim() != 2 or len(logits) != len(frontier) or logits.shape[1] < 1:
+            raise ValueError(f"next_logits must return a tensor ({len(frontier)}, d_vocab) for {len(frontier)} contexts, "
+                             f"got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}")
+        if level and logits.shape[1] != d_vocab:
+            raise ValueError(f"next_logits returned {logits.shape[1]} logits per context at depth {level}, "
+                             f"{d_vocab} at the root")
+        d_vocab = logits.shape[1]
         grown = []
         for (node, c), row in zip(frontier, logits):
             row = row.detach().to("cpu").double()
@@ -194,16 +199,13 @@ def _model_next_logits(model) -> Callable[[list[list[int]]], Tensor]:
 
 
 def _check_settings(temperature, top_k, top_p, n_show, seed) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not 0 <= temperature <= 1e6:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
-    if isinstance(n_show, bool) or not isinstance(n_show, numbers.Integral) or n_show < 1:
-        raise ValueError(f"n_show must be an int >= 1, got {n_show!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    check_float("temperature", temperature, 0.0, 1e6)
+    if top_k is not None:
+        check_int("top_k", top_k, lo=1)
+    if top_p is not None:
+        check_float("top_p", top_p, 0.0, 1.0, lo_open=True)
+    check_int("n_show", n_show, lo=1)
+    check_int("seed", seed, 0, 2**32 - 1)
 
 
 def _check_vocabulary(tokenizer, d_vocab: int) -> None:
