@@ -36,7 +36,9 @@ def tflops(rate: float) -> str:
     return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
 
 
-def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile_: bool, peak: float) -> dict:
+def train_mfu(
+    cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile_: bool, peak: float
+) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
@@ -47,17 +49,25 @@ def train_mfu(cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile
     def step():
         with autocast(dev):
             logits = step_model(x)
-            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.d_vocab), y.reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().view(-1, cfg.d_vocab), y.reshape(-1)
+            )
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     # three warm-up steps (and the compilation), then one timed step per round
-    t = statistics.median(alternating_rounds({"step": step}, steps, warmup=3, sync=lambda: sync(dev))["step"])
+    t = statistics.median(
+        alternating_rounds({"step": step}, steps, warmup=3, sync=lambda: sync(dev))["step"]
+    )
     flops_per_token = training_flops(cfg, 1)
     tokens_per_s = batch * cfg.n_ctx / t
-    return {"tokens_per_s": tokens_per_s, "model_flops_per_s": flops_per_token * tokens_per_s,
-            "mfu": flops_per_token * tokens_per_s / peak, "step_s": t}
+    return {
+        "tokens_per_s": tokens_per_s,
+        "model_flops_per_s": flops_per_token * tokens_per_s,
+        "mfu": flops_per_token * tokens_per_s / peak,
+        "step_s": t,
+    }
 
 
 @torch.no_grad()
@@ -66,8 +76,17 @@ def decode_rate(cfg: GPTConfig, dev: torch.device, n_new: int) -> dict:
 
     from gptlib.sampling import generate
 
-    hf_cfg = GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model, n_layer=cfg.n_layers,
-                        n_head=cfg.n_heads, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf_cfg = GPT2Config(
+        vocab_size=cfg.d_vocab,
+        n_positions=cfg.n_ctx,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(hf_cfg).to(dev).eval()
     ours = from_hf(hf).to(dev).eval()
@@ -75,27 +94,52 @@ def decode_rate(cfg: GPTConfig, dev: torch.device, n_new: int) -> dict:
 
     decoders = {
         "gptlib": lambda: generate(ours, prompt, n_new, temperature=0.0, use_cache=True),
-        "HF": lambda: hf.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, use_cache=True,
-                                  pad_token_id=0, attention_mask=torch.ones_like(prompt)),
+        "HF": lambda: hf.generate(
+            prompt,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompt),
+        ),
     }
     out_ours, out_hf = decoders["gptlib"](), decoders["HF"]()  # the tokens compared (and a warm-up)
     times = alternating_rounds(decoders, 3, warmup=0, sync=lambda: sync(dev))
     t_ours, t_hf = statistics.median(times["gptlib"]), statistics.median(times["HF"])
     same = bool(torch.equal(out_ours.reshape(-1)[: out_hf.numel()], out_hf.reshape(-1)))
-    return {"gptlib_tok_s": n_new / t_ours, "hf_tok_s": n_new / t_hf, "ratio": t_hf / t_ours, "same_tokens": same}
+    return {
+        "gptlib_tok_s": n_new / t_ours,
+        "hf_tok_s": n_new / t_hf,
+        "ratio": t_hf / t_ours,
+        "same_tokens": same,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, measures nothing useful")
-    ap.add_argument("--peak", type=float, default=989e12, help="peak dense bf16 FLOP/s of the GPU (H100 SXM: 989e12)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny CPU run: checks the script, measures nothing useful",
+    )
+    ap.add_argument(
+        "--peak",
+        type=float,
+        default=989e12,
+        help="peak dense bf16 FLOP/s of the GPU (H100 SXM: 989e12)",
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
 
     if args.smoke:
-        dev, cfg, dcfg = torch.device("cpu"), GPTConfig.preset("tiny"), GPTConfig.preset("tiny", n_ctx=128)
+        dev, cfg, dcfg = (
+            torch.device("cpu"),
+            GPTConfig.preset("tiny"),
+            GPTConfig.preset("tiny", n_ctx=128),
+        )
         args.batch, args.steps, n_new, compile_ = 2, 2, 32, False
     else:
         if not torch.cuda.is_available():
@@ -111,14 +155,22 @@ def main() -> None:
     n, products = (256, 3) if args.smoke else (8192, 50)
     rate = matmul_flops_per_s(n, repeats=3, device=dev, dtype=dtype, products=products)
     print(f"measured {dtype} matmul rate: {tflops(rate)}")
-    peak = rate if args.smoke else args.peak  # a CPU has no data-sheet peak: the smoke run uses the measured rate
+    peak = (
+        rate if args.smoke else args.peak
+    )  # a CPU has no data-sheet peak: the smoke run uses the measured rate
     r = train_mfu(cfg, dev, args.batch, args.steps, compile_, peak)
-    print(f"training: {r['tokens_per_s']:.0f} tokens/s, {tflops(r['model_flops_per_s'])} of model FLOPs, "
-          f"MFU {100 * r['mfu']:.1f}% of the {tflops(peak)} peak "
-          f"({100 * r['model_flops_per_s'] / rate:.1f}% of the measured matmul rate)")
+    print(
+        f"training: {r['tokens_per_s']:.0f} tokens/s, {tflops(r['model_flops_per_s'])} of model "
+        "FLOPs, "
+        f"MFU {100 * r['mfu']:.1f}% of the {tflops(peak)} peak "
+        f"({100 * r['model_flops_per_s'] / rate:.1f}% of the measured matmul rate)"
+    )
     d = decode_rate(dcfg, dev, n_new)
-    print(f"decoding {n_new} tokens: gptlib {d['gptlib_tok_s']:.0f} tok/s, HF generate {d['hf_tok_s']:.0f} tok/s, "
-          f"ratio {d['ratio']:.2f}x, identical tokens: {d['same_tokens']}")
+    print(
+        f"decoding {n_new} tokens: gptlib {d['gptlib_tok_s']:.0f} tok/s, HF generate "
+        f"{d['hf_tok_s']:.0f} tok/s, "
+        f"ratio {d['ratio']:.2f}x, identical tokens: {d['same_tokens']}"
+    )
 
 
 if __name__ == "__main__":

@@ -55,24 +55,52 @@ def english_pair() -> tuple[GPT, BigramDraft, BPETokenizer]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new", type=int, default=60, help="new tokens per prompt")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (medians reported)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="write the figures here as JSON (Chapter 13 prints bench/inference.json)")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating timing rounds (medians reported)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the figures here as JSON (Chapter 13 prints bench/inference.json)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     target, draft, tok = english_pair()
     prompts = [torch.tensor(tok.encode(p)) for p in PROMPTS]
     rows = []
-    print(f"{'T':>3} {'gamma':>5} {'accept':>7} {'beta':>6} {'tok/pass':>8} {'formula':>8} {'speed-up':>8}")
+    print(
+        f"{'T':>3} {'gamma':>5} {'accept':>7} {'beta':>6} {'tok/pass':>8} {'formula':>8} "
+        f"{'speed-up':>8}"
+    )
     for temperature in (1.0, 0.0):
         for gamma in (1, 2, 3, 4):
+
             def spec():
-                return [speculative_generate(target, draft, ids, args.new, gamma, temperature=temperature,
-                                             generator=torch.Generator().manual_seed(s)) for s, ids in enumerate(prompts)]
+                return [
+                    speculative_generate(
+                        target,
+                        draft,
+                        ids,
+                        args.new,
+                        gamma,
+                        temperature=temperature,
+                        generator=torch.Generator().manual_seed(s),
+                    )
+                    for s, ids in enumerate(prompts)
+                ]
 
             def plain():
-                return [generate(target, ids, args.new, temperature=temperature,
-                                 generator=torch.Generator().manual_seed(s)) for s, ids in enumerate(prompts)]
+                return [
+                    generate(
+                        target,
+                        ids,
+                        args.new,
+                        temperature=temperature,
+                        generator=torch.Generator().manual_seed(s),
+                    )
+                    for s, ids in enumerate(prompts)
+                ]
 
             runs = spec()
             if temperature == 0:  # greedy: the same tokens as plain greedy decoding
@@ -84,22 +112,36 @@ def main() -> None:
             beta = sum(betas) / len(betas)
             passes = sum(r.passes for r in runs)
             row = {
-                "temperature": temperature, "gamma": gamma, "new_tokens": args.new * len(prompts),
-                "acceptance_rate": kept / drafted, "mean_beta": beta, "passes": passes,
+                "temperature": temperature,
+                "gamma": gamma,
+                "new_tokens": args.new * len(prompts),
+                "acceptance_rate": kept / drafted,
+                "mean_beta": beta,
+                "passes": passes,
                 "tokens_per_pass": args.new * len(prompts) / passes,
                 "formula_tokens_per_pass": expected_tokens_per_pass(beta, gamma),
                 "speed_up": med["plain"] / med["speculative"],
-                "seconds_plain": med["plain"], "seconds_speculative": med["speculative"],
-                "per_prompt": [{"kept": r.kept, "drafted": r.drafted, "passes": r.passes} for r in runs],
+                "seconds_plain": med["plain"],
+                "seconds_speculative": med["speculative"],
+                "per_prompt": [
+                    {"kept": r.kept, "drafted": r.drafted, "passes": r.passes} for r in runs
+                ],
             }
             rows.append(row)
-            print(f"{temperature:>3.0f} {gamma:>5} {row['acceptance_rate']:>7.3f} {beta:>6.3f} "
-                  f"{row['tokens_per_pass']:>8.3f} {row['formula_tokens_per_pass']:>8.3f} {row['speed_up']:>7.2f}x")
+            print(
+                f"{temperature:>3.0f} {gamma:>5} {row['acceptance_rate']:>7.3f} {beta:>6.3f} "
+                f"{row['tokens_per_pass']:>8.3f} {row['formula_tokens_per_pass']:>8.3f} "
+                f"{row['speed_up']:>7.2f}x"
+            )
     record = {
-        "made_by": "bench/bench_inference.py", "prompts": PROMPTS, "new_tokens_per_prompt": args.new,
+        "made_by": "bench/bench_inference.py",
+        "prompts": PROMPTS,
+        "new_tokens_per_prompt": args.new,
         "draft": f"bigram counted on the first {DRAFT_CHARS:,} characters of the Brown training text",
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 1 torch thread", "torch": torch.__version__,
-        "timing": f"medians of {args.rounds} alternating rounds", "rows": rows,
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 1 torch thread",
+        "torch": torch.__version__,
+        "timing": f"medians of {args.rounds} alternating rounds",
+        "rows": rows,
     }
     if args.out is not None:
         atomic_write(args.out, json.dumps(record, indent=1) + "\n")

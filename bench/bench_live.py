@@ -41,8 +41,14 @@ def main() -> None:
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
     g = torch.Generator().manual_seed(0)
-    print(f"English model, one thread; graph {len(graph) / 1e6:.1f} MB ({'make book' if built.is_file() else 'exported now'})")
-    print(f"{'T':>4} {'ONNX (ms)':>10} {'readout (ms)':>13} {'forward (ms)':>13} {'ONNX/readout':>13} {'ONNX/forward':>13}")
+    print(
+        f"English model, one thread; graph {len(graph) / 1e6:.1f} MB "
+        f"({'make book' if built.is_file() else 'exported now'})"
+    )
+    print(
+        f"{'T':>4} {'ONNX (ms)':>10} {'readout (ms)':>13} {'forward (ms)':>13} "
+        f"{'ONNX/readout':>13} {'ONNX/forward':>13}"
+    )
     for T in (16, 64, 128):
         ids = torch.randint(0, model.config.d_vocab, (1, T), generator=g)
         feed = {"ids": ids.numpy()}
@@ -56,13 +62,15 @@ def main() -> None:
             for f in runs.values():  # warm up
                 f()
             for r in range(args.repeats):
-                for k in (list(runs) if r % 2 == 0 else list(runs)[::-1]):  # alternate who goes first
+                for k in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # alternate who goes first
                     t0 = time.perf_counter()
                     runs[k]()
                     times[k].append(time.perf_counter() - t0)
         med = {k: 1000 * statistics.median(v) for k, v in times.items()}
-        print(f"{T:>4} {med['onnx']:>10.2f} {med['readout']:>13.2f} {med['forward']:>13.2f} "
-              f"{med['onnx'] / med['readout']:>12.2f}x {med['onnx'] / med['forward']:>12.2f}x")
+        print(
+            f"{T:>4} {med['onnx']:>10.2f} {med['readout']:>13.2f} {med['forward']:>13.2f} "
+            f"{med['onnx'] / med['readout']:>12.2f}x {med['onnx'] / med['forward']:>12.2f}x"
+        )
 
 
 if __name__ == "__main__":

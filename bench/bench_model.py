@@ -47,9 +47,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=D_MODEL, n_layer=N_LAYERS,
-                                    n_head=N_HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                    bos_token_id=0, eos_token_id=0, attn_implementation="sdpa"))
+    hf = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=N_CTX,
+            n_embd=D_MODEL,
+            n_layer=N_LAYERS,
+            n_head=N_HEADS,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="sdpa",
+        )
+    )
     ours = from_hf(hf)
     hf.train(), ours.train()
     ids = torch.randint(0, VOCAB, (BATCH, N_CTX))
@@ -59,24 +71,39 @@ def main() -> None:
         "HF": step_fn(hf, lambda m, x: m(x).logits, ids, targets),
     }
     rates = []  # the fp32 matmul rate, measured after every round
-    times = alternating_rounds(steps, args.repeats, warmup=2,
-                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
+    times = alternating_rounds(
+        steps,
+        args.repeats,
+        warmup=2,
+        after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)),
+    )
     med = {k: statistics.median(v) for k, v in times.items()}
     peak = statistics.median(rates)
     tokens = BATCH * N_CTX
     flops = training_flops(ours.config, tokens)
     ratios = [a / b for a, b in zip(times["gptlib"], times["HF"])]
-    print(f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_heads={N_HEADS}, n_ctx={N_CTX}, batch={BATCH}, "
-          f"d_vocab={VOCAB}; {torch.get_num_threads()} threads; {args.repeats} alternating rounds")
+    print(
+        f"config: d_model={D_MODEL}, n_layers={N_LAYERS}, n_heads={N_HEADS}, n_ctx={N_CTX}, "
+        f"batch={BATCH}, "
+        f"d_vocab={VOCAB}; {torch.get_num_threads()} threads; {args.repeats} alternating rounds"
+    )
     print(f"step time (median): gptlib {med['gptlib'] * 1e3:.0f} ms, HF {med['HF'] * 1e3:.0f} ms")
-    # The headline ratio pairs the two steps of each round (same machine state), then takes the median.
-    print(f"  ratio gptlib / HF: {statistics.median(ratios):.2f}x (target <= 1.00x; median of the per-round "
-          f"ratios, which range {min(ratios):.2f} to {max(ratios):.2f}; ratio of the medians {med['gptlib'] / med['HF']:.2f}x)")
+    # The headline ratio pairs the two steps of each round (same machine state), then takes
+    # the median.
+    print(
+        f"  ratio gptlib / HF: {statistics.median(ratios):.2f}x (target <= 1.00x; median of the "
+        "per-round "
+        f"ratios, which range {min(ratios):.2f} to {max(ratios):.2f}; ratio of the medians "
+        f"{med['gptlib'] / med['HF']:.2f}x)"
+    )
     print(f"measured fp32 matmul rate (1024^3, median of rounds): {peak / 1e9:.0f} GFLOP/s")
     print(f"model FLOPs per step: {flops / 1e9:.1f} GFLOP")
     for k in steps:
-        print(f"  {k} model FLOP/s: {flops / med[k] / 1e9:.0f} GFLOP/s = {100 * flops / med[k] / peak:.0f}% of the matmul rate"
-              + (" (target >= 75%)" if k == "gptlib" else ""))
+        print(
+            f"  {k} model FLOP/s: {flops / med[k] / 1e9:.0f} GFLOP/s = "
+            f"{100 * flops / med[k] / peak:.0f}% of the matmul rate"
+            + (" (target >= 75%)" if k == "gptlib" else "")
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tokenizer benchmark: training speed against HF `tokenizers` and a naive loop, encoding against tiktoken.
+"""Tokenizer benchmark: training speed against HF `tokenizers` and a naive loop, encoding against
+tiktoken.
 
     python bench/bench_tokenizer.py
 
@@ -57,8 +58,12 @@ def hf_train_seconds(text: str) -> float:
     def run():
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      special_tokens=["<|endoftext|>"], show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+        )
         tok.train_from_iterator([text], trainer)
         return tok
 
@@ -73,8 +78,10 @@ def main() -> None:
     per_merge = naive_seconds_per_merge(text)
     n_merges = VOCAB - 257
     t_naive = per_merge * n_merges
-    print(f"train  gptlib {t_ours:.2f} s | HF tokenizers {t_hf:.2f} s | naive loop {t_naive:.0f} s "
-          f"(extrapolated: {per_merge:.3f} s per merge x {n_merges} merges)")
+    print(
+        f"train  gptlib {t_ours:.2f} s | HF tokenizers {t_hf:.2f} s | naive loop {t_naive:.0f} s "
+        f"(extrapolated: {per_merge:.3f} s per merge x {n_merges} merges)"
+    )
     print(f"  speed-up over the naive loop: {t_naive / t_ours:.0f}x (target >= 100x)")
     print(f"  time relative to HF's Rust trainer: {t_ours / t_hf:.1f}x (target <= 20x)")
 
@@ -92,9 +99,15 @@ def main() -> None:
         t_cold, _ = best_of(lambda: cold.encode(sample), repeats=1)
     t_warm, _ = best_of(lambda: tok.encode(sample))
     t_tik, _ = best_of(lambda: enc.encode_ordinary(sample))
-    print(f"encode {n_bytes / 1e6:.2f} MB: gptlib {n_bytes / t_warm / 1e6:.1f} MB/s (cold cache {n_bytes / t_cold / 1e6:.1f} MB/s)"
-          f" | tiktoken {n_bytes / t_tik / 1e6:.1f} MB/s")
-    print(f"  encode throughput relative to tiktoken: {t_tik / t_warm:.2f}x warm, {t_tik / t_cold:.2f}x cold (target >= 0.2x)")
+    print(
+        f"encode {n_bytes / 1e6:.2f} MB: gptlib {n_bytes / t_warm / 1e6:.1f} MB/s (cold cache "
+        f"{n_bytes / t_cold / 1e6:.1f} MB/s)"
+        f" | tiktoken {n_bytes / t_tik / 1e6:.1f} MB/s"
+    )
+    print(
+        f"  encode throughput relative to tiktoken: {t_tik / t_warm:.2f}x warm, "
+        f"{t_tik / t_cold:.2f}x cold (target >= 0.2x)"
+    )
 
     long_pieces()
 
@@ -105,16 +118,22 @@ def long_pieces() -> None:
     enc = gpt2.to_tiktoken()
     rng = random.Random(0)
     cases = {
-        "20,000 random letters": "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(20_000)),
+        "20,000 random letters": "".join(
+            rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(20_000)
+        ),
         "20,000 x 'a'": "a" * 20_000,
         "4,000 CJK characters": "".join(chr(rng.randrange(0x4E00, 0xA000)) for _ in range(4_000)),
     }
     for name, text in cases.items():
         assert len(gpt2.split(text)) == 1 and gpt2.encode(text) == enc.encode_ordinary(text)
-        t_ours, _ = best_of(lambda: gpt2.encode(text), repeats=5)  # (pieces this long are not cached)
+        t_ours, _ = best_of(
+            lambda: gpt2.encode(text), repeats=5
+        )  # (pieces this long are not cached)
         t_tik, _ = best_of(lambda: enc.encode_ordinary(text), repeats=5)
-        print(f"long piece, {name}: gptlib {t_ours * 1e3:.1f} ms | tiktoken {t_tik * 1e3:.2f} ms"
-              f"  -> {t_ours / t_tik:.1f}x tiktoken's time")
+        print(
+            f"long piece, {name}: gptlib {t_ours * 1e3:.1f} ms | tiktoken {t_tik * 1e3:.2f} ms"
+            f"  -> {t_ours / t_tik:.1f}x tiktoken's time"
+        )
     # The readable loop rescans every pair per merge: quadratic, so only 2,000 letters here.
     word = cases["20,000 random letters"][:2_000].encode()
 
@@ -127,8 +146,11 @@ def long_pieces() -> None:
     t_read, ids = best_of(readable, repeats=1)
     t_fast, fast = best_of(lambda: gpt2.encode(word.decode()))
     assert ids == fast
-    print(f"2,000 letters: readable merge_steps {t_read * 1e3:.0f} ms | encode_piece {t_fast * 1e3:.1f} ms"
-          f"  -> {t_read / t_fast:.0f}x faster")
+    print(
+        f"2,000 letters: readable merge_steps {t_read * 1e3:.0f} ms | encode_piece "
+        f"{t_fast * 1e3:.1f} ms"
+        f"  -> {t_read / t_fast:.0f}x faster"
+    )
 
 
 if __name__ == "__main__":

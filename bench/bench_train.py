@@ -4,7 +4,8 @@ matmul rate measured in the same run, and a plain HF GPT2LMHeadModel loop as a p
     python bench/bench_train.py [--rounds 6] [--threads 2]
 
 The config is the CPU preset of gptlib.recipes (the one `make model` trains), on the thread count it
-trains with. Rounds alternate (and swap their order; ``gptlib.timing.alternating_rounds``): 5 Trainer
+trains with. Rounds alternate (and swap their order; ``gptlib.timing.alternating_rounds``): 5
+Trainer
 steps, 5 HF steps, one fp32 matmul-rate measurement, so machine noise hits all three alike; medians
 are compared.
 Model FLOPs are ``gptlib.flops.training_flops`` (3 forward passes per token, matrix products only,
@@ -40,12 +41,25 @@ def main() -> None:
     rc = PRESETS["cpu"]
     cfg = rc.model
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model,
-                                    n_layer=cfg.n_layers, n_head=cfg.n_heads, resid_pdrop=cfg.dropout,
-                                    embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=0, eos_token_id=0,
-                                    attn_implementation="sdpa"))
+    hf = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=cfg.d_vocab,
+            n_positions=cfg.n_ctx,
+            n_embd=cfg.d_model,
+            n_layer=cfg.n_layers,
+            n_head=cfg.n_heads,
+            resid_pdrop=cfg.dropout,
+            embd_pdrop=cfg.dropout,
+            attn_pdrop=cfg.dropout,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="sdpa",
+        )
+    )
     ours = from_hf(hf)
-    data = torch.randint(0, cfg.d_vocab, (4096, cfg.n_ctx + 1), generator=torch.Generator().manual_seed(1))
+    data = torch.randint(
+        0, cfg.d_vocab, (4096, cfg.n_ctx + 1), generator=torch.Generator().manual_seed(1)
+    )
     x, y = data[:, :-1], data[:, 1:]
     tc = rc.train
     trainer = Trainer(ours, (x, y), None, tc)
@@ -64,19 +78,35 @@ def main() -> None:
 
     runs = {"gptlib Trainer": lambda: trainer.run(BLOCK), "HF loop": lambda: hf_steps(BLOCK)}
     rates = []  # the fp32 matmul rate, measured after every round
-    times = alternating_rounds(runs, args.rounds, warmup=1, per_call=BLOCK,
-                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
+    times = alternating_rounds(
+        runs,
+        args.rounds,
+        warmup=1,
+        per_call=BLOCK,
+        after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)),
+    )
     tokens = tc.batch_size * cfg.n_ctx
     flops = training_flops(cfg, tokens)  # per step
     peak = statistics.median(rates)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"shipped CPU config: d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, n_ctx={cfg.n_ctx}, "
-          f"d_vocab={cfg.d_vocab}, batch={tc.batch_size}; {torch.get_num_threads()} thread(s); {args.rounds} rounds of "
-          f"{BLOCK} steps")
-    print(f"fp32 matmul rate (1024^3, median of rounds): {peak / 1e9:.1f} GFLOP/s; model FLOPs per step {flops / 1e9:.2f} G")
+    print(
+        f"shipped CPU config: d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
+        f"n_heads={cfg.n_heads}, n_ctx={cfg.n_ctx}, "
+        f"d_vocab={cfg.d_vocab}, batch={tc.batch_size}; {torch.get_num_threads()} thread(s); "
+        f"{args.rounds} rounds of "
+        f"{BLOCK} steps"
+    )
+    print(
+        f"fp32 matmul rate (1024^3, median of rounds): {peak / 1e9:.1f} GFLOP/s; model FLOPs per "
+        f"step {flops / 1e9:.2f} G"
+    )
     for k, t in med.items():
-        print(f"  {k:<15} {t * 1e3:6.0f} ms/step  {tokens / t:7,.0f} tokens/s  model FLOP/s {flops / t / 1e9:5.1f} G = "
-              f"{100 * flops / t / peak:.0f}% of the matmul rate" + (" (target >= 70%)" if k.startswith("gptlib") else ""))
+        print(
+            f"  {k:<15} {t * 1e3:6.0f} ms/step  {tokens / t:7,.0f} tokens/s  model FLOP/s "
+            f"{flops / t / 1e9:5.1f} G = "
+            f"{100 * flops / t / peak:.0f}% of the matmul rate"
+            + (" (target >= 70%)" if k.startswith("gptlib") else "")
+        )
     print(f"  Trainer / HF time ratio: {med['gptlib Trainer'] / med['HF loop']:.2f}x")
 
 

@@ -11,7 +11,9 @@ CDN_HOSTS = ("unpkg.com", "cdn.jsdelivr.net", "cdnjs.cloudflare.com")
 
 def _is_cdn(script) -> bool:
     text = f"{getattr(script, 'filename', '') or ''} {getattr(script, 'attributes', {}).get('body', '')}"
-    return "thebe" in text.lower() and any(h in text for h in CDN_HOSTS) or "sphinx-thebe.js" in text
+    return (
+        "thebe" in text.lower() and any(h in text for h in CDN_HOSTS)
+    ) or "sphinx-thebe.js" in text
 
 
 def drop_cdn_scripts(app, pagename, templatename, context, doctree):

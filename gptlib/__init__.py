@@ -5,7 +5,8 @@ Chapter 1 ``tokenizers`` (with the corpora in ``data``), 2 ``embedding``/``posit
 ``trainer`` and ``circuits``, 9 ``rlhf`` (a package: ``objectives``, ``loops``, ``toy_task``),
 10 ``parallel`` (a package: ``data``, ``tensor``, ``pipeline``, ``context``) and ``flops``,
 11 ``efficiency``, ``moe``, ``scaling`` (and ``parallel.sharding``, ``parallel.experts``),
-12 ``modern`` and ``gguf``, 14 ``lora`` and ``mla``. The widgets are in ``widgets``. Infrastructure the chapters share:
+12 ``modern`` and ``gguf``, 14 ``lora`` and ``mla``. The widgets are in ``widgets``. Infrastructure
+the chapters share:
 ``runtime``, ``hooks``, ``assets``, ``state`` and ``files`` (the one file format), ``hf``,
 ``recipes``, ``timing``, ``export``, ``figures``, ``parallel.launch``.
 """

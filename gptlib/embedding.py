@@ -63,17 +63,23 @@ class Embedding(nn.Module):
         self.W_E = learned_table("d_vocab", d_vocab, d_model, std=0.02)
 
     def forward(self, ids: Tensor, *, check_ids: bool = True) -> Tensor:
-        """ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the zeros.
+        """ids (B, T) -> (B, T, d_model): a row lookup, equal to one_hot(ids) @ W_E without the
+        zeros.
 
         Ids out of range are a ValueError here rather than an IndexError on the CPU or a device-side
         assert on a GPU. That check reads the ids (a synchronisation on a GPU); a caller that has
         checked them once, as generation does, passes ``check_ids=False``.
         """
         if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"ids must be an int64 or int32 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+            raise ValueError(
+                "ids must be an int64 or int32 tensor, got "
+                f"{getattr(ids, 'dtype', type(ids).__name__)}"
+            )
         if check_ids:
             runtime.check_ids(ids, self.d_vocab)
-        return torch.nn.functional.embedding(ids, self.W_E)  # (F.embedding: a faster backward than indexing)
+        return torch.nn.functional.embedding(
+            ids, self.W_E
+        )  # (F.embedding: a faster backward than indexing)
 
     def extra_repr(self) -> str:
         return f"d_vocab={self.d_vocab}, d_model={self.d_model}"
@@ -103,7 +109,8 @@ class Unembedding(nn.Module):
                 raise ValueError(f"tied_to must be an Embedding, got {type(tied_to).__name__}")
             if (tied_to.d_vocab, tied_to.d_model) != (d_vocab, d_model):
                 raise ValueError(
-                    f"tied_to has shape ({tied_to.d_vocab}, {tied_to.d_model}), expected ({d_vocab}, {d_model})"
+                    f"tied_to has shape ({tied_to.d_vocab}, {tied_to.d_model}), expected "
+                    f"({d_vocab}, {d_model})"
                 )
             self.W_E = tied_to.W_E  # shared, not copied
         else:

@@ -40,7 +40,15 @@ from .model import GPT
 from .runtime import atomic_write, check_file, check_ids
 from .sampling import _check_finite_weights
 
-__all__ = ["OUTPUTS", "readout", "to_onnx", "tokenizer_json", "weights_sha256", "manifest", "export"]
+__all__ = [
+    "OUTPUTS",
+    "readout",
+    "to_onnx",
+    "tokenizer_json",
+    "weights_sha256",
+    "manifest",
+    "export",
+]
 
 OUTPUTS = ("logits", "patterns", "resid", "lens")
 FORMAT = "gptlib-live"
@@ -69,11 +77,15 @@ def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
     if not isinstance(model, GPT):
         raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(f"ids must be a tensor of shape (B, T) with T >= 1, got {getattr(ids, 'shape', ids)!r}")
+        raise ValueError(
+            f"ids must be a tensor of shape (B, T) with T >= 1, got {getattr(ids, 'shape', ids)!r}"
+        )
     check_ids(ids, model.config.d_vocab)
     T = ids.shape[1]
     if T > model.config.n_ctx:
-        raise ValueError(f"ids has {T} positions, more than n_ctx={model.config.n_ctx}; crop the context first")
+        raise ValueError(
+            f"ids has {T} positions, more than n_ctx={model.config.n_ctx}; crop the context first"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -131,8 +143,15 @@ def _store_float16(graph) -> int:
             if np.array_equal(h.astype(np.float32), w):
                 half = numpy_helper.from_array(h, f"{init.name}.fp16")
                 kept.append(half)
-                casts.append(helper.make_node("Cast", [half.name], [init.name], name=f"{init.name}.cast",
-                                              to=TensorProto.FLOAT))
+                casts.append(
+                    helper.make_node(
+                        "Cast",
+                        [half.name],
+                        [init.name],
+                        name=f"{init.name}.cast",
+                        to=TensorProto.FLOAT,
+                    )
+                )
                 continue
         kept.append(init)
     graph.ClearField("initializer")
@@ -153,9 +172,18 @@ def to_onnx(model: GPT) -> bytes:
     _check_finite_weights(model)  # a graph of NaN weights would show NaN as probabilities
     n_ctx = model.config.n_ctx
     if n_ctx < 3:
-        raise ValueError(f"model.config.n_ctx must be >= 3 to export a graph with a variable length, got {n_ctx}")
-    example = torch.zeros((2, 2), dtype=torch.int64)  # sizes above 1: torch.export keeps them symbolic
-    dims = {"ids": {0: torch.export.Dim("B", min=1, max=1024), 1: torch.export.Dim("T", min=1, max=n_ctx)}}
+        raise ValueError(
+            f"model.config.n_ctx must be >= 3 to export a graph with a variable length, got {n_ctx}"
+        )
+    example = torch.zeros(
+        (2, 2), dtype=torch.int64
+    )  # sizes above 1: torch.export keeps them symbolic
+    dims = {
+        "ids": {
+            0: torch.export.Dim("B", min=1, max=1024),
+            1: torch.export.Dim("T", min=1, max=n_ctx),
+        }
+    }
     # torch.export's own deprecation notices and its note that torchvision's operators are not
     # registered: neither is about this model.
     registry = logging.getLogger("torch.onnx._internal.exporter._registration")
@@ -165,8 +193,16 @@ def to_onnx(model: GPT) -> bytes:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            program = torch.onnx.export(_Readout(model).eval(), (example,), dynamo=True, input_names=["ids"],
-                                        output_names=list(OUTPUTS), dynamic_shapes=dims, optimize=True, verbose=False)
+            program = torch.onnx.export(
+                _Readout(model).eval(),
+                (example,),
+                dynamo=True,
+                input_names=["ids"],
+                output_names=list(OUTPUTS),
+                dynamic_shapes=dims,
+                optimize=True,
+                verbose=False,
+            )
     finally:
         registry.setLevel(level)
         model.to(dev).train(was_training)
@@ -206,15 +242,39 @@ def tokenizer_json(tokenizer) -> dict:
         "padding": None,
         "added_tokens": [],
         "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": tokenizer.pattern}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        ]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": tokenizer.pattern},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": False,
+                    "use_regex": False,
+                },
+            ],
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,
             "vocab": {name(i): i for i in range(n)},
             "merges": [[name(a), name(b)] for a, b in tokenizer.merges],
         },
@@ -246,19 +306,32 @@ def manifest(model: GPT, tokenizer, name: str, onnx_bytes: bytes, tokenizer_byte
     """What the page reads first: the model's shape, the files and their SHA-256, the tokens."""
     c = model.config
     if tokenizer.vocab_size != c.d_vocab:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}")
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}"
+        )
     return {
         "format": FORMAT,
         "version": 1,
         "name": name,
-        "config": {k: getattr(c, k) for k in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers")},
+        "config": {
+            k: getattr(c, k) for k in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers")
+        },
         "outputs": list(OUTPUTS),
-        "onnx": {"file": f"{name}.onnx", "bytes": len(onnx_bytes), "sha256": hashlib.sha256(onnx_bytes).hexdigest()},
-        "tokenizer": {"file": f"{name}.tokenizer.json", "bytes": len(tokenizer_bytes),
-                      "sha256": hashlib.sha256(tokenizer_bytes).hexdigest()},
+        "onnx": {
+            "file": f"{name}.onnx",
+            "bytes": len(onnx_bytes),
+            "sha256": hashlib.sha256(onnx_bytes).hexdigest(),
+        },
+        "tokenizer": {
+            "file": f"{name}.tokenizer.json",
+            "bytes": len(tokenizer_bytes),
+            "sha256": hashlib.sha256(tokenizer_bytes).hexdigest(),
+        },
         "weights_sha256": weights_sha256(model),
         "tokens": [tokenizer.token_str(i) for i in range(c.d_vocab)],
-        "token_bytes": [base64.b64encode(tokenizer.token_bytes(i)).decode("ascii") for i in range(c.d_vocab)],
+        "token_bytes": [
+            base64.b64encode(tokenizer.token_bytes(i)).decode("ascii") for i in range(c.d_vocab)
+        ],
     }
 
 
@@ -271,28 +344,49 @@ def export(model_dir: str | Path, out_dir: str | Path, name: str | None = None) 
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     name = model_dir.resolve().name if name is None else name
-    if not isinstance(name, str) or not name or any(c in name for c in "/\\\0") or name.startswith("."):
+    if (
+        not isinstance(name, str)
+        or not name
+        or any(c in name for c in "/\\\0")
+        or name.startswith(".")
+    ):
         raise ValueError(f"name must be a plain file name, got {name!r}")
     tok_path = check_file(model_dir / "tokenizer.json")
     model = GPT.load(model_dir).eval()
     tokenizer = BPETokenizer.load(tok_path)
     if tokenizer.vocab_size != model.config.d_vocab:
-        raise ValueError(f"{tok_path} has {tokenizer.vocab_size} tokens, the model in {model_dir} "
-                         f"d_vocab={model.config.d_vocab}")
+        raise ValueError(
+            f"{tok_path} has {tokenizer.vocab_size} tokens, the model in {model_dir} "
+            f"d_vocab={model.config.d_vocab}"
+        )
     onnx_bytes = to_onnx(model)
-    tok_bytes = (json.dumps(tokenizer_json(tokenizer), ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+    tok_bytes = (
+        json.dumps(tokenizer_json(tokenizer), ensure_ascii=False, sort_keys=True) + "\n"
+    ).encode("utf-8")
     info = manifest(model, tokenizer, name, onnx_bytes, tok_bytes)
-    written = [atomic_write(out_dir / info["onnx"]["file"], onnx_bytes),
-               atomic_write(out_dir / info["tokenizer"]["file"], tok_bytes)]
-    written.append(atomic_write(out_dir / f"{name}.json", json.dumps(info, ensure_ascii=False, sort_keys=True) + "\n"))
+    written = [
+        atomic_write(out_dir / info["onnx"]["file"], onnx_bytes),
+        atomic_write(out_dir / info["tokenizer"]["file"], tok_bytes),
+    ]
+    written.append(
+        atomic_write(
+            out_dir / f"{name}.json", json.dumps(info, ensure_ascii=False, sort_keys=True) + "\n"
+        )
+    )
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptlib.export", description=export.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gptlib.export", description=export.__doc__.split("\n")[0]
+    )
     parser.add_argument("model_dir", help="a directory written by GPT.save, with tokenizer.json")
-    parser.add_argument("out_dir", help="where to write <name>.onnx, <name>.tokenizer.json and <name>.json")
-    parser.add_argument("--name", default=None, help="file names (default: the model directory's name)")
+    parser.add_argument(
+        "out_dir", help="where to write <name>.onnx, <name>.tokenizer.json and <name>.json"
+    )
+    parser.add_argument(
+        "--name", default=None, help="file names (default: the model directory's name)"
+    )
     args = parser.parse_args(argv)
     for path in export(args.model_dir, args.out_dir, args.name):
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")

@@ -57,7 +57,9 @@ def use() -> None:
     mpl.rcParams.update(RC)
 
 
-def subplots(nrows: int = 1, ncols: int = 1, *, height: float = 3.0, width: float = WIDTH, **kwargs):
+def subplots(
+    nrows: int = 1, ncols: int = 1, *, height: float = 3.0, width: float = WIDTH, **kwargs
+):
     """``plt.subplots`` at the book's size and with its defaults: ``width`` inches wide (at most
     ``WIDTH``) and ``height`` inches high; other keywords go to ``plt.subplots``.
 
@@ -74,8 +76,10 @@ def subplots(nrows: int = 1, ncols: int = 1, *, height: float = 3.0, width: floa
     width = check_float("width", width, 0.0, lo_open=True)
     height = check_float("height", height, 0.0, lo_open=True)
     if width > WIDTH:
-        raise ValueError(f"width must be at most {WIDTH} inches (the page column; stack panels with nrows), "
-                         f"got {width:g}")
+        raise ValueError(
+            f"width must be at most {WIDTH} inches (the page column; stack panels with nrows), "
+            f"got {width:g}"
+        )
     nrows, ncols = check_int("nrows", nrows, 1), check_int("ncols", ncols, 1)
     use()
     return plt.subplots(nrows, ncols, figsize=(width, height), **kwargs)
@@ -104,8 +108,12 @@ def pair_on_circle(ax, PE, i: int, n_points: int, k: int, omega: float) -> None:
         a = np.linspace(p * omega, (p + k) * omega, 50)  # drawn just inside the circle
         xs, ys = 0.85 * np.sin(a), 0.85 * np.cos(a)
         ax.plot(xs, ys, color=COLOURS[1], lw=1.5)
-        ax.annotate("", xy=(xs[-1], ys[-1]), xytext=(xs[-3], ys[-3]),
-                    arrowprops={"arrowstyle": "->", "color": COLOURS[1], "lw": 1.5})
+        ax.annotate(
+            "",
+            xy=(xs[-1], ys[-1]),
+            xytext=(xs[-3], ys[-3]),
+            arrowprops={"arrowstyle": "->", "color": COLOURS[1], "lw": 1.5},
+        )
     ax.scatter(points[:, 0], points[:, 1], s=18, color=COLOURS[0], zorder=3)
     for p, xy in enumerate(points):
         ax.annotate(str(p), tuple(xy), textcoords="offset points", xytext=(5, 3), fontsize=9)
@@ -164,11 +172,22 @@ def draw_dag(ax, edges, label=str, title: str = "") -> dict:
     xy = dag_layout(edges)
     w_max = max(abs(float(w)) for w in edges.values())
     for (u, v), w in edges.items():
-        ax.plot(*zip(xy[u], xy[v]), color=COLOURS[0] if float(w) > 0 else COLOURS[1],
-                lw=0.4 + 2.5 * abs(float(w)) / w_max, alpha=0.8, zorder=1)
+        ax.plot(
+            *zip(xy[u], xy[v]),
+            color=COLOURS[0] if float(w) > 0 else COLOURS[1],
+            lw=0.4 + 2.5 * abs(float(w)) / w_max,
+            alpha=0.8,
+            zorder=1,
+        )
     for group, fill in zip(dag_vertices(edges), ("white", "lightgray", "#f0e0a0")):
-        ax.scatter([xy[v][0] for v in group], [xy[v][1] for v in group], s=420, color=fill,
-                   edgecolor="black", zorder=2)
+        ax.scatter(
+            [xy[v][0] for v in group],
+            [xy[v][1] for v in group],
+            s=420,
+            color=fill,
+            edgecolor="black",
+            zorder=2,
+        )
     for v, (x, y) in xy.items():
         ax.annotate(label(v), (x, y), ha="center", va="center", fontsize=9, zorder=3)
     ax.set_title(title)
@@ -176,33 +195,86 @@ def draw_dag(ax, edges, label=str, title: str = "") -> dict:
     return xy
 
 
-# --- Chapters 5 and 6: diagrams of a block and of the decoder stack ---------------------------------
+# --- Chapters 5 and 6: diagrams of a block and of the decoder stack
+# ---------------------------------
 
 LAYER_FILL = {"LN": "#dbe9f6", "sub-layer": "#fde0c5", "stream": "white"}  # light fills, dark text
 
 # The three block kinds of Chapter 5 as graphs: (title, nodes, edges), a node name -> (x, y, label).
-_LN1, _LN2, _ATT, _MLP = r"$\mathrm{LN}_1$", r"$\mathrm{LN}_2$", r"$\mathrm{Attn}$", r"$\mathrm{MLP}$"
+_LN1, _LN2, _ATT, _MLP = (
+    r"$\mathrm{LN}_1$",
+    r"$\mathrm{LN}_2$",
+    r"$\mathrm{Attn}$",
+    r"$\mathrm{MLP}$",
+)
 BLOCK_GRAPHS = {
     "pre_ln": (
         "pre-LN\n(GPT-2, GPT-3)",
-        {"X": (0, 0, "$X$"), "ln1": (0.8, 1, _LN1), "att": (0.8, 2.2, _ATT), "add1": (0, 3.4, "+"),
-         "ln2": (0.8, 4.4, _LN2), "mlp": (0.8, 5.6, _MLP), "add2": (0, 6.8, "+"), "Z": (0, 7.8, "$Z$")},
-        [("X", "ln1"), ("ln1", "att"), ("att", "add1"), ("X", "add1"), ("add1", "ln2"),
-         ("ln2", "mlp"), ("mlp", "add2"), ("add1", "add2"), ("add2", "Z")],
+        {
+            "X": (0, 0, "$X$"),
+            "ln1": (0.8, 1, _LN1),
+            "att": (0.8, 2.2, _ATT),
+            "add1": (0, 3.4, "+"),
+            "ln2": (0.8, 4.4, _LN2),
+            "mlp": (0.8, 5.6, _MLP),
+            "add2": (0, 6.8, "+"),
+            "Z": (0, 7.8, "$Z$"),
+        },
+        [
+            ("X", "ln1"),
+            ("ln1", "att"),
+            ("att", "add1"),
+            ("X", "add1"),
+            ("add1", "ln2"),
+            ("ln2", "mlp"),
+            ("mlp", "add2"),
+            ("add1", "add2"),
+            ("add2", "Z"),
+        ],
     ),
     "post_ln": (
         "post-LN\n(2017, 002)",
-        {"X": (0, 0, "$X$"), "att": (0.8, 1.2, _ATT), "add1": (0, 2.4, "+"), "ln1": (0, 3.4, _LN1),
-         "mlp": (0.8, 4.6, _MLP), "add2": (0, 5.8, "+"), "ln2": (0, 6.8, _LN2), "Z": (0, 7.8, "$Z$")},
-        [("X", "att"), ("att", "add1"), ("X", "add1"), ("add1", "ln1"), ("ln1", "mlp"),
-         ("mlp", "add2"), ("ln1", "add2"), ("add2", "ln2"), ("ln2", "Z")],
+        {
+            "X": (0, 0, "$X$"),
+            "att": (0.8, 1.2, _ATT),
+            "add1": (0, 2.4, "+"),
+            "ln1": (0, 3.4, _LN1),
+            "mlp": (0.8, 4.6, _MLP),
+            "add2": (0, 5.8, "+"),
+            "ln2": (0, 6.8, _LN2),
+            "Z": (0, 7.8, "$Z$"),
+        },
+        [
+            ("X", "att"),
+            ("att", "add1"),
+            ("X", "add1"),
+            ("add1", "ln1"),
+            ("ln1", "mlp"),
+            ("mlp", "add2"),
+            ("ln1", "add2"),
+            ("add2", "ln2"),
+            ("ln2", "Z"),
+        ],
     ),
     "parallel": (
         "parallel\n(000 remark 4.1, GPT-J)",
-        {"X": (0, 0, "$X$"), "ln1": (0.8, 1.4, _LN1), "att": (0.4, 3.2, _ATT), "mlp": (1.2, 3.2, _MLP),
-         "add": (0, 5.2, "+"), "Z": (0, 6.6, "$Z$")},
-        [("X", "ln1"), ("ln1", "att"), ("ln1", "mlp"), ("att", "add"), ("mlp", "add"),
-         ("X", "add"), ("add", "Z")],
+        {
+            "X": (0, 0, "$X$"),
+            "ln1": (0.8, 1.4, _LN1),
+            "att": (0.4, 3.2, _ATT),
+            "mlp": (1.2, 3.2, _MLP),
+            "add": (0, 5.2, "+"),
+            "Z": (0, 6.6, "$Z$"),
+        },
+        [
+            ("X", "ln1"),
+            ("ln1", "att"),
+            ("ln1", "mlp"),
+            ("att", "add"),
+            ("mlp", "add"),
+            ("X", "add"),
+            ("add", "Z"),
+        ],
     ),
 }
 
@@ -220,13 +292,20 @@ def draw_block(ax, title: str, nodes: dict, edges: list) -> None:
     """
     for x, y, label in nodes.values():
         kind = "LN" if "LN" in label else "stream" if label in ("+", "$X$", "$Z$") else "sub-layer"
-        box = {"boxstyle": "circle,pad=0.15" if label == "+" else "round,pad=0.3",
-               "fc": LAYER_FILL[kind], "ec": "black"}
+        box = {
+            "boxstyle": "circle,pad=0.15" if label == "+" else "round,pad=0.3",
+            "fc": LAYER_FILL[kind],
+            "ec": "black",
+        }
         ax.text(x, y, label, ha="center", va="center", fontsize=11, bbox=box)
     for a, b in edges:
         (xa, ya, _), (xb, yb, _) = nodes[a], nodes[b]
-        ax.annotate("", xy=(xb, yb), xytext=(xa, ya),
-                    arrowprops={"arrowstyle": "->", "shrinkA": 11, "shrinkB": 11})
+        ax.annotate(
+            "",
+            xy=(xb, yb),
+            xytext=(xa, ya),
+            arrowprops={"arrowstyle": "->", "shrinkA": 11, "shrinkB": 11},
+        )
     ax.set_title(title)
     ax.set_xlim(-0.7, 1.6)
     ax.set_ylim(-0.6, 8.1)
@@ -251,7 +330,8 @@ SHAPE_SYMBOLS = {"d_model": r"d_\mathrm{model}", "d_vocab": "|V|"}  # mathtext h
 
 
 def shape_label(dims) -> str:
-    """A tensor shape in symbols, typeset: ``("B", "T", "d_model")`` -> ``$(B, T, d_\\mathrm{model})$``.
+    """A tensor shape in symbols, typeset: ``("B", "T", "d_model")`` -> ``$(B, T,
+    d_\\mathrm{model})$``.
 
     >>> shape_label(("B", "T", "d_vocab"))
     '$(B, T, |V|)$'
@@ -284,18 +364,32 @@ def decoder_stack(stages, n_layers: int, title: str):
     for i, (label, dims, measured) in enumerate(stages):
         y = n - 1 - i
         fill = LAYER_FILL["LN"] if i in blocks else "#f2f2f2"
-        ax.add_patch(mpl.patches.FancyBboxPatch((0.02, y + 0.15), 0.8, 0.6, fc=fill, ec="gray",
-                                                boxstyle="round,pad=0.02"))
+        ax.add_patch(
+            mpl.patches.FancyBboxPatch(
+                (0.02, y + 0.15), 0.8, 0.6, fc=fill, ec="gray", boxstyle="round,pad=0.02"
+            )
+        )
         ax.text(0.05, y + 0.45, label, va="center", fontsize=11)
-        ax.text(0.79, y + 0.45, f"{shape_label(dims)}  {list(measured)}", va="center",
-                ha="right", fontsize=11)
+        ax.text(
+            0.79,
+            y + 0.45,
+            f"{shape_label(dims)}  {list(measured)}",
+            va="center",
+            ha="right",
+            fontsize=11,
+        )
         if i < n - 1:
-            ax.annotate("", xy=(0.42, y - 0.23), xytext=(0.42, y + 0.13),
-                        arrowprops={"arrowstyle": "->", "color": "gray"})
+            ax.annotate(
+                "",
+                xy=(0.42, y - 0.23),
+                xytext=(0.42, y + 0.13),
+                arrowprops={"arrowstyle": "->", "color": "gray"},
+            )
     if blocks:
         middle = n - 1 - (blocks[0] + blocks[-1]) / 2 + 0.45
-        ax.text(0.86, middle, f"$L = {n_layers}$\nblocks", va="center", fontsize=11,
-                color=COLOURS[0])
+        ax.text(
+            0.86, middle, f"$L = {n_layers}$\nblocks", va="center", fontsize=11, color=COLOURS[0]
+        )
     ax.set_xlim(0, 1.0)
     ax.set_ylim(-0.1, n)
     ax.axis("off")
@@ -307,7 +401,8 @@ def decoder_stack(stages, n_layers: int, title: str):
 
 
 def truncation_panels(panels, reference, *, ncols: int = 3, height: float = 4.6):
-    """Bar charts of next-token distributions, one panel per ``(title, probabilities)`` in ``panels``
+    """Bar charts of next-token distributions, one panel per ``(title, probabilities)`` in
+    ``panels``
     (tokens in the order given), on a grid of ``ncols`` columns; a token a panel removes
     (probability 0) is drawn in grey at its probability in ``reference``. Each title gets the
     panel's entropy in nats and the number of tokens left; a spare cell of the grid holds the key.
@@ -353,8 +448,16 @@ def truncation_panels(panels, reference, *, ncols: int = 3, height: float = 4.6)
 # --- Chapter 8: training curves ---------------------------------------------------------------
 
 
-def loss_curves(lines=None, marked=None, *, level=None, lr=None, ylabel="loss (nats per token)", title=None,
-                height: float = 3.0):
+def loss_curves(
+    lines=None,
+    marked=None,
+    *,
+    level=None,
+    lr=None,
+    ylabel="loss (nats per token)",
+    title=None,
+    height: float = 3.0,
+):
     """One panel of losses against the training step, the figure Chapter 8 draws four times.
 
     ``lines`` and ``marked`` map a label to ``(steps, losses)``: the first are drawn as thin lines
@@ -382,7 +485,9 @@ def loss_curves(lines=None, marked=None, *, level=None, lr=None, ylabel="loss (n
     handles, labels = ax.get_legend_handles_labels()
     if lr is not None:
         ax2 = ax.twinx()
-        (line,) = ax2.plot(list(lr[0]), list(lr[1]), color=COLOURS[-1], lw=1.0, ls="--", label="learning rate")
+        (line,) = ax2.plot(
+            list(lr[0]), list(lr[1]), color=COLOURS[-1], lw=1.0, ls="--", label="learning rate"
+        )
         ax2.set_ylabel("learning rate")
         ax2.set_ylim(0, max(lr[1]) * 1.05)
         ax2.spines["right"].set_visible(True)
@@ -412,19 +517,39 @@ def rlhf_pipeline():
         "sft": (3.9, 3.1, "SFT policy $\\pi^\\mathrm{SFT}$\n(next-token loss\non demonstrations)"),
         "rm": (7.7, 3.1, "reward model $r_\\theta$\n(Bradley–Terry loss)"),
         "dpo": (3.9, 0.1, "DPO policy\n(the reward-model loss\non log-ratios)"),
-        "ppo": (7.7, 0.1, "RL policy $\\pi^\\mathrm{RL}_\\phi$\n(PPO on the\nKL-regularised objective)"),
+        "ppo": (
+            7.7,
+            0.1,
+            "RL policy $\\pi^\\mathrm{RL}_\\phi$\n(PPO on the\nKL-regularised objective)",
+        ),
     }
     for x, y, label in boxes.values():
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", fc="#eef3fb", ec=COLOURS[0]))
+        ax.add_patch(
+            FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", fc="#eef3fb", ec=COLOURS[0])
+        )
         ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=8)
     arrows = [  # start, end, label position, label, horizontal alignment
         ((2.75, 3.62), (3.85, 3.62), (3.3, 4.5), "demonstrations\n(judged score 1)", "center"),
-        ((6.55, 3.62), (7.65, 3.62), (7.1, 4.5), "$K = 4$ samples per\nprompt, ranked pairs", "center"),
+        (
+            (6.55, 3.62),
+            (7.65, 3.62),
+            (7.1, 4.5),
+            "$K = 4$ samples per\nprompt, ranked pairs",
+            "center",
+        ),
         ((9.0, 3.05), (9.0, 1.2), (9.1, 2.1), "reward", "left"),
-        ((6.0, 3.05), (7.9, 1.2), (7.05, 2.45), "reference for\nthe KL penalty;\ninitial policy", "left"),
+        (
+            (6.0, 3.05),
+            (7.9, 1.2),
+            (7.05, 2.45),
+            "reference for\nthe KL penalty;\ninitial policy",
+            "left",
+        ),
         ((5.2, 3.05), (5.2, 1.2), (5.1, 2.1), "the ranked pairs;\nreference", "right"),
     ]
     for start, end, (tx, ty), label, ha in arrows:
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#333333"))
+        ax.add_patch(
+            FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#333333")
+        )
         ax.text(tx, ty, label, ha=ha, va="center", fontsize=7.5, color="#333333")
     return fig

@@ -64,7 +64,9 @@ KEY = "gptlib"  # the one metadata entry
 
 # --- the file -----------------------------------------------------------------------------------
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def content_sha256(fields: dict, tensors: dict[str, Tensor]) -> str:
@@ -92,7 +94,9 @@ def write_file(path: str | Path, tensors: dict[str, Tensor], fields: dict) -> Pa
         meta = json.dumps(fields, ensure_ascii=False, allow_nan=False)  # dicts keep their order
     except (TypeError, ValueError) as e:
         raise ValueError(f"fields must be JSON values with finite numbers: {e}") from None
-    data = safetensors_bytes({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata={KEY: meta})
+    data = safetensors_bytes(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, metadata={KEY: meta}
+    )
     return atomic_write(path, data)
 
 
@@ -114,7 +118,9 @@ def read_fields(path: str | Path) -> dict:
     path = Path(path)
     meta = _open_header(path)
     if KEY not in meta:
-        raise ValueError(f"{path} is not a gptlib file (no {KEY!r} entry in its safetensors metadata)")
+        raise ValueError(
+            f"{path} is not a gptlib file (no {KEY!r} entry in its safetensors metadata)"
+        )
     try:
         fields = json.loads(meta[KEY], parse_constant=_no_constants)
     except ValueError as e:
@@ -122,7 +128,10 @@ def read_fields(path: str | Path) -> dict:
     if not isinstance(fields, dict):
         raise ValueError(f"{path}: its {KEY!r} metadata must be a JSON object")
     if fields.get("version") != VERSION:
-        raise ValueError(f"{path}: field 'version' is {fields.get('version')!r}; this gptlib reads version {VERSION}")
+        raise ValueError(
+            f"{path}: field 'version' is {fields.get('version')!r}; this gptlib reads version "
+            f"{VERSION}"
+        )
     return fields
 
 
@@ -142,8 +151,10 @@ def read_file(path: str | Path, verify: bool = True) -> tuple[dict[str, Tensor],
     fields = read_fields(path)
     tensors = read_tensors(path)
     if verify and content_sha256(fields, tensors) != fields.get("sha256"):
-        raise ValueError(f"{path}: field 'sha256' does not match the file's contents (changed or damaged "
-                         "since it was written)")
+        raise ValueError(
+            f"{path}: field 'sha256' does not match the file's contents (changed or damaged "
+            "since it was written)"
+        )
     return tensors, fields
 
 
@@ -166,15 +177,24 @@ def model_tensors(model: nn.Module, dtype: torch.dtype | None = None) -> dict[st
     """The tensors a model file holds: the state dict on the CPU without tied second names,
     floating-point tensors cast to ``dtype`` (checked to fit) if given."""
     if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise ValueError(f"dtype must be one of {[str(d) for d in FLOAT_DTYPES]} or None, got {dtype}")
+        raise ValueError(
+            f"dtype must be one of {[str(d) for d in FLOAT_DTYPES]} or None, got {dtype}"
+        )
     aliases = tied_aliases(model)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    tensors = {
+        k: v.detach().to("cpu").contiguous()
+        for k, v in model.state_dict().items()
+        if k not in aliases
+    }
     if dtype is not None:
         for k, v in tensors.items():
             if v.is_floating_point():
                 cast = v.to(dtype)
                 if not torch.isfinite(cast).all() and torch.isfinite(v).all():
-                    raise ValueError(f"tensor {k!r} does not fit in dtype {dtype}: values up to {v.abs().max():.3g}")
+                    raise ValueError(
+                        f"tensor {k!r} does not fit in dtype {dtype}: values up to "
+                        f"{v.abs().max():.3g}"
+                    )
                 tensors[k] = cast
     return tensors
 
@@ -188,14 +208,20 @@ def model_fields(model: nn.Module) -> dict:
     return fields
 
 
-def save_model(model: nn.Module, path: str | Path, dtype: torch.dtype | None = None, **fields) -> Path:
-    """Write ``model`` (its state dict and config) to :func:`model_file` of ``path`` in one atomic step.
+def save_model(
+    model: nn.Module, path: str | Path, dtype: torch.dtype | None = None, **fields
+) -> Path:
+    """Write ``model`` (its state dict and config) to :func:`model_file` of ``path`` in one atomic
+    step.
 
     ``dtype`` stores the floating-point tensors in that width (:data:`FLOAT_DTYPES`); a weight it
-    cannot hold (beyond its range) is an error, not an infinity. ``fields`` are added to the metadata.
+    cannot hold (beyond its range) is an error, not an infinity. ``fields`` are added to the
+    metadata.
     Returns the file written.
     """
-    return write_file(model_file(path), model_tensors(model, dtype), {**fields, **model_fields(model)})
+    return write_file(
+        model_file(path), model_tensors(model, dtype), {**fields, **model_fields(model)}
+    )
 
 
 def read_model(path: str | Path, kind: str) -> tuple[dict, dict[str, Tensor], dict, str]:
@@ -232,7 +258,10 @@ def config_from_dict(cls: type, d: dict, source: str = "config"):
     unknown = sorted(set(d) - set(names))
     if unknown:
         raise ValueError(f"{source}: field 'config' has unknown entries {unknown}")
-    d = {k: tuple(v) if isinstance(v, list) and isinstance(names[k].default, tuple) else v for k, v in d.items()}
+    d = {
+        k: tuple(v) if isinstance(v, list) and isinstance(names[k].default, tuple) else v
+        for k, v in d.items()
+    }
     try:
         return cls(**d)
     except (TypeError, ValueError) as e:

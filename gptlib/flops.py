@@ -53,7 +53,10 @@ def _check_config(config: object) -> None:
     """The count is that of GPT-2's blocks: full-width K and V, a two-matrix MLP. A Llama-style
     config (grouped K and V, SwiGLU's three matrices) has other products and is refused."""
     if not isinstance(config, GPTConfig):
-        raise ValueError(f"config must be a GPTConfig (the count is that of GPT-2's blocks), got {type(config).__name__}")
+        raise ValueError(
+            "config must be a GPTConfig (the count is that of GPT-2's blocks), got "
+            f"{type(config).__name__}"
+        )
 
 
 def matmul_weights(config) -> int:
@@ -70,7 +73,8 @@ def matmul_weights(config) -> int:
 
 
 def forward_flops_per_token(config, n_ctx: int | None = None) -> int:
-    """C_fwd = 2 N_mm + 4 n_layers n_ctx d_attn: one forward pass's FLOPs per token (module docstring).
+    """C_fwd = 2 N_mm + 4 n_layers n_ctx d_attn: one forward pass's FLOPs per token (module
+    docstring).
 
     ``n_ctx`` defaults to ``config.n_ctx``: the number of keys each query's attention spans.
 
@@ -85,7 +89,8 @@ def forward_flops_per_token(config, n_ctx: int | None = None) -> int:
 
 
 def training_flops(config, tokens: int, n_ctx: int | None = None) -> int:
-    """C_train · tokens = 3 C_fwd · tokens: FLOPs to train on ``tokens`` tokens (the backward costs two forwards).
+    """C_train · tokens = 3 C_fwd · tokens: FLOPs to train on ``tokens`` tokens (the backward costs
+    two forwards).
 
     >>> from gptlib.model import GPTConfig
     >>> training_flops(GPTConfig.preset("tiny"), 1000)
@@ -96,7 +101,8 @@ def training_flops(config, tokens: int, n_ctx: int | None = None) -> int:
 
 
 def moe_flops_per_token(d_model: int, d_mlp: int, n_experts: int, top_k: int) -> int:
-    """Forward matrix-product FLOPs per token of a mixture-of-experts MLP (:mod:`gptlib.moe`), by the
+    """Forward matrix-product FLOPs per token of a mixture-of-experts MLP (:mod:`gptlib.moe`), by
+    the
     convention above: the router's product 2 d_model n_experts, plus top_k expert MLPs of
     4 d_model d_mlp each. Apart from the router, independent of n_experts.
 
@@ -129,7 +135,8 @@ def matmul_flops_per_s(
     dtype: torch.dtype = torch.float32,
     products: int = 1,
 ) -> float:
-    """The best FLOP/s over ``repeats`` timings of ``products`` back-to-back (n, n) @ (n, n) products.
+    """The best FLOP/s over ``repeats`` timings of ``products`` back-to-back (n, n) @ (n, n)
+    products.
 
     A measured stand-in for the peak rate: a GPU's peak comes from its data sheet (an A100:
     312e12 bf16 FLOP/s, an H100 SXM 989e12), a CPU's is rarely published. On a GPU, time

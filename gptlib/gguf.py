@@ -70,8 +70,15 @@ class GGUFContents:
 def _field_value(field):
     from gguf import GGUFValueType
 
-    if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.types) > 1 and field.types[1] == GGUFValueType.STRING:
-        return [bytes(field.parts[i]).decode("utf-8") for i in field.data]  # fast path for the vocabulary
+    if (
+        field.types
+        and field.types[0] == GGUFValueType.ARRAY
+        and len(field.types) > 1
+        and field.types[1] == GGUFValueType.STRING
+    ):
+        return [
+            bytes(field.parts[i]).decode("utf-8") for i in field.data
+        ]  # fast path for the vocabulary
     return field.contents()
 
 
@@ -104,7 +111,10 @@ def read_gguf(path: str | Path, tensors: bool = True) -> GGUFContents:
                 a = dequantize(np.asarray(t.data), t.tensor_type)
             out[t.name] = a.reshape(tuple(int(n) for n in reversed(t.shape)))
         except Exception as e:
-            raise ValueError(f"{path}: tensor {t.name!r} ({t.tensor_type.name}, shape {list(t.shape)}) cannot be read: {e}") from None
+            raise ValueError(
+                f"{path}: tensor {t.name!r} ({t.tensor_type.name}, shape {list(t.shape)}) cannot "
+                f"be read: {e}"
+            ) from None
     return GGUFContents(str(path), metadata, out, types)
 
 
@@ -123,16 +133,25 @@ def config_from_gguf(contents: GGUFContents) -> ModernConfig:
     """The :class:`ModernConfig` that the metadata of a llama-architecture GGUF describes."""
     arch = _meta(contents, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"{contents.path} has general.architecture={arch!r}; only 'llama' is supported")
-    n_heads, d_model = int(_meta(contents, "llama.attention.head_count")), int(_meta(contents, "llama.embedding_length"))
+        raise ValueError(
+            f"{contents.path} has general.architecture={arch!r}; only 'llama' is supported"
+        )
+    n_heads, d_model = (
+        int(_meta(contents, "llama.attention.head_count")),
+        int(_meta(contents, "llama.embedding_length")),
+    )
     d_head = int(contents.metadata.get("llama.rope.dimension_count", d_model // n_heads))
     tokens = _meta(contents, "tokenizer.ggml.tokens")
     try:
         return ModernConfig(
-            d_vocab=len(tokens), n_ctx=int(_meta(contents, "llama.context_length")), d_model=d_model,
-            n_layers=int(_meta(contents, "llama.block_count")), n_heads=n_heads,
+            d_vocab=len(tokens),
+            n_ctx=int(_meta(contents, "llama.context_length")),
+            d_model=d_model,
+            n_layers=int(_meta(contents, "llama.block_count")),
+            n_heads=n_heads,
             n_kv_heads=int(contents.metadata.get("llama.attention.head_count_kv", n_heads)),
-            d_mlp=int(_meta(contents, "llama.feed_forward_length")), d_head=d_head,
+            d_mlp=int(_meta(contents, "llama.feed_forward_length")),
+            d_head=d_head,
             rope_base=_f32(contents.metadata.get("llama.rope.freq_base", 10000.0)),
             ln_eps=_f32(_meta(contents, "llama.attention.layer_norm_rms_epsilon")),
             tie_weights="output.weight" not in contents.types,
@@ -142,9 +161,17 @@ def config_from_gguf(contents: GGUFContents) -> ModernConfig:
 
 
 # A block's tensors in the book's order: ours, llama.cpp's (blk.N.<name>.weight), transposed?
-_BLOCK_TENSORS = (("ln_1.w", "attn_norm", False), ("attn.W_Q", "attn_q", True), ("attn.W_K", "attn_k", True),
-                  ("attn.W_V", "attn_v", True), ("attn.W_O", "attn_output", True), ("ln_2.w", "ffn_norm", False),
-                  ("mlp.W_gate", "ffn_gate", True), ("mlp.W_up", "ffn_up", True), ("mlp.W_out", "ffn_down", True))
+_BLOCK_TENSORS = (
+    ("ln_1.w", "attn_norm", False),
+    ("attn.W_Q", "attn_q", True),
+    ("attn.W_K", "attn_k", True),
+    ("attn.W_V", "attn_v", True),
+    ("attn.W_O", "attn_output", True),
+    ("ln_2.w", "ffn_norm", False),
+    ("mlp.W_gate", "ffn_gate", True),
+    ("mlp.W_up", "ffn_up", True),
+    ("mlp.W_out", "ffn_down", True),
+)
 
 
 def _gguf_names(config: ModernConfig) -> dict[str, tuple[str, bool]]:
@@ -174,7 +201,13 @@ def _model_order(name: str) -> tuple:
     block = [b for _, b, _ in _BLOCK_TENSORS]
     if name == "token_embd.weight":
         return (0,)
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block and parts[3] == "weight":
+    if (
+        len(parts) == 4
+        and parts[0] == "blk"
+        and parts[1].isdigit()
+        and parts[2] in block
+        and parts[3] == "weight"
+    ):
         return (1, int(parts[1]), block.index(parts[2]))
     if name in ("output_norm.weight", "output.weight"):
         return (2, name != "output_norm.weight")
@@ -199,8 +232,11 @@ def state_from_gguf(contents: GGUFContents) -> tuple[ModernConfig, dict[str, Ten
         state[ours] = W.T.contiguous() if transpose else W
     for k, shape in _expected_shapes(config).items():
         if tuple(state[k].shape) != shape:
-            raise ValueError(f"{contents.path}: tensor {names[k][0]!r} has shape {tuple(state[k].shape)} after mapping to {k!r}; "
-                             f"the config from its metadata expects {shape}")
+            raise ValueError(
+                f"{contents.path}: tensor {names[k][0]!r} has shape {tuple(state[k].shape)} after "
+                f"mapping to {k!r}; "
+                f"the config from its metadata expects {shape}"
+            )
     return config, state
 
 
@@ -222,7 +258,9 @@ def q4_1_roundtrip(x: Tensor) -> Tensor:
     True
     """
     if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise ValueError(
+            f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     if x.dim() < 1 or x.shape[-1] % 32:
         raise ValueError(f"x's last dimension must be a multiple of 32, got shape {tuple(x.shape)}")
     if not bool(torch.isfinite(x).all()):
@@ -258,8 +296,13 @@ def export_gguf(gguf_path: str | Path, w_path: str | Path, t_path: str | Path) -
     tokenizer = GGUFTokenizer.from_metadata(contents.metadata, str(gguf_path)).to_json()
     t_path = atomic_write(t_path, tokenizer)
     types = dict(sorted(contents.types.items(), key=lambda kv: _model_order(kv[0])))
-    w_path = save_model(model, w_path, gguf_sha256=sha256_file(gguf_path), gguf_types=types,
-                        tokenizer_sha256=_sha256(tokenizer))
+    w_path = save_model(
+        model,
+        w_path,
+        gguf_sha256=sha256_file(gguf_path),
+        gguf_types=types,
+        tokenizer_sha256=_sha256(tokenizer),
+    )
     return w_path, t_path
 
 
@@ -291,11 +334,15 @@ def _stale(w_path: Path) -> str | None:
 
 def _refuse_stale(w_path: Path, problem: str | None) -> None:
     if problem is not None:
-        raise ValueError(f"{w_path} was exported by an earlier gptlib ({problem}); run `make smollm2` "
-                         "(or `python -m gptlib.gguf export`) to export it again")
+        raise ValueError(
+            f"{w_path} was exported by an earlier gptlib ({problem}); run `make smollm2` "
+            "(or `python -m gptlib.gguf export`) to export it again"
+        )
 
 
-def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torch.device = "cpu") -> tuple[ModernGPT, GGUFTokenizer]:
+def load_export(
+    w_path: str | Path, t_path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[ModernGPT, GGUFTokenizer]:
     """The model and tokenizer :func:`export_gguf` wrote, both verified against the sha256 recorded
     at export: a changed or damaged file raises ``ValueError`` naming it."""
     w_path, t_path = Path(w_path), Path(t_path)
@@ -313,8 +360,11 @@ def load_export(w_path: str | Path, t_path: str | Path, map_location: str | torc
         raise ValueError(f"{e}; run `python -m gptlib.gguf export --force`") from None
     data = t_path.read_bytes()
     if _sha256(data) != recorded:
-        raise ValueError(f"{t_path} does not match the tokenizer recorded in {w_path} (sha256 {_sha256(data)[:12]}… "
-                         f"instead of {str(recorded)[:12]}…); run `python -m gptlib.gguf export --force`")
+        raise ValueError(
+            f"{t_path} does not match the tokenizer recorded in {w_path} (sha256 "
+            f"{_sha256(data)[:12]}… "
+            f"instead of {str(recorded)[:12]}…); run `python -m gptlib.gguf export --force`"
+        )
     return model.eval(), GGUFTokenizer.from_json(data, str(t_path))
 
 
@@ -330,8 +380,11 @@ def export_smollm2(force: bool = False) -> tuple[Path, Path]:
             stale = _stale(w_path)
         except ValueError:  # an earlier format or a damaged header: export again
             fields, stale = {}, "unreadable"
-        if (stale is None and fields.get("gguf_sha256") == sha256_file(gguf_path)
-                and fields.get("tokenizer_sha256") == sha256_file(t_path)):
+        if (
+            stale is None
+            and fields.get("gguf_sha256") == sha256_file(gguf_path)
+            and fields.get("tokenizer_sha256") == sha256_file(t_path)
+        ):
             return w_path, t_path
     return export_gguf(gguf_path, w_path, t_path)
 
@@ -344,8 +397,13 @@ def stored_types() -> dict[str, str]:
     check_file(w_path, hint="run `make smollm2` (or `python -m gptlib.gguf export`)")
     _refuse_stale(w_path, _stale(w_path))
     types = read_fields(w_path).get("gguf_types")
-    if not isinstance(types, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
-        raise ValueError(f"{w_path}: field 'gguf_types' is missing or malformed; run `python -m gptlib.gguf export --force`")
+    if not isinstance(types, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in types.items()
+    ):
+        raise ValueError(
+            f"{w_path}: field 'gguf_types' is missing or malformed; run `python -m gptlib.gguf "
+            "export --force`"
+        )
     return dict(sorted(types.items(), key=lambda kv: _model_order(kv[0])))
 
 

@@ -19,16 +19,21 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .files import read_tensors
 from .model import GPT, GPTConfig
 from .modern import ModernGPT
 from .runtime import check_file, check_float, check_positive_int
-from .files import read_tensors
 from .state import load_state_checked
 
 __all__ = ["from_hf", "from_pretrained", "to_hf_llama", "unpermute_rope", "HF_ACTIVATIONS"]
 
 # Hugging Face's names for GPT-2's activations, mapped to gptlib's (gptlib.mlp.ACTIVATIONS).
-HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+HF_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+}
 
 
 def _read_json(path: Path) -> dict:
@@ -42,7 +47,8 @@ def _read_json(path: Path) -> dict:
     return d
 
 
-# --- GPT-2 -----------------------------------------------------------------------------------------
+# --- GPT-2
+# -----------------------------------------------------------------------------------------
 def from_hf(hf_model) -> GPT:
     """A gptlib GPT with the weights of a ``transformers`` ``GPT2LMHeadModel``.
 
@@ -50,7 +56,11 @@ def from_hf(hf_model) -> GPT:
     so gptlib does not import transformers. HF stores GPT-2's matrices in ``Conv1D`` layers as
     (in, out), the same x @ W layout as gptlib: only the fused ``c_attn`` needs splitting.
     """
-    cfg = hf_model.config.to_dict() if hasattr(hf_model.config, "to_dict") else dict(vars(hf_model.config))
+    cfg = (
+        hf_model.config.to_dict()
+        if hasattr(hf_model.config, "to_dict")
+        else dict(vars(hf_model.config))
+    )
     return _from_hf_parts(cfg, hf_model.state_dict(), source=type(hf_model).__name__)
 
 
@@ -69,14 +79,17 @@ def from_pretrained(name_or_path: str | Path, map_location: str | torch.device =
     else:
         if str(name_or_path).startswith((".", "/")) or path.suffix:
             raise FileNotFoundError(f"{name_or_path} is not a directory")
-        from huggingface_hub import hf_hub_download  # optional, online only (Colab): imported when used
+        from huggingface_hub import (
+            hf_hub_download,  # optional, online only (Colab): imported when used
+        )
 
         try:
             cfg_file = Path(hf_hub_download(str(name_or_path), "config.json"))
             weight_file = Path(hf_hub_download(str(name_or_path), "model.safetensors"))
-        except Exception as e:  # noqa: BLE001 - offline, unknown repo, no safetensors file, ...
+        except Exception as e:
             raise OSError(
-                f"could not fetch {name_or_path!r} from the Hugging Face Hub ({type(e).__name__}: {e}); "
+                f"could not fetch {name_or_path!r} from the Hugging Face Hub ({type(e).__name__}: "
+                f"{e}); "
                 "offline, pass a local directory with config.json and model.safetensors"
             ) from e
     cfg = _read_json(cfg_file)
@@ -85,8 +98,10 @@ def from_pretrained(name_or_path: str | Path, map_location: str | torch.device =
     else:
         try:
             state = torch.load(weight_file, map_location=map_location, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
-            raise ValueError(f"{weight_file} could not be read as a weights-only checkpoint: {e}") from None
+        except Exception as e:
+            raise ValueError(
+                f"{weight_file} could not be read as a weights-only checkpoint: {e}"
+            ) from None
     return _from_hf_parts(cfg, state, source=str(weight_file)).to(map_location)
 
 
@@ -105,9 +120,14 @@ def _hf_config(cfg: dict, source: str) -> GPTConfig:
         raise ValueError(f"{source}: {e}") from None
     try:
         return GPTConfig(
-            d_vocab=cfg["vocab_size"], n_ctx=cfg["n_positions"], d_model=cfg["n_embd"],
-            n_heads=cfg["n_head"], n_layers=cfg["n_layer"], d_mlp=cfg.get("n_inner") or None,
-            ln_eps=eps, activation=HF_ACTIVATIONS[act],
+            d_vocab=cfg["vocab_size"],
+            n_ctx=cfg["n_positions"],
+            d_model=cfg["n_embd"],
+            n_heads=cfg["n_head"],
+            n_layers=cfg["n_layer"],
+            d_mlp=cfg.get("n_inner") or None,
+            ln_eps=eps,
+            activation=HF_ACTIVATIONS[act],
             tie_weights=cfg.get("tie_word_embeddings", True),
         )
     except KeyError as e:
@@ -117,7 +137,10 @@ def _hf_config(cfg: dict, source: str) -> GPTConfig:
 def _from_hf_parts(cfg: dict, state: dict[str, Tensor], source: str) -> GPT:
     config = _hf_config(cfg, source)
     # Checkpoints saved from GPT2Model lack the "transformer." prefix; accept both.
-    sd = {(k[len("transformer."):] if k.startswith("transformer.") else k): v for k, v in state.items()}
+    sd = {
+        (k[len("transformer.") :] if k.startswith("transformer.") else k): v
+        for k, v in state.items()
+    }
     sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     d = config.d_model
 
@@ -131,14 +154,29 @@ def _from_hf_parts(cfg: dict, state: dict[str, Tensor], source: str) -> GPT:
         h, o = f"h.{i}.", f"blocks.{i}."
         W_qkv, b_qkv = take(h + "attn.c_attn.weight"), take(h + "attn.c_attn.bias")
         if W_qkv.shape != (d, 3 * d):
-            raise ValueError(f"{source}: tensor {h}attn.c_attn.weight has shape {tuple(W_qkv.shape)}, expected {(d, 3 * d)}")
+            raise ValueError(
+                f"{source}: tensor {h}attn.c_attn.weight has shape {tuple(W_qkv.shape)}, expected "
+                f"{(d, 3 * d)}"
+            )
         for name, W, b in zip("QKV", W_qkv.split(d, dim=1), b_qkv.split(d)):
             ours[o + f"attn.W_{name}"], ours[o + f"attn.b_{name}"] = W, b
-        ours[o + "attn.W_O"], ours[o + "attn.b_O"] = take(h + "attn.c_proj.weight"), take(h + "attn.c_proj.bias")
-        ours[o + "mlp.W_in"], ours[o + "mlp.b_in"] = take(h + "mlp.c_fc.weight"), take(h + "mlp.c_fc.bias")
-        ours[o + "mlp.W_out"], ours[o + "mlp.b_out"] = take(h + "mlp.c_proj.weight"), take(h + "mlp.c_proj.bias")
+        ours[o + "attn.W_O"], ours[o + "attn.b_O"] = (
+            take(h + "attn.c_proj.weight"),
+            take(h + "attn.c_proj.bias"),
+        )
+        ours[o + "mlp.W_in"], ours[o + "mlp.b_in"] = (
+            take(h + "mlp.c_fc.weight"),
+            take(h + "mlp.c_fc.bias"),
+        )
+        ours[o + "mlp.W_out"], ours[o + "mlp.b_out"] = (
+            take(h + "mlp.c_proj.weight"),
+            take(h + "mlp.c_proj.bias"),
+        )
         for ln in ("ln_1", "ln_2"):
-            ours[o + f"{ln}.w"], ours[o + f"{ln}.b"] = take(h + f"{ln}.weight"), take(h + f"{ln}.bias")
+            ours[o + f"{ln}.w"], ours[o + f"{ln}.b"] = (
+                take(h + f"{ln}.weight"),
+                take(h + f"{ln}.bias"),
+            )
     ours["ln_f.w"], ours["ln_f.b"] = take("ln_f.weight"), take("ln_f.bias")
     lm_head = sd.pop("lm_head.weight", None)
     if not config.tie_weights:
@@ -146,11 +184,15 @@ def _from_hf_parts(cfg: dict, state: dict[str, Tensor], source: str) -> GPT:
             raise ValueError(f"{source} lacks tensor 'lm_head.weight' (weights are not tied)")
         ours["unembed.W_U"] = lm_head.T
     elif lm_head is not None and not torch.equal(lm_head, ours["embed.W_E"]):
-        raise ValueError(f"{source}: lm_head.weight differs from wte.weight although the config ties them")
+        raise ValueError(
+            f"{source}: lm_head.weight differs from wte.weight although the config ties them"
+        )
     if sd:
         raise ValueError(f"{source} has unexpected tensor(s) {sorted(sd)[:5]}")
     model = GPT(config)
-    load_state_checked(model, {k: v.detach() for k, v in ours.items()}, source)  # float widths cast, nothing else
+    load_state_checked(
+        model, {k: v.detach() for k, v in ours.items()}, source
+    )  # float widths cast, nothing else
     return model
 
 
@@ -165,7 +207,10 @@ def unpermute_rope(W: Tensor, n_heads: int) -> Tensor:
     """
     check_positive_int("n_heads", n_heads)
     if W.dim() != 2 or W.shape[1] % (2 * n_heads):
-        raise ValueError(f"W must be (d_model, n_heads*d_head) with d_head even, got {tuple(W.shape)} for n_heads={n_heads}")
+        raise ValueError(
+            f"W must be (d_model, n_heads*d_head) with d_head even, got {tuple(W.shape)} for "
+            f"n_heads={n_heads}"
+        )
     d_in, d_out = W.shape
     d_head = d_out // n_heads
     return W.reshape(d_in, n_heads, d_head // 2, 2).transpose(-1, -2).reshape(d_in, d_out)
@@ -179,13 +224,27 @@ def to_hf_llama(model: ModernGPT):
 
     c = model.config
     hf_config = LlamaConfig(
-        vocab_size=c.d_vocab, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.d_head,
-        max_position_embeddings=c.n_ctx, rms_norm_eps=c.ln_eps, rope_theta=c.rope_base,
-        tie_word_embeddings=c.tie_weights, attention_bias=False, mlp_bias=False, hidden_act="silu",
+        vocab_size=c.d_vocab,
+        hidden_size=c.d_model,
+        intermediate_size=c.d_mlp,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        head_dim=c.d_head,
+        max_position_embeddings=c.n_ctx,
+        rms_norm_eps=c.ln_eps,
+        rope_theta=c.rope_base,
+        tie_word_embeddings=c.tie_weights,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
     )
     hf_config.rope_parameters = {"rope_type": "default", "rope_theta": c.rope_base}
-    sd = {"model.embed_tokens.weight": model.W_E, "model.norm.weight": model.ln_f.w, "lm_head.weight": model.W_U.T}
+    sd = {
+        "model.embed_tokens.weight": model.W_E,
+        "model.norm.weight": model.ln_f.w,
+        "lm_head.weight": model.W_U.T,
+    }
     for l, blk in enumerate(model.blocks):
         p, a, m = f"model.layers.{l}.", blk.attn, blk.mlp
         sd[p + "input_layernorm.weight"] = blk.ln_1.w
@@ -203,7 +262,12 @@ def to_hf_llama(model: ModernGPT):
         from contextlib import nullcontext as no_init_weights
     with no_init_weights():
         hf = LlamaForCausalLM(hf_config)
-    missing, unexpected = hf.load_state_dict({k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False)
+    missing, unexpected = hf.load_state_dict(
+        {k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False
+    )
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
-        raise ValueError(f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}"
+        )
     return hf.eval()

@@ -67,11 +67,17 @@ def capture(model: nn.Module, name: str) -> Iterator[list[Tensor]]:
     _check_module(model)
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
-    points = [m for path, m in model.named_modules() if isinstance(m, HookPoint) and path.rsplit(".", 1)[-1] == name]
+    points = [
+        m
+        for path, m in model.named_modules()
+        if isinstance(m, HookPoint) and path.rsplit(".", 1)[-1] == name
+    ]
     if not points:
         raise ValueError(f"model has no HookPoint called {name!r}")
     seen: list[Tensor] = []
-    handles = [p.register_forward_hook(lambda module, args, out: seen.append(out.detach())) for p in points]
+    handles = [
+        p.register_forward_hook(lambda module, args, out: seen.append(out.detach())) for p in points
+    ]
     try:
         yield seen
     finally:

@@ -30,15 +30,18 @@ __all__ = ["lora_forward", "lora_parameters", "LoRA", "attention_mlp_targets"]
 
 def lora_forward(x: Tensor, W: Tensor, A: Tensor, B: Tensor, scale: float) -> Tensor:
     """x W + scale (x A) B for rows x (..., d_in): the adapted map, with the update applied through
-    the two thin products (d_in r + r d_out multiplications per row) instead of a d_in x d_out matrix.
+    the two thin products (d_in r + r d_out multiplications per row) instead of a d_in x d_out
+    matrix.
 
     >>> W, A, B = torch.eye(2), torch.tensor([[1.0], [0.0]]), torch.tensor([[0.0, 3.0]])
     >>> lora_forward(torch.tensor([[1.0, 2.0]]), W, A, B, scale=0.5)  # [1, 2] + 0.5 * 1 * [0, 3]
     tensor([[1.0000, 3.5000]])
     """
     if W.dim() != 2 or A.shape != (W.shape[0], A.shape[1]) or B.shape != (A.shape[1], W.shape[1]):
-        raise ValueError(f"need W (d_in, d_out), A (d_in, r), B (r, d_out), got {tuple(W.shape)}, "
-                         f"{tuple(A.shape)}, {tuple(B.shape)}")
+        raise ValueError(
+            f"need W (d_in, d_out), A (d_in, r), B (r, d_out), got {tuple(W.shape)}, "
+            f"{tuple(A.shape)}, {tuple(B.shape)}"
+        )
     return x @ W + scale * ((x @ A) @ B)
 
 
@@ -84,14 +87,26 @@ class LoRA(nn.Module):
     (256, 256)
     """
 
-    def __init__(self, model: nn.Module, targets: list[str], r: int, alpha: float,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        targets: list[str],
+        r: int,
+        alpha: float,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         check_positive_int("r", r)
         self.r, self.alpha = r, check_float("alpha", alpha, 0.0, lo_open=True)
         self.scale = self.alpha / r
-        if not isinstance(targets, (list, tuple)) or not targets or len(set(targets)) != len(targets):
-            raise ValueError(f"targets must be a non-empty list of distinct parameter names, got {targets!r}")
+        if (
+            not isinstance(targets, (list, tuple))
+            or not targets
+            or len(set(targets)) != len(targets)
+        ):
+            raise ValueError(
+                f"targets must be a non-empty list of distinct parameter names, got {targets!r}"
+            )
         params = dict(model.named_parameters())
         for name in targets:
             if name not in params or params[name].dim() != 2:

@@ -10,7 +10,8 @@ the position enters through a separate rotary key k^R shared by the heads (d_R n
 with W_DKV (d_model, d_c), W_UK, W_UV (d_c, n_heads d_head), W_KR (d_model, d_R), W_QR
 (d_model, n_heads d_R). Since q_h K_h^T = (x W_Q^h W_UK^{h T}) c^T and (A_h V_h) W_O^h =
 (A_h c)(W_UV^h W_O^h), the up-projections can be absorbed into the query and output maps, so a
-:class:`LatentCache` keeps [c | k^R], d_c + d_R numbers per token and layer, against 2 n_heads d_head
+:class:`LatentCache` keeps [c | k^R], d_c + d_R numbers per token and layer, against 2 n_heads
+d_head
 for multi-head attention's :class:`gptlib.attention.KVCache`. ``absorb=True`` computes the absorbed
 form, ``absorb=False`` the form above; the two agree up to rounding. :func:`mla_model` puts the
 layer into a :class:`gptlib.modern.ModernGPT` in place of grouped-query attention.
@@ -50,26 +51,40 @@ class LatentCache(KVCache):
         raise ValueError("a LatentCache holds latent rows, not keys and values: use append_latent")
 
     def append_latent(self, layer: int, c: Tensor, k_R: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's c (B, T, d_c) and rotated k^R (B, T, d_R) for ``layer``; return all so far."""
+        """Add this step's c (B, T, d_c) and rotated k^R (B, T, d_R) for ``layer``; return all so
+        far."""
         layer = check_int("layer", layer, 0, self.n_layers - 1)
         if c.dim() != 3 or k_R.dim() != 3 or c.shape[:2] != k_R.shape[:2]:
-            raise ValueError(f"c and k_R must be (B, T, d_c) and (B, T, d_R), got {tuple(c.shape)}, {tuple(k_R.shape)}")
+            raise ValueError(
+                f"c and k_R must be (B, T, d_c) and (B, T, d_R), got {tuple(c.shape)}, "
+                f"{tuple(k_R.shape)}"
+            )
         n, T, d_c = self._filled[layer], c.shape[1], c.shape[2]
         row = torch.cat([c, k_R], dim=-1)  # (B, T, d_c + d_R)
         buf = self._latent[layer]
-        if buf is None or n + T > buf.shape[1] or buf.shape[0] != row.shape[0] or buf.shape[2] != row.shape[2]:
+        if (
+            buf is None
+            or n + T > buf.shape[1]
+            or buf.shape[0] != row.shape[0]
+            or buf.shape[2] != row.shape[2]
+        ):
             if self.capacity is not None and n + T > self.capacity:
-                raise ValueError(f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do not fit")
+                raise ValueError(
+                    f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more "
+                    "do not fit"
+                )
             if n and (buf.shape[0] != row.shape[0] or buf.shape[2] != row.shape[2]):
-                raise ValueError(f"c and k_R {tuple(row.shape)} do not continue the cached {tuple(buf.shape)}")
+                raise ValueError(
+                    f"c and k_R {tuple(row.shape)} do not continue the cached {tuple(buf.shape)}"
+                )
             size = self.capacity or max(n + T, 2 * (0 if buf is None else buf.shape[1]), 16)
             new = row.new_empty(row.shape[0], size, row.shape[2])  # (B, size, d_c + d_R)
             if n:
                 new[:, :n] = buf[:, :n]
             buf = self._latent[layer] = new
-        buf[:, n:n + T] = row
+        buf[:, n : n + T] = row
         self._filled[layer] = n + T
-        full = buf[:, :n + T]  # (B, offset + T, d_c + d_R)
+        full = buf[:, : n + T]  # (B, offset + T, d_c + d_R)
         return full[..., :d_c], full[..., d_c:]
 
     def allocated_numbers(self) -> int:
@@ -87,17 +102,40 @@ class MultiHeadLatentAttention(nn.Module):
     layer's index in a :class:`LatentCache`.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, d_c: int, d_R: int, *,
-                 rope_base: float = 10000.0, layer: int = 0, fused: bool = True, absorb: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int,
+        d_c: int,
+        d_R: int,
+        *,
+        rope_base: float = 10000.0,
+        layer: int = 0,
+        fused: bool = True,
+        absorb: bool = False,
+    ):
         super().__init__()
-        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head), ("d_c", d_c), ("d_R", d_R)):
+        for name, v in (
+            ("d_model", d_model),
+            ("n_heads", n_heads),
+            ("d_head", d_head),
+            ("d_c", d_c),
+            ("d_R", d_R),
+        ):
             check_positive_int(name, v)
         if d_R % 2:
             raise ValueError(f"d_R must be even for RoPE, got {d_R}")
         for name, value in (("fused", fused), ("absorb", absorb)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        self.d_model, self.n_heads, self.d_head, self.d_c, self.d_R = d_model, n_heads, d_head, d_c, d_R
+        self.d_model, self.n_heads, self.d_head, self.d_c, self.d_R = (
+            d_model,
+            n_heads,
+            d_head,
+            d_c,
+            d_R,
+        )
         self.rope_base = check_float("rope_base", rope_base, 1.0, lo_open=True)
         self.layer, self.fused, self.absorb = check_int("layer", layer, lo=0), fused, absorb
         d_attn = n_heads * d_head
@@ -118,9 +156,12 @@ class MultiHeadLatentAttention(nn.Module):
         return self.W_Q[:, s], self.W_UK[:, s], self.W_UV[:, s], self.W_O[s, :]
 
     def forward(self, x: Tensor, cache: LatentCache | None = None) -> Tensor:
-        """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached ones."""
+        """(B, T, d_model) -> (B, T, d_model). With a cache, x holds the positions after the cached
+        ones."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}"
+            )
         if cache is not None and not isinstance(cache, LatentCache):
             raise ValueError(f"cache must be a LatentCache, got {type(cache).__name__}")
         B, T, _ = x.shape
@@ -128,7 +169,9 @@ class MultiHeadLatentAttention(nn.Module):
         offset = 0 if cache is None else cache.offset(self.layer)
         angles = rope_angles(T, d_R, self.rope_base, offset=offset, device=x.device)  # (T, d_R/2)
         q = (x @ self.W_Q).view(B, T, H, d_head).transpose(1, 2)  # (B, H, T, d_head)
-        q_R = apply_rope((x @ self.W_QR).view(B, T, H, d_R).transpose(1, 2), angles)  # (B, H, T, d_R)
+        q_R = apply_rope(
+            (x @ self.W_QR).view(B, T, H, d_R).transpose(1, 2), angles
+        )  # (B, H, T, d_R)
         c = x @ self.W_DKV  # (B, T, d_c)
         k_R = apply_rope(x @ self.W_KR, angles)  # (B, T, d_R)
         if cache is not None:
@@ -137,13 +180,18 @@ class MultiHeadLatentAttention(nn.Module):
         if not self.absorb:
             k = (c @ self.W_UK).view(B, T_k, H, d_head).transpose(1, 2)  # (B, H, T_k, d_head)
             v = (c @ self.W_UV).view(B, T_k, H, d_head).transpose(1, 2)  # (B, H, T_k, d_head)
-            k = torch.cat([k, k_R[:, None].expand(B, H, T_k, d_R)], dim=-1)  # (B, H, T_k, d_head + d_R)
-            z = attend(torch.cat([q, q_R], dim=-1), k, v, fused=self.fused,
-                       hook_pattern=self.hook_pattern)  # (B, H, T, d_head)
+            k = torch.cat(
+                [k, k_R[:, None].expand(B, H, T_k, d_R)], dim=-1
+            )  # (B, H, T_k, d_head + d_R)
+            z = attend(
+                torch.cat([q, q_R], dim=-1), k, v, fused=self.fused, hook_pattern=self.hook_pattern
+            )  # (B, H, T, d_head)
             return z.transpose(1, 2).reshape(B, T, H * d_head) @ self.W_O  # (B, T, d_model)
         W_QK, W_VO = absorbed_weights(self)  # (H, d_head, d_c), (H, d_c, d_model)
         q_c = q @ W_QK  # (B, H, T, d_c): the query read against c directly
-        scores = (q_c @ c[:, None].transpose(-1, -2) + q_R @ k_R[:, None].transpose(-1, -2)) / math.sqrt(d_head + d_R)
+        scores = (
+            q_c @ c[:, None].transpose(-1, -2) + q_R @ k_R[:, None].transpose(-1, -2)
+        ) / math.sqrt(d_head + d_R)
         pattern = softmax(scores + causal_mask(T, T_k, device=x.device))  # (B, H, T, T_k)
         z_c = pattern @ c[:, None]  # (B, H, T, d_c)
         return torch.einsum("bhtc,hcm->btm", z_c, W_VO)  # (B, T, d_model)
@@ -155,7 +203,9 @@ def absorbed_weights(attn: MultiHeadLatentAttention) -> tuple[Tensor, Tensor]:
     H, d_head, d_c = attn.n_heads, attn.d_head, attn.d_c
     W_UK = attn.W_UK.view(d_c, H, d_head).permute(1, 2, 0)  # (H, d_head, d_c)
     W_UV = attn.W_UV.view(d_c, H, d_head).transpose(0, 1)  # (H, d_c, d_head)
-    return W_UK, W_UV @ attn.W_O.view(H, d_head, attn.d_model)  # (H, d_head, d_c), (H, d_c, d_model)
+    return W_UK, W_UV @ attn.W_O.view(
+        H, d_head, attn.d_model
+    )  # (H, d_head, d_c), (H, d_c, d_model)
 
 
 def mla_model(config: ModernConfig, d_c: int, d_R: int) -> ModernGPT:
@@ -174,6 +224,13 @@ def mla_model(config: ModernConfig, d_c: int, d_R: int) -> ModernGPT:
         raise ValueError(f"config must be a ModernConfig, got {type(config).__name__}")
     model = ModernGPT(config)
     for layer, blk in enumerate(model.blocks):
-        blk.attn = MultiHeadLatentAttention(config.d_model, config.n_heads, config.d_head, d_c, d_R,
-                                            rope_base=config.rope_base, layer=layer)
+        blk.attn = MultiHeadLatentAttention(
+            config.d_model,
+            config.n_heads,
+            config.d_head,
+            d_c,
+            d_R,
+            rope_base=config.rope_base,
+            layer=layer,
+        )
     return model

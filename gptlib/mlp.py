@@ -10,9 +10,9 @@ layer, MLP(X) = phi(X W_in + b_in) W_out + b_out, applied to each row (position)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -65,12 +65,15 @@ def gelu_tanh(x: Tensor) -> Tensor:
     >>> round(float(gelu_tanh(torch.tensor(1.0))), 4)
     0.8412
     """
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    return (
+        0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    )
 
 
 @dataclass(frozen=True)
 class Activation:
-    """An activation phi twice: its ``formula`` (above) and PyTorch's ``fused`` kernel for the same function.
+    """An activation phi twice: its ``formula`` (above) and PyTorch's ``fused`` kernel for the same
+    function.
 
     The fused kernel evaluates phi in one pass forward and one backward instead of a chain of
     element-wise operations (GELU_tanh's formula is seven); the two agree to float rounding
@@ -158,7 +161,8 @@ def dag_activations(
     inputs: dict,
     activation: Callable[[Tensor], Tensor] | dict = relu,
 ) -> tuple[dict, dict]:
-    """Pre-activations z and activations a of every vertex of a feed-forward network (000 (2.1)-(2.2)).
+    """Pre-activations z and activations a of every vertex of a feed-forward network (000
+    (2.1)-(2.2)).
 
     ``edges`` maps (u, v) to the weight w_uv, ``biases`` maps every non-input vertex v to b_v,
     ``inputs`` gives the value a_u of every input vertex, ``activation`` is phi (the same at every
@@ -175,9 +179,14 @@ def dag_activations(
     order = topological_order(edges)
     ins, hidden, outs = dag_vertices(edges)
     if set(inputs) != set(ins):
-        raise ValueError(f"inputs must give a value to exactly the input vertices {ins}, got {list(inputs)}")
+        raise ValueError(
+            f"inputs must give a value to exactly the input vertices {ins}, got {list(inputs)}"
+        )
     if set(biases) != set(hidden) | set(outs):
-        raise ValueError(f"biases must give a bias to exactly the non-input vertices {hidden + outs}, got {list(biases)}")
+        raise ValueError(
+            f"biases must give a bias to exactly the non-input vertices {hidden + outs}, got "
+            f"{list(biases)}"
+        )
     if isinstance(activation, dict) and not set(hidden) <= set(activation):
         raise ValueError(f"activation must name a function for every hidden vertex {hidden}")
     is_hidden = set(hidden)
@@ -208,7 +217,8 @@ def dag_forward(
     """The function a feed-forward network computes: the pre-activations of its output vertices.
 
     See :func:`dag_activations` for the arguments. ``outputs`` fixes the order of the output
-    vertices (default: order of first appearance); the result stacks them on a last axis, (..., n_out).
+    vertices (default: order of first appearance); the result stacks them on a last axis, (...,
+    n_out).
 
     >>> one = torch.tensor(1.0)
     >>> dag_forward({("x", "h"): 2.0, ("h", "y"): 3.0, ("x", "y"): 1.0},
@@ -254,23 +264,38 @@ def layered_to_dag(weights: list, biases: list) -> tuple[dict, dict, list, list]
     if not weights:
         raise ValueError("weights must hold at least one matrix")
     if len(biases) != len(weights):
-        raise ValueError(f"biases must have one entry per weight matrix ({len(weights)}), got {len(biases)}")
+        raise ValueError(
+            f"biases must have one entry per weight matrix ({len(weights)}), got {len(biases)}"
+        )
     edges: dict = {}
     bias: dict = {}
     for l, (W, b) in enumerate(zip(weights, biases), start=1):
         if W.dim() != 2 or (l > 1 and W.shape[0] != weights[l - 2].shape[1]):
-            raise ValueError(f"weights[{l - 1}] has shape {tuple(W.shape)}, which does not follow the layer before")
+            raise ValueError(
+                f"weights[{l - 1}] has shape {tuple(W.shape)}, which does not follow the layer "
+                "before"
+            )
         if b is not None and tuple(b.shape) != (W.shape[1],):
-            raise ValueError(f"biases[{l - 1}] must have shape ({W.shape[1]},), got {tuple(b.shape)}")
+            raise ValueError(
+                f"biases[{l - 1}] must have shape ({W.shape[1]},), got {tuple(b.shape)}"
+            )
         n_in, n_out = W.shape
         edges.update({((l - 1, i), (l, j)): W[i, j] for i in range(n_in) for j in range(n_out)})
         bias.update({(l, j): (b[j] if b is not None else 0.0) for j in range(n_out)})
     L = len(weights)
-    return edges, bias, [(0, i) for i in range(weights[0].shape[0])], [(L, j) for j in range(weights[-1].shape[1])]
+    return (
+        edges,
+        bias,
+        [(0, i) for i in range(weights[0].shape[0])],
+        [(L, j) for j in range(weights[-1].shape[1])],
+    )
 
 
-def layered_forward(x: Tensor, weights: list, biases: list, activation: Callable[[Tensor], Tensor] = relu) -> Tensor:
-    """A layered MLP in matrix form, 000 (2.5)-(2.7): z^(l) = a^(l-1) W^(l) + b^(l), a^(l) = phi(z^(l)).
+def layered_forward(
+    x: Tensor, weights: list, biases: list, activation: Callable[[Tensor], Tensor] = relu
+) -> Tensor:
+    """A layered MLP in matrix form, 000 (2.5)-(2.7): z^(l) = a^(l-1) W^(l) + b^(l), a^(l) =
+    phi(z^(l)).
 
     x has shape (..., n_0); the result is the last pre-activation z^(L), shape (..., n_L).
 
@@ -278,17 +303,21 @@ def layered_forward(x: Tensor, weights: list, biases: list, activation: Callable
     tensor([[1.5000]])
     """
     if len(biases) != len(weights):
-        raise ValueError(f"biases must have one entry per weight matrix ({len(weights)}), got {len(biases)}")
+        raise ValueError(
+            f"biases must have one entry per weight matrix ({len(weights)}), got {len(biases)}"
+        )
     a = x
     for l, (W, b) in enumerate(zip(weights, biases), start=1):
         if a.shape[-1] != W.shape[0]:
-            raise ValueError(f"weights[{l - 1}] expects {W.shape[0]} inputs, got shape {tuple(a.shape)}")
+            raise ValueError(
+                f"weights[{l - 1}] expects {W.shape[0]} inputs, got shape {tuple(a.shape)}"
+            )
         z = a @ W if b is None else a @ W + b  # (..., n_l) pre-activation
         a = activation(z) if l < len(weights) else z
     return a
 
 
-def mlp_to_dag(mlp: "MLP") -> tuple[dict, dict, list, list]:
+def mlp_to_dag(mlp: MLP) -> tuple[dict, dict, list, list]:
     """The DAG of a transformer MLP: :func:`layered_to_dag` of [W_in, W_out], [b_in, b_out]."""
     return layered_to_dag([mlp.W_in, mlp.W_out], [mlp.b_in, mlp.b_out])
 
@@ -297,7 +326,8 @@ class MLP(nn.Module):
     """Position-wise feed-forward layer: X -> phi(X W_in + b_in) W_out + b_out.
 
     Shapes: W_in (d_model, d_mlp), b_in (d_mlp,), W_out (d_mlp, d_model), b_out (d_model,);
-    ``activation`` is a key of :data:`ACTIVATIONS` (GPT-2: "gelu_tanh"); ``bias=False`` drops b_in, b_out.
+    ``activation`` is a key of :data:`ACTIVATIONS` (GPT-2: "gelu_tanh"); ``bias=False`` drops b_in,
+    b_out.
     ``fused`` (default ``True``) evaluates phi with PyTorch's fused kernel (:class:`Activation`),
     ``False`` with the formula; it may be switched at any time, and ``phi`` follows it.
 
@@ -307,7 +337,14 @@ class MLP(nn.Module):
     True
     """
 
-    def __init__(self, d_model: int, d_mlp: int, activation: str = "gelu_tanh", bias: bool = True, fused: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        d_mlp: int,
+        activation: str = "gelu_tanh",
+        bias: bool = True,
+        fused: bool = True,
+    ):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("d_mlp", d_mlp)
@@ -335,9 +372,13 @@ class MLP(nn.Module):
             raise ValueError(f"x must end in d_model={self.d_model}, got shape {tuple(x.shape)}")
         shape = x.shape
         x2 = x.reshape(-1, self.d_model)  # (B*T, d_model): the layer acts row by row
-        h = x2 @ self.W_in if self.b_in is None else torch.addmm(self.b_in, x2, self.W_in)  # pre-activations
+        h = (
+            x2 @ self.W_in if self.b_in is None else torch.addmm(self.b_in, x2, self.W_in)
+        )  # pre-activations
         h = self.phi(h)  # (B*T, d_mlp): activations
-        y = h @ self.W_out if self.b_out is None else torch.addmm(self.b_out, h, self.W_out)  # (B*T, d_model)
+        y = (
+            h @ self.W_out if self.b_out is None else torch.addmm(self.b_out, h, self.W_out)
+        )  # (B*T, d_model)
         return y.view(*shape[:-1], self.d_model)  # (B, T, d_model)
 
     def extra_repr(self) -> str:

@@ -45,12 +45,18 @@ class GPT(nn.Module):
             raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
         self.embed = Embedding(c.d_vocab, c.d_model)
-        self.pos = LearnedPositional(c.n_ctx, c.d_model) if c.positional == "learned" else SinusoidalPositional(c.n_ctx, c.d_model)
+        self.pos = (
+            LearnedPositional(c.n_ctx, c.d_model)
+            if c.positional == "learned"
+            else SinusoidalPositional(c.n_ctx, c.d_model)
+        )
         self.drop = nn.Dropout(c.dropout)
         self.hook_resid = HookPoint()  # (B, T, d_model): X_0
         self.blocks = nn.ModuleList(Block(c, layer) for layer in range(c.n_layers))
         self.ln_f = LayerNorm(c.d_model, c.ln_eps, c.bias)
-        self.unembed = Unembedding(c.d_model, c.d_vocab, tied_to=self.embed if c.tie_weights else None)
+        self.unembed = Unembedding(
+            c.d_model, c.d_vocab, tied_to=self.embed if c.tie_weights else None
+        )
         # GPT-2's initialisation: N(0, 0.02), with the two projections that write into the
         # residual stream scaled by 1/sqrt(2 n_layers) so its variance does not grow with depth.
         for blk in self.blocks:
@@ -79,7 +85,8 @@ class GPT(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------
     def input_stream(self, ids: Tensor, offset: int = 0, *, check_ids: bool = True) -> Tensor:
-        """X_0 = Dropout(W_E[ids] + W_pos[offset : offset + T]): the residual stream entering block 1,
+        """X_0 = Dropout(W_E[ids] + W_pos[offset : offset + T]): the residual stream entering block
+        1,
         (B, T, d_model), for ids (B, T) at positions offset … offset + T - 1.
 
         The ids' shape and type are always checked; their values (ints in [0, d_vocab)) unless
@@ -108,12 +115,16 @@ class GPT(nn.Module):
     def _residual_stream(self, ids: Tensor, cache: KVCache | None, check_ids: bool) -> Tensor:
         """X_L, the residual stream after the last block, (B, T, d_model)."""
         check_cache(cache, self.config.n_layers)
-        x = self.input_stream(ids, 0 if cache is None else len(cache), check_ids=check_ids)  # (B, T, d_model)
+        x = self.input_stream(
+            ids, 0 if cache is None else len(cache), check_ids=check_ids
+        )  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)
         return x
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True) -> Tensor:
+    def forward(
+        self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True
+    ) -> Tensor:
         """Logits (B, T, d_vocab).
 
         With a :class:`KVCache`, ``ids`` are the positions after the cached ones; the cache is
@@ -129,9 +140,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_patterns(self, ids: Tensor) -> Tensor:
-        """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads, T, T).
+        """Every layer's and head's attention pattern from one forward pass: (B, n_layers, n_heads,
+        T, T).
 
-        The layers run their readable path while the patterns are recorded (:func:`capture_patterns`).
+        The layers run their readable path while the patterns are recorded
+        (:func:`capture_patterns`).
         """
         with capture_patterns(self) as patterns:
             self(ids)

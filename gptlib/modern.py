@@ -3,14 +3,17 @@
 Four changes turn the GPT-2 block of Chapters 4–6 into the block of Llama-style models such as
 SmolLM2 (all linear maps without biases, rows times weights as everywhere in the book):
 
-    RoPE:     q_t = x_t W_Q rho_t,  k_s = x_s W_K rho_s,  rho_t block-diagonal rotations by t omega_i,
-              omega_i = base^(-2i/d_head), so q_t . k_s = x_t W_Q rho_(t-s) (x_s W_K)^T depends on t - s only
+    RoPE:     q_t = x_t W_Q rho_t,  k_s = x_s W_K rho_s,  rho_t block-diagonal rotations by t
+    omega_i,
+              omega_i = base^(-2i/d_head), so q_t . k_s = x_t W_Q rho_(t-s) (x_s W_K)^T depends on t
+              - s only
     RMSNorm:  x / sqrt(mean(x^2) + eps) * w                       (LayerNorm without centring)
     SwiGLU:   (silu(x W_gate) * (x W_up)) W_out                    (a gated MLP, three matrices)
     GQA:      n_heads query heads share n_kv_heads key/value heads, group G = n_heads / n_kv_heads
 
     X_0 = one_hot(ids) W_E                      (no positional matrix: positions enter through RoPE)
-    X_l = X_(l-1) + Attn(ln_1(X_(l-1))),  then  X_l + SwiGLU(ln_2(X_l))    (ln_1, ln_2, ln_f: RMSNorms)
+    X_l = X_(l-1) + Attn(ln_1(X_(l-1))),  then  X_l + SwiGLU(ln_2(X_l))    (ln_1, ln_2, ln_f:
+    RMSNorms)
     logits = ln_f(X_L) W_U,  W_U = W_E^T when tied
 """
 
@@ -76,11 +79,16 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
     [[0.0, 1.0]]
     """
     if x.shape[-1] % 2 or x.dim() < 2 or tuple(angles.shape) != (x.shape[-2], x.shape[-1] // 2):
-        raise ValueError(f"angles must have shape (T, d_head/2) for x of shape {tuple(x.shape)}, got {tuple(angles.shape)}")
+        raise ValueError(
+            f"angles must have shape (T, d_head/2) for x of shape {tuple(x.shape)}, got "
+            f"{tuple(angles.shape)}"
+        )
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d_head/2)
     pairs = x.unflatten(-1, (-1, 2))  # (..., T, d_head/2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)  # (..., T, d_head)
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(
+        -2
+    )  # (..., T, d_head)
 
 
 # --- RMSNorm and SwiGLU -------------------------------------------------------------------------
@@ -118,7 +126,8 @@ def swiglu(x: Tensor, W_gate: Tensor, W_up: Tensor, W_out: Tensor) -> Tensor:
 
 
 class SwiGLU(nn.Module):
-    """SwiGLU MLP: W_gate, W_up (d_model, d_mlp) and W_out (d_mlp, d_model); 3 d_model d_mlp parameters."""
+    """SwiGLU MLP: W_gate, W_up (d_model, d_mlp) and W_out (d_mlp, d_model); 3 d_model d_mlp
+    parameters."""
 
     def __init__(self, d_model: int, d_mlp: int):
         super().__init__()
@@ -133,13 +142,21 @@ class SwiGLU(nn.Module):
 
 
 # --- grouped-query attention --------------------------------------------------------------------
-def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_per_number: int = 2) -> int:
+def kv_cache_bytes(
+    n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_per_number: int = 2
+) -> int:
     """Memory of a KV cache: keys and values, per layer, per kv head, per position.
 
     >>> kv_cache_bytes(30, 3, 64, 8192)  # SmolLM2-135M at its full context, in 16-bit numbers
     188743680
     """
-    for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head), ("T", T), ("bytes_per_number", bytes_per_number)):
+    for name, v in (
+        ("n_layers", n_layers),
+        ("n_kv_heads", n_kv_heads),
+        ("d_head", d_head),
+        ("T", T),
+        ("bytes_per_number", bytes_per_number),
+    ):
         check_positive_int(name, v)
     return 2 * n_layers * n_kv_heads * d_head * T * bytes_per_number
 
@@ -147,27 +164,53 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, T: int, bytes_pe
 class GroupedQueryAttention(nn.Module):
     """Causal attention with RoPE and n_kv_heads key/value heads shared by groups of query heads.
 
-    W_Q (d_model, n_heads*d_head), W_K, W_V (d_model, n_kv_heads*d_head), W_O (n_heads*d_head, d_model);
+    W_Q (d_model, n_heads*d_head), W_K, W_V (d_model, n_kv_heads*d_head), W_O (n_heads*d_head,
+    d_model);
     no biases. A :class:`KVCache` stores the n_kv_heads keys and values (rotated at their
-    positions), which is the memory GQA saves. The attention itself is :func:`gptlib.attention.attend`:
-    ``fused`` and ``hook_pattern`` mean what they mean in :class:`gptlib.attention.MultiHeadAttention`;
+    positions), which is the memory GQA saves. The attention itself is
+    :func:`gptlib.attention.attend`:
+    ``fused`` and ``hook_pattern`` mean what they mean in
+    :class:`gptlib.attention.MultiHeadAttention`;
     ``layer`` is this layer's index in the cache.
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *,
-                 rope_base: float = 10000.0, layer: int = 0, fused: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        d_head: int,
+        *,
+        rope_base: float = 10000.0,
+        layer: int = 0,
+        fused: bool = True,
+    ):
         super().__init__()
-        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
+        for name, v in (
+            ("d_model", d_model),
+            ("n_heads", n_heads),
+            ("n_kv_heads", n_kv_heads),
+            ("d_head", d_head),
+        ):
             check_positive_int(name, v)
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         if d_head % 2:
             raise ValueError(f"d_head must be even for RoPE, got {d_head}")
-        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = (
+            d_model,
+            n_heads,
+            n_kv_heads,
+            d_head,
+        )
         self.rope_base = check_float("rope_base", rope_base, 1.0, lo_open=True)
         if not isinstance(fused, bool):
             raise ValueError(f"fused must be True or False, got {fused!r}")
-        self.group, self.layer, self.fused = n_heads // n_kv_heads, check_int("layer", layer, lo=0), fused
+        self.group, self.layer, self.fused = (
+            n_heads // n_kv_heads,
+            check_int("layer", layer, lo=0),
+            fused,
+        )
         self.W_Q = nn.Parameter(torch.randn(d_model, n_heads * d_head) * 0.02)
         self.W_K = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
         self.W_V = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
@@ -183,17 +226,29 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}"
+            )
         B, T, _ = x.shape
-        q = (x @ self.W_Q).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
-        k = (x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, n_kv_heads, T, d_head)
+        q = (
+            (x @ self.W_Q).view(B, T, self.n_heads, self.d_head).transpose(1, 2)
+        )  # (B, n_heads, T, d_head)
+        k = (
+            (x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
+        )  # (B, n_kv_heads, T, d_head)
         v = (x @ self.W_V).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
-        offset = 0 if cache is None else cache.offset(self.layer)  # the position of the first row of x
-        angles = rope_angles(T, self.d_head, self.rope_base, offset=offset, device=x.device)  # (T, d_head/2)
+        offset = (
+            0 if cache is None else cache.offset(self.layer)
+        )  # the position of the first row of x
+        angles = rope_angles(
+            T, self.d_head, self.rope_base, offset=offset, device=x.device
+        )  # (T, d_head/2)
         q, k = apply_rope(q, angles), apply_rope(k, angles)
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = offset + T
-        z = attend(q, k, v, fused=self.fused, hook_pattern=self.hook_pattern)  # (B, n_heads, T, d_head)
+        z = attend(
+            q, k, v, fused=self.fused, hook_pattern=self.hook_pattern
+        )  # (B, n_heads, T, d_head)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, n_heads*d_head)
         return z @ self.W_O + non_finite_rows(q, k)  # (B, T, d_model); see non_finite_rows
 
@@ -228,7 +283,9 @@ class ModernConfig:
             raise ValueError(f"d_head must be a positive even int, got {self.d_head!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        object.__setattr__(self, "rope_base", check_float("rope_base", self.rope_base, 1.0, lo_open=True))
+        object.__setattr__(
+            self, "rope_base", check_float("rope_base", self.rope_base, 1.0, lo_open=True)
+        )
         object.__setattr__(self, "ln_eps", check_float("ln_eps", self.ln_eps, 0.0))
         if not isinstance(self.tie_weights, bool):
             raise ValueError(f"tie_weights must be True or False, got {self.tie_weights!r}")
@@ -242,7 +299,16 @@ MODERN_PRESETS: dict[str, ModernConfig] = {
     # SmolLM2-135M (Hugging Face, 2024): the model of Chapter 12.
     "smollm2-135m": ModernConfig(),
     # A few-thousand-parameter model for tests.
-    "tiny": ModernConfig(d_vocab=300, n_ctx=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, rope_base=10000.0),
+    "tiny": ModernConfig(
+        d_vocab=300,
+        n_ctx=32,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_mlp=48,
+        rope_base=10000.0,
+    ),
 }
 
 
@@ -256,7 +322,9 @@ class ModernBlock(nn.Module):
         super().__init__()
         c = config
         self.ln_1 = RMSNorm(c.d_model, c.ln_eps)
-        self.attn = GroupedQueryAttention(c.d_model, c.n_heads, c.n_kv_heads, c.d_head, rope_base=c.rope_base, layer=layer)
+        self.attn = GroupedQueryAttention(
+            c.d_model, c.n_heads, c.n_kv_heads, c.d_head, rope_base=c.rope_base, layer=layer
+        )
         self.ln_2 = RMSNorm(c.d_model, c.ln_eps)
         self.mlp = SwiGLU(c.d_model, c.d_mlp)
         self.hook_resid = HookPoint()  # (B, T, d_model)
@@ -280,7 +348,9 @@ class ModernGPT(nn.Module):
         self.hook_resid = HookPoint()
         self.blocks = nn.ModuleList(ModernBlock(c, layer) for layer in range(c.n_layers))
         self.ln_f = RMSNorm(c.d_model, c.ln_eps)
-        self.W_U_untied = None if c.tie_weights else nn.Parameter(torch.randn(c.d_model, c.d_vocab) * 0.02)
+        self.W_U_untied = (
+            None if c.tie_weights else nn.Parameter(torch.randn(c.d_model, c.d_vocab) * 0.02)
+        )
 
     @property
     def W_U(self) -> Tensor:
@@ -294,18 +364,30 @@ class ModernGPT(nn.Module):
         """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x, (B, T, d_model)."""
         return self.ln_f(x) @ self.W_U
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True) -> Tensor:
+    def forward(
+        self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True
+    ) -> Tensor:
         """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions. The ids'
         values are checked (ints in [0, d_vocab)) unless ``check_ids=False``, as in :class:`gptlib.model.GPT`."""
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or min(ids.shape) < 1 or ids.dtype not in (torch.int64, torch.int32):
+        if (
+            not isinstance(ids, Tensor)
+            or ids.dim() != 2
+            or min(ids.shape) < 1
+            or ids.dtype not in (torch.int64, torch.int32)
+        ):
             shape = (ids.dtype, tuple(ids.shape)) if isinstance(ids, Tensor) else type(ids).__name__
-            raise ValueError(f"ids must be an int64 or int32 tensor of shape (B, T) with B, T >= 1, got {shape}")
+            raise ValueError(
+                f"ids must be an int64 or int32 tensor of shape (B, T) with B, T >= 1, got {shape}"
+            )
         if check_ids:
             runtime.check_ids(ids, self.config.d_vocab)
         check_cache(cache, self.config.n_layers)
         offset = 0 if cache is None else len(cache)
         if offset + ids.shape[1] > self.config.n_ctx:
-            raise ValueError(f"ids has {offset + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; crop the context first")
+            raise ValueError(
+                f"ids has {offset + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; "
+                "crop the context first"
+            )
         x = self.hook_resid(F.embedding(ids, self.W_E))  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)
@@ -322,10 +404,14 @@ class ModernGPT(nn.Module):
         """Read a model written by :meth:`save`; a damaged file, or one that does not match its
         config, raises ``ValueError`` naming the file and the field or tensor."""
         config, state, _, source = read_model(path, cls.__name__)
-        return cls.from_state(config_from_dict(ModernConfig, config, source), state, source).to(map_location)
+        return cls.from_state(config_from_dict(ModernConfig, config, source), state, source).to(
+            map_location
+        )
 
     @classmethod
-    def from_state(cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict") -> ModernGPT:
+    def from_state(
+        cls, config: ModernConfig, state: dict[str, Tensor], source: str = "state dict"
+    ) -> ModernGPT:
         """A model that holds the given tensors (no copy, no random initialisation first; float
         widths are cast to the model's); a missing, unexpected, mis-shaped or mistyped tensor raises
         ``ValueError`` naming it."""

@@ -2,7 +2,8 @@
 
     router     p(x) = softmax(x W_r)                       W_r: (d_model, n_experts)
     top-k      S(x) = the k experts with the largest p_i(x)
-    output     y(x) = sum_{i in S(x)} g_i(x) MLP_i(x),     g_i = p_i (k = 1) or p_i / sum_{j in S} p_j (k > 1)
+    output     y(x) = sum_{i in S(x)} g_i(x) MLP_i(x),     g_i = p_i (k = 1) or p_i / sum_{j in S}
+    p_j (k > 1)
     balance    L_aux = n_experts sum_i f_i P_i,  f_i = share of routed slots sent to i,
                                                  P_i = mean router probability of i
     capacity   each expert takes at most ceil(capacity_factor k n / n_experts) of the k n slots of
@@ -23,11 +24,20 @@ from torch import Tensor, nn
 from .mlp import MLP
 from .runtime import check_float, check_ids, check_int, check_positive_int
 
-__all__ = ["route", "load_balancing_loss", "sort_by_expert", "expert_capacity", "kept_slots", "MoE", "moe_parameters"]
+__all__ = [
+    "route",
+    "load_balancing_loss",
+    "sort_by_expert",
+    "expert_capacity",
+    "kept_slots",
+    "MoE",
+    "moe_parameters",
+]
 
 
 def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Router probabilities (n, n_experts), gates (n, k) and expert indices (n, k) for rows x (n, d_model).
+    """Router probabilities (n, n_experts), gates (n, k) and expert indices (n, k) for rows x (n,
+    d_model).
 
     Indices are in decreasing order of probability. With k = 1 the gate is the probability itself
     (Switch Transformer), so the router still gets a gradient; with k > 1 the k probabilities are
@@ -38,7 +48,10 @@ def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
     ([[2, 1]], [0.7311, 0.2689])
     """
     if x.dim() != 2 or W_r.dim() != 2 or x.shape[1] != W_r.shape[0]:
-        raise ValueError(f"x (n, d_model) and W_r (d_model, n_experts) must agree, got {tuple(x.shape)}, {tuple(W_r.shape)}")
+        raise ValueError(
+            f"x (n, d_model) and W_r (d_model, n_experts) must agree, got {tuple(x.shape)}, "
+            f"{tuple(W_r.shape)}"
+        )
     check_int("top_k", top_k, 1, W_r.shape[1])
     probs = torch.softmax((x @ W_r).float(), dim=-1)  # (n, n_experts), in fp32 even under autocast
     top, idx = probs.topk(top_k, dim=-1)  # (n, k) each
@@ -47,7 +60,8 @@ def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
-    """n_experts * sum_i f_i P_i: 1 when routing is uniform, n_experts when every token goes to one expert.
+    """n_experts * sum_i f_i P_i: 1 when routing is uniform, n_experts when every token goes to one
+    expert.
 
     f_i is the fraction of the n k routed slots that chose expert i (piecewise constant: no
     gradient), P_i the mean of the router probabilities p_i over the n tokens (differentiable).
@@ -61,10 +75,16 @@ def load_balancing_loss(probs: Tensor, idx: Tensor, n_experts: int) -> Tensor:
     check_positive_int("n_experts", n_experts)
     check_ids(idx, n_experts, "idx")  # ints in [0, n_experts)
     if probs.dim() != 2 or probs.shape[1] != n_experts:
-        raise ValueError(f"probs must have shape (n, n_experts={n_experts}), got {tuple(probs.shape)}")
+        raise ValueError(
+            f"probs must have shape (n, n_experts={n_experts}), got {tuple(probs.shape)}"
+        )
     if idx.dim() != 2 or idx.shape[0] != probs.shape[0]:
-        raise ValueError(f"idx must have shape (n, k) with n = {probs.shape[0]}, got {tuple(idx.shape)}")
-    f = torch.bincount(idx.flatten(), minlength=n_experts).to(probs.dtype) / idx.numel()  # (n_experts,)
+        raise ValueError(
+            f"idx must have shape (n, k) with n = {probs.shape[0]}, got {tuple(idx.shape)}"
+        )
+    f = (
+        torch.bincount(idx.flatten(), minlength=n_experts).to(probs.dtype) / idx.numel()
+    )  # (n_experts,)
     P = probs.mean(dim=0)  # (n_experts,)
     return n_experts * (f * P).sum()
 
@@ -98,7 +118,8 @@ def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: 
     check_positive_int("n_experts", n_experts)
     check_int("top_k", top_k, 1, n_experts)
     check_float("capacity_factor", capacity_factor, 0.0, lo_open=True)
-    # - 1e-9: a product that rounds up past a whole number (1.1 * 10 = 11.000000000000002) is that number
+    # - 1e-9: a product that rounds up past a whole number (1.1 * 10 = 11.000000000000002) is
+    # that number
     return math.ceil(capacity_factor * top_k * n_tokens / n_experts - 1e-9)
 
 
@@ -120,7 +141,8 @@ def kept_slots(idx: Tensor, n_experts: int, capacity: int) -> Tensor:
 
 
 class MoE(nn.Module):
-    """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of them.
+    """A mixture-of-experts MLP: ``n_experts`` :class:`MLP` experts, each token sent to ``top_k`` of
+    them.
 
     ``forward(x)`` maps (..., d_model) to (..., d_model) and keeps, in ``aux_loss``, the
     load-balancing loss of the routing it made (:func:`load_balancing_loss`), to be added (times a
@@ -135,8 +157,16 @@ class MoE(nn.Module):
     True
     """
 
-    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int = 2, activation: str = "gelu_tanh",
-                 bias: bool = True, capacity_factor: float | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        d_mlp: int,
+        n_experts: int,
+        top_k: int = 2,
+        activation: str = "gelu_tanh",
+        bias: bool = True,
+        capacity_factor: float | None = None,
+    ):
         super().__init__()
         check_positive_int("n_experts", n_experts)
         check_int("top_k", top_k, 1, n_experts)
@@ -144,7 +174,9 @@ class MoE(nn.Module):
             check_float("capacity_factor", capacity_factor, 0.0, lo_open=True)
         self.d_model, self.d_mlp, self.n_experts, self.top_k = d_model, d_mlp, n_experts, top_k
         self.capacity_factor = capacity_factor
-        self.experts = nn.ModuleList(MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts))
+        self.experts = nn.ModuleList(
+            MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts)
+        )
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
         nn.init.normal_(self.W_r, std=0.02)
         self.aux_loss: Tensor | None = None  # the last forward pass's load-balancing loss
@@ -156,8 +188,11 @@ class MoE(nn.Module):
         probs, gates, idx = route(x2, self.W_r, self.top_k)  # (n, E), (n, k), (n, k)
         self.aux_loss = load_balancing_loss(probs, idx, self.n_experts)
         order, counts = sort_by_expert(idx, self.n_experts)
-        cap = None if self.capacity_factor is None else expert_capacity(
-            x2.shape[0], self.n_experts, self.top_k, self.capacity_factor)
+        cap = (
+            None
+            if self.capacity_factor is None
+            else expert_capacity(x2.shape[0], self.n_experts, self.top_k, self.capacity_factor)
+        )
         y = torch.zeros_like(x2)  # (n, d_model)
         for e, slots in enumerate(order.split(counts.tolist())):
             slots = slots if cap is None else slots[:cap]  # in token order: the first cap are kept
@@ -173,8 +208,11 @@ class MoE(nn.Module):
         return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}{cap}"
 
 
-def moe_parameters(d_model: int, d_mlp: int, n_experts: int, top_k: int, bias: bool = True) -> tuple[int, int]:
-    """(all parameters, parameters a token uses) of an MoE layer: the router plus n_experts or top_k MLPs.
+def moe_parameters(
+    d_model: int, d_mlp: int, n_experts: int, top_k: int, bias: bool = True
+) -> tuple[int, int]:
+    """(all parameters, parameters a token uses) of an MoE layer: the router plus n_experts or top_k
+    MLPs.
 
     >>> moe_parameters(8, 32, 4, 2)  # one MLP: 2*8*32 + 32 + 8 = 552; router 8*4 = 32
     (2240, 1136)

@@ -43,11 +43,14 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
     return torch.exp(-(2 * i / d_model) * math.log(base))  # (d_model/2,)
 
 
-def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
+def sinusoidal_encoding(
+    n_ctx: int, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The sinusoidal position matrix PE of shape (n_ctx, d_model), positions counted from 0.
 
     With the pair index i and omega_i from :func:`sinusoidal_frequencies`:
-    PE[p, 2i] = sin(p omega_i),  PE[p, 2i+1] = cos(p omega_i). Computed in float64, returned in ``dtype``.
+    PE[p, 2i] = sin(p omega_i),  PE[p, 2i+1] = cos(p omega_i). Computed in float64, returned in
+    ``dtype``.
 
     >>> sinusoidal_encoding(2, 4)
     tensor([[0.0000, 1.0000, 0.0000, 1.0000],
@@ -64,7 +67,8 @@ def sinusoidal_encoding(n_ctx: int, d_model: int, base: float = 10000.0, dtype: 
 
 
 def relative_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """R_k, the (d_model, d_model) matrix with PE[p + k] = PE[p] @ R_k for every position p (float64).
+    """R_k, the (d_model, d_model) matrix with PE[p + k] = PE[p] @ R_k for every position p
+    (float64).
 
     R_k is block-diagonal; block i rotates the pair (sin, cos) by the angle k omega_i:
     [[cos k omega_i, -sin k omega_i], [sin k omega_i, cos k omega_i]]. It does not depend on p.
@@ -76,7 +80,9 @@ def relative_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
     k = check_int("k", k)
     angle = k * sinusoidal_frequencies(d_model, base)  # (d_model/2,)
     c, s = torch.cos(angle), torch.sin(angle)
-    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d_model/2, 2, 2)
+    blocks = torch.stack(
+        [torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2
+    )  # (d_model/2, 2, 2)
     return torch.block_diag(*blocks)  # (d_model, d_model)
 
 

@@ -1,8 +1,10 @@
 """How the book's shipped models are made: run configurations, presets and the training run.
 
-``models/english`` (`make model`, ``scripts/train_small_model.py``) is the English model of Chapters 7
+``models/english`` (`make model`, ``scripts/train_small_model.py``) is the English model of Chapters
+7
 to 9: the GPT of :data:`PRESETS` trained on the Brown corpus's training split with
-:class:`gptlib.trainer.Trainer`, its tokenizer trained on the same text. ``scripts/sweep.py`` chose its
+:class:`gptlib.trainer.Trainer`, its tokenizer trained on the same text. ``scripts/sweep.py`` chose
+its
 size from runs of this same recipe. ``models/small`` (`make small-model`,
 ``scripts/train_documentation_model.py``) is the documentation model, Chapter 8's example of
 overfitting: :data:`DOCUMENTATION_RUN` on Python's help pages (:func:`train_documentation_model`).
@@ -18,7 +20,14 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .data import brown_documents, english_split, load_corpus, load_english, token_byte_lengths, train_val_split
+from .data import (
+    brown_documents,
+    english_split,
+    load_corpus,
+    load_english,
+    token_byte_lengths,
+    train_val_split,
+)
 from .lora import LoRA, attention_mlp_targets
 from .mla import mla_model
 from .model import GPT, GPTConfig
@@ -26,13 +35,26 @@ from .modern import ModernConfig, ModernGPT
 from .runtime import check_float, check_int, seed_everything
 from .sampling import generate
 from .tokenizers import BPETokenizer
-from .trainer import History, Trainer, TrainConfig
+from .trainer import History, TrainConfig, Trainer
 from .training import make_windows, perplexity, windows_loss
 
-__all__ = ["RunConfig", "PRESETS", "SHIPPED_DTYPE", "PROMPTS", "corpus_ids", "train_run", "samples",
-           "DOCUMENTATION_RUN", "train_documentation_model",
-           "FINE_TUNE", "english_without_dropout", "genre_texts", "fine_tune", "ATTENTION_VARIANTS",
-           "attention_variant"]
+__all__ = [
+    "RunConfig",
+    "PRESETS",
+    "SHIPPED_DTYPE",
+    "PROMPTS",
+    "corpus_ids",
+    "train_run",
+    "samples",
+    "DOCUMENTATION_RUN",
+    "train_documentation_model",
+    "FINE_TUNE",
+    "english_without_dropout",
+    "genre_texts",
+    "fine_tune",
+    "ATTENTION_VARIANTS",
+    "attention_variant",
+]
 
 
 @dataclass(frozen=True)
@@ -56,8 +78,9 @@ class RunConfig:
             raise ValueError(f"train must be a TrainConfig, got {type(self.train).__name__}")
         check_float("train_fraction", self.train_fraction, 0.0, 1.0, lo_open=True)
 
-    def but(self, **changes) -> "RunConfig":
-        """A copy with fields of the model config, the training config or ``train_fraction`` changed;
+    def but(self, **changes) -> RunConfig:
+        """A copy with fields of the model config, the training config or ``train_fraction``
+        changed;
         the model's derived sizes (d_head, d_mlp) are derived again."""
         model_fields = {f.name for f in fields(GPTConfig)} - {"d_head", "d_mlp"}
         train_fields = {f.name for f in fields(TrainConfig)}
@@ -66,23 +89,49 @@ class RunConfig:
             raise ValueError(f"unknown run fields {unknown}")
         m = {k: v for k, v in changes.items() if k in model_fields}
         t = {k: v for k, v in changes.items() if k in train_fields}
-        model = GPTConfig(**{**self.model.to_dict(), "d_head": None, "d_mlp": None, **m}) if m else self.model
-        return replace(self, model=model, train=replace(self.train, **t),
-                       train_fraction=changes.get("train_fraction", self.train_fraction))
+        model = (
+            GPTConfig(**{**self.model.to_dict(), "d_head": None, "d_mlp": None, **m})
+            if m
+            else self.model
+        )
+        return replace(
+            self,
+            model=model,
+            train=replace(self.train, **t),
+            train_fraction=changes.get("train_fraction", self.train_fraction),
+        )
 
 
 PRESETS = {
     # Two CPU threads, 63 minutes measured on a 2-core machine. The size comes from the sweep
     # (sweep.json): at d_model 256 the Trainer turned 69% of the matmul rate into model FLOPs, at
     # d_model 128 50% (its throughput table; bench/bench_train.py measured 79-81% at this config).
-    "cpu": RunConfig(GPTConfig(d_vocab=4096, n_ctx=128, d_model=256, n_heads=4, n_layers=4, dropout=0.1),
-                     TrainConfig(steps=4000, batch_size=32, max_lr=2e-3, min_lr=2e-4, warmup=200, eval_every=200,
-                                 eval_batches=16)),
+    "cpu": RunConfig(
+        GPTConfig(d_vocab=4096, n_ctx=128, d_model=256, n_heads=4, n_layers=4, dropout=0.1),
+        TrainConfig(
+            steps=4000,
+            batch_size=32,
+            max_lr=2e-3,
+            min_lr=2e-4,
+            warmup=200,
+            eval_every=200,
+            eval_batches=16,
+        ),
+    ),
     # With CUDA: the same recipe, larger and longer, in bf16 autocast; the files stay a few MB.
     # Not bit-reproducible, and not yet run.
-    "cuda": RunConfig(GPTConfig(d_vocab=4096, n_ctx=256, d_model=256, n_heads=4, n_layers=6, dropout=0.1),
-                      TrainConfig(steps=6000, batch_size=64, max_lr=1e-3, min_lr=1e-4, warmup=300, eval_every=200,
-                                  eval_batches=32)),
+    "cuda": RunConfig(
+        GPTConfig(d_vocab=4096, n_ctx=256, d_model=256, n_heads=4, n_layers=6, dropout=0.1),
+        TrainConfig(
+            steps=6000,
+            batch_size=64,
+            max_lr=1e-3,
+            min_lr=1e-4,
+            warmup=300,
+            eval_every=200,
+            eval_batches=32,
+        ),
+    ),
 }
 # The weights are rounded to fp16 when training ends (relative error at most 2^-11), halving the
 # files; every figure in train_log.json is measured on the rounded weights.
@@ -90,17 +139,29 @@ SHIPPED_DTYPE = torch.float16
 PROMPTS = ["He said that", "She looked at", "The President said"]
 
 
-def corpus_ids(d_vocab: int, train_fraction: float = 1.0) -> tuple[BPETokenizer, torch.Tensor, torch.Tensor, str, str]:
+def corpus_ids(
+    d_vocab: int, train_fraction: float = 1.0
+) -> tuple[BPETokenizer, torch.Tensor, torch.Tensor, str, str]:
     """The tokenizer trained on the training text only, and both texts encoded."""
-    check_float("train_fraction", train_fraction, 0.0, 1.0, lo_open=True)  # before the corpus is read
+    check_float(
+        "train_fraction", train_fraction, 0.0, 1.0, lo_open=True
+    )  # before the corpus is read
     check_int("d_vocab", d_vocab, lo=257)
     train_text, val_text = load_english()
     train_text = train_text[: int(len(train_text) * train_fraction)]
     tok = BPETokenizer.train(train_text, d_vocab)
-    return tok, torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text)), train_text, val_text
+    return (
+        tok,
+        torch.tensor(tok.encode(train_text)),
+        torch.tensor(tok.encode(val_text)),
+        train_text,
+        val_text,
+    )
 
 
-def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.device | None = None) -> dict:
+def train_run(
+    rc: RunConfig, data=None, progress: bool = False, dev: torch.device | None = None
+) -> dict:
     """Train one model; return it with its tokenizer, history and figures (train and validation).
 
     ``data`` is what :func:`corpus_ids` returns (to share one tokenizer between runs); the figures
@@ -109,11 +170,18 @@ def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.devic
     over the training stream.
     """
     seed_everything(0)
-    tok, train_ids, val_ids, _, _ = data if data is not None else corpus_ids(rc.model.d_vocab, rc.train_fraction)
+    tok, train_ids, val_ids, _, _ = (
+        data if data is not None else corpus_ids(rc.model.d_vocab, rc.train_fraction)
+    )
     dev = dev or torch.device("cpu")
     n_ctx = rc.model.n_ctx
     model = GPT(rc.model).to(dev)
-    trainer = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), rc.train)
+    trainer = Trainer(
+        model,
+        make_windows(train_ids, n_ctx, n_ctx // 2),
+        make_windows(val_ids, n_ctx, n_ctx),
+        rc.train,
+    )
     t0 = time.perf_counter()
     hist = trainer.run(progress=progress)
     wall = time.perf_counter() - t0
@@ -124,11 +192,15 @@ def train_run(rc: RunConfig, data=None, progress: bool = False, dev: torch.devic
     val_x, val_y = make_windows(val_ids, n_ctx, n_ctx)  # the whole validation text
     # as many training windows as validation windows, evenly spaced over the training stream
     starts = torch.linspace(0, len(train_ids) - n_ctx - 1, len(val_x)).long()
-    train_w = torch.stack([train_ids[s:s + n_ctx + 1] for s in starts.tolist()])  # (n, n_ctx + 1)
+    train_w = torch.stack([train_ids[s : s + n_ctx + 1] for s in starts.tolist()])  # (n, n_ctx + 1)
     byte_lengths = token_byte_lengths(tok)
     return {
-        "model": model, "tokenizer": tok, "history": hist, "wall_s": wall,
-        "train_tokens": len(train_ids), "val_tokens": len(val_ids),
+        "model": model,
+        "tokenizer": tok,
+        "history": hist,
+        "wall_s": wall,
+        "train_tokens": len(train_ids),
+        "val_tokens": len(val_ids),
         "tokens_seen": rc.train.steps * rc.train.batch_size * n_ctx,
         "epochs": rc.train.steps * rc.train.batch_size * n_ctx / len(train_ids),
         "parameters": model.num_parameters(),
@@ -147,7 +219,14 @@ def samples(model: GPT, tok: BPETokenizer, n_tokens: int = 60, seed: int = 0) ->
     out = []
     for k, prompt in enumerate(PROMPTS):
         g = torch.Generator().manual_seed(seed + k)
-        ids = generate(model, torch.tensor(tok.encode(prompt)), n_tokens, temperature=0.6, top_p=0.9, generator=g)
+        ids = generate(
+            model,
+            torch.tensor(tok.encode(prompt)),
+            n_tokens,
+            temperature=0.6,
+            top_p=0.9,
+            generator=g,
+        )
         out.append(tok.decode(ids.tolist()))
     return out
 
@@ -159,7 +238,15 @@ def samples(model: GPT, tok: BPETokenizer, n_tokens: int = 60, seed: int = 0) ->
 # 116 thousand tokens. Weights stay in float32.
 DOCUMENTATION_RUN = RunConfig(
     GPTConfig(d_vocab=2048, n_ctx=128, d_model=128, n_heads=4, n_layers=4, dropout=0.1),
-    TrainConfig(steps=1200, batch_size=16, max_lr=3e-3, min_lr=3e-4, warmup=50, eval_every=100, eval_batches=16),
+    TrainConfig(
+        steps=1200,
+        batch_size=16,
+        max_lr=3e-3,
+        min_lr=3e-4,
+        warmup=50,
+        eval_every=100,
+        eval_batches=16,
+    ),
 )
 
 
@@ -176,11 +263,14 @@ def train_documentation_model(rc: RunConfig = DOCUMENTATION_RUN, progress: bool 
     train_ids, val_ids = torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
     n_ctx, tc = rc.model.n_ctx, rc.train
     model = GPT(rc.model)
-    hist = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), tc).run(
-        progress=progress)
+    hist = Trainer(
+        model, make_windows(train_ids, n_ctx, n_ctx // 2), make_windows(val_ids, n_ctx, n_ctx), tc
+    ).run(progress=progress)
     model.eval()
     log = {
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()},
+        "train_config": {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()
+        },
         "tokens_seen": tc.steps * tc.batch_size * n_ctx,
         "train_tokens": len(train_ids),
         "val_tokens": len(val_ids),
@@ -197,10 +287,19 @@ def train_documentation_model(rc: RunConfig = DOCUMENTATION_RUN, progress: bool 
 # --- Chapter 14's runs: LoRA against full fine-tuning, and three attention layers ----------------
 
 # Fine-tuning the English model on one Brown genre (scripts/lora_mla_sweep.py, Chapter 14):
-# windows of 64 tokens, batches of 8, 30 steps, AdamW without weight decay, 3 warm-up steps, a cosine to a
+# windows of 64 tokens, batches of 8, 30 steps, AdamW without weight decay, 3 warm-up steps, a
+# cosine to a
 # tenth of the peak rate; the LoRA factors on every block's W_Q, W_K, W_V, W_O, W_in and W_out.
-FINE_TUNE = {"genre": "j", "n_ctx": 64, "batch_size": 8, "steps": 30, "warmup": 3,
-             "lr_lora": 2e-3, "lr_full": 2e-4, "alpha": 8.0}
+FINE_TUNE = {
+    "genre": "j",
+    "n_ctx": 64,
+    "batch_size": 8,
+    "steps": 30,
+    "warmup": 3,
+    "lr_lora": 2e-3,
+    "lr_full": 2e-4,
+    "alpha": 8.0,
+}
 
 
 def english_without_dropout(path) -> GPT:
@@ -220,18 +319,30 @@ def genre_texts(genre: str) -> tuple[str, str, str]:
     docs = dict(brown_documents())
     if not any(n[1] == genre for n in val_names):
         raise ValueError(f"genre {genre!r} has no held-out sample in Chapter 8's split")
+
     def join(names):
         return "\n\n".join(docs[n] for n in names) + "\n"
-    return (join([n for n in train_names if n[1] == genre]), join([n for n in val_names if n[1] == genre]),
-            join([n for n in val_names if n[1] != genre]))
+
+    return (
+        join([n for n in train_names if n[1] == genre]),
+        join([n for n in val_names if n[1] == genre]),
+        join([n for n in val_names if n[1] != genre]),
+    )
 
 
-def fine_tune(base: GPT, train: tuple[torch.Tensor, torch.Tensor], r: int | None, seed: int,
-              steps: int = FINE_TUNE["steps"], n_steps: int | None = None) -> tuple[torch.nn.Module, History]:
+def fine_tune(
+    base: GPT,
+    train: tuple[torch.Tensor, torch.Tensor],
+    r: int | None,
+    seed: int,
+    steps: int = FINE_TUNE["steps"],
+    n_steps: int | None = None,
+) -> tuple[torch.nn.Module, History]:
     """Fine-tune ``base`` on the windows ``train`` with :data:`FINE_TUNE`'s settings: LoRA of rank
     ``r`` (A drawn from ``seed``), or every parameter of a copy when ``r`` is None. The batches
     are drawn from ``seed`` too; ``n_steps`` stops after that many of the ``steps`` of the schedule
-    (the first steps of the run, exactly). Returns the trained model (a :class:`gptlib.lora.LoRA` or a GPT)
+    (the first steps of the run, exactly). Returns the trained model (a :class:`gptlib.lora.LoRA` or
+    a GPT)
     and the Trainer's history; ``base`` is left as it was, apart from being frozen by LoRA."""
     check_int("seed", seed, lo=0)
     ft = FINE_TUNE
@@ -240,10 +351,21 @@ def fine_tune(base: GPT, train: tuple[torch.Tensor, torch.Tensor], r: int | None
         for p in model.parameters():
             p.requires_grad_(True)
     else:
-        model = LoRA(base, attention_mlp_targets(base), r, ft["alpha"], torch.Generator().manual_seed(seed))
+        model = LoRA(
+            base, attention_mlp_targets(base), r, ft["alpha"], torch.Generator().manual_seed(seed)
+        )
         lr = ft["lr_lora"]
-    tc = TrainConfig(steps=steps, batch_size=ft["batch_size"], max_lr=lr, min_lr=lr / 10, warmup=ft["warmup"],
-                     weight_decay=0.0, eval_every=steps, eval_batches=1, seed=seed)
+    tc = TrainConfig(
+        steps=steps,
+        batch_size=ft["batch_size"],
+        max_lr=lr,
+        min_lr=lr / 10,
+        warmup=ft["warmup"],
+        weight_decay=0.0,
+        eval_every=steps,
+        eval_batches=1,
+        seed=seed,
+    )
     hist = Trainer(model, train, None, tc).run(n_steps)
     return model.eval(), hist
 
@@ -252,12 +374,45 @@ def fine_tune(base: GPT, train: tuple[torch.Tensor, torch.Tensor], r: int | None
 # grouped-query with one key/value head, and latent attention with d_c = 48, d_R = 16. d_mlp makes
 # up the attention's parameters, so the three totals agree to within 256 numbers of 0.90 million.
 ATTENTION_VARIANTS = {
-    "mha": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_mlp=320,
-                         rope_base=10000.0), None),
-    "gqa": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, d_mlp=384,
-                         rope_base=10000.0), None),
-    "mla": (ModernConfig(d_vocab=4096, n_ctx=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_mlp=331,
-                         rope_base=10000.0), (48, 16)),
+    "mha": (
+        ModernConfig(
+            d_vocab=4096,
+            n_ctx=128,
+            d_model=128,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=4,
+            d_mlp=320,
+            rope_base=10000.0,
+        ),
+        None,
+    ),
+    "gqa": (
+        ModernConfig(
+            d_vocab=4096,
+            n_ctx=128,
+            d_model=128,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=1,
+            d_mlp=384,
+            rope_base=10000.0,
+        ),
+        None,
+    ),
+    "mla": (
+        ModernConfig(
+            d_vocab=4096,
+            n_ctx=128,
+            d_model=128,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=4,
+            d_mlp=331,
+            rope_base=10000.0,
+        ),
+        (48, 16),
+    ),
 }
 
 

@@ -14,9 +14,9 @@ import random
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ __all__ = [
 
 
 def named_preset(presets: dict, name: str, **overrides):
-    """``presets[name]`` (a frozen config) with ``overrides`` replaced; an unknown name is a ``ValueError``.
+    """``presets[name]`` (a frozen config) with ``overrides`` replaced; an unknown name is a
+    ``ValueError``.
 
     >>> from gptlib.model import PRESETS
     >>> named_preset(PRESETS, "tiny", n_layers=3).n_layers
@@ -53,7 +54,8 @@ def named_preset(presets: dict, name: str, **overrides):
 
 
 def check_positive_int(name: str, value: object) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (``bool`` is not accepted).
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (``bool`` is not
+    accepted).
 
     >>> check_positive_int("d_model", 8)
     >>> check_positive_int("d_model", 0)
@@ -66,7 +68,8 @@ def check_positive_int(name: str, value: object) -> None:
 
 
 def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> int:
-    """Return ``value`` if it is an int (``bool`` is not) with ``lo <= value <= hi``; else ``ValueError`` naming ``name``.
+    """Return ``value`` if it is an int (``bool`` is not) with ``lo <= value <= hi``; else
+    ``ValueError`` naming ``name``.
 
     NumPy and torch integer scalars are accepted and returned as a Python ``int``.
 
@@ -97,7 +100,8 @@ def check_float(
     lo_open: bool = False,
     hi_open: bool = False,
 ) -> float:
-    """Return ``value`` as a float if it is a finite real number in the range; else ``ValueError`` naming ``name``.
+    """Return ``value`` as a float if it is a finite real number in the range; else ``ValueError``
+    naming ``name``.
 
     The range is [lo, hi], with ``lo_open``/``hi_open`` making an end open; ``None`` leaves a side
     unbounded. NaN and the infinities are refused whatever the range; so is ``bool``.
@@ -157,7 +161,8 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
     if isinstance(ids, torch.Tensor):
         if ids.dtype not in _INT_DTYPES:
             raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
-        # A data-dependent check: skipped under torch.compile and on the meta device (no data there).
+        # A data-dependent check: skipped under torch.compile and on the meta device (no
+        # data there).
         if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
             lo, hi = (int(v) for v in torch.aminmax(ids))
             if lo < 0 or hi >= size:
@@ -168,14 +173,17 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
     try:
         items = list(ids)  # type: ignore[call-overload]
     except TypeError:
-        raise ValueError(f"{name} must be a tensor or a sequence of ints, got {type(ids).__name__}") from None
+        raise ValueError(
+            f"{name} must be a tensor or a sequence of ints, got {type(ids).__name__}"
+        ) from None
     for k, i in enumerate(items):
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < size:
             raise ValueError(f"{name} must be ints in [0, {size}), got {i!r} at position {k}")
 
 
 def check_targets(targets: object, size: int, name: str = "targets") -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``targets`` is a non-empty integer tensor of ids in [0, size).
+    """Raise ``ValueError`` naming ``name`` unless ``targets`` is a non-empty integer tensor of ids
+    in [0, size).
 
     The book's losses score every target: there is no ``ignore_index``, so -100 (PyTorch's
     marker for a skipped position) is refused like any other id out of range.
@@ -189,12 +197,16 @@ def check_targets(targets: object, size: int, name: str = "targets") -> None:
     if not isinstance(targets, torch.Tensor):
         raise ValueError(f"{name} must be an integer tensor, got {type(targets).__name__}")
     if targets.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(targets.shape)}): a mean over no target is undefined")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(targets.shape)}): a mean over no target is undefined"
+        )
     try:
         check_ids(targets, size, name)
     except ValueError as e:
         if targets.dtype in _INT_DTYPES and bool((targets == -100).any()):
-            raise ValueError(f"{e} (-100 skips nothing here: the book's losses have no ignore_index)") from None
+            raise ValueError(
+                f"{e} (-100 skips nothing here: the book's losses have no ignore_index)"
+            ) from None
         raise
 
 
@@ -218,12 +230,16 @@ def check_mask(name: str, mask: object, shape: tuple[int, ...] | torch.Size) -> 
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(f"{name} must be boolean (or 0/1), got values other than 0 and 1 in a tensor of {mask.dtype}")
+        raise ValueError(
+            f"{name} must be boolean (or 0/1), got values other than 0 and 1 in a tensor of "
+            f"{mask.dtype}"
+        )
     return mask != 0
 
 
 def check_finite(name: str, t: object) -> torch.Tensor:
-    """``t`` if it is a floating-point tensor without NaN or infinity; else ``ValueError`` naming ``name``.
+    """``t`` if it is a floating-point tensor without NaN or infinity; else ``ValueError`` naming
+    ``name``.
 
     Reads the data (a device synchronisation on a GPU).
 
@@ -233,16 +249,21 @@ def check_finite(name: str, t: object) -> torch.Tensor:
     ValueError: rewards must be finite, got 1 NaN or infinite value(s) of 2
     """
     if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
-        raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}"
+        )
     if t.device.type != "meta" and not torch.compiler.is_compiling():
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            raise ValueError(f"{name} must be finite, got {bad} NaN or infinite value(s) of {t.numel()}")
+            raise ValueError(
+                f"{name} must be finite, got {bad} NaN or infinite value(s) of {t.numel()}"
+            )
     return t
 
 
 def check_finite_weights(model: torch.nn.Module) -> None:
-    """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity.
+    """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an
+    infinity.
 
     Its outputs would be meaningless; the error says where the fault is, before any is computed.
     One reduction per tensor (its max and min, which NaN and the infinities reach) and one device
@@ -256,17 +277,28 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     ValueError: the model has non-finite weights: bias holds NaN or inf
     """
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel() and t.device.type != "meta"]
+    named = [
+        (n, t)
+        for n, t in tensors
+        if t.is_floating_point() and t.numel() and t.device.type != "meta"
+    ]
     if not named:
         return
     dev = named[0][1].device
-    ends = torch.stack([torch.stack([t.detach().amax(), t.detach().amin()]).to(dev, torch.float32) for _, t in named])
+    ends = torch.stack(
+        [
+            torch.stack([t.detach().amax(), t.detach().amin()]).to(dev, torch.float32)
+            for _, t in named
+        ]
+    )
     if not bool(torch.isfinite(ends).all()):
         name = named[int((~torch.isfinite(ends)).any(dim=1).nonzero()[0])][0]
         raise ValueError(f"the model has non-finite weights: {name} holds NaN or inf")
 
 
-def check_file(path: object, name: str = "path", *, must_exist: bool = True, hint: str = "") -> Path:
+def check_file(
+    path: object, name: str = "path", *, must_exist: bool = True, hint: str = ""
+) -> Path:
     """``path`` as a ``Path`` to a readable regular file, or an error that says what it is instead.
 
     A missing file is ``FileNotFoundError`` ("does not exist"), a directory or another non-file
@@ -290,7 +322,9 @@ def check_file(path: object, name: str = "path", *, must_exist: bool = True, hin
             return path
         raise FileNotFoundError(f"{path} does not exist" + (f"; {hint}" if hint else "")) from None
     except NotADirectoryError:
-        raise FileNotFoundError(f"{path} does not exist (a part of it is a file, not a folder)") from None
+        raise FileNotFoundError(
+            f"{path} does not exist (a part of it is a file, not a folder)"
+        ) from None
     except PermissionError:
         raise PermissionError(f"{path} cannot be read: no permission to reach it") from None
     if stat.S_ISDIR(st.st_mode):
@@ -407,11 +441,15 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{given} exists and is not a regular file")
         if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
-            raise PermissionError(f"{given} is write-protected (mode {stat.S_IMODE(st.st_mode):o}); not replaced")
+            raise PermissionError(
+                f"{given} is write-protected (mode {stat.S_IMODE(st.st_mode):o}); not replaced"
+            )
         mode = stat.S_IMODE(st.st_mode)
     for old in _stale_temp_files(target):
         old.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}-", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.{os.getpid()}-", suffix=".tmp", dir=target.parent
+    )
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:

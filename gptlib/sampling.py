@@ -23,7 +23,9 @@ from .runtime import check_float, check_ids, check_int
 __all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation"]
 
 
-def _check_settings(temperature: float, top_k: int | None, top_p: float | None) -> tuple[float, int | None, float | None]:
+def _check_settings(
+    temperature: float, top_k: int | None, top_p: float | None
+) -> tuple[float, int | None, float | None]:
     """The decoding settings as numbers, each checked: tau finite >= 0, k int >= 1, p in (0, 1]."""
     temperature = check_float("temperature", temperature, 0.0)
     top_k = None if top_k is None else check_int("top_k", top_k, lo=1)
@@ -34,7 +36,9 @@ def _check_settings(temperature: float, top_k: int | None, top_p: float | None) 
 def _check_logits(logits: Tensor) -> None:
     if not isinstance(logits, Tensor) or logits.dim() not in (1, 2) or logits.shape[-1] < 1:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a tensor of shape (d_vocab,) or (B, d_vocab), got {shape}")
+        raise ValueError(
+            f"logits must be a tensor of shape (d_vocab,) or (B, d_vocab), got {shape}"
+        )
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if torch.isnan(logits).any():
@@ -44,13 +48,15 @@ def _check_logits(logits: Tensor) -> None:
 
 
 def _distribution(y: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
-    """:func:`next_token_probs` of logits y (B, d_vocab) whose values and settings are already checked."""
+    """:func:`next_token_probs` of logits y (B, d_vocab) whose values and settings are already
+    checked."""
     if temperature == 0:
         probs = torch.zeros_like(y)
         return probs.scatter_(-1, y.argmax(dim=-1, keepdim=True), 1.0)
     # Subtracting the max first keeps y / tau finite for tiny tau (ties at the max share the mass).
     # A tau outside the normal numbers of y's dtype (1e-46 rounds to 0 in float32, 1e300 to inf) is
-    # applied in float64, where the ratio is exact: 0 / tau = 0 at the maxima, never 0 / 0 or inf / inf.
+    # applied in float64, where the ratio is exact: 0 / tau = 0 at the maxima, never 0 / 0 or
+    # inf / inf.
     y_max = y.max(dim=-1, keepdim=True).values  # (B, 1)
     if not torch.finfo(y.dtype).tiny <= temperature <= torch.finfo(y.dtype).max:
         probs = torch.softmax((y - y_max).double() / temperature, dim=-1).to(y.dtype)
@@ -67,7 +73,9 @@ def _distribution(y: Tensor, temperature: float, top_k: int | None, top_p: float
         p_sorted = probs.gather(-1, order) * keep_sorted
         p_sorted = p_sorted / p_sorted.sum(dim=-1, keepdim=True)
         cum = torch.cumsum(p_sorted, dim=-1)  # (B, d_vocab)
-        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)  # mass strictly before each token
+        before = torch.cat(
+            [torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1
+        )  # mass strictly before each token
         keep_sorted &= before < top_p  # keeps the token that crosses top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     probs = torch.where(keep, probs, torch.zeros_like(probs))
@@ -107,32 +115,49 @@ class Generation(NamedTuple):
     logits: Tensor  # (B, max_new_tokens, d_vocab), or (max_new_tokens, d_vocab)
 
 
-MAX_NEW_TOKENS = 2**20  # a bound on one call, far past any context here: more is a mistake, not a request
+MAX_NEW_TOKENS = (
+    2**20
+)  # a bound on one call, far past any context here: more is a mistake, not a request
 
 
 @torch.no_grad()
-def _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits) -> Generation:
+def _decode(
+    model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits
+) -> Generation:
     """The generation loop of :func:`generate`; every argument is checked here, once per call."""
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS)
     temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
-    if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or ids.shape[-1] < 1 or ids.numel() < 1:
+    if (
+        not isinstance(ids, Tensor)
+        or ids.dim() not in (1, 2)
+        or ids.shape[-1] < 1
+        or ids.numel() < 1
+    ):
         shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"ids must have shape (T,) or (B, T) with B, T >= 1, got {shape}")
     c = model.config
-    check_ids(ids, c.d_vocab)  # the only read of the ids: the new ones come from the model's d_vocab
+    check_ids(
+        ids, c.d_vocab
+    )  # the only read of the ids: the new ones come from the model's d_vocab
     if not isinstance(use_cache, bool):
         raise ValueError(f"use_cache must be True or False, got {use_cache!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        raise ValueError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
     if isinstance(model, nn.Module):
         _check_finite_weights(model)
     squeeze = ids.dim() == 1
     ids = ids[None] if squeeze else ids  # (B, T)
     B, T0, n_ctx = ids.shape[0], ids.shape[1], c.n_ctx
-    out = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=ids.device)  # written in place
+    out = torch.empty(
+        B, T0 + max_new_tokens, dtype=torch.long, device=ids.device
+    )  # written in place
     out[:, :T0] = ids
     cache = KVCache(c.n_layers, capacity=min(n_ctx, T0 + max_new_tokens)) if use_cache else None
-    finite = torch.ones((), dtype=torch.bool, device=ids.device)  # all logits finite so far (no sync)
+    finite = torch.ones(
+        (), dtype=torch.bool, device=ids.device
+    )  # all logits finite so far (no sync)
     steps: list[Tensor] = []
     was_training = model.training
     model.eval()
@@ -141,11 +166,15 @@ def _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, us
             window = out[:, max(0, t - n_ctx) : t]  # the last n_ctx tokens
             if cache is None:
                 logits = model(window, check_ids=False)[:, -1]  # (B, d_vocab)
-            elif len(cache) == 0 or len(cache) >= n_ctx:  # first step, or the window moved: (re)fill
+            elif (
+                len(cache) == 0 or len(cache) >= n_ctx
+            ):  # first step, or the window moved: (re)fill
                 cache.clear()
                 logits = model(window, cache=cache, check_ids=False)[:, -1]
             else:
-                logits = model(window[:, -1:], cache=cache, check_ids=False)[:, -1]  # one new position
+                logits = model(window[:, -1:], cache=cache, check_ids=False)[
+                    :, -1
+                ]  # one new position
             finite &= torch.isfinite(logits).all()
             if keep_logits:
                 steps.append(logits)
@@ -164,7 +193,10 @@ def _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, us
     finally:
         model.train(was_training)
     if not bool(finite):
-        raise ValueError("the model's logits became NaN or infinite during generation: its outputs are meaningless")
+        raise ValueError(
+            "the model's logits became NaN or infinite during generation: its outputs are "
+            "meaningless"
+        )
     logits = torch.stack(steps, dim=1) if steps else torch.zeros(B, 0, c.d_vocab, device=ids.device)
     return Generation(out[0] if squeeze else out, logits[0] if squeeze else logits)
 
@@ -193,7 +225,8 @@ def generate(
 
     Checked once per call, off the per-token path: the settings (:func:`next_token_probs`), the ids
     (ints in [0, d_vocab)), ``max_new_tokens`` (at most :data:`MAX_NEW_TOKENS`) and the weights
-    (finite, so the error names the parameter). Logits that turn non-finite are a ``ValueError`` too.
+    (finite, so the error names the parameter). Logits that turn non-finite are a ``ValueError``
+    too.
     :func:`generate_with_logits` also returns the logits of every step.
 
     >>> from gptlib.model import GPT, GPTConfig
@@ -204,7 +237,17 @@ def generate(
     >>> a.shape, torch.equal(a, b)
     (torch.Size([13]), True)
     """
-    return _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits=False).ids
+    return _decode(
+        model,
+        ids,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        generator,
+        use_cache,
+        keep_logits=False,
+    ).ids
 
 
 def generate_with_logits(
@@ -227,4 +270,14 @@ def generate_with_logits(
     >>> tuple(ids.shape), tuple(logits.shape), torch.equal(ids[:, 2:], logits.argmax(-1))
     ((1, 5), (1, 3, 512), True)
     """
-    return _decode(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, keep_logits=True)
+    return _decode(
+        model,
+        ids,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        generator,
+        use_cache,
+        keep_logits=True,
+    )

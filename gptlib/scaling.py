@@ -1,4 +1,5 @@
-"""Chapter 11: scaling laws — the loss as a power of the parameter count, and the compute-optimal split.
+"""Chapter 11: scaling laws — the loss as a power of the parameter count, and the compute-optimal
+split.
 
     Kaplan et al. 2020     L(N) = (N_c / N)^alpha_N, no constant: models trained on enough data
                            (early-stopped), 768 to 1.5e9 non-embedding parameters;
@@ -22,8 +23,8 @@ solved exactly, and alpha_N is found by a grid and a golden-section search (vari
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from torch import nn
 
@@ -56,7 +57,9 @@ def non_embedding_parameters(model: nn.Module) -> int:
     if not all(hasattr(model, a) for a in ("embed", "pos", "num_parameters")):
         raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
     skip = {id(p) for p in list(model.embed.parameters()) + list(model.pos.parameters())}
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in skip)
+    return sum(
+        p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in skip
+    )
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,11 @@ class PowerLaw:
 KAPLAN = PowerLaw(E=0.0, c=8.8e13**0.076, alpha=0.076)
 
 
-def _linear_fit(N: Sequence[float], L: Sequence[float], alpha: float, floor: bool) -> tuple[float, float, float]:
-    """Least squares E, c for a fixed alpha (E = 0 without a floor), and the sum of squared residuals."""
+def _linear_fit(
+    N: Sequence[float], L: Sequence[float], alpha: float, floor: bool
+) -> tuple[float, float, float]:
+    """Least squares E, c for a fixed alpha (E = 0 without a floor), and the sum of squared
+    residuals."""
     x = [n ** (-alpha) for n in N]
     if floor:
         n = len(x)
@@ -100,9 +106,14 @@ def _linear_fit(N: Sequence[float], L: Sequence[float], alpha: float, floor: boo
     return E, c, sum((E + c * xi - yi) ** 2 for xi, yi in zip(x, L))
 
 
-def fit_power_law(N: Sequence[float], L: Sequence[float], alpha_range: tuple[float, float] = (0.01, 2.0),
-                  floor: bool = True) -> PowerLaw:
-    """The least-squares fit of L(N) = E + c / N^alpha to measured losses, with alpha in ``alpha_range``.
+def fit_power_law(
+    N: Sequence[float],
+    L: Sequence[float],
+    alpha_range: tuple[float, float] = (0.01, 2.0),
+    floor: bool = True,
+) -> PowerLaw:
+    """The least-squares fit of L(N) = E + c / N^alpha to measured losses, with alpha in
+    ``alpha_range``.
 
     ``floor=False`` fixes E = 0: Kaplan's form (N_c / N)^alpha.
 
@@ -120,7 +131,9 @@ def fit_power_law(N: Sequence[float], L: Sequence[float], alpha_range: tuple[flo
         raise ValueError(f"N and L must have the same length, got {len(N)} and {len(L)}")
     need = 3 if floor else 2
     if len(N) < need:
-        raise ValueError(f"N must hold at least {need} sizes to fit {need} parameters, got {len(N)}")
+        raise ValueError(
+            f"N must hold at least {need} sizes to fit {need} parameters, got {len(N)}"
+        )
     if min(N) <= 0:
         raise ValueError(f"N must be positive, got {min(N)}")
     if len(set(N)) < need:
@@ -182,12 +195,16 @@ class LossSurface:
         return N, C / (6 * N)
 
 
-# Hoffmann et al. (2022), Approach 3 (their eq. (10)): E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28
+# Hoffmann et al. (2022), Approach 3 (their eq. (10)): E = 1.69, A = 406.4, B = 410.7, alpha =
+# 0.34, beta = 0.28
 CHINCHILLA_APPROACH_3 = LossSurface(E=1.69, c_N=406.4, c_tok=410.7, alpha_N=0.34, alpha_tok=0.28)
 
 
-def compute_optimal(C: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> tuple[float, float]:
-    """The rule of Chinchilla's Approaches 1 and 2: C = 6 N n_tok with n_tok = r N, so N = sqrt(C / 6r).
+def compute_optimal(
+    C: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
+) -> tuple[float, float]:
+    """The rule of Chinchilla's Approaches 1 and 2: C = 6 N n_tok with n_tok = r N, so N = sqrt(C /
+    6r).
 
     >>> N, n_tok = compute_optimal(5.76e23)  # Gopher's budget, on which Chinchilla trained 70e9 on 1.4e12
     >>> round(N / 1e9), round(n_tok / 1e12, 1)

@@ -41,7 +41,8 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def tied_aliases(model: nn.Module) -> dict[str, str]:
     """Second names of shared parameters (a tied ``unembed.W_E``), each mapped to the first name.
 
-    safetensors refuses two names for one tensor, so :func:`gptlib.files.save_model` writes the first name only
+    safetensors refuses two names for one tensor, so :func:`gptlib.files.save_model` writes the
+    first name only
     and :func:`load_state_checked` restores the others.
     """
     first: dict[int, str] = {}
@@ -58,7 +59,9 @@ def _few(names: list[str]) -> str:
     return f"{names[:5]}{' …' if len(names) > 5 else ''}"
 
 
-def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
+def check_state(
+    model: nn.Module, state: dict[str, Tensor], source: str = "state dict"
+) -> dict[str, Tensor]:
     """The full state dict for ``model`` (tied names filled in), or ``ValueError`` naming ``source``
     and the missing, unexpected, mis-shaped, mistyped or non-finite tensor. Changes nothing.
 
@@ -70,7 +73,9 @@ def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state
         if alias not in state and name in state:
             state[alias] = state[name]
         elif alias in state and name in state and not torch.equal(state[alias], state[name]):
-            raise ValueError(f"{source}: tensors {alias!r} and {name!r} differ although the model ties them")
+            raise ValueError(
+                f"{source}: tensors {alias!r} and {name!r} differ although the model ties them"
+            )
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -83,23 +88,37 @@ def check_state(model: nn.Module, state: dict[str, Tensor], source: str = "state
             raise ValueError(f"{source}: {k!r} is a {type(v).__name__}, not a tensor")
         want = expected[k]
         if tuple(v.shape) != tuple(want.shape):
-            raise ValueError(f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(want.shape)}")
+            raise ValueError(
+                f"{source}: tensor {k!r} has shape {tuple(v.shape)}, the model expects "
+                f"{tuple(want.shape)}"
+            )
         ok = v.dtype in FLOAT_DTYPES if want.is_floating_point() else v.dtype == want.dtype
         if not ok:
-            allowed = "one of float16, bfloat16, float32, float64" if want.is_floating_point() else str(want.dtype)
-            raise ValueError(f"{source}: tensor {k!r} has dtype {v.dtype}, the model expects {allowed}")
-    floats = [(k, v) for k, v in state.items() if v.is_floating_point() and v.numel() and v.device.type != "meta"]
+            allowed = (
+                "one of float16, bfloat16, float32, float64"
+                if want.is_floating_point()
+                else str(want.dtype)
+            )
+            raise ValueError(
+                f"{source}: tensor {k!r} has dtype {v.dtype}, the model expects {allowed}"
+            )
+    floats = [
+        (k, v)
+        for k, v in state.items()
+        if v.is_floating_point() and v.numel() and v.device.type != "meta"
+    ]
     if floats and not bool(torch.stack([v.isfinite().all() for _, v in floats]).all()):  # one sync
         k = next(k for k, v in floats if not bool(v.isfinite().all()))
         raise ValueError(f"{source}: tensor {k!r} holds NaN or infinite values")
     return state
 
 
-def load_state_checked(model: nn.Module, state: dict[str, Tensor], source: str = "state dict") -> None:
+def load_state_checked(
+    model: nn.Module, state: dict[str, Tensor], source: str = "state dict"
+) -> None:
     """``load_state_dict`` after :func:`check_state`: every error names the tensor, and nothing
     is loaded unless every tensor fits. A shared parameter may be given under its first name only."""
     model.load_state_dict(check_state(model, state, source))
-
 
 
 # --- the rest of a training run --------------------------------------------------------------
@@ -112,36 +131,61 @@ def _adam_moments(optimizer: torch.optim.Optimizer, group: dict) -> set[str] | N
     """The per-parameter state an Adam or AdamW step leaves, or None for another optimiser."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return None
-    return {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
+    return {"step", "exp_avg", "exp_avg_sq"} | (
+        {"max_exp_avg_sq"} if group.get("amsgrad") else set()
+    )
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str, step: int | None = None,
-                          lr: float | None = None) -> dict:
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    sd: Any,
+    source: str,
+    step: int | None = None,
+    lr: float | None = None,
+) -> dict:
     """``sd`` if ``optimizer.load_state_dict(sd)`` would restore a state this optimiser can reach,
     else ``ValueError`` naming ``source`` and the setting or tensor. Changes nothing.
 
     * The same groups and parameters, and every setting of each group (betas, eps, weight decay,
       amsgrad, maximize, foreach, ...) equal to the optimiser's own, except ``lr``, which must be a
-      finite number >= 0 and, if ``lr`` is given, equal it; ``fused`` (an implementation) may differ.
+      finite number >= 0 and, if ``lr`` is given, equal it; ``fused`` (an implementation) may
+      differ.
     * Each per-parameter tensor finite, of its parameter's shape (a scalar ``step``); a ``step`` an
       integer >= 0, equal to ``step`` if given; second moments (``exp_avg_sq``) >= 0.
     * For Adam and AdamW, with ``step`` given: no state at step 0, and after it the state of every
       parameter, with exactly the moments a step leaves.
     """
     ours = optimizer.state_dict()
-    if not isinstance(sd, dict) or set(sd) != {"state", "param_groups"} or not isinstance(sd["param_groups"], list):
+    if (
+        not isinstance(sd, dict)
+        or set(sd) != {"state", "param_groups"}
+        or not isinstance(sd["param_groups"], list)
+    ):
         raise ValueError(f"{source} is not an optimiser state (state, param_groups)")
     if len(sd["param_groups"]) != len(ours["param_groups"]):
-        raise ValueError(f"{source} has {len(sd['param_groups'])} parameter groups, the optimiser {len(ours['param_groups'])}")
+        raise ValueError(
+            f"{source} has {len(sd['param_groups'])} parameter groups, the optimiser "
+            f"{len(ours['param_groups'])}"
+        )
     for i, (g, o) in enumerate(zip(sd["param_groups"], ours["param_groups"])):
         if not isinstance(g, dict) or set(g) != set(o) or g["params"] != o["params"]:
-            raise ValueError(f"{source}: param_groups[{i}] does not match the optimiser's parameters and settings")
+            raise ValueError(
+                f"{source}: param_groups[{i}] does not match the optimiser's parameters and "
+                "settings"
+            )
         for key in sorted(set(o) - {"params", "lr"} - _IMPLEMENTATION_SETTINGS):
             if type(g[key]) is not type(o[key]) or g[key] != o[key]:
-                raise ValueError(f"{source}: param_groups[{i}][{key!r}] is {g[key]!r}, this run's is {o[key]!r}")
+                raise ValueError(
+                    f"{source}: param_groups[{i}][{key!r}] is {g[key]!r}, this run's is {o[key]!r}"
+                )
         g_lr = g.get("lr")
-        if (isinstance(g_lr, bool) or not isinstance(g_lr, (int, float)) or not math.isfinite(g_lr) or g_lr < 0
-                or (lr is not None and g_lr != lr)):
+        if (
+            isinstance(g_lr, bool)
+            or not isinstance(g_lr, (int, float))
+            or not math.isfinite(g_lr)
+            or g_lr < 0
+            or (lr is not None and g_lr != lr)
+        ):
             want = "a finite number >= 0" if lr is None else repr(lr)
             raise ValueError(f"{source}: param_groups[{i}]['lr'] is {g_lr!r}, this run's is {want}")
     groups = [g for g in optimizer.param_groups for _ in g["params"]]
@@ -150,24 +194,36 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, sd: Any, source: str
         raise ValueError(f"{source}: state names parameters the optimiser does not have")
     if step is not None and _adam_moments(optimizer, optimizer.param_groups[0]) is not None:
         if step == 0 and sd["state"]:
-            raise ValueError(f"{source}: state holds moments of {len(sd['state'])} parameters at step 0, before any update")
+            raise ValueError(
+                f"{source}: state holds moments of {len(sd['state'])} parameters at step 0, before "
+                "any update"
+            )
         missing = sorted(set(range(len(params))) - set(sd["state"]))
         if step > 0 and missing:
-            raise ValueError(f"{source}: state lacks the moments of parameter(s) {missing[:5]} at step {step}")
+            raise ValueError(
+                f"{source}: state lacks the moments of parameter(s) {missing[:5]} at step {step}"
+            )
     for i, st in sd["state"].items():
         if not isinstance(st, dict):
             raise ValueError(f"{source}: state[{i}] is not a mapping")
         keys = _adam_moments(optimizer, groups[i])
         if keys is not None and set(st) != keys:
-            raise ValueError(f"{source}: state[{i}] holds {sorted(st)}, an Adam step of this run leaves {sorted(keys)}")
+            raise ValueError(
+                f"{source}: state[{i}] holds {sorted(st)}, an Adam step of this run leaves "
+                f"{sorted(keys)}"
+            )
         for k, t in st.items():
             want = () if k == "step" else tuple(params[i].shape)
             if not isinstance(t, Tensor) or tuple(t.shape) != want or not t.is_floating_point():
-                raise ValueError(f"{source}: state[{i}][{k!r}] must be a float tensor of shape {want}")
+                raise ValueError(
+                    f"{source}: state[{i}][{k!r}] must be a float tensor of shape {want}"
+                )
             if not bool(t.isfinite().all()):
                 raise ValueError(f"{source}: state[{i}][{k!r}] holds NaN or infinite values")
             if k in ("exp_avg_sq", "max_exp_avg_sq") and bool((t < 0).any()):
-                raise ValueError(f"{source}: state[{i}][{k!r}] holds negative values; a mean of squares cannot")
+                raise ValueError(
+                    f"{source}: state[{i}][{k!r}] holds negative values; a mean of squares cannot"
+                )
             if k == "step":
                 n = float(t)
                 if n < 0 or n != int(n) or (step is not None and n != step):
@@ -189,7 +245,10 @@ def check_random_states(rng: Any, source: str) -> dict:
                 out[name] = (state[0], tuple(state[1]), state[2])
                 random.Random().setstate(out[name])
             elif name == "cuda":
-                if not (isinstance(state, list) and all(isinstance(t, Tensor) and t.dtype == torch.uint8 for t in state)):
+                if not (
+                    isinstance(state, list)
+                    and all(isinstance(t, Tensor) and t.dtype == torch.uint8 for t in state)
+                ):
                     raise TypeError("not a list of uint8 tensors")
             else:
                 torch.Generator().set_state(state)
@@ -238,16 +297,24 @@ def pack(tree: Any, prefix: str = "tree") -> tuple[Any, dict[str, Tensor]]:
             if all(isinstance(k, str) and not k.startswith("$") for k in x):
                 return {k: enc(v, f"{path}/{k}") for k, v in x.items()}
             for k in x:
-                if isinstance(k, Tensor) or not (k is None or isinstance(k, (bool, str, numbers.Real, tuple))):
-                    raise ValueError(f"{path}: a dict key of type {type(k).__name__} cannot be stored")
+                if isinstance(k, Tensor) or not (
+                    k is None or isinstance(k, (bool, str, numbers.Real, tuple))
+                ):
+                    raise ValueError(
+                        f"{path}: a dict key of type {type(k).__name__} cannot be stored"
+                    )
             return {"$dict": [[enc(k, f"{path}/key"), enc(v, f"{path}/{k}")] for k, v in x.items()]}
-        raise ValueError(f"{path}: a {type(x).__name__} cannot be stored (tensors, numbers, strings, None, "
-                         "lists, tuples and dicts can)")
+        raise ValueError(
+            f"{path}: a {type(x).__name__} cannot be stored (tensors, numbers, strings, None, "
+            "lists, tuples and dicts can)"
+        )
 
     return enc(tree, prefix), tensors
 
 
-def unpack(structure: Any, tensors: dict[str, Tensor], source: str = "tree", prefix: str = "tree") -> Any:
+def unpack(
+    structure: Any, tensors: dict[str, Tensor], source: str = "tree", prefix: str = "tree"
+) -> Any:
     """The tree that :func:`pack` split into ``structure`` and ``tensors``; a malformed structure,
     a missing tensor, or a tensor under ``prefix/`` that the structure does not use raises
     ``ValueError`` naming ``source``."""
@@ -267,7 +334,11 @@ def unpack(structure: Any, tensors: dict[str, Tensor], source: str = "tree", pre
                 return tuple(dec(x) for x in v)
             if tag == "$float" and v in ("nan", "inf", "-inf"):
                 return float(v)
-            if tag == "$dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+            if (
+                tag == "$dict"
+                and isinstance(v, list)
+                and all(isinstance(p, list) and len(p) == 2 for p in v)
+            ):
                 return {dec(k): dec(x) for k, x in v}
             raise ValueError(f"{source}: malformed entry {json.dumps(s)[:80]}")
         if isinstance(s, dict) and not any(k.startswith("$") for k in s):

@@ -2,7 +2,8 @@
 
 On a shared machine the speed of the CPU swings by a factor of two from one minute to the next, so a
 time means something only next to the time of a peer measured at the same moment. Every benchmark of
-the book (``bench/``) and the throughput axis of ``scripts/sweep.py`` therefore time their contenders
+the book (``bench/``) and the throughput axis of ``scripts/sweep.py`` therefore time their
+contenders
 in rounds: each round runs every contender once, the order reversed every other round so that none
 always goes first, and the figures reported are medians and ratios within the run.
 """
@@ -10,7 +11,7 @@ always goes first, and the figures reported are medians and ratios within the ru
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from .runtime import check_int
 
@@ -28,7 +29,8 @@ def alternating_rounds(
 ) -> dict[str, list[float]]:
     """Seconds per unit of work of each call, one measurement per round.
 
-    Each call first runs ``warmup`` times untimed. Then each of ``rounds`` rounds runs every call once,
+    Each call first runs ``warmup`` times untimed. Then each of ``rounds`` rounds runs every call
+    once,
     in the order of ``calls`` in even rounds and in reverse in odd ones. A measurement is the call's
     wall time divided by ``per_call`` (for a call that does several steps); ``sync`` runs before the
     clock starts and before it is read (e.g. ``torch.cuda.synchronize``, for work queued on a GPU).

@@ -1,6 +1,7 @@
 """Chapter 8's trainer: AdamW with the schedule of :mod:`gptlib.training`, evaluation, checkpoints.
 
-The mathematics (windows, the loss, the schedule, one optimiser step) lives in :mod:`gptlib.training`;
+The mathematics (windows, the loss, the schedule, one optimiser step) lives in
+:mod:`gptlib.training`;
 this module runs it over many steps and keeps what a long run needs to survive interruption: a
 checkpoint in gptlib's one file format (:mod:`gptlib.files`), validated before anything is restored.
 """
@@ -18,7 +19,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .files import model_fields, model_tensors, read_file, write_file
-from .runtime import autocast, check_finite_weights, check_float, check_ids, check_int, check_positive_int
+from .runtime import (
+    autocast,
+    check_finite_weights,
+    check_float,
+    check_ids,
+    check_int,
+    check_positive_int,
+)
 from .state import check_optimizer_state, check_random_states, check_state, pack, unpack
 from .training import lm_loss, lr_at, param_groups, train_step
 
@@ -66,16 +74,30 @@ class History:
     eval_loss: list[float] = field(default_factory=list)
 
 
-def _check_windows(name: str, pair, d_vocab: int | None, n_ctx: int | None) -> tuple[Tensor, Tensor]:
-    """``pair`` as (x, y): 2-D integer tensors of one shape, ids in [0, d_vocab), at most n_ctx wide."""
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, Tensor) for t in pair)):
-        raise ValueError(f"{name} must be a pair of tensors (x, y) as make_windows returns, got {type(pair).__name__}")
+def _check_windows(
+    name: str, pair, d_vocab: int | None, n_ctx: int | None
+) -> tuple[Tensor, Tensor]:
+    """``pair`` as (x, y): 2-D integer tensors of one shape, ids in [0, d_vocab), at most n_ctx
+    wide."""
+    if not (
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and all(isinstance(t, Tensor) for t in pair)
+    ):
+        raise ValueError(
+            f"{name} must be a pair of tensors (x, y) as make_windows returns, got "
+            f"{type(pair).__name__}"
+        )
     x, y = pair
     if x.dim() != 2 or x.shape != y.shape or len(x) < 1:
-        raise ValueError(f"{name}: x and y must be (n_windows, T) with the same shape and n_windows >= 1, "
-                         f"got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"{name}: x and y must be (n_windows, T) with the same shape and n_windows >= 1, "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     if n_ctx is not None and x.shape[1] > n_ctx:
-        raise ValueError(f"{name}: windows of {x.shape[1]} tokens are longer than the model's n_ctx={n_ctx}")
+        raise ValueError(
+            f"{name}: windows of {x.shape[1]} tokens are longer than the model's n_ctx={n_ctx}"
+        )
     for part, t in (("x", x), ("y", y)):
         check_ids(t, d_vocab or torch.iinfo(torch.int64).max, f"{name} {part}")
     return x, y
@@ -91,11 +113,19 @@ class Trainer:
     a silently ruined model.
     """
 
-    def __init__(self, model, train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor] | None, config: TrainConfig):
+    def __init__(
+        self,
+        model,
+        train: tuple[Tensor, Tensor],
+        val: tuple[Tensor, Tensor] | None,
+        config: TrainConfig,
+    ):
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
         if not isinstance(model, torch.nn.Module) or not any(True for _ in model.parameters()):
-            raise ValueError(f"model must be a torch.nn.Module with parameters, got {type(model).__name__}")
+            raise ValueError(
+                f"model must be a torch.nn.Module with parameters, got {type(model).__name__}"
+            )
         mc = getattr(model, "config", None)
         d_vocab, n_ctx = getattr(mc, "d_vocab", None), getattr(mc, "n_ctx", None)
         self.model, self.config = model, config
@@ -103,12 +133,18 @@ class Trainer:
         self.val = None if val is None else _check_windows("val", val, d_vocab, n_ctx)
         self._check_model_finite()
         self.device = next(model.parameters()).device
-        self.opt = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.max_lr, betas=config.betas,
-                                     fused=self.device.type == "cuda")
+        self.opt = torch.optim.AdamW(
+            param_groups(model, config.weight_decay),
+            lr=config.max_lr,
+            betas=config.betas,
+            fused=self.device.type == "cuda",
+        )
         self.gen = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.history = History()
-        self._torn = False  # True once a step was interrupted part-way: no checkpoint until one is loaded
+        self._torn = (
+            False  # True once a step was interrupted part-way: no checkpoint until one is loaded
+        )
 
     def _check_model_finite(self) -> None:
         check_finite_weights(self.model)
@@ -135,7 +171,10 @@ class Trainer:
         self.model.eval()
         try:
             g = torch.Generator().manual_seed(self.config.seed + 1)  # the same batches every time
-            losses = [float(self.loss_on(*self._batch(*self.val, g))) for _ in range(self.config.eval_batches)]
+            losses = [
+                float(self.loss_on(*self._batch(*self.val, g)))
+                for _ in range(self.config.eval_batches)
+            ]
         finally:
             self.model.train(was)
         return sum(losses) / len(losses)
@@ -179,19 +218,32 @@ class Trainer:
     # --- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> Path:
         """The model, its config, the optimiser's moments, the step, the history and every random
-        state, in one gptlib file (:mod:`gptlib.files`) written in one atomic step; returns the path.
+        state, in one gptlib file (:mod:`gptlib.files`) written in one atomic step; returns the
+        path.
         The file is also a model file: ``GPT.load(path)`` reads the model from it.
 
         Only between steps: after a step was interrupted part-way, this raises ``ValueError``.
         """
         if self._torn:
-            raise ValueError(f"step {self.step} was interrupted part-way, so the trainer holds part of it; a checkpoint "
-                             "now would not resume the run exactly (load the last checkpoint, or start again)")
-        rng = {"batches": self.gen.get_state(), "torch": torch.get_rng_state(), "python": random.getstate()}
+            raise ValueError(
+                f"step {self.step} was interrupted part-way, so the trainer holds part of it; a "
+                "checkpoint "
+                "now would not resume the run exactly (load the last checkpoint, or start again)"
+            )
+        rng = {
+            "batches": self.gen.get_state(),
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+        }
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        tree = {"step": self.step, "train_config": asdict(self.config), "history": asdict(self.history),
-                "optimizer": self.opt.state_dict(), "rng": rng}
+        tree = {
+            "step": self.step,
+            "train_config": asdict(self.config),
+            "history": asdict(self.history),
+            "optimizer": self.opt.state_dict(),
+            "rng": rng,
+        }
         structure, trainer_tensors = pack(tree, "trainer")
         tensors = {**model_tensors(self.model), **trainer_tensors}
         return write_file(path, tensors, {**model_fields(self.model), "trainer": structure})
@@ -224,36 +276,77 @@ class Trainer:
             return ValueError(f"{path}: field {name!r} {why}")
 
         if fields.get("model") != type(self.model).__name__:
-            raise bad("model", f"is {fields.get('model')!r}, this trainer's model is a {type(self.model).__name__}")
+            raise bad(
+                "model",
+                f"is {fields.get('model')!r}, this trainer's model is a "
+                f"{type(self.model).__name__}",
+            )
         ours, theirs = model_fields(self.model).get("config"), fields.get("config")
         if ours is not None and theirs != ours:
             theirs = theirs if isinstance(theirs, dict) else {}
-            raise bad("config", f"differs from this trainer's model in {sorted(k for k in {*ours, *theirs} if ours.get(k) != theirs.get(k))}")
-        model_state = check_state(self.model, {k: v for k, v in tensors.items() if "/" not in k}, str(path))
+            raise bad(
+                "config",
+                "differs from this trainer's model in "
+                f"{sorted(k for k in {*ours, *theirs} if ours.get(k) != theirs.get(k))}",
+            )
+        model_state = check_state(
+            self.model, {k: v for k, v in tensors.items() if "/" not in k}, str(path)
+        )
         if "trainer" not in fields:
             raise bad("trainer", "is missing: a model file, not a training checkpoint")
         tree = unpack(fields["trainer"], tensors, f"{path}: field 'trainer'", "trainer")
-        if not isinstance(tree, dict) or {"step", "train_config", "history", "optimizer", "rng"} - set(tree):
+        if not isinstance(tree, dict) or {
+            "step",
+            "train_config",
+            "history",
+            "optimizer",
+            "rng",
+        } - set(tree):
             raise bad("trainer", "must hold step, train_config, history, optimizer and rng")
         try:
             stored = TrainConfig(**tree["train_config"])
         except (TypeError, ValueError) as e:
             raise bad("trainer.train_config", f"is invalid: {e}") from None
         if stored != self.config:
-            diff = [f.name for f in dataclasses.fields(TrainConfig) if getattr(stored, f.name) != getattr(self.config, f.name)]
+            diff = [
+                f.name
+                for f in dataclasses.fields(TrainConfig)
+                if getattr(stored, f.name) != getattr(self.config, f.name)
+            ]
             raise bad("trainer.train_config", f"differs from this trainer's config in {diff}")
         step, h = tree["step"], tree["history"]
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= self.config.steps:
+        if (
+            isinstance(step, bool)
+            or not isinstance(step, int)
+            or not 0 <= step <= self.config.steps
+        ):
             raise bad("trainer.step", f"must be an int in [0, {self.config.steps}], got {step!r}")
         names = sorted(f.name for f in dataclasses.fields(History))
         finite = lambda xs: all(isinstance(v, float) and math.isfinite(v) for v in xs)  # noqa: E731
-        if not (isinstance(h, dict) and sorted(h) == names and h["step"] == list(range(step)) and len(h["loss"]) == len(h["lr"]) == step
-                and finite(h["loss"]) and finite(h["lr"]) and isinstance(h["eval_step"], list)
-                and all(isinstance(v, int) and 0 < v <= step for v in h["eval_step"])
-                and isinstance(h["eval_loss"], list) and len(h["eval_loss"]) == len(h["eval_step"]) and finite(h["eval_loss"])):
-            raise bad("trainer.history", f"does not describe steps 0 … {step - 1} (lists {names}, finite losses, one per step)")
-        lr = h["lr"][-1] if step else self.opt.param_groups[0]["lr"]  # the last step's, or the initial one
-        check_optimizer_state(self.opt, tree["optimizer"], f"{path}: field 'trainer.optimizer'", step=step, lr=lr)
+        if not (
+            isinstance(h, dict)
+            and sorted(h) == names
+            and h["step"] == list(range(step))
+            and len(h["loss"]) == len(h["lr"]) == step
+            and finite(h["loss"])
+            and finite(h["lr"])
+            and isinstance(h["eval_step"], list)
+            and all(isinstance(v, int) and 0 < v <= step for v in h["eval_step"])
+            and isinstance(h["eval_loss"], list)
+            and len(h["eval_loss"]) == len(h["eval_step"])
+            and finite(h["eval_loss"])
+        ):
+            raise bad(
+                "trainer.history",
+                f"does not describe steps 0 … {step - 1} (lists {names}, finite losses, one per "
+                "step)",
+            )
+        lr = (
+            h["lr"][-1] if step else self.opt.param_groups[0]["lr"]
+        )  # the last step's, or the initial one
+        check_optimizer_state(
+            self.opt, tree["optimizer"], f"{path}: field 'trainer.optimizer'", step=step, lr=lr
+        )
         tree["rng"] = check_random_states(tree["rng"], f"{path}: field 'trainer.rng'")
         if {"batches", "torch", "python"} - set(tree["rng"]):
             raise bad("trainer.rng", "must hold the states batches, torch and python")

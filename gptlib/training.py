@@ -1,4 +1,5 @@
-"""Chapter 8: training — windows with a stride, cross-entropy, the schedule, one optimiser step, the loss over windows.
+"""Chapter 8: training — windows with a stride, cross-entropy, the schedule, one optimiser step, the
+loss over windows.
 
 For a window x_1..x_{N+1} of the token stream the model reads x_1..x_N and is scored on predicting
 x_2..x_{N+1}: the loss is the mean of -log P(x_{t+1} | x_{<=t}) over the N positions, i.e. the
@@ -31,7 +32,9 @@ __all__ = [
 ]
 
 
-def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int | None = None) -> tuple[Tensor, Tensor]:
+def make_windows(
+    ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Inputs and targets of length ``n_ctx``, windows starting every ``stride`` tokens.
 
     Window i reads ids[i*stride : i*stride + n_ctx] and its target is the same shifted by one.
@@ -48,8 +51,12 @@ def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int 
         check_positive_int("d_vocab", d_vocab)
     if not isinstance(ids, Tensor):
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-            raise ValueError(f"ids must be a 1-D integer tensor or a list of ints, got {type(ids).__name__}")
-        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)), None)
+            raise ValueError(
+                f"ids must be a 1-D integer tensor or a list of ints, got {type(ids).__name__}"
+            )
+        bad = next(
+            (i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)), None
+        )
         if bad is not None:
             raise ValueError(f"ids must be ints, got {bad!r}")
         try:
@@ -73,7 +80,10 @@ def make_windows(ids: Tensor | list[int], n_ctx: int, stride: int, d_vocab: int 
 
 def _check_logits(logits: object, targets: object) -> None:
     if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() < 1:
-        raise ValueError(f"logits must be a floating-point tensor (..., d_vocab), got {getattr(logits, 'dtype', type(logits).__name__)}")
+        raise ValueError(
+            "logits must be a floating-point tensor (..., d_vocab), got "
+            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+        )
     if not isinstance(targets, Tensor):
         raise ValueError(f"targets must be an integer tensor, got {type(targets).__name__}")
 
@@ -88,7 +98,10 @@ def cross_entropy_from_formula(logits: Tensor, targets: Tensor) -> Tensor:
     """
     _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"logits (..., d_vocab) and targets (...) must agree, got {tuple(logits.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
     check_targets(targets, logits.shape[-1])
     log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -log_probs.gather(-1, targets[..., None])[..., 0].mean()
@@ -106,7 +119,10 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """
     _check_logits(logits, targets)
     if logits.shape[:-1] != targets.shape or targets.dim() != 2:
-        raise ValueError(f"logits (B, T, d_vocab) and targets (B, T) must agree, got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"logits (B, T, d_vocab) and targets (B, T) must agree, got {tuple(logits.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64 or int32 ids, got {targets.dtype}")
     check_targets(targets, logits.shape[-1])  # every target scored: no ignore_index, no empty mean
@@ -123,7 +139,9 @@ def perplexity(loss: float | Tensor) -> float:
     """
     if isinstance(loss, Tensor):
         if loss.numel() != 1:
-            raise ValueError(f"loss must be a number or a one-element tensor, got shape {tuple(loss.shape)}")
+            raise ValueError(
+                f"loss must be a number or a one-element tensor, got shape {tuple(loss.shape)}"
+            )
         loss = loss.item()
     return math.exp(check_float("loss", loss, 0.0, _MAX_EXP))
 
@@ -132,7 +150,8 @@ _MAX_EXP = math.log(sys.float_info.max)  # 709.78...: exp of anything larger ove
 
 
 def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
-    """Linear warm-up to ``max_lr`` over ``warmup`` steps, then a cosine down to ``min_lr`` at ``total``.
+    """Linear warm-up to ``max_lr`` over ``warmup`` steps, then a cosine down to ``min_lr`` at
+    ``total``.
 
     >>> [round(lr_at(s, 1.0, 2, 6), 3) for s in range(7)]
     [0.5, 1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
@@ -143,14 +162,21 @@ def lr_at(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0
     check_float("max_lr", max_lr, 0.0)
     check_float("min_lr", min_lr, 0.0, max_lr)  # the cosine decays: it never rises to min_lr
     if warmup < 0 or total < 1 or warmup > total:
-        raise ValueError(f"need 0 <= warmup <= total and total >= 1, got warmup={warmup}, total={total}")
+        raise ValueError(
+            f"need 0 <= warmup <= total and total >= 1, got warmup={warmup}, total={total}"
+        )
     if step < warmup:
         return max_lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Optimizer, grad_clip: float | None = None) -> float:
+def train_step(
+    model: torch.nn.Module,
+    loss: Tensor,
+    optimizer: torch.optim.Optimizer,
+    grad_clip: float | None = None,
+) -> float:
     """One optimiser step on ``loss``: zero the gradients, back-propagate, clip their global norm to
     ``grad_clip`` (if given), step. Returns the loss as a float.
 
@@ -173,10 +199,15 @@ def train_step(model: torch.nn.Module, loss: Tensor, optimizer: torch.optim.Opti
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
     # One device synchronisation reads both: a diverging run can keep a finite loss a step longer
     # than finite gradients.
-    value, grad_norm = torch.stack([loss.detach().float().reshape(()), norm.detach().float().to(loss.device)]).tolist()
+    value, grad_norm = torch.stack(
+        [loss.detach().float().reshape(()), norm.detach().float().to(loss.device)]
+    ).tolist()
     if not math.isfinite(value) or not math.isfinite(grad_norm):
-        raise ValueError(f"the loss is {value} and the gradient norm {grad_norm}: training diverged or the model holds "
-                         "non-finite weights; the step was not taken")
+        raise ValueError(
+            f"the loss is {value} and the gradient norm {grad_norm}: training diverged or the "
+            "model holds "
+            "non-finite weights; the step was not taken"
+        )
     optimizer.step()
     return value
 
@@ -187,18 +218,20 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     check_float("weight_decay", weight_decay, 0.0)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
-
-
-
-# --- the loss over windows: the measurement every script and Chapter 8 make ------------------------
+# --- the loss over windows: the measurement every script and Chapter 8 make
+# ------------------------
 
 
 @dataclass(frozen=True)
 class WindowsLoss:
-    """The mean loss over a set of windows: nats per token and, when byte lengths were given, bits per byte."""
+    """The mean loss over a set of windows: nats per token and, when byte lengths were given, bits
+    per byte."""
 
     nats_per_token: float
     bits_per_byte: float | None
@@ -208,9 +241,14 @@ class WindowsLoss:
 
 @torch.no_grad()
 def windows_loss(
-    model: torch.nn.Module, x: Tensor, y: Tensor, byte_lengths: Tensor | list[int] | None = None, batch_size: int = 32
+    model: torch.nn.Module,
+    x: Tensor,
+    y: Tensor,
+    byte_lengths: Tensor | list[int] | None = None,
+    batch_size: int = 32,
 ) -> WindowsLoss:
-    """The loss of ``model`` over every window (x, y), in eval mode, ``batch_size`` windows at a time.
+    """The loss of ``model`` over every window (x, y), in eval mode, ``batch_size`` windows at a
+    time.
 
     x, y: (n, T) inputs and targets (:func:`make_windows`). The total of -log P(target) over all n T
     targets is divided by their number (nats per token) and, given ``byte_lengths`` (d_vocab,), the
@@ -226,7 +264,9 @@ def windows_loss(
     (1.3863, 1.0, 10, 20)
     """
     if x.dim() != 2 or x.shape != y.shape:
-        raise ValueError(f"x and y must both have shape (n, T), got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"x and y must both have shape (n, T), got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     if len(x) == 0:
         raise ValueError("x holds no window")
     check_positive_int("batch_size", batch_size)
@@ -242,8 +282,8 @@ def windows_loss(
     total = 0.0
     for i in range(0, len(x), batch_size):
         with autocast(dev):
-            logits = model(x[i:i + batch_size].to(dev))  # (b, T, d_vocab)
-        targets = y[i:i + batch_size].flatten().to(dev)  # (b T,)
+            logits = model(x[i : i + batch_size].to(dev))  # (b, T, d_vocab)
+        targets = y[i : i + batch_size].flatten().to(dev)  # (b T,)
         if i == 0 and d_vocab is None:  # a model without a config: the logits give d_vocab
             check_targets(y, logits.shape[-1], "y")
         total += float(F.cross_entropy(logits.float().flatten(0, 1), targets, reduction="sum"))
@@ -262,14 +302,26 @@ def _check_byte_lengths(byte_lengths: Tensor | list[int], y: Tensor) -> Tensor:
         lengths = torch.as_tensor(byte_lengths)
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"byte_lengths must be a list or tensor of ints: {e}") from None
-    if lengths.dim() != 1 or lengths.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise ValueError(f"byte_lengths must be a 1-D list or tensor of ints, got shape {tuple(lengths.shape)} "
-                         f"and dtype {lengths.dtype}")
+    if lengths.dim() != 1 or lengths.dtype not in (
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+    ):
+        raise ValueError(
+            f"byte_lengths must be a 1-D list or tensor of ints, got shape {tuple(lengths.shape)} "
+            f"and dtype {lengths.dtype}"
+        )
     if len(lengths) and int(lengths.min()) < 0:
         raise ValueError(f"byte_lengths must be >= 0, got {int(lengths.min())}")
     if int(y.max()) >= len(lengths):
-        raise ValueError(f"byte_lengths must give the length of every token id in y, got {len(lengths)} lengths "
-                         f"for ids up to {int(y.max())}")
+        raise ValueError(
+            f"byte_lengths must give the length of every token id in y, got {len(lengths)} lengths "
+            f"for ids up to {int(y.max())}"
+        )
     if int(lengths[y].sum()) == 0:
-        raise ValueError("byte_lengths gives the targets 0 bytes in all: bits per byte are undefined")
+        raise ValueError(
+            "byte_lengths gives the targets 0 bytes in all: bits per byte are undefined"
+        )
     return lengths

@@ -44,8 +44,9 @@ def half_losses(model, seqs: torch.Tensor, batch: int = 8) -> tuple[list[float],
     with torch.no_grad():
         for x in seqs.split(batch):
             logits = model(x)  # (b, T, d_vocab)
-            nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(),
-                                  reduction="none").view(len(x), -1)  # (b, T - 1)
+            nll = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction="none"
+            ).view(len(x), -1)  # (b, T - 1)
             first += nll[:, : HALF - 1].mean(dim=1).tolist()
             second += nll[:, HALF:].mean(dim=1).tolist()
     return first, second
@@ -98,14 +99,23 @@ def main() -> int:
 
     out = {
         "what": "SmolLM2-135M: second-copy loss with Chapter 12's five induction heads zeroed, and "
-                "with random sets of five other heads; made by scripts/ablation_sweep.py",
-        "half": HALF, "n_seq": args.n_seq, "seq_seed": 1, "induction_heads": induction,
-        "chapter": {"second": round(mean(ch_base[1]), 4), "second_induction": round(mean(ch_ind[1]), 4),
-                    "second_control": round(mean(ch_ctl[1]), 4)},
-        "first": [round(v, 4) for v in base_first], "second": [round(v, 4) for v in base_second],
+        "with random sets of five other heads; made by scripts/ablation_sweep.py",
+        "half": HALF,
+        "n_seq": args.n_seq,
+        "seq_seed": 1,
+        "induction_heads": induction,
+        "chapter": {
+            "second": round(mean(ch_base[1]), 4),
+            "second_induction": round(mean(ch_ind[1]), 4),
+            "second_control": round(mean(ch_ctl[1]), 4),
+        },
+        "first": [round(v, 4) for v in base_first],
+        "second": [round(v, 4) for v in base_second],
         "first_induction": [round(v, 4) for v in ind_first],
         "second_induction": [round(v, 4) for v in ind_second],
-        "controls": controls, "torch": torch.__version__, "seconds": round(time.time() - start),
+        "controls": controls,
+        "torch": torch.__version__,
+        "seconds": round(time.time() - start),
     }
     atomic_write(args.out, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} in {out['seconds']} s")

@@ -44,9 +44,21 @@ def build(out_dir: Path) -> dict[str, str]:
     entries = [str(SOURCE / f"{v}.js") for v in VIEWS]
     # Relative paths from the repository root: the comments esbuild writes name the sources the
     # same way on every machine.
-    subprocess.run([str(ESBUILD), *entries, "--bundle", "--format=esm", "--target=es2020", "--charset=utf8",
-                    f"--banner:js={BANNER}", f"--outdir={out_dir}", "--log-level=warning"],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        [
+            str(ESBUILD),
+            *entries,
+            "--bundle",
+            "--format=esm",
+            "--target=es2020",
+            "--charset=utf8",
+            f"--banner:js={BANNER}",
+            f"--outdir={out_dir}",
+            "--log-level=warning",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
     return {f"{v}.js": (out_dir / f"{v}.js").read_text(encoding="utf-8") for v in VIEWS}
 
 
@@ -55,18 +67,27 @@ def stale() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = build(Path(tmp))
     committed = ROOT / BUNDLES
-    return [name for name, text in fresh.items()
-            if not (committed / name).is_file() or (committed / name).read_text(encoding="utf-8") != text]
+    return [
+        name
+        for name, text in fresh.items()
+        if not (committed / name).is_file()
+        or (committed / name).read_text(encoding="utf-8") != text
+    ]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only compare the committed bundles with the sources")
+    ap.add_argument(
+        "--check", action="store_true", help="only compare the committed bundles with the sources"
+    )
     args = ap.parse_args()
     if args.check:
         names = stale()
         if names:
-            print(f"out of date: {', '.join(names)}; run python scripts/build_widgets.py", file=sys.stderr)
+            print(
+                f"out of date: {', '.join(names)}; run python scripts/build_widgets.py",
+                file=sys.stderr,
+            )
             return 1
         print("the widget bundles are current")
         return 0

@@ -24,7 +24,7 @@ README_END = "<!-- chapters:end -->"
 
 # The set-up cell. It must run unchanged in three places: a local Jupyter or nbval (no-op),
 # Colab (installs), and the simulated-Colab test (GPTLIB_BOOK_REPO / _REF point at a local clone).
-SETUP_CELL = '''\
+SETUP_CELL = """\
 # Set-up for Google Colab: fetch the book's code and the few packages Colab lacks.
 # Anywhere else (a local Jupyter, the book's tests) this cell does nothing.
 import os, subprocess, sys
@@ -44,7 +44,7 @@ if "google.colab" in sys.modules:
     os.chdir(os.path.join(book, "chapters"))
     from google.colab import output
 
-    output.enable_custom_widget_manager()  # anywidget needs Colab's widget manager'''
+    output.enable_custom_widget_manager()  # anywidget needs Colab's widget manager"""
 
 # What Colab lacks (Colab ships torch, numpy, matplotlib, tqdm, ipywidgets, huggingface_hub).
 COLAB_PACKAGES = ["tiktoken", "anywidget", "safetensors"]
@@ -56,7 +56,9 @@ def read_repository() -> tuple[str, str]:
     block = re.search(r"^repository:\s*\n((?:[ \t]+.*\n?)+)", text, re.M)
     if not block:
         raise ValueError("_config.yml has no 'repository:' section")
-    fields = dict(re.findall(r"^[ \t]+(\w+):\s*\"?([^\"\n#]*?)\"?\s*(?:#.*)?$", block.group(1), re.M))
+    fields = dict(
+        re.findall(r"^[ \t]+(\w+):\s*\"?([^\"\n#]*?)\"?\s*(?:#.*)?$", block.group(1), re.M)
+    )
     url, branch = fields.get("url", ""), fields.get("branch", "")
     if not url.startswith("https://"):
         raise ValueError(f"_config.yml repository.url must be an https URL, got {url!r}")
@@ -115,9 +117,14 @@ def sync_notebook(path: Path, source: str, write: bool) -> bool:
     raw = path.read_text(encoding="utf-8")
     nb = json.loads(raw)
     cells = nb["cells"]
-    idx = next((i for i, c in enumerate(cells) if TAG in c.get("metadata", {}).get("tags", [])), None)
+    idx = next(
+        (i for i, c in enumerate(cells) if TAG in c.get("metadata", {}).get("tags", [])), None
+    )
     if idx is not None:
-        if "".join(cells[idx]["source"]) == source and cells[idx]["metadata"].get("tags") == [TAG, "remove-cell"]:
+        if "".join(cells[idx]["source"]) == source and cells[idx]["metadata"].get("tags") == [
+            TAG,
+            "remove-cell",
+        ]:
             return False
         cells[idx] = {**_setup_cell(source), "execution_count": cells[idx].get("execution_count")}
     else:
@@ -143,7 +150,11 @@ def sync_readme(block: str, write: bool) -> bool:
     readme = ROOT / "README.md"
     text = readme.read_text(encoding="utf-8")
     pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    new = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n## Chapters\n\n" + block + "\n"
+    new = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip("\n") + "\n\n## Chapters\n\n" + block + "\n"
+    )
     if new == text:
         return False
     if write:

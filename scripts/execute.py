@@ -2,7 +2,8 @@
 
     python scripts/execute.py chapters/01_tokens.ipynb [more.ipynb ...]
     python scripts/execute.py --all
-    python scripts/execute.py --strip-only chapters/*.ipynb   # no execution: drop stored widget code
+    python scripts/execute.py --strip-only chapters/*.ipynb   # no execution: drop stored widget
+    code
 
 Outputs that nbval later compares are produced on the CPU (CUDA hidden), with a fixed hash seed.
 Execution counts are renumbered 1..n and widget model ids (random uuids in the kernel) are renamed
@@ -70,7 +71,11 @@ def stable_widget_ids(nb, name: str):
 
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     client = NotebookClient(
         nb,
         timeout=timeout,
@@ -119,8 +124,11 @@ def main() -> int:
     ap.add_argument("notebooks", nargs="*", type=Path)
     ap.add_argument("--all", action="store_true", help="every chapters/*.ipynb")
     ap.add_argument("--timeout", type=int, default=600)
-    ap.add_argument("--strip-only", action="store_true",
-                    help="do not execute: only remove the widget code the notebooks store")
+    ap.add_argument(
+        "--strip-only",
+        action="store_true",
+        help="do not execute: only remove the widget code the notebooks store",
+    )
     args = ap.parse_args()
     paths = sorted((ROOT / "chapters").glob("*.ipynb")) if args.all else args.notebooks
     if not paths:

@@ -10,7 +10,8 @@ Attention: the three models of ``gptlib.recipes.ATTENTION_VARIANTS`` (multi-head
 latent) trained from seed 0 with the English model's recipe (``PRESETS["cpu"]``: AdamW, its peak
 and final rates, weight decay, clipping, a warm-up of 5% of the steps, windows of 128 tokens with
 stride 64 on the Brown training split, its tokenizer), shortened to ``--attn-steps`` steps of
-``--attn-batch`` windows drawn from the first ``--attn-fraction`` of the training text, and scored on
+``--attn-batch`` windows drawn from the first ``--attn-fraction`` of the training text, and scored
+on
 evenly spaced validation windows.
 
 Each part runs in a process of its own with one torch thread (the LoRA runs one process per seed),
@@ -20,6 +21,7 @@ seed 0 and checks them against the stored losses.
     nice -n 10 python scripts/lora_mla_sweep.py        # writes models/lora_mla_sweep.json
     python scripts/lora_mla_sweep.py --ranks 4 --seeds 0 --steps 5 --attn-steps 5 --out /tmp/s.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +33,16 @@ from pathlib import Path
 
 import torch
 
-from gptlib.recipes import (ATTENTION_VARIANTS, FINE_TUNE, PRESETS, attention_variant, english_without_dropout,
-                            fine_tune, genre_texts)
 from gptlib.data import load_english
-from gptlib.lora import LoRA
+from gptlib.recipes import (
+    ATTENTION_VARIANTS,
+    FINE_TUNE,
+    PRESETS,
+    attention_variant,
+    english_without_dropout,
+    fine_tune,
+    genre_texts,
+)
 from gptlib.runtime import atomic_write, seed_everything
 from gptlib.tokenizers import BPETokenizer
 from gptlib.trainer import Trainer
@@ -59,7 +67,8 @@ def spaced(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torc
 
 
 def cumulative_energy(delta: torch.Tensor) -> list[float]:
-    """The share of ||delta||_F^2 held by its best rank-k approximation, k = 1, 2, ... (Eckart-Young).
+    """The share of ||delta||_F^2 held by its best rank-k approximation, k = 1, 2, ...
+    (Eckart-Young).
 
     >>> cumulative_energy(torch.diag(torch.tensor([2.0, 1.0])))
     [0.8, 1.0]
@@ -85,7 +94,9 @@ def _rounded(value):
 
 def _keep(args, name: str, part: dict) -> dict:
     """Write one finished part next to the output (kept if a later part fails); return it."""
-    atomic_write(args.out.parent / f".{args.out.stem}.{name}.json", json.dumps(_rounded(part)) + "\n")
+    atomic_write(
+        args.out.parent / f".{args.out.stem}.{name}.json", json.dumps(_rounded(part)) + "\n"
+    )
     return part
 
 
@@ -97,31 +108,48 @@ def lora_sweep(args, seeds: list[int]) -> dict:
     train_text, genre_val, other_val = genre_texts(ft["genre"])
     n_ctx = ft["n_ctx"]
     train = make_windows(torch.tensor(tok.encode(train_text)), n_ctx, n_ctx)
-    evals = {name: spaced(*make_windows(torch.tensor(tok.encode(text)), n_ctx, n_ctx), N_EVAL)
-             for name, text in (("genre", genre_val), ("other", other_val))}
+    evals = {
+        name: spaced(*make_windows(torch.tensor(tok.encode(text)), n_ctx, n_ctx), N_EVAL)
+        for name, text in (("genre", genre_val), ("other", other_val))
+    }
 
     def scores(model) -> dict:
         return {name: windows_loss(model, x, y).nats_per_token for name, (x, y) in evals.items()}
 
-    result = {"train_windows": len(train[0]), "eval_windows": N_EVAL, "base": scores(base), "runs": []}
+    result = {
+        "train_windows": len(train[0]),
+        "eval_windows": N_EVAL,
+        "base": scores(base),
+        "runs": [],
+    }
     full_parameters = sum(p.numel() for p in base.parameters())
     energy: dict[str, list[list[float]]] = {}
     for seed in seeds:
         for r in args.ranks + [None]:
             t0 = time.time()
             model, hist = fine_tune(base, train, r, seed, steps=args.steps)
-            run = {"method": "full" if r is None else "lora", "r": r, "seed": seed,
-                   "trained": full_parameters if r is None else model.num_parameters(),
-                   **scores(model), "loss": hist.loss, "seconds": round(time.time() - t0, 1)}
+            run = {
+                "method": "full" if r is None else "lora",
+                "r": r,
+                "seed": seed,
+                "trained": full_parameters if r is None else model.num_parameters(),
+                **scores(model),
+                "loss": hist.loss,
+                "seconds": round(time.time() - t0, 1),
+            }
             if r is None:  # the update of every adapted matrix, as LoRA's targets name them
                 trained = dict(model.named_parameters())
                 for name, W in base.named_parameters():
                     if name.split(".")[-1] in ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_out"):
                         energy.setdefault(name.split(".")[-1], []).append(
-                            cumulative_energy(trained[name].detach() - W.detach()))
+                            cumulative_energy(trained[name].detach() - W.detach())
+                        )
             result["runs"].append(run)
-            print(f"lora r={r} seed={seed}: genre {run['genre']:.4f} other {run['other']:.4f} "
-                  f"({run['seconds']} s)", flush=True)
+            print(
+                f"lora r={r} seed={seed}: genre {run['genre']:.4f} other {run['other']:.4f} "
+                f"({run['seconds']} s)",
+                flush=True,
+            )
     result["full_update_energy"] = energy  # per matrix kind: one curve per layer and seed
     return _keep(args, f"lora-{'-'.join(map(str, seeds))}", result)
 
@@ -130,16 +158,35 @@ def attention_sweep(args) -> dict:
     torch.set_num_threads(1)
     tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
     train_text, val_text = load_english()
-    train_text = train_text[: int(len(train_text) * args.attn_fraction)]  # as RunConfig.train_fraction
+    train_text = train_text[
+        : int(len(train_text) * args.attn_fraction)
+    ]  # as RunConfig.train_fraction
     train_ids, val_ids = torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
     n_ctx = ATTENTION_VARIANTS["mha"][0].n_ctx
     val = spaced(*make_windows(val_ids, n_ctx, n_ctx), args.attn_eval)
     recipe = PRESETS["cpu"].train
-    tc = PRESETS["cpu"].but(steps=args.attn_steps, batch_size=args.attn_batch, warmup=max(1, args.attn_steps // 20),
-                            eval_every=args.attn_steps, eval_batches=1).train
-    out = {"train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()},
-           "train_fraction": args.attn_fraction, "train_tokens": len(train_ids), "recipe_steps": recipe.steps, "recipe_batch_size": recipe.batch_size, "eval_windows": len(val[0]),
-           "runs": {}}
+    tc = (
+        PRESETS["cpu"]
+        .but(
+            steps=args.attn_steps,
+            batch_size=args.attn_batch,
+            warmup=max(1, args.attn_steps // 20),
+            eval_every=args.attn_steps,
+            eval_batches=1,
+        )
+        .train
+    )
+    out = {
+        "train_config": {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()
+        },
+        "train_fraction": args.attn_fraction,
+        "train_tokens": len(train_ids),
+        "recipe_steps": recipe.steps,
+        "recipe_batch_size": recipe.batch_size,
+        "eval_windows": len(val[0]),
+        "runs": {},
+    }
     for name, (config, latent) in ATTENTION_VARIANTS.items():
         seed_everything(0)
         model = attention_variant(name)
@@ -148,23 +195,36 @@ def attention_sweep(args) -> dict:
         H, d_head = config.n_heads, config.d_head
         cache = latent[0] + latent[1] if latent else 2 * config.n_kv_heads * d_head
         out["runs"][name] = {
-            "config": config.__dict__, "latent": None if latent is None else {"d_c": latent[0], "d_R": latent[1]},
-            "parameters": model.num_parameters(), "cache_per_token_layer": cache,
-            "val": windows_loss(model, *val).nats_per_token, "loss": hist.loss,
-            "seconds": round(time.time() - t0, 1)}
-        print(f"{name}: val {out['runs'][name]['val']:.4f} ({out['runs'][name]['seconds']} s)", flush=True)
+            "config": config.__dict__,
+            "latent": None if latent is None else {"d_c": latent[0], "d_R": latent[1]},
+            "parameters": model.num_parameters(),
+            "cache_per_token_layer": cache,
+            "val": windows_loss(model, *val).nats_per_token,
+            "loss": hist.loss,
+            "seconds": round(time.time() - t0, 1),
+        }
+        print(
+            f"{name}: val {out['runs'][name]['val']:.4f} ({out['runs'][name]['seconds']} s)",
+            flush=True,
+        )
     return _keep(args, "attention", out)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=FINE_TUNE["steps"], help="fine-tuning steps")
     ap.add_argument("--attn-steps", type=int, default=80)
     ap.add_argument("--attn-batch", type=int, default=8)
-    ap.add_argument("--attn-fraction", type=float, default=0.1, help="the share of the training text used")
-    ap.add_argument("--attn-eval", type=int, default=64, help="validation windows of the attention runs")
+    ap.add_argument(
+        "--attn-fraction", type=float, default=0.1, help="the share of the training text used"
+    )
+    ap.add_argument(
+        "--attn-eval", type=int, default=64, help="validation windows of the attention runs"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "lora_mla_sweep.json")
     args = ap.parse_args()
     if min(args.ranks) < 1:
@@ -172,16 +232,24 @@ def main() -> None:
     t0 = time.time()
     result = {
         "what": "Chapter 14's LoRA and full fine-tuning runs per rank and seed, and its three attention layers; "
-                "made by scripts/lora_mla_sweep.py with one torch thread",
-        "fine_tune": FINE_TUNE, "ranks": args.ranks, "seeds": args.seeds, "steps": args.steps,
+        "made by scripts/lora_mla_sweep.py with one torch thread",
+        "fine_tune": FINE_TUNE,
+        "ranks": args.ranks,
+        "seeds": args.seeds,
+        "steps": args.steps,
         "torch": torch.__version__,
     }
-    with ProcessPoolExecutor(len(args.seeds) + 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        len(args.seeds) + 1, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
         attention = pool.submit(attention_sweep, args)
         parts = [pool.submit(lora_sweep, args, [seed]) for seed in args.seeds]
         parts = [p.result() for p in parts]
     lora = {**parts[0], "runs": [run for p in parts for run in p["runs"]]}
-    energy = {k: [curve for p in parts for curve in p["full_update_energy"][k]] for k in parts[0]["full_update_energy"]}
+    energy = {
+        k: [curve for p in parts for curve in p["full_update_energy"][k]]
+        for k in parts[0]["full_update_energy"]
+    }
     # mean over the layers and seeds of each matrix's cumulative energy
     lora["full_update_energy"] = {k: torch.tensor(v).mean(0).tolist() for k, v in energy.items()}
     result["lora"] = lora

@@ -48,7 +48,9 @@ MAGIC = re.compile(r"^(\s*)([%!].*)$", re.M)
 FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})\s*(\{[\w-]+\})?\s*(.*)$")
 OPTION = re.compile(r"^\s*:([\w-]+):\s*(.*)$")
 LABEL = re.compile(r"^\s*\(([^)\s]+)\)=\s*$")
-MATHS_OPEN = re.compile(r"^\s*(\$\$|\\begin\{(?:equation|multline|gather|align|alignat|flalign|eqnarray)\*?\})")
+MATHS_OPEN = re.compile(
+    r"^\s*(\$\$|\\begin\{(?:equation|multline|gather|align|alignat|flalign|eqnarray)\*?\})"
+)
 CODE_DIRECTIVES = {None, "{code}", "{code-block}", "{code-cell}", "{sourcecode}", "{math}"}
 
 
@@ -86,7 +88,9 @@ def tags(cell) -> set[str]:
 
 
 def stream_text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    return "".join(
+        o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+    )
 
 
 # --- code: line length and formatting -------------------------------------------------------------
@@ -140,11 +144,22 @@ def ruff_format(sources: list[str], line_length: int = LINE_LENGTH) -> list[str 
         files = [Path(tmp) / f"cell_{k}.py" for k in range(len(sources))]
         for f, src in zip(files, sources):
             f.write_text(src + "\n", encoding="utf-8")
-        cmd = [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache",
-               f"--line-length={line_length}", "--target-version=py310", *map(str, files)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ruff",
+            "format",
+            "--isolated",
+            "--no-cache",
+            f"--line-length={line_length}",
+            "--target-version=py310",
+            *map(str, files),
+        ]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if "No module named ruff" in run.stderr:
-            raise RuntimeError("ruff is not installed: pip install the version pinned in requirements.txt")
+            raise RuntimeError(
+                "ruff is not installed: pip install the version pinned in requirements.txt"
+            )
         failed = set(re.findall(r"^error:.*?cell_(\d+)\.py", run.stderr, re.M))  # cannot parse
         if run.returncode != 0 and not failed:
             raise RuntimeError(f"ruff format failed: {run.stderr.strip()}")
@@ -166,8 +181,12 @@ class FormatReport:
     still_long: int = 0  # lines over the limit after formatting (long strings and comments)
 
     def __str__(self) -> str:
-        text = (f"{self.cells} cells reformatted, {self.lines_changed} of their {self.lines_before} lines "
-                f"rewritten ({self.lines_after} after); {self.still_long} lines still over {LINE_LENGTH}")
+        text = (
+            f"{self.cells} cells reformatted, {self.lines_changed} of their {self.lines_before} "
+            "lines "
+            f"rewritten ({self.lines_after} after); {self.still_long} lines still over "
+            f"{LINE_LENGTH}"
+        )
         return text + (f"; left alone: {', '.join(self.skipped)}" if self.skipped else "")
 
 
@@ -195,7 +214,9 @@ def format_notebook(nb, line_length: int = LINE_LENGTH) -> FormatReport:
             report.cells += 1
             report.lines_before += len(old_lines)
             report.lines_after += len(new_lines)
-            report.lines_changed += sum(1 for d in difflib.ndiff(old_lines, new_lines) if d.startswith("- "))
+            report.lines_changed += sum(
+                1 for d in difflib.ndiff(old_lines, new_lines) if d.startswith("- ")
+            )
             cell.source = new
     report.still_long = len(long_lines(nb, line_length))
     return report
@@ -206,7 +227,12 @@ def format_notebook(nb, line_length: int = LINE_LENGTH) -> FormatReport:
 
 def _closes(m: re.Match, marker: str) -> bool:
     """Whether fence line ``m`` closes a fence opened with ``marker`` (CommonMark's rule)."""
-    return m.group(1)[0] == marker[0] and len(m.group(1)) >= len(marker) and not m.group(2) and not m.group(3)
+    return (
+        m.group(1)[0] == marker[0]
+        and len(m.group(1)) >= len(marker)
+        and not m.group(2)
+        and not m.group(3)
+    )
 
 
 def markdown_blocks(text: str):
@@ -258,15 +284,22 @@ def display_maths_in_paragraphs(text: str) -> list[tuple[int, str]]:
             k += 1
             continue
         env = re.match(r"\\begin\{([a-z]+\*?)\}", m.group(1))
-        closer = re.compile(r"\\end\{" + re.escape(env.group(1)) + r"\}\s*$" if env else r"\$\$\s*(\([^)]*\))?\s*$")
-        start, rest = k, line[m.end():]
+        closer = re.compile(
+            r"\\end\{" + re.escape(env.group(1)) + r"\}\s*$" if env else r"\$\$\s*(\([^)]*\))?\s*$"
+        )
+        start, rest = k, line[m.end() :]
         while not closer.search(rest if k == start else lines[k][1]) and k + 1 < len(lines):
             k += 1
         before = lines[start - 1] if start > 0 else None
         if before is not None and before[2] == "text" and before[1].strip() and before[0] == n - 1:
             found.append((n, "no blank line before the display maths"))
         after = lines[k + 1] if k + 1 < len(lines) else None
-        if after is not None and after[2] == "text" and after[1].strip() and after[0] == lines[k][0] + 1:
+        if (
+            after is not None
+            and after[2] == "text"
+            and after[1].strip()
+            and after[0] == lines[k][0] + 1
+        ):
             found.append((lines[k][0], "no blank line after the display maths"))
         k += 1
     return found
@@ -286,7 +319,7 @@ def notes_boxes(text: str):
         if "the notes" not in title.lower() and not (label and label.group(1).startswith("notes-")):
             continue
         options = {}
-        for opt in lines[k + 1:]:
+        for opt in lines[k + 1 :]:
             o = OPTION.match(opt)
             if not o:
                 break
@@ -304,7 +337,11 @@ def is_collapsed(options: dict) -> bool:
 
 def notes_box_labels(text: str) -> list[str]:
     """The ``(notes-...)=`` labels of a MyST text."""
-    return [m.group(1) for m in (LABEL.match(line) for line in text.split("\n")) if m and m.group(1).startswith("notes-")]
+    return [
+        m.group(1)
+        for m in (LABEL.match(line) for line in text.split("\n"))
+        if m and m.group(1).startswith("notes-")
+    ]
 
 
 # --- cells: check cells ---------------------------------------------------------------------------
@@ -320,8 +357,11 @@ def is_check_cell(cell) -> bool:
 
 def check_cells_shown(nb) -> list[Finding]:
     """Check cells whose code the page shows (no hide-input, hide-cell, remove-input, remove-cell)."""
-    return [Finding(i, c.get("id", ""), "check cell not tagged hide-input")
-            for i, c in enumerate(nb.cells) if is_check_cell(c) and not tags(c) & HIDDEN_TAGS]
+    return [
+        Finding(i, c.get("id", ""), "check cell not tagged hide-input")
+        for i, c in enumerate(nb.cells)
+        if is_check_cell(c) and not tags(c) & HIDDEN_TAGS
+    ]
 
 
 def tag_check_cells(nb, skip: set[str] = frozenset()) -> list[str]:
@@ -347,16 +387,23 @@ def markdown_findings(nb) -> tuple[list[Finding], list[Finding]]:
             continue
         cid = cell.get("id", "")
         maths += [Finding(i, cid, what, n) for n, what in display_maths_in_paragraphs(cell.source)]
-        boxes += [Finding(i, cid, f'box "{title[:60]}" is not collapsible (:class: dropdown)', n)
-                  for n, title, options in notes_boxes(cell.source) if not is_collapsed(options)]
+        boxes += [
+            Finding(i, cid, f'box "{title[:60]}" is not collapsible (:class: dropdown)', n)
+            for n, title, options in notes_boxes(cell.source)
+            if not is_collapsed(options)
+        ]
     return maths, boxes
 
 
 def check(nb) -> dict[str, list[Finding]]:
     """Every style finding of a notebook, by kind."""
     maths, boxes = markdown_findings(nb)
-    return {"long lines": long_lines(nb), "display maths in a paragraph": maths,
-            "notes boxes not collapsible": boxes, "check cells shown": check_cells_shown(nb)}
+    return {
+        "long lines": long_lines(nb),
+        "display maths in a paragraph": maths,
+        "notes boxes not collapsible": boxes,
+        "check cells shown": check_cells_shown(nb),
+    }
 
 
 def chapters() -> list[Path]:
@@ -370,11 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-v", "--verbose", action="store_true", help="list every finding")
     f = sub.add_parser("format", help="ruff format the code cells at 88 columns")
     t = sub.add_parser("tag-checks", help="tag check cells hide-input")
-    t.add_argument("--skip", action="append", default=[], metavar="CELL_ID", help="leave this cell shown")
+    t.add_argument(
+        "--skip", action="append", default=[], metavar="CELL_ID", help="leave this cell shown"
+    )
     for p in (c, f, t):
         p.add_argument("notebooks", nargs="*", type=Path)
     for p in (f, t):
-        p.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+        p.add_argument(
+            "--dry-run", action="store_true", help="say what would change, write nothing"
+        )
     args = parser.parse_args(argv)
     paths = args.notebooks or chapters()
     for path in paths:
@@ -404,8 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             done = tag_check_cells(nb, set(args.skip))
             wrote = not args.dry_run and write_if_changed(nb, path)
-            print(f"{name}: {len(done)} check cells {'tagged' if wrote else 'to tag'} hide-input"
-                  + (f": {', '.join(done)}" if done and args.dry_run else ""))
+            print(
+                f"{name}: {len(done)} check cells {'tagged' if wrote else 'to tag'} hide-input"
+                + (f": {', '.join(done)}" if done and args.dry_run else "")
+            )
     return status
 
 

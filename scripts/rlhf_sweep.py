@@ -1,18 +1,23 @@
-"""Chapter 9's PPO and DPO over several KL weights beta and seeds, precomputed (the chapter reads the JSON).
+"""Chapter 9's PPO and DPO over several KL weights beta and seeds, precomputed (the chapter reads
+the JSON).
 
-The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English model
+The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English
+model
 without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward model)
 and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for each
 beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
-``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the chapter does (the judged score and ``gptlib.rlhf.kl_to``
+``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the
+chapter does (the judged score and ``gptlib.rlhf.kl_to``
 on the evaluation prompts). It sets two torch threads, as the chapter does, so it computes exactly
 what the page computes: the page runs PPO (both baselines) at beta = 0.1 with seed 5 and DPO at
 beta = 0.1 with seed 6 itself, checks that each equals the stored run step by step, and plots the
 stored beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
-    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out /tmp/s.json
+    python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out
+    /tmp/s.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,28 +49,50 @@ def chapter_setup() -> dict:
     tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
     train_text, val_text = load_english()
     P, Y_len = 16, 16
-    task = sentence_task(tok, train_text, val_text, SentenceLabeller.from_text(train_text), P, Y_len,
-                         n_train=500, n_eval=100, seed=0)
+    task = sentence_task(
+        tok,
+        train_text,
+        val_text,
+        SentenceLabeller.from_text(train_text),
+        P,
+        Y_len,
+        n_train=500,
+        n_eval=100,
+        seed=0,
+    )
     demos = task.openings[task.judged(task.openings) == 1.0]
     perm = torch.randperm(len(demos), generator=torch.Generator().manual_seed(2))
     policy_sft, _ = rlhf.sft(base, demos[perm[256:]], P, steps=40, lr=5e-5, seed=2)
     K = 4
-    samples = rlhf.sample_responses(policy_sft, task.train_prompts[:128], Y_len, K, torch.Generator().manual_seed(3))
+    samples = rlhf.sample_responses(
+        policy_sft, task.train_prompts[:128], Y_len, K, torch.Generator().manual_seed(3)
+    )
     Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(128, K))
     n_train = int(0.8 * len(Yw))
-    rm, _ = rlhf.train_reward_model(policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=4e-4, seed=4)
-    return {"task": task, "policy_sft": policy_sft, "rm": rm, "chosen": Yw[:n_train], "rejected": Yl[:n_train]}
+    rm, _ = rlhf.train_reward_model(
+        policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=4e-4, seed=4
+    )
+    return {
+        "task": task,
+        "policy_sft": policy_sft,
+        "rm": rm,
+        "chosen": Yw[:n_train],
+        "rejected": Yl[:n_train],
+    }
 
 
 @torch.no_grad()
 def log_ratios(policy, ref, ids: torch.Tensor, prompt_len: int) -> float:
     """The mean over the rows of ids of log policy(Y|X) - log ref(Y|X)."""
     m = rlhf.response_mask(ids, prompt_len)
-    return float((rlhf.sequence_logprob(policy, ids, m) - rlhf.sequence_logprob(ref, ids, m)).mean())
+    return float(
+        (rlhf.sequence_logprob(policy, ids, m) - rlhf.sequence_logprob(ref, ids, m)).mean()
+    )
 
 
 def _rounded(value):
-    """Floats to 4 decimals, inside dicts and lists too (the betas, 0.05 and the like, are unchanged).
+    """Floats to 4 decimals, inside dicts and lists too (the betas, 0.05 and the like, are
+    unchanged).
 
     >>> _rounded({"kl": [1.234567, 2.0], "seed": 5})
     {'kl': [1.2346, 2.0], 'seed': 5}
@@ -80,11 +107,18 @@ def _rounded(value):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
-    ap.add_argument("--rloo-betas", type=float, nargs="+", default=[0.1],
-                    help="the betas of the PPO runs with RLOO's baseline (--betas: with GRPO's)")
+    ap.add_argument(
+        "--rloo-betas",
+        type=float,
+        nargs="+",
+        default=[0.1],
+        help="the betas of the PPO runs with RLOO's baseline (--betas: with GRPO's)",
+    )
     ap.add_argument("--steps", type=int, default=18, help="PPO steps")
     ap.add_argument("--dpo-betas", type=float, nargs="+", default=[0.1])
     ap.add_argument("--dpo-steps", type=int, default=20)
@@ -106,42 +140,78 @@ def main() -> None:
         return rlhf.kl_to(policy, policy_sft, task.eval_prompts, Y_len, seed=1)
 
     def report(run: dict) -> None:
-        print(f"{run['method']} beta={run['beta']} seed={run['seed']}: " + ", ".join(
-            f"{k} {v:.3f}" for k, v in run.items() if isinstance(v, float) and k != "beta"), flush=True)
+        print(
+            f"{run['method']} beta={run['beta']} seed={run['seed']}: "
+            + ", ".join(
+                f"{k} {v:.3f}" for k, v in run.items() if isinstance(v, float) and k != "beta"
+            ),
+            flush=True,
+        )
 
     runs = []  # DPO first: its runs are the quickest
     chosen, rejected, P = s["chosen"], s["rejected"], task.prompt_len
     for beta in args.dpo_betas:
         for seed in args.seeds:
-            policy, losses = rlhf.dpo(policy_sft, chosen, rejected, P, beta=beta, steps=args.dpo_steps, seed=seed)
-            runs.append({
-                "method": "dpo", "beta": beta, "seed": seed,
-                "judged": judged(policy), "kl_eval": kl_eval(policy),
-                "logratio_chosen": log_ratios(policy, policy_sft, chosen, P),  # means over the training pairs
-                "logratio_rejected": log_ratios(policy, policy_sft, rejected, P),
-                "history": {"loss": losses},  # per DPO step
-            })
+            policy, losses = rlhf.dpo(
+                policy_sft, chosen, rejected, P, beta=beta, steps=args.dpo_steps, seed=seed
+            )
+            runs.append(
+                {
+                    "method": "dpo",
+                    "beta": beta,
+                    "seed": seed,
+                    "judged": judged(policy),
+                    "kl_eval": kl_eval(policy),
+                    "logratio_chosen": log_ratios(
+                        policy, policy_sft, chosen, P
+                    ),  # means over the training pairs
+                    "logratio_rejected": log_ratios(policy, policy_sft, rejected, P),
+                    "history": {"loss": losses},  # per DPO step
+                }
+            )
             report(runs[-1])
     for method, betas in (("grpo", args.betas), ("rloo", args.rloo_betas)):
         for beta in betas:
             for seed in args.seeds:
-                policy, hist = rlhf.ppo(policy_sft, s["rm"], task.train_prompts, Y_len, beta=beta, steps=args.steps,
-                                        seed=seed, judge=task.judged, advantage=method)
-                runs.append({
-                    "method": method, "beta": beta, "seed": seed,
-                    "judged": judged(policy), "kl_eval": kl_eval(policy),
-                    "kl_last5": sum(hist["kl"][-5:]) / 5,  # mean KL of the last 5 training batches
-                    "reward_last5": sum(hist["reward"][-5:]) / 5,
-                    "history": hist,  # per PPO step: judged score, reward and KL of the batch
-                })
+                policy, hist = rlhf.ppo(
+                    policy_sft,
+                    s["rm"],
+                    task.train_prompts,
+                    Y_len,
+                    beta=beta,
+                    steps=args.steps,
+                    seed=seed,
+                    judge=task.judged,
+                    advantage=method,
+                )
+                runs.append(
+                    {
+                        "method": method,
+                        "beta": beta,
+                        "seed": seed,
+                        "judged": judged(policy),
+                        "kl_eval": kl_eval(policy),
+                        "kl_last5": sum(hist["kl"][-5:])
+                        / 5,  # mean KL of the last 5 training batches
+                        "reward_last5": sum(hist["reward"][-5:]) / 5,
+                        "history": hist,  # per PPO step: judged score, reward and KL of the batch
+                    }
+                )
                 report(runs[-1])
     result = {
         "what": "chapters/09_rlhf.ipynb's ppo() per baseline, beta and seed, and its dpo() per beta and seed; "
-                "made by scripts/rlhf_sweep.py",
-        "steps": args.steps, "betas": args.betas, "rloo_betas": args.rloo_betas, "seeds": args.seeds,
-        "dpo_steps": args.dpo_steps, "dpo_betas": args.dpo_betas, "n_pairs": len(chosen),
-        "score_sft": judged(policy_sft), "n_eval_prompts": len(task.eval_prompts),
-        "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
+        "made by scripts/rlhf_sweep.py",
+        "steps": args.steps,
+        "betas": args.betas,
+        "rloo_betas": args.rloo_betas,
+        "seeds": args.seeds,
+        "dpo_steps": args.dpo_steps,
+        "dpo_betas": args.dpo_betas,
+        "n_pairs": len(chosen),
+        "score_sft": judged(policy_sft),
+        "n_eval_prompts": len(task.eval_prompts),
+        "torch": torch.__version__,
+        "seconds": round(time.time() - t0, 1),
         "runs": [_rounded(r) for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

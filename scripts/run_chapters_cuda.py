@@ -26,13 +26,21 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "test-artifacts" / "cuda-run")
     ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args()
-    print("CUDA available:", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+    print(
+        "CUDA available:",
+        torch.cuda.is_available(),
+        torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(path, as_version=4)
-        client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
+        client = NotebookClient(
+            nb,
+            timeout=args.timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+        )
         t0 = time.perf_counter()
         try:
             client.execute()

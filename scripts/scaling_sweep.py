@@ -27,7 +27,7 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.runtime import atomic_write, seed_everything
 from gptlib.scaling import non_embedding_parameters
 from gptlib.tokenizers import BPETokenizer
-from gptlib.trainer import Trainer, TrainConfig
+from gptlib.trainer import TrainConfig, Trainer
 from gptlib.training import make_windows, windows_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,11 +55,21 @@ def main() -> int:
     train_ids = torch.tensor(tok.encode(train_text))
     train = make_windows(train_ids, N_CTX, N_CTX // 2)
     val = make_windows(torch.tensor(tok.encode(val_text)), N_CTX, N_CTX)
-    tc = TrainConfig(steps=args.steps, batch_size=16, max_lr=3e-3, min_lr=3e-4, warmup=30, eval_every=args.steps, eval_batches=1)
+    tc = TrainConfig(
+        steps=args.steps,
+        batch_size=16,
+        max_lr=3e-3,
+        min_lr=3e-4,
+        warmup=30,
+        eval_every=args.steps,
+        eval_batches=1,
+    )
     runs = []
     for n_layers, d_model, n_heads in SIZES:
         seed_everything(0)
-        config = GPTConfig(d_vocab=tok.vocab_size, n_ctx=N_CTX, d_model=d_model, n_heads=n_heads, n_layers=n_layers)
+        config = GPTConfig(
+            d_vocab=tok.vocab_size, n_ctx=N_CTX, d_model=d_model, n_heads=n_heads, n_layers=n_layers
+        )
         model = GPT(config)
         t0 = time.perf_counter()
         hist = Trainer(model, train, None, tc).run()
@@ -82,7 +92,9 @@ def main() -> int:
         "script": "scripts/scaling_sweep.py",
         "d_vocab": tok.vocab_size,
         "n_ctx": N_CTX,
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()},
+        "train_config": {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in tc.__dict__.items()
+        },
         "train_tokens": len(train_ids),
         "val_windows": len(val[0]),
         "threads": args.threads,

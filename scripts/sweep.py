@@ -1,10 +1,12 @@
-"""The small measured sweep behind the shipped model's config: size, context, vocabulary, data budget.
+"""The small measured sweep behind the shipped model's config: size, context, vocabulary, data
+budget.
 
     python scripts/sweep.py [--runs base,v1024,...] [--out models/english/sweep.json] [--threads 1]
 
 Each run trains from the same seed on the Brown training split (the tokenizer too is trained on the
 training split only) and is scored on the whole validation split, in nats per token and in bits per
-byte, so runs with different vocabularies compare. Every run of the first round changes one thing from ``base``; the second round (``long-*``) trains
+byte, so runs with different vocabularies compare. Every run of the first round changes one thing
+from ``base``; the second round (``long-*``) trains
 the leaders six times longer.
 Results are merged into --out by run name (two processes may run disjoint --runs into two files).
 Timings depend on the machine's load; compare the losses, and time only within one process
@@ -32,8 +34,18 @@ from gptlib.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BASE = PRESETS["cpu"].but(d_vocab=2048, d_model=128, dropout=0.0, batch_size=16, steps=200, max_lr=3e-3, min_lr=3e-4,
-                          warmup=20, eval_every=50, eval_batches=8)
+BASE = PRESETS["cpu"].but(
+    d_vocab=2048,
+    d_model=128,
+    dropout=0.0,
+    batch_size=16,
+    steps=200,
+    max_lr=3e-3,
+    min_lr=3e-4,
+    warmup=20,
+    eval_every=50,
+    eval_batches=8,
+)
 RUNS: dict[str, RunConfig] = {
     "base": BASE,
     # vocabulary
@@ -52,12 +64,14 @@ RUNS: dict[str, RunConfig] = {
 # Second round, 6x the tokens: the leaders of the first round, where their differences are larger
 # than those of the first few hundred steps.
 LONG = BASE.but(steps=1200, warmup=50, eval_every=100)
-RUNS.update({
-    "long-base": LONG,
-    "long-v4096": LONG.but(d_vocab=4096),
-    "long-v4096-d192": LONG.but(d_vocab=4096, d_model=192),
-    "long-v4096-L6": LONG.but(d_vocab=4096, n_layers=6),
-})
+RUNS.update(
+    {
+        "long-base": LONG,
+        "long-v4096": LONG.but(d_vocab=4096),
+        "long-v4096-d192": LONG.but(d_vocab=4096, d_model=192),
+        "long-v4096-L6": LONG.but(d_vocab=4096, n_layers=6),
+    }
+)
 
 # Third axis: speed. At a fixed wall-clock budget the tokens a size can see depend on how well its
 # matrix products fill the CPU; measured on random tokens at the shipped preset's batch and context.
@@ -71,32 +85,58 @@ def throughput(rc: RunConfig, sizes=SPEED_SIZES, rounds: int = 3, steps: int = 4
     for d in sizes:
         r = rc.but(d_model=d)
         torch.manual_seed(0)
-        data = torch.randint(0, r.model.d_vocab, (1024, r.model.n_ctx + 1), generator=torch.Generator().manual_seed(1))
+        data = torch.randint(
+            0,
+            r.model.d_vocab,
+            (1024, r.model.n_ctx + 1),
+            generator=torch.Generator().manual_seed(1),
+        )
         trainers[d] = (r, Trainer(GPT(r.model), (data[:, :-1], data[:, 1:]), None, r.train))
         trainers[d][1].run(1)  # warm-up
     rates = []
-    times = alternating_rounds({d: (lambda t=t: t.run(steps)) for d, (_, t) in trainers.items()}, rounds, warmup=0,
-                               per_call=steps,
-                               after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)))
+    times = alternating_rounds(
+        {d: (lambda t=t: t.run(steps)) for d, (_, t) in trainers.items()},
+        rounds,
+        warmup=0,
+        per_call=steps,
+        after_round=lambda: rates.append(matmul_flops_per_s(1024, repeats=3, products=8)),
+    )
     rate = statistics.median(rates)
     for d in sizes:
         r, trainer = trainers[d]
         t = statistics.median(times[d])
         tokens = r.train.batch_size * r.model.n_ctx
-        out[f"d{d}"] = {"d_model": d, "parameters": trainer.model.num_parameters(), "tokens_per_s": round(tokens / t),
-                        "tokens_per_hour_M": round(3600 * tokens / t / 1e6, 1),
-                        "mfu_vs_matmul": round(training_flops(r.model, tokens) / t / rate, 3)}
-    return {"threads": torch.get_num_threads(), "matmul_gflops": round(rate / 1e9, 1),
-            "batch_size": rc.train.batch_size, "n_ctx": rc.model.n_ctx, "n_layers": rc.model.n_layers,
-            "d_vocab": rc.model.d_vocab, "dropout": rc.model.dropout, "sizes": out}
+        out[f"d{d}"] = {
+            "d_model": d,
+            "parameters": trainer.model.num_parameters(),
+            "tokens_per_s": round(tokens / t),
+            "tokens_per_hour_M": round(3600 * tokens / t / 1e6, 1),
+            "mfu_vs_matmul": round(training_flops(r.model, tokens) / t / rate, 3),
+        }
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_gflops": round(rate / 1e9, 1),
+        "batch_size": rc.train.batch_size,
+        "n_ctx": rc.model.n_ctx,
+        "n_layers": rc.model.n_layers,
+        "d_vocab": rc.model.d_vocab,
+        "dropout": rc.model.dropout,
+        "sizes": out,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated names from {list(RUNS)}")
+    ap.add_argument(
+        "--runs", default=",".join(RUNS), help=f"comma-separated names from {list(RUNS)}"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "english" / "sweep.json")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--throughput", action="store_true", help="measure only the speed of each size (SPEED_SIZES)")
+    ap.add_argument(
+        "--throughput",
+        action="store_true",
+        help="measure only the speed of each size (SPEED_SIZES)",
+    )
     args = ap.parse_args()
     if args.throughput:
         torch.set_num_threads(args.threads)
@@ -138,9 +178,14 @@ def main() -> int:
         results["runs"] = dict(sorted(results["runs"].items()))
         atomic_write(args.out, json.dumps(results, indent=1) + "\n")
         x = results["runs"][name]
-        print(f"{name:<9} params {x['parameters']:>9,}  tokens {x['tokens_seen']:>9,}  val {x['val_nats_per_token']:.3f} nats/token "
-              f"{x['val_bits_per_byte']:.3f} bits/byte  train {x['train_bits_per_byte']:.3f} bits/byte  "
-              f"{x['tokens_per_s']:,} tokens/s  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"{name:<9} params {x['parameters']:>9,}  tokens {x['tokens_seen']:>9,}  val "
+            f"{x['val_nats_per_token']:.3f} nats/token "
+            f"{x['val_bits_per_byte']:.3f} bits/byte  train {x['train_bits_per_byte']:.3f} "
+            "bits/byte  "
+            f"{x['tokens_per_s']:,} tokens/s  ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     return 0
 
 

@@ -27,9 +27,18 @@ def load_module(path: Path):
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -40,7 +49,9 @@ class _Quiet(SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory: Path):
     """Serve ``directory`` on a free local port; yields its base address (no trailing slash)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory)))
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

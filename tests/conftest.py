@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from browser_support import CHROMIUM, CHROMIUM_ARGS, HTML, serve
 
 _SUMMARIES = pytest.StashKey[list]()
@@ -18,9 +17,11 @@ def pytest_report_header(config):
     import torch
 
     return [
-        f"gptlib book: torch {torch.__version__}, CUDA {'available' if torch.cuda.is_available() else 'not available'}",
+        f"gptlib book: torch {torch.__version__}, CUDA "
+        f"{'available' if torch.cuda.is_available() else 'not available'}",
         f"browser test: {CHROMIUM} {'present' if Path(CHROMIUM).exists() else 'missing'}, "
-        f"built book {HTML} {'present' if (HTML / 'index.html').is_file() else 'missing (run `make book`)'}",
+        f"built book {HTML} "
+        f"{'present' if (HTML / 'index.html').is_file() else 'missing (run `make book`)'}",
     ]
 
 
@@ -85,7 +86,10 @@ def gpt2():
     from gptlib.tokenizers import gpt2_tokenizer
 
     if not (cache_dir() / ASSETS["gpt2-ranks"].filename).is_file():
-        pytest.skip("GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test does)")
+        pytest.skip(
+            "GPT-2 ranks not fetched: run `python -m gptlib.assets fetch gpt2-ranks` (make test "
+            "does)"
+        )
     return gpt2_tokenizer()
 
 
@@ -99,8 +103,12 @@ def r50k(gpt2):
     from gptlib.tokenizers import GPT2_SPLIT_PATTERN
 
     ranks = tiktoken.load.load_tiktoken_bpe(str(asset_path("gpt2-ranks")))
-    return tiktoken.Encoding("r50k-local", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256})
+    return tiktoken.Encoding(
+        "r50k-local",
+        pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 50256},
+    )
 
 
 @pytest.fixture(scope="session")

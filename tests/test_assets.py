@@ -9,8 +9,16 @@ from gptlib.assets import ASSETS, Asset, asset_path, sha256_file
 
 
 def _asset(**changes) -> Asset:
-    fields = dict(filename="f.bin", registry="pypi", package="x==1.0", archive="sdist", member="f.bin",
-                  sha256="0" * 64, licence="MIT", about="a test file")
+    fields = dict(
+        filename="f.bin",
+        registry="pypi",
+        package="x==1.0",
+        archive="sdist",
+        member="f.bin",
+        sha256="0" * 64,
+        licence="MIT",
+        about="a test file",
+    )
     return Asset(**{**fields, **changes})
 
 
@@ -48,4 +56,7 @@ def test_asset_path_refuses_a_file_with_another_digest(tmp_path, monkeypatch):
     (tmp_path / ASSETS["gpt2-ranks"].filename).write_bytes(b"not the ranks")
     with pytest.raises(ValueError, match="has sha256 .* expected"):
         asset_path("gpt2-ranks")
-    assert sha256_file(tmp_path / ASSETS["gpt2-ranks"].filename) == hashlib.sha256(b"not the ranks").hexdigest()
+    assert (
+        sha256_file(tmp_path / ASSETS["gpt2-ranks"].filename)
+        == hashlib.sha256(b"not the ranks").hexdigest()
+    )

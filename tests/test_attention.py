@@ -45,7 +45,12 @@ def test_causal_mask_shapes_and_offset():
 def test_attention_function_matches_sdpa():
     q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
     out, pattern = attention(q, k, v, causal_mask(5))
-    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        out,
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 3, 5))
     with pytest.raises(ValueError, match="d_head"):
         attention(q, k[..., :3], v)
@@ -98,7 +103,11 @@ def test_kv_cache_equals_full_pass():
     with torch.no_grad():
         full = mha(X)
         cache = KVCache(1)
-        parts = [mha(X[:, :3], cache=cache), mha(X[:, 3:4], cache=cache), mha(X[:, 4:], cache=cache)]
+        parts = [
+            mha(X[:, :3], cache=cache),
+            mha(X[:, 3:4], cache=cache),
+            mha(X[:, 4:], cache=cache),
+        ]
         assert len(cache) == 10
         torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-6, rtol=1e-5)
         cache = KVCache(1)
@@ -144,7 +153,8 @@ def test_attention_bad_dims_name_the_argument():
 
 
 def test_uniform_pattern_gives_running_mean():
-    # W_Q = 0: every score is 0, so row t averages rows 0..t; with W_V W_O = I the layer outputs them.
+    # W_Q = 0: every score is 0, so row t averages rows 0..t; with W_V W_O = I the layer
+    # outputs them.
     mha = MultiHeadAttention(4, 1, bias=False)
     with torch.no_grad():
         mha.W_Q.zero_()
@@ -154,18 +164,26 @@ def test_uniform_pattern_gives_running_mean():
         out, pattern = run_with_pattern(mha, X)
     expected = torch.tensor([[0.0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]])
     torch.testing.assert_close(out[0], expected)
-    torch.testing.assert_close(pattern[0, 0], torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]]))
+    torch.testing.assert_close(
+        pattern[0, 0], torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]])
+    )
     torch.testing.assert_close(mha(X), out)
 
 
 def test_head_pattern_known_values_and_bilinear_form():
     X = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     A = head_pattern(X, torch.eye(2), d_head=1)
-    torch.testing.assert_close(A, torch.tensor([[1.0, 0.0], [1 / (1 + math.e), math.e / (1 + math.e)]]))
+    torch.testing.assert_close(
+        A, torch.tensor([[1.0, 0.0], [1 / (1 + math.e), math.e / (1 + math.e)]])
+    )
     torch.manual_seed(3)
     X, W_QK = torch.randn(5, 6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
-    scores = torch.tensor([[float(X[i] @ W_QK @ X[j]) for j in range(5)] for i in range(5)], dtype=torch.float64)
-    torch.testing.assert_close(head_pattern(X, W_QK, 4, causal=False), torch.softmax(scores / 2, dim=-1))
+    scores = torch.tensor(
+        [[float(X[i] @ W_QK @ X[j]) for j in range(5)] for i in range(5)], dtype=torch.float64
+    )
+    torch.testing.assert_close(
+        head_pattern(X, W_QK, 4, causal=False), torch.softmax(scores / 2, dim=-1)
+    )
     assert head_pattern(X, W_QK, 4).dtype == torch.float64
 
 
@@ -189,7 +207,9 @@ def test_fixed_pattern_heads_compose_with_residual_terms():
     X = torch.randn(T, d, dtype=torch.float64)
     W1, W2 = torch.randn(d, d, dtype=torch.float64), torch.randn(d, d, dtype=torch.float64)
     A1, A2 = (softmax(torch.randn(T, T, dtype=torch.float64) + causal_mask(T)) for _ in range(2))
-    Y = X + head_output(X, W1, W1, 1, pattern=A1)[0]  # residual layer 1 (W_QK unused: pattern fixed)
+    Y = (
+        X + head_output(X, W1, W1, 1, pattern=A1)[0]
+    )  # residual layer 1 (W_QK unused: pattern fixed)
     Z = Y + head_output(Y, W2, W2, 1, pattern=A2)[0]  # residual layer 2
     expanded = X + A1 @ X @ W1 + A2 @ X @ W2 + (A2 @ A1) @ X @ (W1 @ W2)
     torch.testing.assert_close(Z, expanded)
@@ -223,7 +243,12 @@ def test_readable_path_with_cache_equals_fast_path_float64():
             out, pattern = run_with_pattern(mha, X[:, t : t + 1], cache)
             assert pattern.shape == (2, 2, 1, t + 1)
             steps.append(out)
-        assert len(cache) == 0 and cache.k[1].shape == (2, 2, 7, 4)  # layer 0 untouched, layer 1 filled
+        assert len(cache) == 0 and cache.k[1].shape == (
+            2,
+            2,
+            7,
+            4,
+        )  # layer 0 untouched, layer 1 filled
     torch.testing.assert_close(torch.cat(steps, 1), full)
 
 
@@ -322,7 +347,13 @@ def test_kv_cache_without_capacity_grows_and_refuses_mismatches():
 
 
 def test_switches_must_be_bools_and_the_layer_an_int():
-    for kw in (dict(bias=1), dict(causal="yes"), dict(fused=None), dict(layer=True), dict(layer=1.0)):
+    for kw in (
+        dict(bias=1),
+        dict(causal="yes"),
+        dict(fused=None),
+        dict(layer=True),
+        dict(layer=1.0),
+    ):
         with pytest.raises(ValueError, match=next(iter(kw))):
             MultiHeadAttention(8, 2, **kw)
     with pytest.raises(ValueError, match="layer"):

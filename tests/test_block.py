@@ -5,14 +5,15 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
+from gptlib.hf import from_hf
 from gptlib.hooks import capture_patterns
 from gptlib.mlp import ACTIVATIONS, gelu_tanh
-from gptlib.hf import from_hf
 from gptlib.model import GPTConfig
 
 
 def cfg(d_model=16, n_heads=4, d_mlp=64, **kw):
-    """A block's configuration (the vocabulary, context and depth of GPTConfig do not enter a block)."""
+    """A block's configuration (the vocabulary, context and depth of GPTConfig do not enter a
+    block)."""
     return GPTConfig(d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, **kw)
 
 
@@ -22,8 +23,13 @@ def test_layer_norm_formula_and_peer():
     peer = torch.nn.functional.layer_norm(x, (8,), w, b, 1e-5)
     torch.testing.assert_close(layer_norm(x, w, b), peer)
     ln = LayerNorm(8).double()
-    torch.testing.assert_close(ln(x), layer_norm(x, torch.ones(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)))
-    assert layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), None, eps=0.0).tolist() == [[-1.0, 1.0]]
+    torch.testing.assert_close(
+        ln(x),
+        layer_norm(x, torch.ones(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)),
+    )
+    assert layer_norm(torch.tensor([[1.0, 3.0]]), torch.ones(2), None, eps=0.0).tolist() == [
+        [-1.0, 1.0]
+    ]
 
 
 def test_layer_norm_errors():
@@ -70,8 +76,17 @@ def test_block_dropout_only_in_training():
 
 def test_block_matches_hf_gpt2_block():
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4,
-                                    bos_token_id=0, eos_token_id=0)).eval()
+    hf = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=50,
+            n_positions=16,
+            n_embd=32,
+            n_layer=1,
+            n_head=4,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    ).eval()
     ours = from_hf(hf).eval()
     x = torch.randn(2, 7, 32)
     with torch.no_grad():

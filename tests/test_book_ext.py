@@ -4,7 +4,8 @@ widgets' code put into the pages.
 A small book is built here with Sphinx, MyST-NB, book_ext/book_equations.py and
 book_ext/widget_code.py: a chapter notebook and a Markdown page that label equations
 (``$$ ... $$ (label)``) and cite them with ``{eq}``, on the page and across pages; the notebook
-shows a widget whose stored state holds its data only. The built book itself is checked too, in the browser stage of
+shows a widget whose stored state holds its data only. The built book itself is checked too, in the
+browser stage of
 ``make test`` (marked ``browser``: it runs just after ``make book``, never on a stale build).
 """
 
@@ -33,7 +34,9 @@ def eq_numbers(html: str) -> list[str]:
 
 def eq_links(html: str) -> list[tuple[str, str]]:
     """Every equation reference of a built page: (the target's anchor, the text shown)."""
-    return re.findall(r'<a class="reference internal" href="[^"]*#(equation-[^"]+)">\(([^)<]*)\)</a>', html)
+    return re.findall(
+        r'<a class="reference internal" href="[^"]*#(equation-[^"]+)">\(([^)<]*)\)</a>', html
+    )
 
 
 def test_doctests():
@@ -50,9 +53,15 @@ def test_chapter_of_reads_the_page_name():
 def test_renumber_keeps_page_order_and_prefixes_the_chapter():
     sphinx_numbers = {"equation-c": (14,), "equation-a": (12,), "equation-b": (13,)}  # global count
     assert renumber("chapters/07_sampling", sphinx_numbers) == {
-        "equation-a": (7, 1), "equation-b": (7, 2), "equation-c": (7, 3)}
+        "equation-a": (7, 1),
+        "equation-b": (7, 2),
+        "equation-c": (7, 3),
+    }
     assert renumber("chapters/notation", sphinx_numbers) == {
-        "equation-a": (1,), "equation-b": (2,), "equation-c": (3,)}
+        "equation-a": (1,),
+        "equation-b": (2,),
+        "equation-c": (3,),
+    }
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -65,7 +74,9 @@ def _bpe_state() -> dict:
 
     state = BPEMergeView([list("ab"), ["ab"]], ["'a' + 'b' -> 'ab'"]).get_state()
     state.pop("layout")  # a reference to another model
-    return json.loads(json.dumps({k: v for k, v in state.items() if k not in CODE_TRAITS}))  # as JSON stores it
+    return json.loads(
+        json.dumps({k: v for k, v in state.items() if k not in CODE_TRAITS})
+    )  # as JSON stores it
 
 
 def _markdown_cell(text: str):
@@ -81,28 +92,64 @@ def small_book(tmp_path_factory):
     src = tmp_path_factory.mktemp("book")
     (src / "chapters").mkdir()
     (src / "index.md").write_text(
-        "# A small book\n\n```{toctree}\nchapters/03_mlp\nchapters/notation\n```\n", encoding="utf-8")
-    nb = nbformat.v4.new_notebook(metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"}})
+        "# A small book\n\n```{toctree}\nchapters/03_mlp\nchapters/notation\n```\n",
+        encoding="utf-8",
+    )
+    nb = nbformat.v4.new_notebook(
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+        }
+    )
     nb.cells = [
         _markdown_cell("# 3. An MLP\n\nSome prose first.\n\n$$\ny = x W + b\n$$ (mlp-affine)\n"),
         nbformat.v4.new_code_cell("x = 1", outputs=[]),
-        _markdown_cell("Then\n\n$$\nz = g(y)\n$$ (mlp-activation)\n\nwith $y$ from {eq}`mlp-affine`, "
-                       "and the notation page's {eq}`notation-softmax`.\n"),
-        nbformat.v4.new_code_cell("view", outputs=[nbformat.v4.new_output(
-            "display_data", {"text/plain": "BPEMergeView(...)", WIDGET_VIEW: {
-                "model_id": WIDGET_MODEL, "version_major": 2, "version_minor": 0}})]),
-        _markdown_cell("* Two aligned lines, one number:\n\n  $$\n  \\begin{aligned}\n  a &= b \\\\\n"
-                       "  c &= d\n  \\end{aligned}\n  $$ (mlp-aligned)\n\n* and {eq}`mlp-aligned`.\n"),
+        _markdown_cell(
+            "Then\n\n$$\nz = g(y)\n$$ (mlp-activation)\n\nwith $y$ from {eq}`mlp-affine`, "
+            "and the notation page's {eq}`notation-softmax`.\n"
+        ),
+        nbformat.v4.new_code_cell(
+            "view",
+            outputs=[
+                nbformat.v4.new_output(
+                    "display_data",
+                    {
+                        "text/plain": "BPEMergeView(...)",
+                        WIDGET_VIEW: {
+                            "model_id": WIDGET_MODEL,
+                            "version_major": 2,
+                            "version_minor": 0,
+                        },
+                    },
+                )
+            ],
+        ),
+        _markdown_cell(
+            "* Two aligned lines, one number:\n\n  $$\n  \\begin{aligned}\n  a &= b \\\\\n"
+            "  c &= d\n  \\end{aligned}\n  $$ (mlp-aligned)\n\n* and {eq}`mlp-aligned`.\n"
+        ),
     ]
-    nb.metadata["widgets"] = {WIDGET_STATE: {"version_major": 2, "version_minor": 0, "state": {WIDGET_MODEL: {
-        "model_module": "anywidget", "model_module_version": "~0.11.*", "model_name": "AnyModel",
-        "state": _bpe_state()}}}}
+    nb.metadata["widgets"] = {
+        WIDGET_STATE: {
+            "version_major": 2,
+            "version_minor": 0,
+            "state": {
+                WIDGET_MODEL: {
+                    "model_module": "anywidget",
+                    "model_module_version": "~0.11.*",
+                    "model_name": "AnyModel",
+                    "state": _bpe_state(),
+                }
+            },
+        }
+    }
     nbformat.write(nb, src / "chapters" / "03_mlp.ipynb")
     (src / "chapters" / "notation.md").write_text(
-        "# Notation\n\n$$\n\\operatorname{softmax}(y)_v = e^{y_v} / \\sum_u e^{y_u}\n$$ (notation-softmax)\n\n"
-        "Cited: {eq}`notation-softmax` here, {eq}`mlp-activation` in Chapter 3.\n", encoding="utf-8")
+        "# Notation\n\n$$\n\\operatorname{softmax}(y)_v = e^{y_v} / \\sum_u e^{y_u}\n$$ "
+        "(notation-softmax)\n\n"
+        "Cited: {eq}`notation-softmax` here, {eq}`mlp-activation` in Chapter 3.\n",
+        encoding="utf-8",
+    )
     out = src / "_build"
     conf = {
         "extensions": ["myst_nb", "book_equations", "widget_code"],
@@ -113,11 +160,23 @@ def small_book(tmp_path_factory):
         "math_numsep": ".",
         "html_theme": "basic",
     }
-    app = Sphinx(str(src), None, str(out), str(out / ".doctrees"), "html", confoverrides=conf,
-                 status=None, warning=None, freshenv=True, warningiserror=True)
+    app = Sphinx(
+        str(src),
+        None,
+        str(out),
+        str(out / ".doctrees"),
+        "html",
+        confoverrides=conf,
+        status=None,
+        warning=None,
+        freshenv=True,
+        warningiserror=True,
+    )
     app.build(force_all=True)
-    return {name: (out / "chapters" / f"{name}.html").read_text(encoding="utf-8")
-            for name in ("03_mlp", "notation")}
+    return {
+        name: (out / "chapters" / f"{name}.html").read_text(encoding="utf-8")
+        for name in ("03_mlp", "notation")
+    }
 
 
 def test_chapter_equations_are_numbered_after_the_chapter(small_book):
@@ -125,9 +184,15 @@ def test_chapter_equations_are_numbered_after_the_chapter(small_book):
     assert eq_numbers(chapter) == ["3.1", "3.2", "3.3"]
     assert eq_numbers(notation) == ["1"]  # not a chapter: its own count
     # references are links that show the same numbers, on the page and across pages
-    assert eq_links(chapter) == [("equation-mlp-affine", "3.1"), ("equation-notation-softmax", "1"),
-                                 ("equation-mlp-aligned", "3.3")]
-    assert eq_links(notation) == [("equation-notation-softmax", "1"), ("equation-mlp-activation", "3.2")]
+    assert eq_links(chapter) == [
+        ("equation-mlp-affine", "3.1"),
+        ("equation-notation-softmax", "1"),
+        ("equation-mlp-aligned", "3.3"),
+    ]
+    assert eq_links(notation) == [
+        ("equation-notation-softmax", "1"),
+        ("equation-mlp-activation", "3.2"),
+    ]
 
 
 def test_the_page_gets_the_widgets_current_code(small_book):
@@ -135,8 +200,11 @@ def test_the_page_gets_the_widgets_current_code(small_book):
     widget class sends today (bundle and stylesheet)."""
     from gptlib.widgets import BPEMergeView
 
-    found = re.findall(r'<script type="application/vnd.jupyter.widget-state\+json">(.*?)</script>',
-                       small_book["03_mlp"], re.S)
+    found = re.findall(
+        r'<script type="application/vnd.jupyter.widget-state\+json">(.*?)</script>',
+        small_book["03_mlp"],
+        re.S,
+    )
     assert len(found) == 1
     state = json.loads(found[0])["state"][WIDGET_MODEL]["state"]
     assert state["_esm"] == BPEMergeView._esm and state["_css"] == BPEMergeView._css

@@ -1,11 +1,13 @@
 """The built HTML book in a real browser: widgets live without a kernel, maths rendered, no CDN.
 
 Needs `make book` first (`make test` runs it) and Debian's Chromium at /usr/bin/chromium, driven
-by Playwright (the fixtures ``site`` and ``browser`` are in conftest.py). Screenshots go to test-artifacts/. GPTLIB_BOOK_HTML points the test at another
+by Playwright (the fixtures ``site`` and ``browser`` are in conftest.py). Screenshots go to
+test-artifacts/. GPTLIB_BOOK_HTML points the test at another
 built book (default: _build/html). A chapter whose page is not in the book is skipped, by name.
 
 Besides the chapters, one page is made here, served beside the built book and loading only the
-book's own scripts: both widgets on the shipped English model (models/english), so that every interaction
+book's own scripts: both widgets on the shipped English model (models/english), so that every
+interaction
 is tested on a trained model whatever the chapters show.
 """
 
@@ -38,19 +40,26 @@ class Page:
         self.page = browser.new_page(viewport={"width": 1200, "height": 900})
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
-        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"))
+        self.page.on(
+            "response",
+            lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"),
+        )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(url or f"{site}/chapters/{chapter}.html", wait_until="networkidle")
 
     def check_offline(self):
-        hosts = {urlparse(u).hostname for u in self.requests if urlparse(u).scheme in ("http", "https")}
+        hosts = {
+            urlparse(u).hostname for u in self.requests if urlparse(u).scheme in ("http", "https")
+        }
         assert hosts <= {"127.0.0.1"}, f"requests left the machine: {sorted(hosts)}"
         assert not self.failed, f"failed requests: {self.failed}"
         assert not self.errors, f"script errors: {self.errors}"
 
     def check_maths(self):
         """MathJax (served from the book itself) has typeset every formula: none is left raw."""
-        self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
+        self.page.wait_for_function(
+            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
+        )
         self.page.evaluate("() => MathJax.startup.promise")
         raw = self.page.evaluate(
             """() => [...document.querySelectorAll('article .math')]
@@ -71,10 +80,15 @@ def test_every_chapter_is_in_the_toc():
     """`only_build_toc_files` leaves a chapter missing from _toc.yml silently out of the book."""
     toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\s*(?:-\s*)?(?:file|root):\s*(\S+)\s*$", toc, re.M))
-    pages = {p.with_suffix("").relative_to(ROOT).as_posix()
-             for p in (ROOT / "chapters").iterdir() if p.suffix in (".ipynb", ".md")}
+    pages = {
+        p.with_suffix("").relative_to(ROOT).as_posix()
+        for p in (ROOT / "chapters").iterdir()
+        if p.suffix in (".ipynb", ".md")
+    }
     assert pages - listed == set(), f"chapters missing from _toc.yml: {sorted(pages - listed)}"
-    assert listed - pages == set(), f"_toc.yml lists files that do not exist: {sorted(listed - pages)}"
+    assert listed - pages == set(), (
+        f"_toc.yml lists files that do not exist: {sorted(listed - pages)}"
+    )
 
 
 @browser_test
@@ -137,10 +151,17 @@ def check_attention_view(root) -> list[str]:
     """Every interaction of the attention view: thumbnails and their scores, click to enlarge,
     the colour legend, the head selector, hover on a query row and on a token of the text.
     Returns the names of the scores shown."""
-    from gptlib.circuits import first_token_score, induction_pairs, induction_score, previous_token_score
+    from gptlib.circuits import (
+        first_token_score,
+        induction_pairs,
+        induction_score,
+        previous_token_score,
+    )
 
     root.wait_for(timeout=20_000)
-    tokens = [t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()]
+    tokens = [
+        t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()
+    ]
     repeats = bool(induction_pairs(tokens))
     layers = root.locator(".gptlib-attn-layer option").count()
     heads = root.locator(".gptlib-attn-head option").count()
@@ -158,18 +179,28 @@ def check_attention_view(root) -> list[str]:
     l, h = int(last.get_attribute("data-layer")), int(last.get_attribute("data-head"))
     before = root.get_attribute("data-view")
     last.click()
-    assert root.get_attribute("data-view").startswith(f"{l}/{h}:") and root.get_attribute("data-view") != before
-    assert "selected" in last.get_attribute("class") and root.locator(".gptlib-attn-thumb.selected").count() == 1
+    assert (
+        root.get_attribute("data-view").startswith(f"{l}/{h}:")
+        and root.get_attribute("data-view") != before
+    )
+    assert (
+        "selected" in last.get_attribute("class")
+        and root.locator(".gptlib-attn-thumb.selected").count() == 1
+    )
     A = torch.tensor(json.loads(root.get_attribute("data-pattern")), dtype=torch.float64)
     want = {"previous token": previous_token_score(A), "first token": first_token_score(A)}
     if repeats:
         want["induction"] = induction_score(A, tokens)
-    shown = {e.get_attribute("data-name"): float(e.get_attribute("data-value"))
-             for e in last.locator(".gptlib-attn-score").all()}
+    shown = {
+        e.get_attribute("data-name"): float(e.get_attribute("data-value"))
+        for e in last.locator(".gptlib-attn-score").all()
+    }
     assert shown.keys() == want.keys()
     for name, value in want.items():
         assert abs(shown[name] - float(value)) <= 1e-3 + 1e-9, (name, shown[name], float(value))
-    assert all(f"{name} score" in root.locator(".gptlib-attn-current").text_content() for name in names)
+    assert all(
+        f"{name} score" in root.locator(".gptlib-attn-current").text_content() for name in names
+    )
     # the selector still works and moves the selection
     root.locator(".gptlib-attn-head").select_option("0")
     root.locator(".gptlib-attn-layer").select_option("0")
@@ -189,7 +220,7 @@ def check_attention_view(root) -> list[str]:
     words.nth(i).hover()
     assert root.get_attribute("data-focus") == str(i)
     colours = [w.evaluate("e => e.style.background") for w in words.all()]
-    assert colours[: i + 1] == [_rgb(a) for a in A[i][: i + 1]] and not any(colours[i + 1:])
+    assert colours[: i + 1] == [_rgb(a) for a in A[i][: i + 1]] and not any(colours[i + 1 :])
     assert "gptlib-attn-hot" in words.nth(i).get_attribute("class")
     assert root.locator(".gptlib-attn-focus").text_content().startswith("query ")
     return names
@@ -220,7 +251,11 @@ def _python_probs(logits, settings, rest_logz=None):
     largest logit): top-k keeps only stored tokens; top-p keeps the others' mass up to p.
     Returns (probabilities of the stored tokens, mass kept of the others)."""
     y = torch.tensor(logits, dtype=torch.float64)
-    T, k, p = settings["temperature"], settings["top_k"] or None, settings["top_p"] if settings["top_p"] < 1 else None
+    T, k, p = (
+        settings["temperature"],
+        settings["top_k"] or None,
+        settings["top_p"] if settings["top_p"] < 1 else None,
+    )
     if rest_logz is None or T == 0:
         return next_token_probs(y, temperature=T, top_k=k, top_p=p), 0.0
     w = torch.exp((y - y.max()) / T)
@@ -254,7 +289,11 @@ def check_sampling_distribution(root, checked: list):
     logits = json.loads(root.get_attribute("data-logits"))
     probs = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
     settings = json.loads(root.get_attribute("data-settings"))
-    rest_logz = float(root.get_attribute("data-rest-logz")) if root.get_attribute("data-rest-logz") else None
+    rest_logz = (
+        float(root.get_attribute("data-rest-logz"))
+        if root.get_attribute("data-rest-logz")
+        else None
+    )
     want, rest = _python_probs(logits, settings, rest_logz)
     torch.testing.assert_close(probs, want, atol=1e-5, rtol=0, msg=lambda m: f"at {settings}: {m}")
     assert float(root.get_attribute("data-rest")) == pytest.approx(rest, abs=1e-5)
@@ -264,16 +303,29 @@ def check_sampling_distribution(root, checked: list):
     assert n >= 1 and root.locator(".gptlib-samp-ghost").count() == n
     shown = order[:n]
     assert _widths(root, "gptlib-samp-bar") == pytest.approx((W * probs[shown]).tolist(), abs=0.01)
-    rest1 = float(root.get_attribute("data-rest-logz1")) if root.get_attribute("data-rest-logz1") else None
-    ghost, _ = _python_probs(logits, {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, rest1)  # temperature 1, nothing cut
-    assert _widths(root, "gptlib-samp-ghost") == pytest.approx((W * ghost[shown]).tolist(), abs=0.01)
+    rest1 = (
+        float(root.get_attribute("data-rest-logz1"))
+        if root.get_attribute("data-rest-logz1")
+        else None
+    )
+    ghost, _ = _python_probs(
+        logits, {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, rest1
+    )  # temperature 1, nothing cut
+    assert _widths(root, "gptlib-samp-ghost") == pytest.approx(
+        (W * ghost[shown]).tolist(), abs=0.01
+    )
     q, _ = _python_probs(logits, settings | {"top_p": 1.0}, rest_logz)
     cum = torch.cumsum(q[order], 0)[:n]
-    xs = [float(pt.split(",")[0]) for pt in root.locator(".gptlib-samp-cum").get_attribute("points").split()]
+    xs = [
+        float(pt.split(",")[0])
+        for pt in root.locator(".gptlib-samp-cum").get_attribute("points").split()
+    ]
     assert xs == pytest.approx((X0 + W * cum).tolist(), abs=0.01), "the cumulative mass line"
     pline = root.locator(".gptlib-samp-pline")
     if settings["top_p"] < 1:
-        assert float(pline.get_attribute("x1")) == pytest.approx(X0 + W * settings["top_p"], abs=0.01)
+        assert float(pline.get_attribute("x1")) == pytest.approx(
+            X0 + W * settings["top_p"], abs=0.01
+        )
     else:
         assert pline.count() == 0
     checked.append(settings)
@@ -307,7 +359,10 @@ def check_sample_step(root, tree_root: dict | None = None) -> int:
             node = node["next"][str(t)]
         child = node["next"].get(str(after[-1]))
         if child is None:
-            assert root.get_attribute("data-stuck") == "1" and root.locator(".gptlib-samp-step").is_disabled()
+            assert (
+                root.get_attribute("data-stuck") == "1"
+                and root.locator(".gptlib-samp-step").is_disabled()
+            )
             assert "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
         else:
             assert root.get_attribute("data-stuck") == "0"
@@ -331,15 +386,21 @@ def test_sampling_widget_matches_python(browser, site):
     assert _widths(root, "gptlib-samp-bar") != before
     check_sampling_distribution(root, checked)
     p.screenshot("sampling_widget.png", ".gptlib-samp")  # temperature lowered by 0.5
-    for slider, key in ((".gptlib-samp-topp", "Home"), (".gptlib-samp-topk", "ArrowRight"),
-                        (".gptlib-samp-temperature", "Home"), (".gptlib-samp-topp", "End")):
+    for slider, key in (
+        (".gptlib-samp-topp", "Home"),
+        (".gptlib-samp-topk", "ArrowRight"),
+        (".gptlib-samp-temperature", "Home"),
+        (".gptlib-samp-topp", "End"),
+    ):
         root.locator(slider).focus()
         root.locator(slider).press(key)
         check_sampling_distribution(root, checked)
     assert len({json.dumps(c, sort_keys=True) for c in checked}) == 6, checked
     # a sample step from the stored distribution (temperature 0 now: the argmax)
     logits = json.loads(root.get_attribute("data-logits"))
-    argmax = json.loads(root.get_attribute("data-ids"))[max(range(len(logits)), key=lambda i: (logits[i], -i))]
+    argmax = json.loads(root.get_attribute("data-ids"))[
+        max(range(len(logits)), key=lambda i: (logits[i], -i))
+    ]
     assert check_sample_step(root) == argmax
     p.check_maths()
     p.check_offline()
@@ -352,8 +413,14 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
     maths, and sample steps through the stored continuations."""
     p = Page(browser, site, "07_sampling")
     p.page.locator(".gptlib-samp").first.wait_for(timeout=20_000)
-    multi = [r for r in p.page.locator(".gptlib-samp").all() if r.locator(".gptlib-samp-prompt option").count() >= 2]
-    assert multi, "chapter 7 must show SamplingView.from_model(model, tokenizer, prompts) (section 7.7)"
+    multi = [
+        r
+        for r in p.page.locator(".gptlib-samp").all()
+        if r.locator(".gptlib-samp-prompt option").count() >= 2
+    ]
+    assert multi, (
+        "chapter 7 must show SamplingView.from_model(model, tokenizer, prompts) (section 7.7)"
+    )
     root, checked = multi[0], []
     select = root.locator(".gptlib-samp-prompt")
     first = root.get_attribute("data-logits")
@@ -366,7 +433,10 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
         check_sample_step(root)
         if root.get_attribute("data-stuck") == "1":
             break
-    assert root.get_attribute("data-stuck") == "1" and "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
+    assert (
+        root.get_attribute("data-stuck") == "1"
+        and "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
+    )
     p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp")
     p.check_offline()
     p.close()
@@ -388,23 +458,35 @@ def shipped_page(site, tmp_path_factory):
     model = GPT.load(SHIPPED).eval()
     tok = BPETokenizer.load(SHIPPED / "tokenizer.json")
     ids = tok.encode("Mr. Dursley said that the cat sat on the mat, and then the dog came in. ")
-    ids = (ids + ids)[: model.config.n_ctx]  # a repeated text: induction heads have something to find
+    ids = (ids + ids)[
+        : model.config.n_ctx
+    ]  # a repeated text: induction heads have something to find
     with torch.no_grad():
         patterns = model.attention_patterns(torch.tensor([ids]))[0]  # (n_layers, n_heads, T, T)
-    attention = AttentionView([tok.token_str(i) for i in ids], patterns, title="the shipped model, a text repeated")
-    sampling = SamplingView.from_model(model, tok, PROMPTS, top_p=0.9, title="the shipped model's next token")
+    attention = AttentionView(
+        [tok.token_str(i) for i in ids], patterns, title="the shipped model, a text repeated"
+    )
+    sampling = SamplingView.from_model(
+        model, tok, PROMPTS, top_p=0.9, title="the shipped model's next token"
+    )
     data = embed_data(views=[attention, sampling], drop_defaults=False)
     state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    views = "".join(f'<div><script type="application/vnd.jupyter.widget-view+json">{json.dumps(v)}</script></div>'
-                    for v in data["view_specs"])
+    views = "".join(
+        "<div><script "
+        f'type="application/vnd.jupyter.widget-view+json">{json.dumps(v)}</script></div>'
+        for v in data["view_specs"]
+    )
     root = tmp_path_factory.mktemp("shipped")
     (root / "_static").symlink_to(HTML / "_static", target_is_directory=True)
     (root / "index.html").write_text(
         '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
-        '<script src="_static/vendor/require.js"></script><script src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        '<script src="_static/vendor/require.js"></script><script '
+        'src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
         f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head><body>{views}</body></html>',
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     with serve(root) as url:
         yield f"{url}/index.html", attention, sampling
 
@@ -451,8 +533,11 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     _set_temperature(root, 1.5)
     assert _widths(root, "gptlib-samp-ghost") == ghost and _widths(root, "gptlib-samp-bar") != ghost
     check_sampling_distribution(root, checked)
-    for slider, key in ((".gptlib-samp-topk", "ArrowRight"), (".gptlib-samp-topp", "ArrowLeft"),
-                        (".gptlib-samp-topp", "End")):
+    for slider, key in (
+        (".gptlib-samp-topk", "ArrowRight"),
+        (".gptlib-samp-topp", "ArrowLeft"),
+        (".gptlib-samp-topp", "End"),
+    ):
         root.locator(slider).focus()
         root.locator(slider).press(key)
         check_sampling_distribution(root, checked)
@@ -466,10 +551,16 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     assert "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
     p.screenshot("sampling_widget_shipped_steps.png", ".gptlib-samp")
     root.locator(".gptlib-samp-undo").click()
-    assert len(json.loads(root.get_attribute("data-path"))) == 3 and root.get_attribute("data-stuck") == "0"
+    assert (
+        len(json.loads(root.get_attribute("data-path"))) == 3
+        and root.get_attribute("data-stuck") == "0"
+    )
     assert root.locator(".gptlib-samp-step").is_enabled()
     root.locator(".gptlib-samp-reset").click()
-    assert json.loads(root.get_attribute("data-path")) == [] and root.locator(".gptlib-samp-new").count() == 0
+    assert (
+        json.loads(root.get_attribute("data-path")) == []
+        and root.locator(".gptlib-samp-new").count() == 0
+    )
     # at temperature 1 with top-p 0.9: seeded draws, each the inverse CDF of what is shown, until
     # a token outside the stored tree is drawn (then the page says so) or the tree ends
     _set_temperature(root, 1.0)
@@ -482,7 +573,10 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
             break
     # switching the prompt starts a new text
     select.select_option("2")
-    assert json.loads(root.get_attribute("data-path")) == [] and root.get_attribute("data-stuck") == "0"
+    assert (
+        json.loads(root.get_attribute("data-path")) == []
+        and root.get_attribute("data-stuck") == "0"
+    )
     assert len(checked) >= 8
     p.check_offline()
     p.close()
@@ -491,15 +585,19 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
 @browser_test
 def test_every_widget_in_the_book_renders(browser, site):
     """On every page with widgets, each stored widget view is drawn (html-manager + anywidget)."""
-    pages = [p.stem for p in sorted((HTML / "chapters").glob("*.html"))
-             if "application/vnd.jupyter.widget-view+json" in p.read_text(encoding="utf-8")]
+    pages = [
+        p.stem
+        for p in sorted((HTML / "chapters").glob("*.html"))
+        if "application/vnd.jupyter.widget-view+json" in p.read_text(encoding="utf-8")
+    ]
     if not pages:
         pytest.skip("no page of the built book shows a widget")
     for chapter in pages:
         p = Page(browser, site, chapter)
         views = p.page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
-        p.page.wait_for_function(f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
-                                 timeout=20_000)
+        p.page.wait_for_function(
+            f"() => document.querySelectorAll('.gptlib-widget').length >= {views}", timeout=20_000
+        )
         assert p.page.locator(".gptlib-widget").count() == views, chapter
         p.check_offline()
         p.close()

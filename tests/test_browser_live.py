@@ -37,9 +37,11 @@ ARTIFACTS = ROOT / "test-artifacts"
 LIVE_FILES = ("vendor/onnxruntime-web/", "vendor/tokenizers/", "live/")
 OPENING = "The President said that the"
 # Texts that are not in the chapters.
-PROMPTS = ["My grandmother kept bees behind the old mill, and every summer",
-           "Zoë's café opened at 7:45 \u2014 \U0001F600 three   spaces\n\tand a tab",
-           "In 1962 the committee voted 14 to 3"]
+PROMPTS = [
+    "My grandmother kept bees behind the old mill, and every summer",
+    "Zoë's café opened at 7:45 \u2014 \U0001f600 three   spaces\n\tand a tab",
+    "In 1962 the committee voted 14 to 3",
+]
 
 
 class Served:
@@ -54,10 +56,17 @@ class Served:
 
             def do_GET(self):
                 path = Path(self.translate_path(self.path))
-                log.append((unquote(urlparse(self.path).path), path.stat().st_size if path.is_file() else 0))
+                log.append(
+                    (
+                        unquote(urlparse(self.path).path),
+                        path.stat().st_size if path.is_file() else 0,
+                    )
+                )
                 super().do_GET()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+        self.server = ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Handler, directory=str(directory))
+        )
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -83,29 +92,55 @@ def site(english, tmp_path_factory):
         pytest.skip(f"no live model in {static} (run `make book`)")
     model, tok = english
     torch.manual_seed(0)
-    playground = PlaygroundView(model, tok, OPENING, top_p=0.9, title="the book's English GPT, live")
-    stored = SamplingView.from_model(model, tok, ["She looked at the", OPENING], n_logits=256, n_logits_deep=64,
-                                     top_p=0.9, title="stored: 256 tokens, then 64")
+    playground = PlaygroundView(
+        model, tok, OPENING, top_p=0.9, title="the book's English GPT, live"
+    )
+    stored = SamplingView.from_model(
+        model,
+        tok,
+        ["She looked at the", OPENING],
+        n_logits=256,
+        n_logits_deep=64,
+        top_p=0.9,
+        title="stored: 256 tokens, then 64",
+    )
     g = torch.Generator().manual_seed(5)
-    wide = SamplingView(torch.randn(20_000, generator=g, dtype=torch.float64) * 1.5, [f"t{i}" for i in range(20_000)],
-                        top_p=0.9, title="stored: 4096 of 20000 tokens")
+    wide = SamplingView(
+        torch.randn(20_000, generator=g, dtype=torch.float64) * 1.5,
+        [f"t{i}" for i in range(20_000)],
+        top_p=0.9,
+        title="stored: 4096 of 20000 tokens",
+    )
     data = embed_data(views=[playground, stored, wide], drop_defaults=False)
     state = json.dumps(data["manager_state"]).replace("</", "<\\/")
     # each view inside a cell's output, as the book's pages hold them (the theme styles those)
-    views = "".join(f'<div class="cell_output docutils container"><script type="application/vnd.jupyter.widget-view+json">'
-                    f'{json.dumps(v)}</script></div>' for v in data["view_specs"])
-    theme = "".join(f'<link rel="stylesheet" href="_static/styles/{css}">' for css in ("theme.css", "pydata-sphinx-theme.css")
-                    if (static / "styles" / css).is_file())
+    views = "".join(
+        '<div class="cell_output docutils container"><script '
+        'type="application/vnd.jupyter.widget-view+json">'
+        f"{json.dumps(v)}</script></div>"
+        for v in data["view_specs"]
+    )
+    theme = "".join(
+        f'<link rel="stylesheet" href="_static/styles/{css}">'
+        for css in ("theme.css", "pydata-sphinx-theme.css")
+        if (static / "styles" / css).is_file()
+    )
     root = tmp_path_factory.mktemp("live")
     (root / "_static").symlink_to(static, target_is_directory=True)
     (root / "index.html").write_text(
-        f'<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" href="data:,">{theme}'
-        '<script src="_static/vendor/require.js"></script><script src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" '
+        f'href="data:,">{theme}'
+        '<script src="_static/vendor/require.js"></script><script '
+        'src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
         f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        f'<body><main class="bd-content" style="max-width: 900px; margin: 0 auto; padding: 0 8px">{views}</main>'
-        '<button id="pst-back-to-top" type="button" style="display: block">Back to top</button></body></html>',
-        encoding="utf-8")
+        '<body><main class="bd-content" style="max-width: 900px; margin: 0 auto; padding: 0 '
+        f'8px">{views}</main>'
+        '<button id="pst-back-to-top" type="button" style="display: block">Back to '
+        "top</button></body></html>",
+        encoding="utf-8",
+    )
     served = Served(root)
     served.root, served.views = root, (playground, stored, wide)
     try:
@@ -122,43 +157,62 @@ class Page:
         self.page = browser.new_page(viewport={"width": width, "height": 900})
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
-        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"))
+        self.page.on(
+            "response",
+            lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"),
+        )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(url, wait_until="networkidle")
         self.page.locator(".gptlib-play").first.wait_for(timeout=30_000)
         self.play = self.page.locator(".gptlib-play").first
 
     def check_offline(self):
-        hosts = {urlparse(u).hostname for u in self.requests if urlparse(u).scheme in ("http", "https")}
+        hosts = {
+            urlparse(u).hostname for u in self.requests if urlparse(u).scheme in ("http", "https")
+        }
         assert hosts <= {"127.0.0.1"}, f"requests left the machine: {sorted(hosts)}"
         assert not self.failed, f"failed requests: {self.failed}"
         assert not self.errors, f"script errors: {self.errors}"
 
     def js(self, expr: str):
         """The value of ``expr`` with ``root`` bound to the playground's element."""
-        return self.page.evaluate(f"() => {{ const root = document.querySelector('.gptlib-play'); return {expr}; }}")
+        return self.page.evaluate(
+            f"() => {{ const root = document.querySelector('.gptlib-play'); return {expr}; }}"
+        )
 
     def wait_idle(self, timeout=60_000):
         self.page.wait_for_function(
             "() => { const r = document.querySelector('.gptlib-play'); return r.dataset.busy === '0' && "
-            "(r.dataset.live === 'browser' || r.dataset.live === 'failed'); }", timeout=timeout)
+            "(r.dataset.live === 'browser' || r.dataset.live === 'failed'); }",
+            timeout=timeout,
+        )
         error = self.play.get_attribute("data-error")
         assert error is None, error
 
     def start(self) -> float:
-        """Press "start the live model"; returns the page's own time from start to the first result (ms)."""
+        """Press "start the live model"; returns the page's own time from start to the first result
+        (ms)."""
         self.play.locator(".gptlib-play-start").click()
-        self.page.wait_for_function("() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined ||"
-                                    " document.querySelector('.gptlib-play').dataset.live === 'failed'", timeout=60_000)
+        self.page.wait_for_function(
+            "() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined ||"
+            " document.querySelector('.gptlib-play').dataset.live === 'failed'",
+            timeout=60_000,
+        )
         self.wait_idle()
-        assert self.play.get_attribute("data-live") == "browser", self.play.locator(".gptlib-play-status").text_content()
+        assert self.play.get_attribute("data-live") == "browser", self.play.locator(
+            ".gptlib-play-status"
+        ).text_content()
         return float(self.play.get_attribute("data-first-ms"))
 
     def type(self, text: str):
         before = self.play.get_attribute("data-ids")
         self.play.locator(".gptlib-play-text").fill(text)
-        self.page.wait_for_function("(before) => { const r = document.querySelector('.gptlib-play');"
-                                    " return r.dataset.ids !== before && r.dataset.busy === '0'; }", arg=before, timeout=30_000)
+        self.page.wait_for_function(
+            "(before) => { const r = document.querySelector('.gptlib-play');"
+            " return r.dataset.ids !== before && r.dataset.busy === '0'; }",
+            arg=before,
+            timeout=30_000,
+        )
         self.wait_idle()
 
     def press(self, cls: str) -> tuple[float, float]:
@@ -168,8 +222,11 @@ class Page:
         n = self.js("Number(root.dataset.ids ? JSON.parse(root.dataset.ids).length : 0)")
         t0 = time.perf_counter()
         self.play.locator(cls).click()
-        self.page.wait_for_function("(n) => { const r = document.querySelector('.gptlib-play');"
-                                    " return JSON.parse(r.dataset.ids).length !== n && r.dataset.busy === '0'; }", arg=n)
+        self.page.wait_for_function(
+            "(n) => { const r = document.querySelector('.gptlib-play');"
+            " return JSON.parse(r.dataset.ids).length !== n && r.dataset.busy === '0'; }",
+            arg=n,
+        )
         return float(self.play.get_attribute("data-act-ms")), 1000 * (time.perf_counter() - t0)
 
     def slider(self, cls: str, key: str, times: int = 1):
@@ -192,18 +249,30 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
     assert json.loads(page.play.get_attribute("data-ids")) == ids
     window = ids[-n_ctx:]
     assert json.loads(page.play.get_attribute("data-window")) == window
-    got = page.js("({logits: Array.from(root.__gptlib.logits), patterns: Array.from(root.__gptlib.patterns),"
-                  " lens: Array.from(root.__gptlib.lensRaw)})")
+    got = page.js(
+        "({logits: Array.from(root.__gptlib.logits), patterns: Array.from(root.__gptlib.patterns),"
+        " lens: Array.from(root.__gptlib.lensRaw)})"
+    )
     want = readout(model, torch.tensor([window]))
     diff = {
         "logits": float((torch.tensor(got["logits"]) - want["logits"][0, -1]).abs().max()),
-        "patterns": float((torch.tensor(got["patterns"]) - want["patterns"][0].flatten()).abs().max()),
+        "patterns": float(
+            (torch.tensor(got["patterns"]) - want["patterns"][0].flatten()).abs().max()
+        ),
         "lens": float((torch.tensor(got["lens"]) - want["lens"][0].flatten()).abs().max()),
     }
     assert diff["logits"] <= 1e-4 and diff["lens"] <= 1e-4 and diff["patterns"] <= 1e-5, diff
     # the enlarged head and the thumbnails' scores are drawn from these patterns
-    l, h = (int(x) for x in page.play.locator(".gptlib-attn").get_attribute("data-view").split(":")[0].split("/"))
-    shown = torch.tensor(json.loads(page.play.locator(".gptlib-attn").get_attribute("data-pattern")))
+    l, h = (
+        int(x)
+        for x in page.play.locator(".gptlib-attn")
+        .get_attribute("data-view")
+        .split(":")[0]
+        .split("/")
+    )
+    shown = torch.tensor(
+        json.loads(page.play.locator(".gptlib-attn").get_attribute("data-pattern"))
+    )
     torch.testing.assert_close(shown, want["patterns"][0, l, h], atol=1e-5, rtol=0)
     # the logit lens row: the top tokens read off each residual stream, at temperature 1
     lens = json.loads(page.play.get_attribute("data-lens"))
@@ -219,9 +288,13 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
 def check_distribution(page, model, ids: list[int]) -> dict:
     """The probabilities the page shows and samples from are next_token_probs of PyTorch's logits."""
     s = _settings(page)
-    y = readout(model, torch.tensor([ids[-model.config.n_ctx:]]))["logits"][0, -1].double()
-    want = next_token_probs(y, temperature=s["temperature"], top_k=s["top_k"] or None,
-                            top_p=s["top_p"] if s["top_p"] < 1 else None)
+    y = readout(model, torch.tensor([ids[-model.config.n_ctx :]]))["logits"][0, -1].double()
+    want = next_token_probs(
+        y,
+        temperature=s["temperature"],
+        top_k=s["top_k"] or None,
+        top_p=s["top_p"] if s["top_p"] < 1 else None,
+    )
     got = torch.tensor(page.js("Array.from(root.__gptlib.probs)"), dtype=torch.float64)
     # near-ties at a cut may fall either way in float32; all else agrees to float32 rounding
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0, msg=lambda m: f"at {s}: {m}")
@@ -241,17 +314,23 @@ def test_a_page_that_does_not_start_the_live_model_downloads_nothing_new(browser
     model, tok = english
     n = len(site.log)
     page = Page(browser, site.url + "/index.html")
-    page.page.wait_for_function("() => document.querySelectorAll('.gptlib-widget').length >= 3", timeout=30_000)
+    page.page.wait_for_function(
+        "() => document.querySelectorAll('.gptlib-widget').length >= 3", timeout=30_000
+    )
     paths = [p for p, _ in site.log[n:]]
     assert not [p for p in paths if any(f"/_static/{f}" in p for f in LIVE_FILES)], paths
     assert page.play.get_attribute("data-live") == "off"
-    print(f"\n[live budget] page without starting the live model: {site.bytes_since(n) / 1e6:.2f} MB in "
-          f"{len(paths)} requests, none of them the live model's files")
+    print(
+        f"\n[live budget] page without starting the live model: {site.bytes_since(n) / 1e6:.2f} MB "
+        "in "
+        f"{len(paths)} requests, none of them the live model's files"
+    )
     # the stored analysis is the model's: its tokens, its distribution under the settings
     ids = tok.encode(OPENING)
     assert json.loads(page.play.get_attribute("data-ids")) == ids
-    assert [t.text_content() for t in page.play.locator(".gptlib-play-tok").all()] == \
-        [tok.token_str(i).replace(" ", "\u2423") for i in ids]
+    assert [t.text_content() for t in page.play.locator(".gptlib-play-tok").all()] == [
+        tok.token_str(i).replace(" ", "\u2423") for i in ids
+    ]
     y = readout(model, torch.tensor([ids]))["logits"][0, -1].double()
     got = torch.tensor(page.js("Array.from(root.__gptlib.probs)"), dtype=torch.float64)
     torch.testing.assert_close(got, next_token_probs(y, top_p=0.9), atol=2e-4, rtol=0)
@@ -270,8 +349,12 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
     downloaded = site.bytes_since(n)
     live = {p for p, _ in site.log[n:]}
     assert any(p.endswith(".wasm") for p in live) and any(p.endswith("english.onnx") for p in live)
-    print(f"\n[live budget] start -> first result: {first:.0f} ms (page clock; budget 3000 ms); downloaded on start: "
-          f"{downloaded / 1e6:.2f} MB (budget 25 MB): " + ", ".join(sorted(Path(p).name for p in live)))
+    print(
+        f"\n[live budget] start -> first result: {first:.0f} ms (page clock; budget 3000 ms); "
+        "downloaded on start: "
+        f"{downloaded / 1e6:.2f} MB (budget 25 MB): "
+        + ", ".join(sorted(Path(p).name for p in live))
+    )
     check_model_numbers(page, model, tok.encode(OPENING))
     worst = {}
     for text in PROMPTS:
@@ -280,21 +363,32 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
         diff = check_model_numbers(page, model, ids)
         worst = {k: max(worst.get(k, 0.0), v) for k, v in diff.items()}
         titles = [t.get_attribute("title") for t in page.play.locator(".gptlib-play-tok").all()]
-        assert titles == [f"token {k}: id {i}, bytes {tok.token_bytes(i).hex(' ')}" for k, i in enumerate(ids)]
+        assert titles == [
+            f"token {k}: id {i}, bytes {tok.token_bytes(i).hex(' ')}" for k, i in enumerate(ids)
+        ]
     # no text: nothing is computed, and what belonged to the last text is cleared
     page.play.locator(".gptlib-play-text").fill("")
-    page.page.wait_for_function("() => JSON.parse(document.querySelector('.gptlib-play').dataset.ids || '[1]').length === 0"
-                                " || document.querySelector('.gptlib-play-tokens .gptlib-play-tok') === null", timeout=10_000)
+    page.page.wait_for_function(
+        "() => JSON.parse(document.querySelector('.gptlib-play').dataset.ids || '[1]').length === 0"
+        " || document.querySelector('.gptlib-play-tokens .gptlib-play-tok') === null",
+        timeout=10_000,
+    )
     page.wait_idle()
     assert "at least one token" in page.play.locator(".gptlib-samp-msg").text_content()
-    assert page.play.locator(".gptlib-samp-bar").count() == 0 and page.play.locator(".gptlib-play-heads").is_hidden()
+    assert (
+        page.play.locator(".gptlib-samp-bar").count() == 0
+        and page.play.locator(".gptlib-play-heads").is_hidden()
+    )
     # a text longer than the context: the model sees its last n_ctx tokens
     long = " ".join(PROMPTS) * 6
     page.type(long)
     assert len(tok.encode(long)) > model.config.n_ctx
     diff = check_model_numbers(page, model, tok.encode(long))
     worst = {k: max(worst[k], v) for k, v in diff.items()}
-    print(f"[live] max |page - PyTorch| over {len(PROMPTS) + 2} texts: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+    print(
+        f"[live] max |page - PyTorch| over {len(PROMPTS) + 2} texts: "
+        + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+    )
     ARTIFACTS.mkdir(exist_ok=True)
     page.play.screenshot(path=str(ARTIFACTS / "playground_live.png"))
     page.check_offline()
@@ -304,9 +398,52 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
 def _fuzz(n: int) -> list[str]:
     rng = random.Random(25)
     pieces = list("abcdefghijklmnopqrstuvwxyz ABCXYZ.,;:!?'\"-()") + [
-        " ", "  ", "    ", "\n", "\n\n", "\t", "\r\n", "0", "7", "42", "1999", "3.14", "'s", "'ll", "'re", "n't",
-        "é", "è", "ü", "ñ", "ç", "ß", "Ω", "ж", "中", "文", "の", "한", "ع", "½", "١", "😀", "👍🏽", "🇫🇷", "\u00a0",
-        "\u2003", "\u200b", "\x85", "\ufeff", "<|endoftext|>", " the", " of", "ing", "tion", "e\u0301"]
+        " ",
+        "  ",
+        "    ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        "0",
+        "7",
+        "42",
+        "1999",
+        "3.14",
+        "'s",
+        "'ll",
+        "'re",
+        "n't",
+        "é",
+        "è",
+        "ü",
+        "ñ",
+        "ç",
+        "ß",
+        "Ω",
+        "ж",
+        "中",
+        "文",
+        "の",
+        "한",
+        "ع",
+        "½",
+        "١",
+        "😀",
+        "👍🏽",
+        "🇫🇷",
+        "\u00a0",
+        "\u2003",
+        "\u200b",
+        "\x85",
+        "\ufeff",
+        "<|endoftext|>",
+        " the",
+        " of",
+        "ing",
+        "tion",
+        "e\u0301",
+    ]
     return [""] + ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 30))) for _ in range(n)]
 
 
@@ -318,12 +455,18 @@ def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
     page = Page(browser, site.url + "/index.html")
     page.start()
     texts = _fuzz(1000) + PROMPTS
-    got = page.page.evaluate("async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
-                             " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }", texts)
+    got = page.page.evaluate(
+        "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
+        " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }",
+        texts,
+    )
     bad = [(t, a, tok.encode(t)) for t, a in zip(texts, got) if a != tok.encode(t)]
     assert not bad, bad[:3]
     ids = [tok.encode(t) for t in texts[:200]] + [[0xE9], [4095, 100, 0xC3]]
-    decoded = page.page.evaluate("(all) => all.map((ids) => document.querySelector('.gptlib-play').__gptlib.decode(ids))", ids)
+    decoded = page.page.evaluate(
+        "(all) => all.map((ids) => document.querySelector('.gptlib-play').__gptlib.decode(ids))",
+        ids,
+    )
     assert decoded == [tok.decode(i) for i in ids]
     page.check_offline()
     page.close()
@@ -336,10 +479,15 @@ def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, engl
     ids = tok.encode(OPENING)
     checked = [check_distribution(page, model, ids)]
     # the sliders: temperature down, top-k on, top-p lower, then off again; each is next_token_probs
-    for cls, key, times in [(".gptlib-samp-temperature", "ArrowLeft", 6), (".gptlib-samp-topk", "ArrowRight", 12),
-                            (".gptlib-samp-topp", "ArrowLeft", 4), (".gptlib-samp-topk", "Home", 1),
-                            (".gptlib-samp-temperature", "ArrowRight", 16), (".gptlib-samp-topp", "End", 1),
-                            (".gptlib-samp-temperature", "Home", 1)]:
+    for cls, key, times in [
+        (".gptlib-samp-temperature", "ArrowLeft", 6),
+        (".gptlib-samp-topk", "ArrowRight", 12),
+        (".gptlib-samp-topp", "ArrowLeft", 4),
+        (".gptlib-samp-topk", "Home", 1),
+        (".gptlib-samp-temperature", "ArrowRight", 16),
+        (".gptlib-samp-topp", "End", 1),
+        (".gptlib-samp-temperature", "Home", 1),
+    ]:
         page.slider(cls, key, times)
         checked.append(check_distribution(page, model, ids))
     assert len({json.dumps(c, sort_keys=True) for c in checked}) == len(checked)
@@ -361,7 +509,9 @@ def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, engl
         path = json.loads(page.play.get_attribute("data-path"))
         assert len(path) == step + 1
         mass, want = 0.0, None  # the inverse CDF at u, most probable first
-        logits = readout(model, torch.tensor([(ids + path[:-1])[-model.config.n_ctx:]]))["logits"][0, -1]
+        logits = readout(model, torch.tensor([(ids + path[:-1])[-model.config.n_ctx :]]))["logits"][
+            0, -1
+        ]
         for i in torch.sort(logits, descending=True, stable=True).indices.tolist():
             if probs[i] > 0:
                 mass += probs[i]
@@ -375,9 +525,14 @@ def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, engl
     assert page.play.locator(".gptlib-samp-msg").text_content() == ""
     assert page.play.get_attribute("data-error") is None
     inside, outside = (sorted(t[k] for t in times) for k in (0, 1))
-    print(f"\n[live budget] per drawn token, 40 draws (forward pass and drawing): in the page median {inside[20]:.0f} ms, "
-          f"max {inside[-1]:.0f} ms (budget 100 ms); seen by the test median {outside[20]:.0f} ms; the last forward pass "
-          f"({len(json.loads(page.play.get_attribute('data-window')))} tokens): {page.play.get_attribute('data-ms')} ms")
+    print(
+        "\n[live budget] per drawn token, 40 draws (forward pass and drawing): in the page median "
+        f"{inside[20]:.0f} ms, "
+        f"max {inside[-1]:.0f} ms (budget 100 ms); seen by the test median {outside[20]:.0f} ms; "
+        "the last forward pass "
+        f"({len(json.loads(page.play.get_attribute('data-window')))} tokens): "
+        f"{page.play.get_attribute('data-ms')} ms"
+    )
     assert page.play.locator(".gptlib-play-out").text_content() == tok.decode(ids + path)
     # undo, then reset: the seeded draws repeat
     page.play.locator(".gptlib-samp-undo").click()
@@ -407,13 +562,19 @@ def test_sampling_past_the_context_slides_the_window(browser, site, english):
     times = [page.press(".gptlib-samp-step")[0] for _ in range(model.config.n_ctx + 5 - len(ids))]
     path = json.loads(page.play.get_attribute("data-path"))
     full = sorted(times[-6:])  # the window full: n_ctx positions per step
-    print(f"\n[live budget] per drawn token with a full window of {model.config.n_ctx} tokens, in the page: "
-          f"{full[0]:.0f} to {full[-1]:.0f} ms (budget 100 ms)")
+    print(
+        f"\n[live budget] per drawn token with a full window of {model.config.n_ctx} tokens, in "
+        "the page: "
+        f"{full[0]:.0f} to {full[-1]:.0f} ms (budget 100 ms)"
+    )
     want = generate(model, torch.tensor(ids), len(path), temperature=0.0).tolist()
     assert ids + path == want
     check_model_numbers(page, model, ids + path)
     assert len(json.loads(page.play.get_attribute("data-window"))) == model.config.n_ctx
-    assert page.play.locator(".gptlib-play-tok.out").count() == len(ids) + len(path) - model.config.n_ctx
+    assert (
+        page.play.locator(".gptlib-play-tok.out").count()
+        == len(ids) + len(path) - model.config.n_ctx
+    )
     page.check_offline()
     page.close()
 
@@ -421,7 +582,9 @@ def test_sampling_past_the_context_slides_the_window(browser, site, english):
 def test_a_page_opened_from_a_file_says_why_the_live_model_cannot_start(browser, site):
     page = Page(browser, (site.root / "index.html").as_uri())
     page.play.locator(".gptlib-play-start").click()
-    page.page.wait_for_function("() => document.querySelector('.gptlib-play').dataset.live === 'failed'", timeout=30_000)
+    page.page.wait_for_function(
+        "() => document.querySelector('.gptlib-play').dataset.live === 'failed'", timeout=30_000
+    )
     status = page.play.locator(".gptlib-play-status").text_content()
     assert "file://" in status and "stored analysis" in status
     assert page.play.locator(".gptlib-play-start").is_enabled()
@@ -444,47 +607,84 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
     for k, prompt in enumerate(["She looked at the", OPENING]):
         root.locator(".gptlib-samp-prompt").select_option(str(k))
         y = readout(model, torch.tensor([tok.encode(prompt)]))["logits"][0, -1].double()
-        for cls, key in [(None, None), (".gptlib-samp-temperature", "ArrowLeft"), (".gptlib-samp-topp", "ArrowLeft"),
-                         (".gptlib-samp-topk", "ArrowRight"), (".gptlib-samp-topk", "Home"), (".gptlib-samp-topp", "End")]:
+        for cls, key in [
+            (None, None),
+            (".gptlib-samp-temperature", "ArrowLeft"),
+            (".gptlib-samp-topp", "ArrowLeft"),
+            (".gptlib-samp-topk", "ArrowRight"),
+            (".gptlib-samp-topk", "Home"),
+            (".gptlib-samp-topp", "End"),
+        ]:
             if cls:
                 root.locator(cls).focus()
                 root.locator(cls).press(key)
             s = json.loads(root.get_attribute("data-settings"))
-            want = next_token_probs(y, temperature=s["temperature"], top_k=s["top_k"] or None,
-                                    top_p=s["top_p"] if s["top_p"] < 1 else None)
+            want = next_token_probs(
+                y,
+                temperature=s["temperature"],
+                top_k=s["top_k"] or None,
+                top_p=s["top_p"] if s["top_p"] < 1 else None,
+            )
             got = torch.tensor(json.loads(root.get_attribute("data-probs")), dtype=torch.float64)
             stored_ids = json.loads(root.get_attribute("data-ids"))
             if root.get_attribute("data-approx") == "0":
-                torch.testing.assert_close(got, want[stored_ids], atol=1e-4, rtol=1e-3, msg=lambda m: f"{prompt} {s}: {m}")
-                assert float(root.get_attribute("data-rest")) == pytest.approx(1 - float(want[stored_ids].sum()), abs=1e-4)
+                torch.testing.assert_close(
+                    got, want[stored_ids], atol=1e-4, rtol=1e-3, msg=lambda m: f"{prompt} {s}: {m}"
+                )
+                assert float(root.get_attribute("data-rest")) == pytest.approx(
+                    1 - float(want[stored_ids].sum()), abs=1e-4
+                )
             else:  # top-p reaches past the stored tokens: their proportions are still the model's
-                torch.testing.assert_close(got / got.sum(), want[stored_ids] / want[stored_ids].sum(), atol=1e-4, rtol=1e-3)
-                assert "Top-p reaches past the stored tokens" in root.locator(".gptlib-samp-stats").text_content()
+                torch.testing.assert_close(
+                    got / got.sum(), want[stored_ids] / want[stored_ids].sum(), atol=1e-4, rtol=1e-3
+                )
+                assert (
+                    "Top-p reaches past the stored tokens"
+                    in root.locator(".gptlib-samp-stats").text_content()
+                )
             other = float(root.locator(".gptlib-samp-other-bar").get_attribute("width"))
-            shown = sum(float(b.get_attribute("width")) for b in root.locator(".gptlib-samp-bar").all())
-            assert other + shown == pytest.approx(320, abs=0.1)  # the bars add up to the whole distribution
+            shown = sum(
+                float(b.get_attribute("width")) for b in root.locator(".gptlib-samp-bar").all()
+            )
+            assert other + shown == pytest.approx(
+                320, abs=0.1
+            )  # the bars add up to the whole distribution
     # the stop is a fact, not an error: greedy draws walk the stored tree, then the text ends
     root.locator(".gptlib-samp-temperature").focus()
     root.locator(".gptlib-samp-temperature").press("Home")
     for _ in range(4):
         root.locator(".gptlib-samp-step").click()
     msg = root.locator(".gptlib-samp-msg").text_content()
-    assert root.get_attribute("data-stuck") == "1" and "so the text ends here" in msg and "cannot" not in msg
+    assert (
+        root.get_attribute("data-stuck") == "1"
+        and "so the text ends here" in msg
+        and "cannot" not in msg
+    )
     # 20000 tokens, 4096 stored: the others' bar, and a draw among them said plainly
     wide_root = views.nth(1)
     rest = float(wide_root.get_attribute("data-rest"))
-    assert 0 < rest < 1 and "the total weight of the other 15904" in wide_root.locator(".gptlib-samp-stats").text_content()
-    y = torch.randn(20_000, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 1.5  # as in site()
+    assert (
+        0 < rest < 1
+        and "the total weight of the other 15904"
+        in wide_root.locator(".gptlib-samp-stats").text_content()
+    )
+    y = (
+        torch.randn(20_000, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 1.5
+    )  # as in site()
     kept = json.loads(wide_root.get_attribute("data-ids"))
     want = next_token_probs(y, top_p=0.9)
     got = torch.tensor(json.loads(wide_root.get_attribute("data-probs")), dtype=torch.float64)
     if wide_root.get_attribute("data-approx") == "0":
         torch.testing.assert_close(got, want[kept], atol=2e-5, rtol=1e-4)
     wide_root.locator(".gptlib-samp-topp").focus()
-    wide_root.locator(".gptlib-samp-topp").press("End")  # no cut: the others hold their whole weight
+    wide_root.locator(".gptlib-samp-topp").press(
+        "End"
+    )  # no cut: the others hold their whole weight
     got = torch.tensor(json.loads(wide_root.get_attribute("data-probs")), dtype=torch.float64)
     torch.testing.assert_close(got, next_token_probs(y)[kept], atol=2e-5, rtol=1e-4)
-    assert float(wide_root.get_attribute("data-rest")) == pytest.approx(1 - float(next_token_probs(y)[kept].sum()), abs=2e-5)
+    assert float(wide_root.get_attribute("data-rest")) == pytest.approx(
+        1 - float(next_token_probs(y)[kept].sum()), abs=2e-5
+    )
     for _ in range(40):  # draws until one falls among the others, which the page says plainly
         if wide_root.get_attribute("data-stuck") == "1":
             wide_root.locator(".gptlib-samp-reset").click()
@@ -492,16 +692,20 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
         if json.loads(wide_root.get_attribute("data-path"))[-1] == -1:
             break
     assert json.loads(wide_root.get_attribute("data-path"))[-1] == -1
-    assert "The draw fell among the 15904 tokens this page does not list" in wide_root.locator(".gptlib-samp-msg").text_content()
+    assert (
+        "The draw fell among the 15904 tokens this page does not list"
+        in wide_root.locator(".gptlib-samp-msg").text_content()
+    )
     page.check_offline()
     page.close()
 
 
-# --- dark mode, narrow pages ------------------------------------------------------------------------
+# --- dark mode, narrow pages
+# ------------------------------------------------------------------------
 
 
 def _luminance(css: str) -> float:
-    r, g, b = (int(float(v)) for v in css[css.index("(") + 1: css.index(")")].split(",")[:3])
+    r, g, b = (int(float(v)) for v in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
 
     def lin(c):
         c /= 255
@@ -517,11 +721,14 @@ def _contrast(a: str, b: str) -> float:
 
 def test_dark_mode_and_a_420_pixel_page(browser, site):
     page = Page(browser, site.url + "/index.html", width=420)
-    if not page.page.evaluate("() => getComputedStyle(document.documentElement).getPropertyValue('--pst-color-text-base')"):
+    if not page.page.evaluate(
+        "() => getComputedStyle(document.documentElement).getPropertyValue('--pst-color-text-base')"
+    ):
         pytest.skip("the built book has no pydata-sphinx-theme styles")
     for theme in ("light", "dark"):
         page.page.evaluate(f"() => {{ document.documentElement.dataset.theme = '{theme}'; }}")
-        # the thumbnails' score labels (white on white in dark mode, once) stand out from their button
+        # the thumbnails' score labels (white on white in dark mode, once) stand out from
+        # their button
         thumb = page.play.locator(".gptlib-attn-thumb").first
         label = thumb.locator(".gptlib-attn-score").first
         fg = label.evaluate("e => getComputedStyle(e).color")
@@ -529,12 +736,24 @@ def test_dark_mode_and_a_420_pixel_page(browser, site):
         assert _contrast(fg, bg) >= 4.5, (theme, fg, bg)
         # text against what is behind it: the nearest box with a background (the theme's, or its
         # card around widget outputs)
-        behind = ("e => { for (let a = e; a; a = a.parentElement) { const c = getComputedStyle(a).backgroundColor;"
-                  " if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c; } return 'rgb(255, 255, 255)'; }")
-        for cls in (".gptlib-samp-tok", ".gptlib-play-status", ".gptlib-samp-stats", ".gptlib-attn-score-key", ".gptlib-title"):
+        behind = (
+            "e => { for (let a = e; a; a = a.parentElement) { const c = getComputedStyle(a).backgroundColor;"
+            " if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c; "
+            "} return 'rgb(255, 255, 255)'; }"
+        )
+        for cls in (
+            ".gptlib-samp-tok",
+            ".gptlib-play-status",
+            ".gptlib-samp-stats",
+            ".gptlib-attn-score-key",
+            ".gptlib-title",
+        ):
             e = page.page.locator(cls).first
-            colour = e.evaluate("e => getComputedStyle(e).color") if cls != ".gptlib-samp-tok" else \
-                e.evaluate("e => getComputedStyle(e).fill")
+            colour = (
+                e.evaluate("e => getComputedStyle(e).color")
+                if cls != ".gptlib-samp-tok"
+                else e.evaluate("e => getComputedStyle(e).fill")
+            )
             bg = e.evaluate(behind)
             assert _contrast(colour, bg) >= 3, (theme, cls, colour, bg)
         ARTIFACTS.mkdir(exist_ok=True)
@@ -550,9 +769,13 @@ def test_dark_mode_and_a_420_pixel_page(browser, site):
     step.scroll_into_view_if_needed()
     step.hover()
     box = step.bounding_box()
-    hit = page.page.evaluate("([x, y]) => document.elementFromPoint(x, y).className",
-                             [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2])
+    hit = page.page.evaluate(
+        "([x, y]) => document.elementFromPoint(x, y).className",
+        [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2],
+    )
     assert "gptlib-samp-step" in hit
-    assert page.page.locator("#pst-back-to-top").evaluate("e => getComputedStyle(e).display") == "none"
+    assert (
+        page.page.locator("#pst-back-to-top").evaluate("e => getComputedStyle(e).display") == "none"
+    )
     page.check_offline()
     page.close()

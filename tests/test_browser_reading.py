@@ -8,7 +8,8 @@ widgets are drawn, and measured there and again with the window narrowed to 420 
 * ``wide_*``: how many blocks are wider than their box (``scrollWidth > clientWidth``), so that
   the reader scrolls sideways or loses the right-hand side: code sources, outputs, display
   equations, tables; ``page_wide``: whether the page itself is wider than the window;
-* ``tex``: text a reader sees as raw TeX (``\\mathbf``, ``\\sqrt``, ``$``, ``$$``, ...) outside typeset maths,
+* ``tex``: text a reader sees as raw TeX (``\\mathbf``, ``\\sqrt``, ``$``, ``$$``, ...) outside
+  typeset maths,
   code and outputs;
 * ``errors``: console errors, script errors and failed requests;
 * ``small_img``: images shown below 0.62 of the width they were drawn at.
@@ -119,7 +120,9 @@ class Reading:
 
     @property
     def small_images(self) -> list[str]:
-        return [f"{i['where']} ({i['scale']:.2f})" for i in self.images if i["scale"] < MIN_IMAGE_SCALE]
+        return [
+            f"{i['where']} ({i['scale']:.2f})" for i in self.images if i["scale"] < MIN_IMAGE_SCALE
+        ]
 
 
 def read_page(browser, site: str, page: str) -> dict[int, Reading]:
@@ -136,19 +139,29 @@ def read_page(browser, site: str, page: str) -> dict[int, Reading]:
     tab.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
     try:
         tab.goto(f"{site}/{page}.html", wait_until="load")
-        if tab.locator('script[src*="mathjax"]').count():  # Sphinx loads MathJax only where there is maths
-            tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                                  timeout=20_000)
+        if tab.locator(
+            'script[src*="mathjax"]'
+        ).count():  # Sphinx loads MathJax only where there is maths
+            tab.wait_for_function(
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
+            )
             tab.evaluate("() => MathJax.startup.promise")
         views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
         if views:
-            tab.wait_for_function(f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
-                                  timeout=20_000)
-        tab.evaluate("() => Promise.all([...document.images].map((i) => i.decode().catch(() => null)))")
+            tab.wait_for_function(
+                f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
+                timeout=20_000,
+            )
+        tab.evaluate(
+            "() => Promise.all([...document.images].map((i) => i.decode().catch(() => null)))"
+        )
         tab.evaluate("() => document.fonts.ready.then(() => null)")
         for width, height in (WIDE, NARROW):
             tab.set_viewport_size({"width": width, "height": height})
-            tab.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+            tab.evaluate(
+                "() => new Promise((done) => requestAnimationFrame(() => "
+                "requestAnimationFrame(done)))"
+            )
             for key, value in tab.evaluate(MEASURE).items():
                 setattr(readings[width], key, value)
     finally:
@@ -173,9 +186,11 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
 
 
 def table(readings: dict[tuple[str, int], Reading]) -> str:
-    head = (f"{'page':<22} {'code':>5} {'code':>5} | wide at 1280: {'code':>4} {'out':>4} {'math':>4} "
-            f"{'tab':>4} | {'tex':>3} {'err':>3} {'img<.62':>7} {'min img':>7} | at 420: {'width':>5} "
-            f"{'err':>3}")
+    head = (
+        f"{'page':<22} {'code':>5} {'code':>5} | wide at 1280: {'code':>4} {'out':>4} {'math':>4} "
+        f"{'tab':>4} | {'tex':>3} {'err':>3} {'img<.62':>7} {'min img':>7} | at 420: {'width':>5} "
+        f"{'err':>3}"
+    )
     sub = f"{'':<22} {'1280':>5} {'420':>5} |"
     lines = [head, sub]
     for page in PAGES:
@@ -183,12 +198,18 @@ def table(readings: dict[tuple[str, int], Reading]) -> str:
         scale = min((i["scale"] for i in w.images), default=None)
         lines.append(
             f"{page.split('/')[-1]:<22} {w.code_share:>5.0%} {n.code_share:>5.0%} | {'':13} "
-            f"{len(w.wide_code):>4} {len(w.wide_output):>4} {len(w.wide_maths):>4} {len(w.wide_table):>4} | "
+            f"{len(w.wide_code):>4} {len(w.wide_output):>4} {len(w.wide_maths):>4} "
+            f"{len(w.wide_table):>4} | "
             f"{len(w.tex):>3} {len(w.errors):>3} {len(w.small_images):>7} "
-            f"{'-' if scale is None else f'{scale:.2f}':>7} | {'':8} {n.page_width:>5} {len(n.errors):>3}")
+            f"{'-' if scale is None else f'{scale:.2f}':>7} | {'':8} {n.page_width:>5} "
+            f"{len(n.errors):>3}"
+        )
     shares = [readings[c, WIDE[0]].code_share for c in CHAPTERS]
-    lines.append(f"visible code over the {len(shares)} chapters at 1280 px: mean {statistics.mean(shares):.0%}, "
-                 f"max {max(shares):.0%} (targets {MAX_MEAN_CODE:.0%}, {MAX_CODE:.0%})")
+    lines.append(
+        f"visible code over the {len(shares)} chapters at 1280 px: mean "
+        f"{statistics.mean(shares):.0%}, "
+        f"max {max(shares):.0%} (targets {MAX_MEAN_CODE:.0%}, {MAX_CODE:.0%})"
+    )
     return "\n".join(lines)
 
 
@@ -208,7 +229,8 @@ def test_visible_code_is_at_most_a_quarter_of_a_chapter(readings):
     mean = statistics.mean(shares.values())
     assert mean <= MAX_MEAN_CODE and not over, (
         f"visible code takes {mean:.0%} of a chapter on average (target {MAX_MEAN_CODE:.0%}); "
-        f"chapters over {MAX_CODE:.0%}: {over}")
+        f"chapters over {MAX_CODE:.0%}: {over}"
+    )
 
 
 def test_no_code_scrolls_sideways(readings):
@@ -241,13 +263,17 @@ def test_no_raw_tex(readings):
 def test_no_console_errors(readings):
     errors = {}
     for width in (WIDE[0], NARROW[0]):
-        errors.update({f"{p} at {width}": e for p, e in failures(readings, width, lambda r: r.errors).items()})
+        errors.update(
+            {f"{p} at {width}": e for p, e in failures(readings, width, lambda r: r.errors).items()}
+        )
     assert not errors, f"console errors, script errors or failed requests: {errors}"
 
 
 def test_no_image_shrunk_below_its_scale(readings):
     small = failures(readings, WIDE[0], lambda r: r.small_images)
-    assert not small, f"images shown below {MIN_IMAGE_SCALE} of their drawn width at 1280 px: {small}"
+    assert not small, (
+        f"images shown below {MIN_IMAGE_SCALE} of their drawn width at 1280 px: {small}"
+    )
 
 
 def test_pages_fit_a_narrow_window(readings):
@@ -270,4 +296,6 @@ def test_the_code_column_holds_88_characters(browser, site):
         }""")
     finally:
         tab.close()
-    assert fits == [True, True], "88 characters must fit a code cell at 1280 px (96 must not: the test measures)"
+    assert fits == [True, True], (
+        "88 characters must fit a code cell at 1280 px (96 must not: the test measures)"
+    )

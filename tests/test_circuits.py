@@ -12,13 +12,16 @@ from gptlib.circuits import (
     composition_scores,
     copying_score,
     diagonal_argmax_rate,
+    first_token_score,
+    induction_score,
     k_composition,
+    previous_token_score,
     q_composition,
     repeated_sequences,
     score_table,
+    uniform_causal_pattern,
     v_composition,
 )
-from gptlib.circuits import first_token_score, induction_score, previous_token_score, uniform_causal_pattern
 
 
 def shifted_pattern(T: int, offset: int) -> torch.Tensor:
@@ -38,8 +41,16 @@ def test_repeated_sequences_repeat_and_are_seeded():
     assert tiled.shape == (3, 10) and torch.equal(tiled[:, 4:], tiled[:, :-4])
 
 
-@pytest.mark.parametrize("kw,name", [(dict(n=0), "n"), (dict(length=0), "length"), (dict(d_vocab=-1), "d_vocab"),
-                                     (dict(total=0), "total"), (dict(length=2.5), "length")])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(n=0), "n"),
+        (dict(length=0), "length"),
+        (dict(d_vocab=-1), "d_vocab"),
+        (dict(total=0), "total"),
+        (dict(length=2.5), "length"),
+    ],
+)
 def test_repeated_sequences_errors(kw, name):
     args = dict(n=2, length=3, d_vocab=5) | kw
     with pytest.raises(ValueError, match=name):
@@ -48,13 +59,21 @@ def test_repeated_sequences_errors(kw, name):
 
 def test_score_table_on_hand_made_heads():
     L = 4
-    ids = repeated_sequences(3, L, 1000, torch.Generator().manual_seed(0))  # (3, 8), no repeat inside r
+    ids = repeated_sequences(
+        3, L, 1000, torch.Generator().manual_seed(0)
+    )  # (3, 8), no repeat inside r
     assert all(len(set(seq[:L])) == L for seq in ids.tolist())
-    heads = torch.stack([shifted_pattern(2 * L, 1), shifted_pattern(2 * L, L - 1), shifted_pattern(2 * L, 2 * L)])
-    table = score_table(heads[None, None].expand(3, 1, 3, 2 * L, 2 * L), ids)  # one layer of 3 heads, batch of 3
+    heads = torch.stack(
+        [shifted_pattern(2 * L, 1), shifted_pattern(2 * L, L - 1), shifted_pattern(2 * L, 2 * L)]
+    )
+    table = score_table(
+        heads[None, None].expand(3, 1, 3, 2 * L, 2 * L), ids
+    )  # one layer of 3 heads, batch of 3
     torch.testing.assert_close(table["previous-token"][0], torch.tensor([1.0, 1 / 7, 1 / 7]))
     torch.testing.assert_close(table["induction"][0], torch.tensor([0.0, 1.0, 0.0]))
-    torch.testing.assert_close(table["first-token"][0], torch.tensor([1 / 7, 3 / 7, 1.0]))  # rows 1-3 of the second head sit on key 0
+    torch.testing.assert_close(
+        table["first-token"][0], torch.tensor([1 / 7, 3 / 7, 1.0])
+    )  # rows 1-3 of the second head sit on key 0
 
 
 def test_score_table_chance_on_repeats():
@@ -63,8 +82,14 @@ def test_score_table_chance_on_repeats():
     assert all(len(set(seq[:L])) == L for seq in ids.tolist())
     U = uniform_causal_pattern(T).expand(2, 1, 1, T, T)
     table = score_table(U, ids)
-    assert math.isclose(float(table["previous-token"]), sum(1 / (t + 1) for t in range(1, T)) / (T - 1), rel_tol=1e-9)
-    assert math.isclose(float(table["induction"]), sum(1 / (t + 1) for t in range(L, T)) / L, rel_tol=1e-9)
+    assert math.isclose(
+        float(table["previous-token"]),
+        sum(1 / (t + 1) for t in range(1, T)) / (T - 1),
+        rel_tol=1e-9,
+    )
+    assert math.isclose(
+        float(table["induction"]), sum(1 / (t + 1) for t in range(L, T)) / L, rel_tol=1e-9
+    )
 
 
 def test_score_table_averages_the_batch():
@@ -75,9 +100,13 @@ def test_score_table_averages_the_batch():
     assert table["previous-token"].shape == (1, 2)
     expected = (float(previous_token_score(uniform_causal_pattern(6))) + 1.0) / 2
     assert math.isclose(float(table["previous-token"][0, 0]), expected, rel_tol=1e-6)
-    ind = (induction_score(batch[0], ids[0].tolist()) + induction_score(batch[1], ids[1].tolist())) / 2
+    ind = (
+        induction_score(batch[0], ids[0].tolist()) + induction_score(batch[1], ids[1].tolist())
+    ) / 2
     torch.testing.assert_close(table["induction"], ind)
-    torch.testing.assert_close(score_table(batch[0], ids[0])["first-token"], first_token_score(batch[0]))
+    torch.testing.assert_close(
+        score_table(batch[0], ids[0])["first-token"], first_token_score(batch[0])
+    )
 
 
 def test_errors():
@@ -107,7 +136,8 @@ def test_composition_known_values():
     Q = torch.zeros(d, d)
     Q[1, 1] = 1.0
     assert float(composition_score(P, P)) == 1.0 and float(composition_score(P, Q)) == 0.0
-    # K-composition: W_QK^2 (W_OV^1)^T; the earlier head writes direction 1, the later head's keys read it.
+    # K-composition: W_QK^2 (W_OV^1)^T; the earlier head writes direction 1, the later head's
+    # keys read it.
     W_OV1 = torch.zeros(d, d)
     W_OV1[0, 1] = 1.0  # reads direction 0, writes direction 1
     W_QK2 = torch.zeros(d, d)
@@ -124,7 +154,9 @@ def test_k_composition_is_the_term_in_the_scores():
     g = torch.Generator().manual_seed(0)
     W_QK2, W_OV1 = torch.randn(6, 6, generator=g), torch.randn(6, 6, generator=g)
     X, Y = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g)
-    extra = X @ W_QK2 @ (Y @ W_OV1).T  # what the earlier head's output adds to the later head's key scores
+    extra = (
+        X @ W_QK2 @ (Y @ W_OV1).T
+    )  # what the earlier head's output adds to the later head's key scores
     torch.testing.assert_close(extra, X @ (W_QK2 @ W_OV1.T) @ Y.T)
 
 
@@ -134,8 +166,12 @@ def test_composition_scores_table_and_random_level():
     table = composition_scores(a, b, "K")
     assert table.shape == (4, 4)
     torch.testing.assert_close(table[1, 2], k_composition(b.W_QK(2), a.W_OV(1)).detach())
-    torch.testing.assert_close(composition_scores(a, b, "V")[3, 0], v_composition(b.W_OV(0), a.W_OV(3)).detach())
-    torch.testing.assert_close(composition_scores(a, b, "Q")[0, 1], q_composition(b.W_QK(1), a.W_OV(0)).detach())
+    torch.testing.assert_close(
+        composition_scores(a, b, "V")[3, 0], v_composition(b.W_OV(0), a.W_OV(3)).detach()
+    )
+    torch.testing.assert_close(
+        composition_scores(a, b, "Q")[0, 1], q_composition(b.W_QK(1), a.W_OV(0)).detach()
+    )
     assert abs(float(table.mean()) - 1 / 8) < 0.02  # random heads: about 1/sqrt(d_model)
 
 
@@ -177,7 +213,9 @@ def test_attention_only_gpt(tmp_path):
     assert loaded.config.attn_only
     torch.testing.assert_close(loaded(ids), m(ids))
     with pytest.raises(ValueError, match="attn_only"):
-        GPTConfig(d_vocab=16, n_ctx=8, d_model=16, n_heads=2, n_layers=2, attn_only=True, block="parallel")
+        GPTConfig(
+            d_vocab=16, n_ctx=8, d_model=16, n_heads=2, n_layers=2, attn_only=True, block="parallel"
+        )
 
 
 # --- ablation -------------------------------------------------------------------------------------
@@ -229,7 +267,9 @@ def test_ablating_a_query_head_of_grouped_query_attention():
         heads = []
         for h in range(attn.n_heads):
             W_Q, W_K, W_V, W_O = attn.head_weights(h)
-            z, _ = attention(apply_rope(x @ W_Q, angles), apply_rope(x @ W_K, angles), x @ W_V, causal_mask(T))
+            z, _ = attention(
+                apply_rope(x @ W_Q, angles), apply_rope(x @ W_K, angles), x @ W_V, causal_mask(T)
+            )
             heads.append(z @ W_O)
     with ablate_heads(model, [(0, 1)]):
         ablated = _attention_output(model, 0, x)
@@ -249,4 +289,3 @@ def test_ablate_heads_refuses_what_is_not_a_head(heads):
     model = GPT(GPTConfig.preset("tiny"))
     with pytest.raises(ValueError, match="heads"), ablate_heads(model, heads):
         pass
-

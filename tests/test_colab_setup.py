@@ -1,4 +1,5 @@
-"""The Colab set-up cell: in step with _config.yml, a no-op locally, and working in a simulated Colab.
+"""The Colab set-up cell: in step with _config.yml, a no-op locally, and working in a simulated
+Colab.
 
 The simulated Colab is a clean virtual environment holding what Colab ships (torch, numpy, tqdm,
 ipywidgets), a fake ``google.colab`` module, and the book's own repository cloned from this checkout
@@ -36,7 +37,11 @@ COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "tqdm", "ipywidgets"]
 
 
 def test_notebooks_and_readme_are_in_step_with_config():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "colab.py"), "check"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "colab.py"), "check"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -52,10 +57,14 @@ def test_every_chapter_starts_with_the_setup_cell():
 
 def test_repository_url_is_in_one_place():
     repo, _ = colab.read_repository()
-    hits = subprocess.run(["git", "grep", "-l", "--untracked", repo], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    hits = subprocess.run(
+        ["git", "grep", "-l", "--untracked", repo], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     # _config.yml holds it; the notebooks and the README are generated from it.
     assert "_config.yml" in hits
-    others = [h for h in hits if h != "_config.yml" and not h.endswith(".ipynb") and h != "README.md"]
+    others = [
+        h for h in hits if h != "_config.yml" and not h.endswith(".ipynb") and h != "README.md"
+    ]
     assert others == [], f"the repository URL is written by hand in {others}"
 
 
@@ -106,17 +115,30 @@ SIMULATION = textwrap.dedent(
 def test_setup_cell_in_a_simulated_colab(tmp_path):
     if not (WHEELHOUSE / ".done").exists():
         pytest.skip("no wheelhouse: `make test` fills .cache/wheelhouse at install time")
-    ref = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    ref = subprocess.run(
+        ["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     if not ref or ref == "HEAD":
-        pytest.skip("the checkout is on no branch, so there is nothing for `git clone --branch` to fetch")
+        pytest.skip(
+            "the checkout is on no branch, so there is nothing for `git clone --branch` to fetch"
+        )
     venv = tmp_path / "colab-venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        **os.environ,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(WHEELHOUSE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     env.pop("PYTHONPATH", None)
     # --no-compile: byte-compiling torch's files takes most of the install and changes no behaviour
-    subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED], check=True, env=env)
+    subprocess.run(
+        [py, "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED],
+        check=True,
+        env=env,
+    )
 
     repo, _ = colab.read_repository()
     cell = tmp_path / "setup_cell.py"
@@ -125,7 +147,14 @@ def test_setup_cell_in_a_simulated_colab(tmp_path):
     script.write_text(SIMULATION)
     book = tmp_path / "book"
     env.update(GPTLIB_BOOK_REPO=ROOT.as_uri(), GPTLIB_BOOK_REF=ref, GPTLIB_BOOK_DIR=str(book))
-    r = subprocess.run([py, str(script), str(cell)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    r = subprocess.run(
+        [py, str(script), str(cell)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["gptlib_file"].startswith(str(book)), result

@@ -7,7 +7,13 @@ import sys
 import pytest
 
 import gptlib.data
-from gptlib.data import CORPUS_SHA256, book_tokenizer, corpus_from_topics, load_corpus, train_val_split
+from gptlib.data import (
+    CORPUS_SHA256,
+    book_tokenizer,
+    corpus_from_topics,
+    load_corpus,
+    train_val_split,
+)
 from gptlib.tokenizers import BPETokenizer
 
 
@@ -18,7 +24,9 @@ def test_corpus_is_the_pinned_text():
     assert len(a) == 465_048 and a.startswith('The "assert" statement\n') and a.endswith("\n")
 
 
-@pytest.mark.skipif(sys.version_info[:3] != (3, 11, 7), reason="the pinned copy is CPython 3.11.7's help topics")
+@pytest.mark.skipif(
+    sys.version_info[:3] != (3, 11, 7), reason="the pinned copy is CPython 3.11.7's help topics"
+)
 def test_corpus_equals_the_help_topics_of_python_3_11_7():
     from pydoc_data.topics import topics
 
@@ -79,8 +87,10 @@ from gptlib.data import (  # noqa: E402
     untag_brown,
 )
 
-needs_brown = pytest.mark.skipif(not (cache_dir() / ASSETS["brown"].filename).is_file(),
-                                 reason="Brown corpus not fetched: run `python -m gptlib.assets fetch brown` (make does)")
+needs_brown = pytest.mark.skipif(
+    not (cache_dir() / ASSETS["brown"].filename).is_file(),
+    reason="Brown corpus not fetched: run `python -m gptlib.assets fetch brown` (make does)",
+)
 
 
 def test_detokenize_punctuation_and_quotes():
@@ -110,7 +120,9 @@ def test_bits_per_byte():
 def test_brown_documents_are_clean_english():
     docs = brown_documents()
     assert len(docs) == 500 and [n for n, _ in docs] == sorted(n for n, _ in docs)
-    assert docs[0][0] == "ca01" and docs[0][1].startswith("The Fulton County Grand Jury said Friday")
+    assert docs[0][0] == "ca01" and docs[0][1].startswith(
+        "The Fulton County Grand Jury said Friday"
+    )
     text = "\n\n".join(t for _, t in docs)
     assert len(text.encode()) == 5_965_976  # the untagged text of the pinned tarball
     assert text.isascii() and "``" not in text and "/at " not in text and "/nn" not in text
@@ -141,9 +153,15 @@ def test_held_out_indices():
 def test_english_split_names_the_held_out_samples_and_genres():
     train, val = english_split()
     docs = brown_documents()
-    assert val == [docs[i][0] for i in range(19, 500, 20)] and len(train) == 475 and not set(train) & set(val)
+    assert (
+        val == [docs[i][0] for i in range(19, 500, 20)]
+        and len(train) == 475
+        and not set(train) & set(val)
+    )
     genres = {name[1] for name, _ in docs}
-    assert len(genres) == 15 and {name[1] for name in val} == genres - {"m"}  # no science fiction held out
+    assert len(genres) == 15 and {name[1] for name in val} == genres - {
+        "m"
+    }  # no science fiction held out
     assert load_english()[1] == "\n\n".join(dict(docs)[n] for n in val) + "\n"
 
 
@@ -165,12 +183,17 @@ def test_shipped_english_model_matches_its_log(one_thread):
     log = json.loads((directory / "train_log.json").read_text())
     model = GPT.load(directory).eval()
     tok = BPETokenizer.load(directory / "tokenizer.json")
-    assert model.config.to_dict() == log["run_config"]["model"] and tok.vocab_size == model.config.d_vocab
+    assert (
+        model.config.to_dict() == log["run_config"]["model"]
+        and tok.vocab_size == model.config.d_vocab
+    )
     _, val = load_english()
     ids = tok.encode(val)
     assert len(ids) == log["corpus"]["val_tokens"] and tok.decode(ids) == val
     n_ctx = model.config.n_ctx
-    x, y = make_windows(ids, n_ctx, n_ctx)  # every validation window, as the log's figure scores them
+    x, y = make_windows(
+        ids, n_ctx, n_ctx
+    )  # every validation window, as the log's figure scores them
     with torch.no_grad():
         first = float(F.cross_entropy(model(x[:8]).flatten(0, 1), y[:8].flatten()))
     assert first < math.log(model.config.d_vocab) - 3  # far below a uniform guess (8.3 nats)
@@ -182,13 +205,16 @@ def test_shipped_english_model_matches_its_log(one_thread):
     assert abs(r.nats_per_token - final["nats_per_token"]) <= 5e-5 + 1e-5
     assert abs(r.bits_per_byte - final["bits_per_byte"]) <= 5e-5 + 1e-5
     assert final["bits_per_byte"] == pytest.approx(
-        bits_per_byte(final["nats_per_token"], final["tokens"], final["bytes"]), abs=5e-5)
+        bits_per_byte(final["nats_per_token"], final["tokens"], final["bytes"]), abs=5e-5
+    )
 
 
 def test_token_byte_lengths_add_up_to_the_text(book_bpe):
     tok = book_bpe
     lengths = token_byte_lengths(tok)
     assert lengths.shape == (tok.vocab_size,) and lengths[:256].eq(1).all()
-    text = "Assert statements: caf\u00e9 \u2014 \U0001F600 and <|endoftext|>"
+    text = "Assert statements: caf\u00e9 \u2014 \U0001f600 and <|endoftext|>"
     ids = tok.encode(text, allowed_special="all")
-    assert tok.special_tokens["<|endoftext|>"] in ids and int(lengths[ids].sum()) == len(text.encode("utf-8"))
+    assert tok.special_tokens["<|endoftext|>"] in ids and int(lengths[ids].sum()) == len(
+        text.encode("utf-8")
+    )

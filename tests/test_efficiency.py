@@ -24,8 +24,17 @@ def _batch(B: int = 4, T: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.
 
 
 def test_bytes_per_parameter_layouts():
-    assert E.adamw_bytes_per_parameter("mixed") == {"weights": 2, "gradients": 2, "master weights": 4, "moments": 8}
-    assert sum(E.adamw_bytes_per_parameter("mixed").values()) == sum(E.adamw_bytes_per_parameter("fp32").values()) == 16
+    assert E.adamw_bytes_per_parameter("mixed") == {
+        "weights": 2,
+        "gradients": 2,
+        "master weights": 4,
+        "moments": 8,
+    }
+    assert (
+        sum(E.adamw_bytes_per_parameter("mixed").values())
+        == sum(E.adamw_bytes_per_parameter("fp32").values())
+        == 16
+    )
     with pytest.raises(ValueError, match="layout"):
         E.adamw_bytes_per_parameter("fp8")
 
@@ -33,7 +42,10 @@ def test_bytes_per_parameter_layouts():
 def test_tensor_bytes_counts_each_storage_once():
     x = torch.zeros(6, 4)
     assert E.tensor_bytes([x, x.t(), x[1:3], None]) == 96
-    assert E.tensor_bytes([torch.zeros(3, dtype=torch.float16), torch.zeros(2, dtype=torch.float64)]) == 22
+    assert (
+        E.tensor_bytes([torch.zeros(3, dtype=torch.float16), torch.zeros(2, dtype=torch.float64)])
+        == 22
+    )
 
 
 def _one_step(model, opt, x, y):
@@ -94,8 +106,16 @@ def test_activation_formula_equals_the_bytes_autograd_saves(B, T, d_model, n_hea
 
 def test_activation_elements_arguments():
     assert E.activation_elements(2, 3, 8, 2) == 2 * 3 * (16 * 8 + 2 + 4)
-    assert E.activation_elements(1, 4, 8, 2, attention="pattern") - E.activation_elements(1, 4, 8, 2) == 2 * (3 * 16 + 2 * 4) - 4 * 2
-    for kwargs, name in (({"B": 0}, "B"), ({"T": -1}, "T"), ({"n_heads": 3}, "n_heads"), ({"attention": "flash"}, "attention")):
+    assert (
+        E.activation_elements(1, 4, 8, 2, attention="pattern") - E.activation_elements(1, 4, 8, 2)
+        == 2 * (3 * 16 + 2 * 4) - 4 * 2
+    )
+    for kwargs, name in (
+        ({"B": 0}, "B"),
+        ({"T": -1}, "T"),
+        ({"n_heads": 3}, "n_heads"),
+        ({"attention": "flash"}, "attention"),
+    ):
         args = {"B": 1, "T": 2, "d_model": 8, "n_heads": 2} | kwargs
         with pytest.raises(ValueError, match=name):
             E.activation_elements(**args)
@@ -162,7 +182,8 @@ def test_live_bytes_follows_allocations_and_frees():
 
 @pytest.mark.parametrize("n_layers", [1, 3])
 def test_checkpointed_backward_peaks(n_layers):
-    """Block turns step down by one block's saved tensors (plain) or by one block input (checkpointed);
+    """Block turns step down by one block's saved tensors (plain) or by one block input
+    (checkpointed);
     the read-out's turn differs by exactly what checkpointing removed from the forward pass."""
     config = GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=n_layers)
     x, y = _batch()
@@ -211,7 +232,9 @@ def _small_grad_problem():
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
     x = torch.randn(16, 8)
-    return lin, (lambda: (lin(x).float() * 1e-8).sum())  # dL/d(output) = 1e-8 < fp16's smallest 6e-8
+    return lin, (
+        lambda: (lin(x).float() * 1e-8).sum()
+    )  # dL/d(output) = 1e-8 < fp16's smallest 6e-8
 
 
 def test_fp16_gradient_underflows_without_loss_scaling_and_survives_with_it():
@@ -223,7 +246,9 @@ def test_fp16_gradient_underflows_without_loss_scaling_and_survives_with_it():
     for n, g in ref.items():
         assert g.abs().min() > 0
         assert torch.count_nonzero(fp16[n]) == 0, n  # every gradient flushed to zero
-        scale = float(g.abs().max())  # errors relative to the largest entry (sums of 16 products cancel)
+        scale = float(
+            g.abs().max()
+        )  # errors relative to the largest entry (sums of 16 products cancel)
         torch.testing.assert_close(scaled[n], g, rtol=0, atol=2e-3 * scale)
         torch.testing.assert_close(bf16[n], g, rtol=0, atol=1e-2 * scale)  # bf16 has fp32's range
     with pytest.raises(ValueError, match="loss_scale"):
@@ -236,7 +261,11 @@ def test_zero_table_matches_the_zero_paper():
     assert [round(g, 2) for g in got] == [120.0, 31.41, 16.64, 1.88]
     assert E.zero_bytes_per_device(1e9, 8, 3) == E.zero_bytes_per_device(1e9, 8, 0) / 8
     assert E.zero_bytes_per_device(1e9, 1, 3) == E.zero_bytes_per_device(1e9, 1, 0)
-    for kwargs, name in (({"n_params": 0}, "n_params"), ({"n_devices": 0}, "n_devices"), ({"stage": 4}, "stage")):
+    for kwargs, name in (
+        ({"n_params": 0}, "n_params"),
+        ({"n_devices": 0}, "n_devices"),
+        ({"stage": 4}, "stage"),
+    ):
         args = {"n_params": 1e9, "n_devices": 8, "stage": 1} | kwargs
         with pytest.raises(ValueError, match=name):
             E.zero_bytes_per_device(**args)
@@ -248,13 +277,17 @@ def test_cuda_allocated_memory_matches_the_saved_tensor_count():
     torch.manual_seed(0)
     blk = Block(GPTConfig(d_model=d_model, n_heads=n_heads)).cuda()
     x = torch.randn(B, T, d_model, device="cuda", requires_grad=True)
-    blk(x).sum().backward()  # warm-up: cuBLAS's workspace and the gradients are allocated now, not below
+    blk(
+        x
+    ).sum().backward()  # warm-up: cuBLAS's workspace and the gradients are allocated now, not below
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     out = blk(x)
     torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated() - before  # what the forward pass left behind: saved tensors + output
+    held = (
+        torch.cuda.memory_allocated() - before
+    )  # what the forward pass left behind: saved tensors + output
     peak = torch.cuda.max_memory_allocated() - before
     _, saved = E.saved_tensor_bytes(blk, x, exclude=blk.parameters())
     formula = 4 * (E.activation_elements(B, T, d_model, n_heads) + 3 * d_model * d_model)
@@ -269,7 +302,9 @@ def test_float_arguments_must_be_finite():
     with pytest.raises(ValueError, match="n_params"):
         E.zero_bytes_per_device(float("nan"), 8, 1)
     with pytest.raises(ValueError, match="loss_scale"):
-        E.amp_gradients(torch.nn.Linear(2, 1), lambda: torch.zeros(()), None, loss_scale=float("inf"))
+        E.amp_gradients(
+            torch.nn.Linear(2, 1), lambda: torch.zeros(()), None, loss_scale=float("inf")
+        )
     with pytest.raises(ValueError, match="n_devices"):
         E.zero_bytes_per_device(1e9, True, 1)
 

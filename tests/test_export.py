@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from gptlib.export import OUTPUTS, export, main, manifest, readout, to_onnx, tokenizer_json, weights_sha256
+from gptlib.export import (
+    OUTPUTS,
+    export,
+    main,
+    manifest,
+    readout,
+    to_onnx,
+    tokenizer_json,
+    weights_sha256,
+)
 from gptlib.hooks import capture
 from gptlib.model import GPT
 from gptlib.tokenizers import BPETokenizer
@@ -25,8 +34,12 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 # Prompts that are not in the chapters: accents, emoji, digits, whitespace runs, a contraction.
-PROMPTS = ["Zoë's café opened at 7:45 — 😀👍🏽 and   three   spaces\n\n\tthen a tab.",
-           "x", "1234567890 numbers, 3.14159 and ½ of them", "Ünïcödé ñ 中文 العربية"]
+PROMPTS = [
+    "Zoë's café opened at 7:45 — 😀👍🏽 and   three   spaces\n\n\tthen a tab.",
+    "x",
+    "1234567890 numbers, 3.14159 and ½ of them",
+    "Ünïcödé ñ 中文 العربية",
+]
 
 
 def _session(data: bytes):
@@ -54,12 +67,18 @@ def test_readout_is_the_models_forward_pass(tiny_gpt):
     ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(1))
     out = readout(model, ids)
     assert {k: tuple(v.shape) for k, v in out.items()} == {
-        "logits": (2, 11, 512), "patterns": (2, 3, 4, 11, 11), "resid": (2, 4, 11, 64), "lens": (2, 4, 512)}
+        "logits": (2, 11, 512),
+        "patterns": (2, 3, 4, 11, 11),
+        "resid": (2, 4, 11, 64),
+        "lens": (2, 4, 512),
+    }
     torch.testing.assert_close(out["logits"], model(ids), atol=1e-5, rtol=0)
     torch.testing.assert_close(out["patterns"], model.attention_patterns(ids), atol=1e-6, rtol=0)
     # the residual stream: X_0 = embedding + positions, then what each block returns
     seen = []
-    hooks = [blk.register_forward_hook(lambda m, a, o: seen.append(o.detach())) for blk in model.blocks]
+    hooks = [
+        blk.register_forward_hook(lambda m, a, o: seen.append(o.detach())) for blk in model.blocks
+    ]
     try:
         model(ids)
     finally:
@@ -68,7 +87,9 @@ def test_readout_is_the_models_forward_pass(tiny_gpt):
     torch.testing.assert_close(out["resid"][:, 1:], torch.stack(seen, 1), atol=1e-6, rtol=0)
     torch.testing.assert_close(out["resid"][:, 0], model.embed(ids) + model.pos(11), atol=0, rtol=0)
     # the logit lens at the last position; its last row is the model's own next-token logits
-    torch.testing.assert_close(out["lens"], model.unembed(model.ln_f(out["resid"][:, :, -1])), atol=0, rtol=0)
+    torch.testing.assert_close(
+        out["lens"], model.unembed(model.ln_f(out["resid"][:, :, -1])), atol=0, rtol=0
+    )
     torch.testing.assert_close(out["lens"][:, -1], out["logits"][:, -1], atol=1e-5, rtol=0)
 
 
@@ -76,9 +97,13 @@ def test_readout_keeps_the_mode_and_refuses_bad_ids(tiny_gpt):
     model = tiny_gpt(n_ctx=16).train()
     readout(model, torch.tensor([[1, 2]]))
     assert model.training
-    for ids, match in [(torch.tensor([1, 2]), "shape"), (torch.zeros(1, 0, dtype=torch.long), "shape"),
-                       (torch.tensor([[1, 512]]), "ids"), (torch.tensor([[1.0]]), "ids"),
-                       (torch.zeros(1, 17, dtype=torch.long), "n_ctx")]:
+    for ids, match in [
+        (torch.tensor([1, 2]), "shape"),
+        (torch.zeros(1, 0, dtype=torch.long), "shape"),
+        (torch.tensor([[1, 512]]), "ids"),
+        (torch.tensor([[1.0]]), "ids"),
+        (torch.zeros(1, 17, dtype=torch.long), "n_ctx"),
+    ]:
         with pytest.raises(ValueError, match=match):
             readout(model, ids)
     with pytest.raises(ValueError, match="model"):
@@ -103,8 +128,12 @@ def test_onnx_equals_pytorch_on_the_english_model(english, english_onnx):
     """Unicode prompts, a one-token prompt and a full n_ctx window: every output within 1e-4."""
     model, tok = english
     sess = _session(english_onnx)
-    assert [i.name for i in sess.get_inputs()] == ["ids"] and [o.name for o in sess.get_outputs()] == list(OUTPUTS)
-    window = torch.randint(0, model.config.d_vocab, (1, model.config.n_ctx), generator=torch.Generator().manual_seed(0))
+    assert [i.name for i in sess.get_inputs()] == ["ids"] and [
+        o.name for o in sess.get_outputs()
+    ] == list(OUTPUTS)
+    window = torch.randint(
+        0, model.config.d_vocab, (1, model.config.n_ctx), generator=torch.Generator().manual_seed(0)
+    )
     cases = [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window, window[:, :37].repeat(3, 1)]
     worst = {}
     for ids in cases:
@@ -127,8 +156,11 @@ def test_onnx_stores_the_weights_in_float16(english, english_onnx):
     assert big and all(i.data_type == TensorProto.FLOAT16 for i in big)
     # every fp16 initializer is cast back to float32 under the name the graph uses
     casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
-    assert all(name in casts and casts[name] == name.removesuffix(".fp16") for name, i in inits.items()
-               if i.data_type == TensorProto.FLOAT16)
+    assert all(
+        name in casts and casts[name] == name.removesuffix(".fp16")
+        for name, i in inits.items()
+        if i.data_type == TensorProto.FLOAT16
+    )
     assert len(english_onnx) < 0.52 * 4 * model.num_parameters()  # about 2 bytes per parameter
     assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no stack traces
 
@@ -146,9 +178,49 @@ def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
 def _fuzz(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     pieces = list("abcdefghijklmnopqrstuvwxyz ABCXYZ.,;:!?'\"-()") + [
-        " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "1", "42", "2026", "3.14", "'s", "'ll", "'re", "n't",
-        "é", "ü", "ñ", "ß", "Ω", "ж", "中", "文", "の", "한", "ع", "½", "١", "😀", "👍🏽", "🇫🇷", "\u00a0", "\u2003",
-        "\u200b", "\x85", "\ufeff", "<|endoftext|>", " the", " of", "ing", "tion"]
+        " ",
+        "  ",
+        "   ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        "0",
+        "1",
+        "42",
+        "2026",
+        "3.14",
+        "'s",
+        "'ll",
+        "'re",
+        "n't",
+        "é",
+        "ü",
+        "ñ",
+        "ß",
+        "Ω",
+        "ж",
+        "中",
+        "文",
+        "の",
+        "한",
+        "ع",
+        "½",
+        "١",
+        "😀",
+        "👍🏽",
+        "🇫🇷",
+        "\u00a0",
+        "\u2003",
+        "\u200b",
+        "\x85",
+        "\ufeff",
+        "<|endoftext|>",
+        " the",
+        " of",
+        "ing",
+        "tion",
+    ]
     return [""] + ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
@@ -160,7 +232,9 @@ def test_tokenizer_json_gives_bpe_ids_under_hugging_face_tokenizers(english):
     for text in _fuzz(2000) + PROMPTS:
         assert hf.encode(text).ids == tok.encode(text), repr(text)
     # special-token text is ordinary text, as in encode()
-    assert 4095 not in hf.encode("<|endoftext|>").ids and tok.special_tokens == {"<|endoftext|>": 4095}
+    assert 4095 not in hf.encode("<|endoftext|>").ids and tok.special_tokens == {
+        "<|endoftext|>": 4095
+    }
 
 
 def test_tokenizer_json_of_a_freshly_trained_bpe():
@@ -190,12 +264,24 @@ def test_export_writes_the_three_files(english, exported, english_onnx):
     assert [p.name for p in written] == ["english.onnx", "english.tokenizer.json", "english.json"]
     info = json.loads(written[2].read_text(encoding="utf-8"))
     assert info["format"] == "gptlib-live" and info["version"] == 1 and info["name"] == "english"
-    assert info["config"] == {"d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_heads": 4, "n_layers": 4}
-    assert info["onnx"]["bytes"] == len(english_onnx) and info["weights_sha256"] == weights_sha256(model)
+    assert info["config"] == {
+        "d_vocab": 4096,
+        "n_ctx": 128,
+        "d_model": 256,
+        "n_heads": 4,
+        "n_layers": 4,
+    }
+    assert info["onnx"]["bytes"] == len(english_onnx) and info["weights_sha256"] == weights_sha256(
+        model
+    )
     assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
-    assert [base64.b64decode(b) for b in info["token_bytes"]] == [tok.token_bytes(i) for i in range(4096)]
+    assert [base64.b64decode(b) for b in info["token_bytes"]] == [
+        tok.token_bytes(i) for i in range(4096)
+    ]
     assert info == manifest(model, tok, "english", english_onnx, written[1].read_bytes())
-    assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(p.name for p in written)  # no temporary file left
+    assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(
+        p.name for p in written
+    )  # no temporary file left
 
 
 def test_export_checks_its_input_before_writing(tmp_path, english):
@@ -214,7 +300,9 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
 
 
 @pytest.mark.slow
-def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(tmp_path, capsys, tiny_gpt):
+def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
+    tmp_path, capsys, tiny_gpt
+):
     """``python -m gptlib.export`` writes the three files; a second export of the same model gives
     the same bytes; weights that float16 cannot hold exactly stay float32: nothing is lost."""
     from onnx import TensorProto
@@ -226,11 +314,17 @@ def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(t
     tok.save(src / "tokenizer.json")
     assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["t.json", "t.onnx", "t.tokenizer.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "t.json",
+        "t.onnx",
+        "t.tokenizer.json",
+    ]
     a = (tmp_path / "out" / "t.onnx").read_bytes()
     assert to_onnx(GPT.load(src)) == a
     proto = onnx.load_from_string(a)
-    assert all(i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024)
+    assert all(
+        i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024
+    )
     ids = torch.tensor([[5, 1, 268, 7, 7, 7]])
     got = _session(a).run(None, {"ids": ids.numpy()})
     np.testing.assert_allclose(got[0], readout(model, ids)["logits"].numpy(), atol=1e-5, rtol=0)

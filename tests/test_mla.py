@@ -1,4 +1,5 @@
-"""Tests for gptlib.mla: latent attention against its formula per head, absorption, the latent cache."""
+"""Tests for gptlib.mla: latent attention against its formula per head, absorption, the latent
+cache."""
 
 import math
 
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def layer(seed=0, **kw):
     torch.manual_seed(seed)
     args = {"d_model": 16, "n_heads": 4, "d_head": 6, "d_c": 10, "d_R": 4, **kw}
-    attn = MultiHeadLatentAttention(args.pop("d_model"), args.pop("n_heads"), args.pop("d_head"),
-                                    args.pop("d_c"), args.pop("d_R"), **args).double()
+    attn = MultiHeadLatentAttention(
+        args.pop("d_model"),
+        args.pop("n_heads"),
+        args.pop("d_head"),
+        args.pop("d_c"),
+        args.pop("d_R"),
+        **args,
+    ).double()
     with torch.no_grad():  # weights of order one, so that the patterns are far from uniform
         for p in attn.parameters():
             p.mul_(20)
@@ -33,14 +40,14 @@ def by_formula(attn, x):
     out = torch.zeros_like(x)
     for h in range(attn.n_heads):
         W_Q, W_UK, W_UV, W_O = attn.head_weights(h)
-        W_QR = attn.W_QR[:, h * attn.d_R:(h + 1) * attn.d_R]
+        W_QR = attn.W_QR[:, h * attn.d_R : (h + 1) * attn.d_R]
         q, q_R = x @ W_Q, apply_rope(x @ W_QR, angles)
         K, V = c @ W_UK, c @ W_UV
         for b in range(B):
             for t in range(T):
                 s = torch.stack([(q[b, t] @ K[b, j] + q_R[b, t] @ k_R[b, j]) for j in range(t + 1)])
                 a = torch.softmax(s / math.sqrt(attn.d_head + attn.d_R), dim=0)  # (t + 1,)
-                out[b, t] += (a @ V[b, :t + 1]) @ W_O
+                out[b, t] += (a @ V[b, : t + 1]) @ W_O
     return out
 
 
@@ -88,10 +95,14 @@ def test_rope_on_the_keys_breaks_absorption():
     rotated = apply_rope(x @ W_Q, angles) @ apply_rope(c @ W_UK, angles).T  # (16, 16)
     # the best fixed matrix M with rotated = (x W_Q M) c^T, by least squares, misses
     qx = x @ W_Q  # (6, d_head)
-    M = torch.linalg.lstsq(torch.kron(qx, c), rotated.reshape(-1, 1)).solution.reshape(attn.d_head, attn.d_c)
+    M = torch.linalg.lstsq(torch.kron(qx, c), rotated.reshape(-1, 1)).solution.reshape(
+        attn.d_head, attn.d_c
+    )
     assert (qx @ M @ c.T - rotated).abs().max() > 1e-3
     plain = qx @ (c @ W_UK).T  # without rotation the same fit is exact
-    M0 = torch.linalg.lstsq(torch.kron(qx, c), plain.reshape(-1, 1)).solution.reshape(attn.d_head, attn.d_c)
+    M0 = torch.linalg.lstsq(torch.kron(qx, c), plain.reshape(-1, 1)).solution.reshape(
+        attn.d_head, attn.d_c
+    )
     torch.testing.assert_close(qx @ M0 @ c.T, plain)
 
 
@@ -100,7 +111,7 @@ def test_cache_decodes_as_the_full_pass(absorb):
     attn = layer(absorb=absorb)
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     cache = LatentCache(n_layers=1, capacity=6)
-    steps = [attn(x[:, :3], cache)] + [attn(x[:, t:t + 1], cache) for t in range(3, 6)]
+    steps = [attn(x[:, :3], cache)] + [attn(x[:, t : t + 1], cache) for t in range(3, 6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), attn(x))
     assert cache.allocated_numbers() == 2 * 6 * (10 + 4)  # B x positions x (d_c + d_R)
 
@@ -110,7 +121,9 @@ def test_model_with_cache_and_allocation():
     ids = torch.tensor([[5, 3, 8, 1, 2]])
     cache = LatentCache(m.config.n_layers, capacity=5)
     with torch.no_grad():
-        logits = torch.cat([m(ids[:, :2], cache)] + [m(ids[:, t:t + 1], cache) for t in range(2, 5)], dim=1)
+        logits = torch.cat(
+            [m(ids[:, :2], cache)] + [m(ids[:, t : t + 1], cache) for t in range(2, 5)], dim=1
+        )
         torch.testing.assert_close(logits, m(ids), atol=1e-5, rtol=1e-5)
     assert cache.allocated_numbers() == m.config.n_layers * 5 * (8 + 4)
     with pytest.raises(ValueError, match="LatentCache"):
@@ -121,7 +134,10 @@ def test_matched_variants():
     counts = {name: attention_variant(name).num_parameters() for name in ATTENTION_VARIANTS}
     assert max(counts.values()) - min(counts.values()) <= 256
     mla = ATTENTION_VARIANTS["mla"]
-    assert sum(mla[1]) == 2 * ATTENTION_VARIANTS["gqa"][0].n_kv_heads * ATTENTION_VARIANTS["gqa"][0].d_head
+    assert (
+        sum(mla[1])
+        == 2 * ATTENTION_VARIANTS["gqa"][0].n_kv_heads * ATTENTION_VARIANTS["gqa"][0].d_head
+    )
 
 
 def test_errors():

@@ -29,9 +29,13 @@ def test_activations_known_values_and_torch_peers():
     torch.testing.assert_close(gelu(x), F.gelu(x))
     torch.testing.assert_close(gelu_tanh(x), F.gelu(x, approximate="tanh"))
     assert float(gelu(torch.tensor(0.0))) == 0.0
-    assert float(gelu(torch.tensor(1.0, dtype=torch.float64))) == pytest.approx(0.5 * (1 + math.erf(1 / math.sqrt(2))))
+    assert float(gelu(torch.tensor(1.0, dtype=torch.float64))) == pytest.approx(
+        0.5 * (1 + math.erf(1 / math.sqrt(2)))
+    )
     c = math.sqrt(2 / math.pi) * (1 + 0.044715)
-    assert float(gelu_tanh(torch.tensor(1.0, dtype=torch.float64))) == pytest.approx(0.5 * (1 + math.tanh(c)))
+    assert float(gelu_tanh(torch.tensor(1.0, dtype=torch.float64))) == pytest.approx(
+        0.5 * (1 + math.tanh(c))
+    )
     assert relu(torch.tensor([-2.0, 0.0, 3.0])).tolist() == [0.0, 0.0, 3.0]
     assert 4e-4 < float((gelu(x) - gelu_tanh(x)).abs().max()) < 5e-4
 
@@ -55,7 +59,10 @@ def test_activations_keep_dtype_and_relu_keeps_integers():
     for f in ACTIVATIONS.values():
         for dtype in (torch.float16, torch.bfloat16, torch.float64):
             assert f(torch.ones(3, dtype=dtype)).dtype == dtype
-    assert relu(torch.tensor([-3, 4])).tolist() == [0, 4] and relu(torch.tensor([-3, 4])).dtype == torch.int64
+    assert (
+        relu(torch.tensor([-3, 4])).tolist() == [0, 4]
+        and relu(torch.tensor([-3, 4])).dtype == torch.int64
+    )
 
 
 def test_dag_vertices_and_topological_order():
@@ -81,7 +88,9 @@ def test_dag_forward_skip_connection_and_known_value():
 def test_dag_forward_per_vertex_activation_batch_and_dtype():
     edges = {("x", "h1"): 1.0, ("x", "h2"): 1.0, ("h1", "y"): 1.0, ("h2", "y"): 1.0}
     x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)  # a batch of three inputs
-    y = dag_forward(edges, {"h1": 0.0, "h2": 0.0, "y": 0.0}, {"x": x}, activation={"h1": relu, "h2": torch.tanh})
+    y = dag_forward(
+        edges, {"h1": 0.0, "h2": 0.0, "y": 0.0}, {"x": x}, activation={"h1": relu, "h2": torch.tanh}
+    )
     torch.testing.assert_close(y, (relu(x) + torch.tanh(x))[:, None])
     assert y.shape == (3, 1) and y.dtype == torch.float64
 
@@ -90,7 +99,11 @@ def test_dag_forward_rejects_bad_input():
     x = torch.tensor(1.0)
     edges = {("x", "h"): 1.0, ("h", "y"): 1.0}
     with pytest.raises(ValueError, match="cycle"):
-        dag_forward({("x", "a"): 1.0, ("a", "b"): 1.0, ("b", "a"): 1.0, ("b", "y"): 1.0}, {"a": 0.0, "b": 0.0, "y": 0.0}, {"x": x})
+        dag_forward(
+            {("x", "a"): 1.0, ("a", "b"): 1.0, ("b", "a"): 1.0, ("b", "y"): 1.0},
+            {"a": 0.0, "b": 0.0, "y": 0.0},
+            {"x": x},
+        )
     with pytest.raises(ValueError, match="inputs"):
         dag_forward(edges, {"h": 0.0, "y": 0.0}, {"h": x})
     with pytest.raises(ValueError, match="biases"):
@@ -119,13 +132,19 @@ def test_bias_as_input_gives_the_same_function():
 
 def test_layered_to_dag_equals_layered_forward():
     torch.manual_seed(0)
-    Ws = [torch.randn(3, 5, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)]
+    Ws = [
+        torch.randn(3, 5, dtype=torch.float64),
+        torch.randn(5, 4, dtype=torch.float64),
+        torch.randn(4, 2, dtype=torch.float64),
+    ]
     bs = [torch.randn(5, dtype=torch.float64), None, torch.randn(2, dtype=torch.float64)]
     edges, biases, ins, outs = layered_to_dag(Ws, bs)
     assert len(edges) == 3 * 5 + 5 * 4 + 4 * 2 and len(biases) == 5 + 4 + 2
     assert dag_vertices(edges)[0] == ins and dag_vertices(edges)[2] == outs
     X = torch.randn(7, 3, dtype=torch.float64)
-    by_graph = dag_forward(edges, biases, {v: X[:, i] for i, v in enumerate(ins)}, activation=gelu, outputs=outs)
+    by_graph = dag_forward(
+        edges, biases, {v: X[:, i] for i, v in enumerate(ins)}, activation=gelu, outputs=outs
+    )
     torch.testing.assert_close(by_graph, layered_forward(X, Ws, bs, activation=gelu))
     by_hand = gelu(gelu(X @ Ws[0] + bs[0]) @ Ws[1]) @ Ws[2] + bs[2]
     torch.testing.assert_close(layered_forward(X, Ws, bs, activation=gelu), by_hand)
@@ -154,17 +173,25 @@ def test_mlp_equals_its_dag_and_the_formula():
             p.normal_()
         x = torch.randn(3)
         edges, biases, ins, outs = mlp_to_dag(mlp)
-        torch.testing.assert_close(dag_forward(edges, biases, dict(zip(ins, x)), activation=gelu, outputs=outs),
-                                   mlp(x[None, None])[0, 0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            dag_forward(edges, biases, dict(zip(ins, x)), activation=gelu, outputs=outs),
+            mlp(x[None, None])[0, 0],
+            atol=1e-5,
+            rtol=1e-5,
+        )
         X = torch.randn(2, 4, 3)
         torch.testing.assert_close(mlp(X), gelu(X @ mlp.W_in + mlp.b_in) @ mlp.W_out + mlp.b_out)
-        torch.testing.assert_close(mlp(X), layered_forward(X, [mlp.W_in, mlp.W_out], [mlp.b_in, mlp.b_out], gelu))
+        torch.testing.assert_close(
+            mlp(X), layered_forward(X, [mlp.W_in, mlp.W_out], [mlp.b_in, mlp.b_out], gelu)
+        )
 
 
 def test_mlp_matches_torch_sequential_peer():
     torch.manual_seed(0)
     mlp = MLP(6, 24)  # gelu_tanh, GPT-2's
-    peer = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(24, 6))
+    peer = torch.nn.Sequential(
+        torch.nn.Linear(6, 24), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(24, 6)
+    )
     with torch.no_grad():
         peer[0].weight.copy_(mlp.W_in.T)
         peer[0].bias.normal_()
@@ -183,7 +210,9 @@ def test_mlp_is_position_wise_and_without_bias():
     perm = torch.randperm(6)
     with torch.no_grad():
         torch.testing.assert_close(mlp(X[:, perm]), mlp(X)[:, perm])
-        torch.testing.assert_close(mlp(X), torch.cat([mlp(X[:, t : t + 1]) for t in range(6)], dim=1))
+        torch.testing.assert_close(
+            mlp(X), torch.cat([mlp(X[:, t : t + 1]) for t in range(6)], dim=1)
+        )
     assert mlp(torch.randn(4)).shape == (4,)
 
 
@@ -206,7 +235,10 @@ def test_mlp_fused_switch_picks_the_kernel_of_the_one_table():
     torch.manual_seed(0)
     fused, formula = MLP(8, 32), MLP(8, 32, fused=False)  # fused, the kernel, is the default
     formula.load_state_dict(fused.state_dict())
-    assert formula.phi is ACTIVATIONS["gelu_tanh"].formula and fused.phi is ACTIVATIONS["gelu_tanh"].fused
+    assert (
+        formula.phi is ACTIVATIONS["gelu_tanh"].formula
+        and fused.phi is ACTIVATIONS["gelu_tanh"].fused
+    )
     x = torch.randn(2, 5, 8)
     torch.testing.assert_close(fused(x), formula(x), atol=1e-6, rtol=1e-6)
     fused.fused = False  # a switch, read at every call

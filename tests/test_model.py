@@ -21,7 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def hf_model(seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=200, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+    cfg = dict(
+        vocab_size=200,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     cfg.update(kw)
     return GPT2LMHeadModel(GPT2Config(**cfg)).eval()
 
@@ -47,7 +55,10 @@ def test_config_derived_values_and_errors():
 def test_gpt2_parameter_count_and_presets():
     with torch.device("meta"):
         assert GPT(GPTConfig.preset("gpt2")).num_parameters() == 124_439_808
-        assert GPT(GPTConfig.preset("gpt2", tie_weights=False)).num_parameters() == 124_439_808 + 50257 * 768
+        assert (
+            GPT(GPTConfig.preset("gpt2", tie_weights=False)).num_parameters()
+            == 124_439_808 + 50257 * 768
+        )
         assert GPT(GPTConfig.preset("gpt2-medium")).num_parameters() == 354_823_168
     assert set(PRESETS) >= {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"}
 
@@ -74,7 +85,9 @@ def test_cache_forward_equals_full_forward():
     with torch.no_grad():
         full = m(ids)
         cache = KVCache(2)
-        parts = [m(ids[:, :7], cache=cache)] + [m(ids[:, t : t + 1], cache=cache) for t in range(7, 20)]
+        parts = [m(ids[:, :7], cache=cache)] + [
+            m(ids[:, t : t + 1], cache=cache) for t in range(7, 20)
+        ]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cache"):
         m(ids, cache=KVCache(3))
@@ -114,7 +127,9 @@ def test_from_pretrained_directory_and_errors(tmp_path):
     torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     (tmp_path / "bin" / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
     with torch.no_grad():
-        torch.testing.assert_close(from_pretrained(tmp_path / "bin").eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            from_pretrained(tmp_path / "bin").eval()(ids), hf(ids).logits, atol=1e-4, rtol=1e-4
+        )
     # errors name what is wrong
     with pytest.raises(FileNotFoundError):
         from_pretrained(tmp_path / "missing")
@@ -131,7 +146,9 @@ def test_from_pretrained_directory_and_errors(tmp_path):
 def test_save_load_round_trip_and_mismatch(tmp_path):
     m = GPT(GPTConfig.preset("tiny"))
     path = m.save(tmp_path / "a")
-    assert path == tmp_path / "a" / "model.safetensors" and os.listdir(tmp_path / "a") == ["model.safetensors"]
+    assert path == tmp_path / "a" / "model.safetensors" and os.listdir(tmp_path / "a") == [
+        "model.safetensors"
+    ]
     m2 = GPT.load(tmp_path / "a")
     assert m2.config == m.config
     for (k, v), (k2, v2) in zip(m.state_dict().items(), m2.state_dict().items()):
@@ -143,11 +160,21 @@ def test_save_load_round_trip_and_mismatch(tmp_path):
         m.save(tmp_path / "model.pt")
     # a file whose config does not fit its tensors names the tensor
     tensors, fields = read_file(path)
-    write_file(tmp_path / "c.safetensors", tensors, {**fields, "config": {**fields["config"], "d_model": 32, "d_head": 8}})
+    write_file(
+        tmp_path / "c.safetensors",
+        tensors,
+        {**fields, "config": {**fields["config"], "d_model": 32, "d_head": 8}},
+    )
     with pytest.raises(ValueError, match="c.safetensors: tensor '[^']+' has shape"):
         GPT.load(tmp_path / "c.safetensors")
-    write_file(tmp_path / "d.safetensors", tensors, {**fields, "config": {**fields["config"], "colour": "red"}})
-    with pytest.raises(ValueError, match="d.safetensors: field 'config' has unknown entries \\['colour'\\]"):
+    write_file(
+        tmp_path / "d.safetensors",
+        tensors,
+        {**fields, "config": {**fields["config"], "colour": "red"}},
+    )
+    with pytest.raises(
+        ValueError, match="d.safetensors: field 'config' has unknown entries \\['colour'\\]"
+    ):
         GPT.load(tmp_path / "d.safetensors")
     write_file(tmp_path / "e.safetensors", tensors, {**fields, "model": "ModernGPT"})
     with pytest.raises(ValueError, match="e.safetensors: field 'model' is 'ModernGPT', not 'GPT'"):
@@ -188,7 +215,9 @@ def test_a_crash_during_save_leaves_the_old_model_or_the_new_one_whole(tmp_path,
         whole = old if loaded.config == old.config else new
         assert loaded.config == whole.config
         with torch.no_grad():
-            assert torch.equal(loaded(ids), whole.eval()(ids)), f"crash after {renames_before_crash} renames"
+            assert torch.equal(loaded(ids), whole.eval()(ids)), (
+                f"crash after {renames_before_crash} renames"
+            )
 
 
 def test_load_refuses_a_dtype_other_than_a_float_width(tmp_path):
@@ -198,7 +227,9 @@ def test_load_refuses_a_dtype_other_than_a_float_width(tmp_path):
     for dtype in (torch.float16, torch.bfloat16, torch.float64):  # the widths the format allows
         ok = {**tensors, "ln_f.w": tensors["ln_f.w"].to(dtype)}
         write_file(tmp_path / "ok.safetensors", ok, fields)
-        assert torch.equal(GPT.load(tmp_path / "ok.safetensors").ln_f.w, tensors["ln_f.w"].to(dtype).float())
+        assert torch.equal(
+            GPT.load(tmp_path / "ok.safetensors").ln_f.w, tensors["ln_f.w"].to(dtype).float()
+        )
     for dtype in (torch.int32, torch.int64, torch.uint8, torch.bool):
         bad = {**tensors, "ln_f.w": tensors["ln_f.w"].to(dtype)}
         write_file(tmp_path / "bad.safetensors", bad, fields)
@@ -231,7 +262,10 @@ def test_save_in_fp16_halves_the_file_and_loads_the_rounded_weights(tmp_path):
     m.save(tmp_path / "f32")
     m.save(tmp_path / "f16", dtype=torch.float16)
     m.save(tmp_path / "bf16", dtype=torch.bfloat16)
-    assert all(v.dtype == torch.bfloat16 for v in read_file(tmp_path / "bf16" / "model.safetensors")[0].values())
+    assert all(
+        v.dtype == torch.bfloat16
+        for v in read_file(tmp_path / "bf16" / "model.safetensors")[0].values()
+    )
     stored = load_file(str(tmp_path / "f16" / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in stored.values() if v.is_floating_point())
     size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("f32", "f16")}
@@ -280,13 +314,20 @@ def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tm
     assert set(state) - set(stored) == {"unembed.W_E"} and m.unembed.W_E is m.embed.W_E
     assert not (shipped.parent / "config.json").exists()  # the config is inside the file
     saved = m.save(tmp_path, dtype=dtype).read_bytes()
-    if name == "english":  # its converted file is exactly what GPT.save writes (the small one's config predates attn_only)
+    if (
+        name == "english"
+    ):  # its converted file is exactly what GPT.save writes (the small one's config predates attn_only)
         assert saved == shipped.read_bytes()
 
 
 @pytest.mark.slow
 def test_preset_counts_equal_the_formula_and_hf():
-    known = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+    known = {
+        "gpt2": 124_439_808,
+        "gpt2-medium": 354_823_168,
+        "gpt2-large": 774_030_080,
+        "gpt2-xl": 1_557_611_200,
+    }
     for name, c in PRESETS.items():
         d, d_a, m = c.d_model, c.n_heads * c.d_head, c.d_mlp
         block = 4 * d * d_a + 3 * d_a + d + 2 * d * m + m + d + 4 * d
@@ -298,7 +339,10 @@ def test_preset_counts_equal_the_formula_and_hf():
     with torch.device("meta"):
         hf = GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16))
         assert hf.num_parameters() == known["gpt2-medium"]
-        assert GPT(GPTConfig.preset("gpt2")).num_parameters(exclude_positional=True) == 124_439_808 - 1024 * 768
+        assert (
+            GPT(GPTConfig.preset("gpt2")).num_parameters(exclude_positional=True)
+            == 124_439_808 - 1024 * 768
+        )
 
 
 def test_attention_patterns_equal_block_by_block():
@@ -319,7 +363,8 @@ def test_attention_patterns_equal_block_by_block():
 
 
 def test_from_pretrained_hub_layout_via_a_fake_hub(tmp_path, monkeypatch):
-    """The Hub's gpt2 checkpoint has no "transformer." prefix, keeps attn.bias buffers, lacks lm_head."""
+    """The Hub's gpt2 checkpoint has no "transformer." prefix, keeps attn.bias buffers, lacks
+    lm_head."""
     import huggingface_hub
     from safetensors.torch import save_file
 
@@ -339,7 +384,10 @@ def test_from_pretrained_hub_layout_via_a_fake_hub(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     ours = from_pretrained("someone/gpt2-like").eval()
-    assert calls == [("someone/gpt2-like", "config.json"), ("someone/gpt2-like", "model.safetensors")]
+    assert calls == [
+        ("someone/gpt2-like", "config.json"),
+        ("someone/gpt2-like", "model.safetensors"),
+    ]
     ids = torch.randint(0, 200, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
@@ -356,8 +404,11 @@ def test_from_hf_errors_name_the_problem(tmp_path):
     hf = hf_model(seed=4)
     hf.save_pretrained(tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    for key, value, match in [("n_layer", None, "n_layer"), ("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
-                              ("n_layer", 3, "h.2.attn.c_attn.weight")]:
+    for key, value, match in [
+        ("n_layer", None, "n_layer"),
+        ("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
+        ("n_layer", 3, "h.2.attn.c_attn.weight"),
+    ]:
         bad = dict(cfg)
         if value is None:
             del bad[key]
@@ -396,14 +447,23 @@ def test_model_deepcopy_is_independent():
         assert torch.equal(m(ids), m2(ids))
         m2.W_E.add_(1.0)
         assert not torch.equal(m(ids), m2(ids))
-        assert m2.unembed.W_U.data_ptr() == m2.W_E.data_ptr()  # the copy's W_U is tied to the copy's W_E
+        assert (
+            m2.unembed.W_U.data_ptr() == m2.W_E.data_ptr()
+        )  # the copy's W_U is tied to the copy's W_E
 
 
 # --- every float of a config finite and in range --------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("ln_eps", float("nan")), ("ln_eps", float("inf")), ("ln_eps", -1e-5),
-    ("dropout", float("nan")), ("dropout", float("-inf")), ("dropout", 1.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("ln_eps", float("nan")),
+        ("ln_eps", float("inf")),
+        ("ln_eps", -1e-5),
+        ("dropout", float("nan")),
+        ("dropout", float("-inf")),
+        ("dropout", 1.0),
+    ],
+)
 def test_config_floats_must_be_finite_and_in_range(field, value):
     with pytest.raises(ValueError, match=field):
         GPTConfig.preset("tiny", **{field: value})
@@ -416,10 +476,18 @@ def test_config_from_hf_refuses_a_non_finite_layer_norm_epsilon():
         from_hf(hf_model(layer_norm_epsilon=float("nan")))
 
 
-@pytest.mark.parametrize("field, value", [
-    ("d_model", True), ("d_model", 64.0), ("bias", 1), ("tie_weights", "yes"), ("attn_only", None),
-    ("positional", ["learned"]), ("activation", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("d_model", True),
+        ("d_model", 64.0),
+        ("bias", 1),
+        ("tie_weights", "yes"),
+        ("attn_only", None),
+        ("positional", ["learned"]),
+        ("activation", None),
+    ],
+)
 def test_config_refuses_values_of_the_wrong_type(field, value):
     with pytest.raises(ValueError, match=field):
         GPTConfig.preset("tiny", **{field: value})

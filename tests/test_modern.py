@@ -1,5 +1,5 @@
-"""Tests for gptlib.modern: RoPE, RMSNorm, SwiGLU, grouped-query attention and the Llama-style model."""
-
+"""Tests for gptlib.modern: RoPE, RMSNorm, SwiGLU, grouped-query attention and the Llama-style
+model."""
 
 import pytest
 import torch
@@ -51,7 +51,8 @@ def test_rope_scores_depend_only_on_the_offset():
     for delta in (0, 1, 7, 30):
         diag = S.diagonal(offset=-delta)
         torch.testing.assert_close(diag, diag[0].expand_as(diag), rtol=0, atol=1e-12)
-    # and the dot product is not shift-invariant without the rotation's relative property: it varies with delta
+    # and the dot product is not shift-invariant without the rotation's relative property: it
+    # varies with delta
     assert S.diagonal(offset=-1)[0] != pytest.approx(S.diagonal(offset=-7)[0])
 
 
@@ -60,7 +61,9 @@ def test_rope_preserves_norms_and_offset_matches_slice():
     x = torch.randn(2, 3, 6, 8)
     y = apply_rope(x, rope_angles(6, 8))
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
-    torch.testing.assert_close(apply_rope(x[..., 4:, :], rope_angles(2, 8, offset=4)), y[..., 4:, :])
+    torch.testing.assert_close(
+        apply_rope(x[..., 4:, :], rope_angles(2, 8, offset=4)), y[..., 4:, :]
+    )
 
 
 def test_rope_bad_arguments():
@@ -74,7 +77,8 @@ def test_rope_bad_arguments():
         apply_rope(torch.zeros(3, 8), rope_angles(2, 8))
 
 
-# --- RMSNorm and SwiGLU ------------------------------------------------------------------------------
+# --- RMSNorm and SwiGLU
+# ------------------------------------------------------------------------------
 def test_rms_norm_equals_layer_norm_on_centred_rows_and_torch():
     torch.manual_seed(3)
     x = torch.randn(4, 10)
@@ -82,7 +86,9 @@ def test_rms_norm_equals_layer_norm_on_centred_rows_and_torch():
     centred = x - x.mean(dim=-1, keepdim=True)
     torch.testing.assert_close(rms_norm(centred, w, 1e-5), layer_norm(centred, w, None, 1e-5))
     torch.testing.assert_close(rms_norm(x, w, 1e-6), F.rms_norm(x, (10,), w, 1e-6))
-    assert not torch.allclose(rms_norm(x, w), layer_norm(x, w, None))  # they differ when the mean is not 0
+    assert not torch.allclose(
+        rms_norm(x, w), layer_norm(x, w, None)
+    )  # they differ when the mean is not 0
     torch.testing.assert_close(RMSNorm(10)(x).pow(2).mean(-1), torch.ones(4), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="eps"):
         RMSNorm(4, eps=-1.0)
@@ -127,7 +133,9 @@ def test_gqa_with_one_head_per_group_is_the_multi_head_formula():
     heads = []
     for h in range(3):
         W_Q, W_K, W_V, W_O = att.head_weights(h)
-        z, _ = attention(apply_rope(x @ W_Q, angles), apply_rope(x @ W_K, angles), x @ W_V, causal_mask(5))
+        z, _ = attention(
+            apply_rope(x @ W_Q, angles), apply_rope(x @ W_K, angles), x @ W_V, causal_mask(5)
+        )
         heads.append(z @ W_O)
     torch.testing.assert_close(att(x), sum(heads), atol=1e-6, rtol=1e-5)
 
@@ -172,13 +180,24 @@ def test_kv_cache_stores_kv_heads_and_matches_full_forward():
     b = generate(model, ids[0, :3], 12, temperature=0.0, use_cache=False)
     assert torch.equal(a, b)
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    assert torch.equal(generate(model, ids[0, :3], 5, generator=g1), generate(model, ids[0, :3], 5, generator=g2, use_cache=False))
+    assert torch.equal(
+        generate(model, ids[0, :3], 5, generator=g1),
+        generate(model, ids[0, :3], 5, generator=g2, use_cache=False),
+    )
 
 
-# --- the model -------------------------------------------------------------------------------------
+# --- the model
+# -------------------------------------------------------------------------------------
 def test_config_presets_and_errors():
     c = ModernConfig.preset("smollm2-135m")
-    assert (c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_head, c.d_mlp) == (576, 30, 9, 3, 64, 1536)
+    assert (c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_head, c.d_mlp) == (
+        576,
+        30,
+        9,
+        3,
+        64,
+        1536,
+    )
     with torch.device("meta"):
         n = ModernGPT(c).num_parameters()
     assert n == 134_515_008  # SmolLM2-135M, tied embedding counted once
@@ -222,13 +241,17 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
     tensors, fields = read_file(path)  # one gptlib file: the config is inside (gptlib.files)
     part = {k: v for k, v in tensors.items() if k != "blocks.1.mlp.W_up"}
     write_file(tmp_path / "part.safetensors", part, fields)
-    with pytest.raises(ValueError, match=r"part.safetensors lacks tensor\(s\) \['blocks.1.mlp.W_up'\]"):
+    with pytest.raises(
+        ValueError, match=r"part.safetensors lacks tensor\(s\) \['blocks.1.mlp.W_up'\]"
+    ):
         ModernGPT.load(tmp_path / "part.safetensors")
     save_file(tensors, str(tmp_path / "nometa.safetensors"))
     with pytest.raises(ValueError, match="nometa.safetensors is not a gptlib file"):
         ModernGPT.load(tmp_path / "nometa.safetensors")
     with pytest.raises(ValueError, match="field 'model' is 'GPT', not 'ModernGPT'"):
-        ModernGPT.load(write_file(tmp_path / "gpt.safetensors", tensors, {**fields, "model": "GPT"}))
+        ModernGPT.load(
+            write_file(tmp_path / "gpt.safetensors", tensors, {**fields, "model": "GPT"})
+        )
 
 
 def test_logit_lens_last_row_is_the_logits():
@@ -241,7 +264,8 @@ def test_logit_lens_last_row_is_the_logits():
 
 
 def test_head_scores_of_modern_gpt_are_the_circuits_scores():
-    """Chapter 12 reads its heads with gptlib.circuits, the one definition of the scores: on a random
+    """Chapter 12 reads its heads with gptlib.circuits, the one definition of the scores: on a
+    random
     block r repeated ([r, r], no token twice in r) the induction pairs are (i, i - R + 1), i >= R."""
     model, R = tiny_model(4), 7
     r = torch.randperm(300, generator=torch.Generator().manual_seed(4))[:R]
@@ -250,18 +274,31 @@ def test_head_scores_of_modern_gpt_are_the_circuits_scores():
         model(ids)
     A = torch.stack(seen, dim=1)  # (1, n_layers, n_heads, 2R, 2R)
     table = score_table(A, ids)
-    diagonal = A[0].diagonal(offset=-(R - 1), dim1=-2, dim2=-1)[..., 1:]  # A[i, i - R + 1], i = R .. 2R - 1
+    diagonal = A[0].diagonal(offset=-(R - 1), dim1=-2, dim2=-1)[
+        ..., 1:
+    ]  # A[i, i - R + 1], i = R .. 2R - 1
     torch.testing.assert_close(table["induction"], diagonal.mean(-1))
     torch.testing.assert_close(table["induction"], induction_score(A[0], ids[0].tolist()))
     torch.testing.assert_close(table["previous-token"], previous_token_score(A[0]))
-    torch.testing.assert_close(table["previous-token"], A[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1))
+    torch.testing.assert_close(
+        table["previous-token"], A[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+    )
 
 
-# --- issue 24: floats finite and in range --------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("ln_eps", float("nan")), ("ln_eps", float("inf")), ("rope_base", float("inf")), ("rope_base", float("nan")),
-    ("rope_base", 1.0), ("d_model", 32.0), ("tie_weights", 1),
-])
+# --- issue 24: floats finite and in range
+# --------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("ln_eps", float("nan")),
+        ("ln_eps", float("inf")),
+        ("rope_base", float("inf")),
+        ("rope_base", float("nan")),
+        ("rope_base", 1.0),
+        ("d_model", 32.0),
+        ("tie_weights", 1),
+    ],
+)
 def test_config_values_finite_in_range_and_typed(field, value):
     with pytest.raises(ValueError, match=field):
         ModernConfig.preset("tiny", **{field: value})

@@ -35,7 +35,9 @@ def test_route_picks_the_top_k_probabilities(top_k):
         torch.testing.assert_close(gates, top.values[:, :1])
     else:
         torch.testing.assert_close(gates.sum(-1), torch.ones(len(x)))
-        torch.testing.assert_close(gates, top.values[:, :top_k] / top.values[:, :top_k].sum(-1, keepdim=True))
+        torch.testing.assert_close(
+            gates, top.values[:, :top_k] / top.values[:, :top_k].sum(-1, keepdim=True)
+        )
     with pytest.raises(ValueError, match="top_k"):
         route(x, W_r, 6)
     with pytest.raises(ValueError, match="W_r"):
@@ -49,7 +51,9 @@ def test_load_balancing_loss_extremes_and_formula():
     assert float(load_balancing_loss(uniform, spread, E)) == pytest.approx(1.0)
     collapsed = torch.zeros(n, E)
     collapsed[:, 0] = 1.0
-    assert float(load_balancing_loss(collapsed, torch.zeros(n, 1, dtype=torch.long), E)) == pytest.approx(E)
+    assert float(
+        load_balancing_loss(collapsed, torch.zeros(n, 1, dtype=torch.long), E)
+    ) == pytest.approx(E)
     probs = torch.softmax(_x(n, E), dim=-1).requires_grad_(True)
     idx = probs.topk(2, dim=-1).indices
     f = torch.stack([(idx == e).float().sum() for e in range(E)]) / idx.numel()
@@ -83,9 +87,12 @@ def test_moe_equals_a_per_token_sum_over_chosen_experts(n_experts, top_k):
     aux = moe.aux_loss  # the loss of the routing this forward pass made
     x2 = x.reshape(-1, 8)
     probs, gates, idx = route(x2, moe.W_r, top_k)
-    expected = torch.stack([
-        sum(gates[t, j] * moe.experts[int(idx[t, j])](x2[t : t + 1])[0] for j in range(top_k)) for t in range(len(x2))
-    ]).view_as(x)
+    expected = torch.stack(
+        [
+            sum(gates[t, j] * moe.experts[int(idx[t, j])](x2[t : t + 1])[0] for j in range(top_k))
+            for t in range(len(x2))
+        ]
+    ).view_as(x)
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(aux, load_balancing_loss(probs, idx, n_experts))
     (y.sum() + aux).backward()
@@ -102,7 +109,11 @@ def test_one_expert_is_the_mlp():
 
 
 def test_moe_arguments():
-    for kwargs, name in (({"n_experts": 0}, "n_experts"), ({"top_k": 5}, "top_k"), ({"top_k": 0}, "top_k")):
+    for kwargs, name in (
+        ({"n_experts": 0}, "n_experts"),
+        ({"top_k": 5}, "top_k"),
+        ({"top_k": 0}, "top_k"),
+    ):
         with pytest.raises(ValueError, match=name):
             MoE(**({"d_model": 8, "d_mlp": 16, "n_experts": 4, "top_k": 2} | kwargs))
     with pytest.raises(ValueError, match="d_model"):
@@ -159,17 +170,27 @@ def test_capacity_drops_the_overflow_in_token_order(top_k, factor):
     load = torch.bincount(idx.flatten(), minlength=4)
     assert int((~keep).sum()) == dropped == int((load - cap).clamp(min=0).sum())
     moe.capacity_factor = None  # no capacity: nothing dropped
-    expected = torch.stack([sum(gates[t, j] * moe.experts[int(idx[t, j])](x[t : t + 1])[0] for j in range(top_k))
-                            for t in range(20)])
+    expected = torch.stack(
+        [
+            sum(gates[t, j] * moe.experts[int(idx[t, j])](x[t : t + 1])[0] for j in range(top_k))
+            for t in range(20)
+        ]
+    )
     torch.testing.assert_close(moe(x), expected)
 
 
 def test_capacity_arguments():
     assert expert_capacity(64, 8, 2, 1.0) == 16 and expert_capacity(10, 4, 1, 1.1) == 3
-    for kwargs, name in (({"capacity_factor": 0.0}, "capacity_factor"), ({"n_tokens": 0}, "n_tokens"),
-                         ({"top_k": 9}, "top_k"), ({"capacity_factor": float("inf")}, "capacity_factor")):
+    for kwargs, name in (
+        ({"capacity_factor": 0.0}, "capacity_factor"),
+        ({"n_tokens": 0}, "n_tokens"),
+        ({"top_k": 9}, "top_k"),
+        ({"capacity_factor": float("inf")}, "capacity_factor"),
+    ):
         with pytest.raises(ValueError, match=name):
-            expert_capacity(**({"n_tokens": 64, "n_experts": 8, "top_k": 2, "capacity_factor": 1.0} | kwargs))
+            expert_capacity(
+                **({"n_tokens": 64, "n_experts": 8, "top_k": 2, "capacity_factor": 1.0} | kwargs)
+            )
     with pytest.raises(ValueError, match="capacity_factor"):
         MoE(8, 16, 4, capacity_factor=-1.0)
     with pytest.raises(ValueError, match="capacity"):

@@ -29,7 +29,9 @@ def has_ruff() -> bool:
     return True
 
 
-needs_ruff = pytest.mark.skipif(not has_ruff(), reason="ruff is not installed (pinned in requirements.txt)")
+needs_ruff = pytest.mark.skipif(
+    not has_ruff(), reason="ruff is not installed (pinned in requirements.txt)"
+)
 
 
 def xfail_today(reason: str):
@@ -67,9 +69,19 @@ def test_code_cells_are_formatted():
 
 def test_display_maths_stands_alone():
     found = per_chapter(lambda nb: style.markdown_findings(nb)[0])
-    found.update({p.stem: [f"line {n}: {what}" for n, what in style.display_maths_in_paragraphs(p.read_text("utf-8"))]
-                  for p in PAGES if style.display_maths_in_paragraphs(p.read_text("utf-8"))})
-    assert not found, f"display maths touching a paragraph or list item (MyST leaves it raw): {found}"
+    found.update(
+        {
+            p.stem: [
+                f"line {n}: {what}"
+                for n, what in style.display_maths_in_paragraphs(p.read_text("utf-8"))
+            ]
+            for p in PAGES
+            if style.display_maths_in_paragraphs(p.read_text("utf-8"))
+        }
+    )
+    assert not found, (
+        f"display maths touching a paragraph or list item (MyST leaves it raw): {found}"
+    )
 
 
 def test_notes_boxes_are_collapsible():
@@ -93,8 +105,12 @@ def test_the_appendix_indexes_every_notes_box():
     appendix = (ROOT / "chapters" / "appendix_notes_errata.md").read_text(encoding="utf-8")
     cited = set(re.findall(r"<(notes-[^>]+)>`", appendix))
     assert labels, "no (notes-...)= targets found in the chapters"
-    assert not set(labels) - cited, f"boxes missing from the appendix: {sorted(set(labels) - cited)}"
-    assert not cited - set(labels), f"the appendix cites unknown boxes: {sorted(cited - set(labels))}"
+    assert not set(labels) - cited, (
+        f"boxes missing from the appendix: {sorted(set(labels) - cited)}"
+    )
+    assert not cited - set(labels), (
+        f"the appendix cites unknown boxes: {sorted(cited - set(labels))}"
+    )
 
 
 # --- the tool -------------------------------------------------------------------------------------
@@ -126,26 +142,37 @@ def test_display_maths_rules():
     find = style.display_maths_in_paragraphs
     assert find("Intro:\n$$\nx\n$$\n\nmore") == [(2, "no blank line before the display maths")]
     assert find("* an item\n  $$\n  x\n  $$\n* next") == [
-        (2, "no blank line before the display maths"), (4, "no blank line after the display maths")]
+        (2, "no blank line before the display maths"),
+        (4, "no blank line after the display maths"),
+    ]
     assert find("* an item\n\n  $$\n  x\n  $$ (eq-item)\n\n* next") == []
     assert find("one line\n$$ x = 1 $$\n\nafter") == [(2, "no blank line before the display maths")]
-    assert find("text\n\\begin{align}\na &= b\n\\end{align}\n") == [(2, "no blank line before the display maths")]
+    assert find("text\n\\begin{align}\na &= b\n\\end{align}\n") == [
+        (2, "no blank line before the display maths")
+    ]
     # a code fence is not maths; an admonition's body is Markdown and is checked
     assert find("```python\nx = 1\n$$\n```") == []
     assert find("```{admonition} A box\n:class: dropdown\n$$\nx\n$$\n```") == []
-    assert find("```{admonition} A box\nText\n$$\nx\n$$\n```") == [(3, "no blank line before the display maths")]
+    assert find("```{admonition} A box\nText\n$$\nx\n$$\n```") == [
+        (3, "no blank line before the display maths")
+    ]
     # $$ ... aligned ... $$ is one display, closed by its own $$
     assert find("Text\n\n$$\n\\begin{aligned} a\n\\end{aligned}\n$$\n\nmore") == []
 
 
 def test_notes_boxes_and_their_collapse():
-    text = ("(notes-wrong-x)=\n```{admonition} 004's table, checked\n:class: note\nText\n```\n\n"
-            "```{admonition} Where the notes are wrong: y\n:class: dropdown warning\nText\n```\n\n"
-            "```{admonition} Solutions\n:class: dropdown\nText\n```\n\n"
-            "```{dropdown} The notes and GPT-2\n:open:\nText\n```\n")
+    text = (
+        "(notes-wrong-x)=\n```{admonition} 004's table, checked\n:class: note\nText\n```\n\n"
+        "```{admonition} Where the notes are wrong: y\n:class: dropdown warning\nText\n```\n\n"
+        "```{admonition} Solutions\n:class: dropdown\nText\n```\n\n"
+        "```{dropdown} The notes and GPT-2\n:open:\nText\n```\n"
+    )
     boxes = list(style.notes_boxes(text))
-    assert [title for _, title, _ in boxes] == ["004's table, checked", "Where the notes are wrong: y",
-                                                "The notes and GPT-2"]
+    assert [title for _, title, _ in boxes] == [
+        "004's table, checked",
+        "Where the notes are wrong: y",
+        "The notes and GPT-2",
+    ]
     assert [style.is_collapsed(options) for _, _, options in boxes] == [False, True, False]
     assert style.notes_box_labels(text) == ["notes-wrong-x"]
 

@@ -29,7 +29,14 @@ from gptlib.rlhf.objectives import (
 from gptlib.runtime import check_file, check_finite, check_mask, check_targets
 from gptlib.sampling import generate
 from gptlib.trainer import TrainConfig, Trainer
-from gptlib.training import cross_entropy_from_formula, lm_loss, lr_at, make_windows, perplexity, windows_loss
+from gptlib.training import (
+    cross_entropy_from_formula,
+    lm_loss,
+    lr_at,
+    make_windows,
+    perplexity,
+    windows_loss,
+)
 from gptlib.widgets.sampling import continuation_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,7 +67,8 @@ def test_a_nan_attention_weight_makes_the_logits_nan(T, weight, grad):
 
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_the_fused_kernel_propagates_a_non_finite_query_or_key(T):
-    """The CPU's fused kernel gives a row whose scores are all NaN the output 0; non_finite_rows restores NaN."""
+    """The CPU's fused kernel gives a row whose scores are all NaN the output 0; non_finite_rows
+    restores NaN."""
     g = torch.Generator().manual_seed(0)
     for which in range(2):
         for bad in (NAN, math.inf):
@@ -69,13 +77,19 @@ def test_the_fused_kernel_propagates_a_non_finite_query_or_key(T):
             fused = attend(q, k, v, fused=True) + non_finite_rows(q, k)[:, None]
             readable = attend(q, k, v, fused=False)
             assert not torch.isfinite(fused[..., 0, :]).any()
-            assert not (torch.isfinite(fused) & ~torch.isfinite(readable)).any()  # the formula's NaN shows
+            assert not (
+                torch.isfinite(fused) & ~torch.isfinite(readable)
+            ).any()  # the formula's NaN shows
             if bad != bad:  # a NaN: exactly the rows the formula makes NaN
                 assert torch.equal(torch.isfinite(fused), torch.isfinite(readable))
 
 
 def test_a_nan_weight_shows_in_modern_gpt_windows_loss_and_the_sampling_view():
-    modern = ModernGPT(ModernConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_mlp=32))
+    modern = ModernGPT(
+        ModernConfig(
+            d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_mlp=32
+        )
+    )
     modern.blocks[0].attn.W_K.data.fill_(NAN)
     with torch.no_grad():
         assert not torch.isfinite(modern(ids_of(4))).any()
@@ -97,12 +111,20 @@ def test_loading_refuses_non_finite_weights_naming_the_tensor_and_the_file(tmp_p
     m.blocks[1].mlp.W_in.data[0, 0] = NAN
     name = "blocks.1.mlp.W_in"
     path = m.save(tmp_path / "nan.safetensors")
-    with pytest.raises(ValueError, match=re.escape(f"{path}: tensor {name!r} holds NaN or infinite values")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: tensor {name!r} holds NaN or infinite values")
+    ):
         GPT.load(path)
-    modern = ModernGPT(ModernConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_mlp=32))
+    modern = ModernGPT(
+        ModernConfig(
+            d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_mlp=32
+        )
+    )
     modern.W_E.data[3, 1] = math.inf
     path = modern.save(tmp_path / "inf.safetensors")
-    with pytest.raises(ValueError, match=re.escape(f"{path}: tensor 'W_E' holds NaN or infinite values")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: tensor 'W_E' holds NaN or infinite values")
+    ):
         ModernGPT.load(path)
 
 
@@ -134,14 +156,17 @@ def windows():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "c.safetensors"
-    t = Trainer(small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    t = Trainer(
+        small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2)
+    )
     t.run(2)
     t.save_checkpoint(path)
     return path
 
 
 def tampered(checkpoint, tmp_path, edit):
-    """The checkpoint with ``edit(optimizer_state_dict, tree)`` applied, rewritten with a valid digest."""
+    """The checkpoint with ``edit(optimizer_state_dict, tree)`` applied, rewritten with a valid
+    digest."""
     from gptlib.state import pack, unpack
 
     tensors, fields = files.read_file(checkpoint)
@@ -159,6 +184,7 @@ def set_group(key, value):
     def edit(opt, tree):
         for g in opt["param_groups"]:
             g[key] = value
+
     return edit
 
 
@@ -166,6 +192,7 @@ def set_state(key, fn):
     def edit(opt, tree):
         for st in opt["state"].values():
             st[key] = fn(st[key])
+
     return edit
 
 
@@ -185,18 +212,30 @@ TAMPERS = {
     "empty state": (lambda opt, tree: opt["state"].clear(), "state"),
     "a parameter's state missing": (lambda opt, tree: opt["state"].pop(0), "state"),
     "a moment missing": (lambda opt, tree: opt["state"][0].pop("exp_avg"), "exp_avg"),
-    "an extra moment": (lambda opt, tree: opt["state"][0].update(max_exp_avg_sq=torch.zeros(1)), "max_exp_avg_sq"),
+    "an extra moment": (
+        lambda opt, tree: opt["state"][0].update(max_exp_avg_sq=torch.zeros(1)),
+        "max_exp_avg_sq",
+    ),
 }
 
 
 @pytest.mark.parametrize("tamper", list(TAMPERS))
-def test_a_tampered_optimiser_state_is_refused_before_anything_changes(checkpoint, tmp_path, tamper):
+def test_a_tampered_optimiser_state_is_refused_before_anything_changes(
+    checkpoint, tmp_path, tamper
+):
     edit, field = TAMPERS[tamper]
     path = tampered(checkpoint, tmp_path, edit)
-    t = Trainer(small_gpt(seed=1), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    t = Trainer(
+        small_gpt(seed=1),
+        windows(),
+        None,
+        TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2),
+    )
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     opt_before = repr(t.opt.state_dict())
-    with pytest.raises(ValueError, match=rf"tampered.safetensors: field 'trainer.optimizer'.*{field}"):
+    with pytest.raises(
+        ValueError, match=rf"tampered.safetensors: field 'trainer.optimizer'.*{field}"
+    ):
         t.load_checkpoint(path)
     assert t.step == 0 and repr(t.opt.state_dict()) == opt_before
     assert all(torch.equal(v, before[k]) for k, v in t.model.state_dict().items())
@@ -204,17 +243,26 @@ def test_a_tampered_optimiser_state_is_refused_before_anything_changes(checkpoin
 
 def test_an_untampered_rewrite_still_loads_and_resumes(checkpoint, tmp_path):
     path = tampered(checkpoint, tmp_path, lambda opt, tree: None)
-    t = Trainer(small_gpt(seed=1), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    t = Trainer(
+        small_gpt(seed=1),
+        windows(),
+        None,
+        TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2),
+    )
     t.load_checkpoint(path)
     assert t.step == 2
     t.run()
 
 
 def test_a_step_zero_state_holds_no_moments(tmp_path):
-    t = Trainer(small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    t = Trainer(
+        small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2)
+    )
     fresh = t.save_checkpoint(tmp_path / "fresh.safetensors")
     t.load_checkpoint(fresh)
-    other = Trainer(small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    other = Trainer(
+        small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2)
+    )
     other.run(1)
     moments = other.opt.state_dict()["state"]
     path = tampered(fresh, tmp_path, lambda opt, tree: opt["state"].update(moments))
@@ -223,8 +271,15 @@ def test_a_step_zero_state_holds_no_moments(tmp_path):
 
 
 # --- 4 and 5. loss targets: ints in [0, d_vocab), never -100, never empty ----------------------
-@pytest.mark.parametrize("targets", [torch.full((1, 2), -100), torch.tensor([[0, 1, 2, -100, 3, 4]]),
-                                     torch.tensor([[5, 0]]), torch.tensor([[-1, 0]])])
+@pytest.mark.parametrize(
+    "targets",
+    [
+        torch.full((1, 2), -100),
+        torch.tensor([[0, 1, 2, -100, 3, 4]]),
+        torch.tensor([[5, 0]]),
+        torch.tensor([[-1, 0]]),
+    ],
+)
 def test_lm_loss_refuses_targets_out_of_range(targets):
     logits = torch.zeros(1, targets.shape[1], 5)
     with pytest.raises(ValueError, match=r"targets must lie in \[0, 5\)"):
@@ -261,7 +316,9 @@ def test_empty_batches_are_refused():
 
 
 # --- 6. no bare error from inside torch ----------------------------------------------------------
-@pytest.mark.parametrize("ids", [torch.tensor([[0, 9, 1]]), torch.tensor([[0, -1, 1]]), torch.tensor([[0.0, 1.0, 2.0]])])
+@pytest.mark.parametrize(
+    "ids", [torch.tensor([[0, 9, 1]]), torch.tensor([[0, -1, 1]]), torch.tensor([[0.0, 1.0, 2.0]])]
+)
 def test_token_logprobs_checks_its_ids(ids):
     with pytest.raises(ValueError, match="ids must"):
         token_logprobs(torch.zeros(1, 3, 4), ids)
@@ -329,9 +386,13 @@ def test_a_0_1_float_mask_equals_the_boolean_one():
 # --- 9. a callback's batch is checked ------------------------------------------------------------
 def test_continuation_tree_refuses_a_short_batch():
     with pytest.raises(ValueError, match=r"next_logits .*\(2, d_vocab\).*\(1, 3\)"):
-        continuation_tree(lambda c: torch.zeros(1, 3), [0], depth=2, branch=2, n_logits=3, n_logits_deep=3)
+        continuation_tree(
+            lambda c: torch.zeros(1, 3), [0], depth=2, branch=2, n_logits=3, n_logits_deep=3
+        )
     with pytest.raises(ValueError, match="next_logits"):
-        continuation_tree(lambda c: torch.zeros(3), [0], depth=1, branch=1, n_logits=3, n_logits_deep=3)
+        continuation_tree(
+            lambda c: torch.zeros(3), [0], depth=1, branch=1, n_logits=3, n_logits_deep=3
+        )
 
 
 def test_the_sampling_view_refuses_a_short_batch():
@@ -340,14 +401,18 @@ def test_the_sampling_view_refuses_a_short_batch():
 
     tok = CharTokenizer(list("abc"))
     with pytest.raises(ValueError, match="next_logits"):
-        SamplingView.from_model(lambda c: torch.zeros(1, 3), tok, ["ab"], depth=2, branch=2, n_logits=3, n_logits_deep=3)
+        SamplingView.from_model(
+            lambda c: torch.zeros(1, 3), tok, ["ab"], depth=2, branch=2, n_logits=3, n_logits_deep=3
+        )
 
 
 # --- 10. files, and the smaller numbers ---------------------------------------------------------
 def test_a_directory_or_an_unreadable_file_is_named_as_such(tmp_path):
     from gptlib.gguf import read_gguf
 
-    t = Trainer(small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2))
+    t = Trainer(
+        small_gpt(), windows(), None, TrainConfig(steps=4, batch_size=2, warmup=1, eval_every=2)
+    )
     (tmp_path / "d.safetensors").mkdir()
     for load in (t.load_checkpoint, read_gguf, files.read_tensors, files.read_fields):
         with pytest.raises(ValueError, match="is a directory, not a file"):

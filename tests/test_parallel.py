@@ -20,7 +20,9 @@ from gptlib.attention import KVCache, MultiHeadAttention, attention, causal_mask
 from gptlib.block import Block
 from gptlib.model import GPT, GPTConfig
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available(), reason="torch.distributed is not available"
+)
 
 
 def _model(**overrides):
@@ -37,7 +39,9 @@ def _model(**overrides):
 
 def _batch(cfg, B=4, T=16, seed=2):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.d_vocab, (B, T), generator=g), torch.randint(0, cfg.d_vocab, (B, T), generator=g)
+    return torch.randint(0, cfg.d_vocab, (B, T), generator=g), torch.randint(
+        0, cfg.d_vocab, (B, T), generator=g
+    )
 
 
 def _full_grads(model, ids, targets):
@@ -90,7 +94,8 @@ def test_run_distributed_failure_cleans_up_then_the_port_works_again(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    # and the port is free again: a new group can be set up on it at once, and results come in rank order
+    # and the port is free again: a new group can be set up on it at once, and results come in
+    # rank order
     out = P.run_distributed(_rank_worker, 10.0, port=port)
     assert [o["rank"] for o in out] == [0, 1]
     assert [o["world"] for o in out] == [2, 2]
@@ -120,9 +125,17 @@ def test_run_distributed_checks_every_number_before_starting_a_process():
     """A bool is not a world size, a timeout is finite, a port an int in [1, 65535]; each is
     refused before any process starts (world_size=True would run one rank, a NaN timeout fail
     inside multiprocessing, a bad port kill the ranks with an error of their own)."""
-    cases = [({"world_size": True}, "world_size"), ({"world_size": 2.0}, "world_size"),
-             ({"timeout": math.nan}, "timeout"), ({"timeout": math.inf}, "timeout"), ({"timeout": "5"}, "timeout"),
-             ({"port": "x"}, "port"), ({"port": 0}, "port"), ({"port": 65536}, "port"), ({"port": True}, "port")]
+    cases = [
+        ({"world_size": True}, "world_size"),
+        ({"world_size": 2.0}, "world_size"),
+        ({"timeout": math.nan}, "timeout"),
+        ({"timeout": math.inf}, "timeout"),
+        ({"timeout": "5"}, "timeout"),
+        ({"port": "x"}, "port"),
+        ({"port": 0}, "port"),
+        ({"port": 65536}, "port"),
+        ({"port": True}, "port"),
+    ]
     for kwargs, name in cases:
         with pytest.raises(ValueError, match=f"^{name} must"):
             P.run_distributed(_rank_worker, 1.0, **kwargs)
@@ -144,7 +157,9 @@ def test_data_parallel_equals_full_batch():
     _, loss, grads = _full_grads(model, ids, targets)
     assert sum(o["loss"] for o in out) / 2 == pytest.approx(loss, rel=1e-6)
     for n, g in grads.items():
-        assert torch.equal(out[0]["grads"][n], out[1]["grads"][n]), n  # identical after the all-reduce
+        assert torch.equal(out[0]["grads"][n], out[1]["grads"][n]), (
+            n
+        )  # identical after the all-reduce
         torch.testing.assert_close(out[0]["grads"][n], g)
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     for k, w in model.state_dict().items():
@@ -173,9 +188,13 @@ def test_tensor_parallel_equals_unsplit(kind):
             g = o[name]["grads"]
             mlp_name = "W_in" if name == "mlp" else "mlp.W_in" if name == "block" else None
             if mlp_name:
-                torch.testing.assert_close(g[mlp_name], full[mlp_name].grad[:, P.shard_range(cfg.d_mlp, rank, 2)])
+                torch.testing.assert_close(
+                    g[mlp_name], full[mlp_name].grad[:, P.shard_range(cfg.d_mlp, rank, 2)]
+                )
                 out_name = mlp_name.replace("W_in", "W_out")
-                torch.testing.assert_close(g[out_name], full[out_name].grad[P.shard_range(cfg.d_mlp, rank, 2), :])
+                torch.testing.assert_close(
+                    g[out_name], full[out_name].grad[P.shard_range(cfg.d_mlp, rank, 2), :]
+                )
             if name == "attn":
                 cols = P.shard_range(cfg.n_heads * cfg.d_head, rank, 2)
                 for w in ("W_Q", "W_K", "W_V"):
@@ -196,7 +215,9 @@ def test_tensor_parallel_single_process_is_the_module(kind):
     assert isinstance(tp, Block) and type(tp).forward is Block.forward  # the block's own equations
     assert tp.kind == kind and tp.ln_1 is not blk.ln_1  # LayerNorms replicated: copies, not shared
     torch.testing.assert_close(tp(x), blk(x))
-    assert P.TensorParallelMLP(blk.mlp, 0, 1).phi is blk.mlp.phi  # the same activation (fused kernel)
+    assert (
+        P.TensorParallelMLP(blk.mlp, 0, 1).phi is blk.mlp.phi
+    )  # the same activation (fused kernel)
     with pytest.raises(ValueError, match="world_size"):
         P.TensorParallelMLP(blk.mlp, 0, 3)  # 3 does not divide d_mlp = 256
 
@@ -264,7 +285,10 @@ def test_four_ranks_pipeline_and_ring():
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
     out = P.run_together(
-        {"pipe": (P.pipeline_worker, (cfg, state, ids, targets, 2)), "ring": (P.ring_attention_worker, (q, k, v))},
+        {
+            "pipe": (P.pipeline_worker, (cfg, state, ids, targets, 2)),
+            "ring": (P.ring_attention_worker, (q, k, v)),
+        },
         world_size=4,
     )
     assert list(out) == ["pipe", "ring"] and all(len(results) == 4 for results in out.values())
@@ -286,7 +310,9 @@ def test_four_ranks_pipeline_and_ring():
 def test_run_together_returns_what_separate_runs_return():
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
-    out = P.run_together({"sum": (_rank_worker, (10.0,)), "ring": (P.ring_attention_worker, (q, k, v))})
+    out = P.run_together(
+        {"sum": (_rank_worker, (10.0,)), "ring": (P.ring_attention_worker, (q, k, v))}
+    )
     alone = P.run_distributed(P.ring_attention_worker, q, k, v)
     assert [o["rank"] for o in out["sum"]] == [0, 1]
     assert all(torch.equal(o["sum"], torch.tensor([30.0])) for o in out["sum"])
@@ -301,7 +327,10 @@ def test_run_together_names_the_failing_job_and_cleans_up(tmp_path):
     with pytest.raises(P.DistributedError) as e:
         P.run_together(jobs, timeout=120)
     msg = str(e.value)
-    assert "job 'broken' (_failing_worker) failed on rank 1" in msg and "ValueError: boom from rank 1" in msg
+    assert (
+        "job 'broken' (_failing_worker) failed on rank 1" in msg
+        and "ValueError: boom from rank 1" in msg
+    )
     assert multiprocessing.active_children() == []
 
 
@@ -333,8 +362,13 @@ def test_shard_range():
     with pytest.raises(ValueError, match="world_size"):
         P.shard_range(4, 0, 0)
     # floats, bools and negative sizes are refused, not turned into a float or negative slice
-    for args, name in (((8.0, 1, 2), "n"), ((-4, 1, 2), "n"), ((8, True, 2), "rank"), ((8, 0, 2.0), "world_size"),
-                       ((8, 0, True), "world_size")):
+    for args, name in (
+        ((8.0, 1, 2), "n"),
+        ((-4, 1, 2), "n"),
+        ((8, True, 2), "rank"),
+        ((8, 0, 2.0), "world_size"),
+        ((8, 0, True), "world_size"),
+    ):
         with pytest.raises(ValueError, match=f"^{name} must"):
             P.shard_range(*args)
     assert P.shard_range(0, 1, 2) == slice(0, 0)  # nothing to share: every rank gets nothing
@@ -346,7 +380,9 @@ def test_gpipe_schedule_bubble_matches_formula(p, m):
     grid = P.gpipe_schedule(p, m)
     assert len(grid) == p and all(len(row) == 2 * (m + p - 1) for row in grid)
     for row in grid:  # every stage runs each forward and each backward exactly once
-        assert sorted(op for op in row if op) == sorted([f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)])
+        assert sorted(op for op in row if op) == sorted(
+            [f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)]
+        )
     assert P.bubble_fraction(grid) == pytest.approx(P.gpipe_bubble(p, m))
 
 
@@ -385,7 +421,9 @@ def test_online_softmax_handles_fully_masked_blocks_and_large_scores():
     _, l, acc = state
     out = acc / l
     torch.testing.assert_close(out[0], torch.tensor([1.5]))
-    expect = torch.softmax(torch.tensor([1000.0, 999.0, 1000.0, 0.0]), 0) @ torch.tensor([1.0, 2.0, 1.0, 2.0])
+    expect = torch.softmax(torch.tensor([1000.0, 999.0, 1000.0, 0.0]), 0) @ torch.tensor(
+        [1.0, 2.0, 1.0, 2.0]
+    )
     torch.testing.assert_close(out[1, 0], expect)
 
 

@@ -13,13 +13,18 @@ import math
 import pytest
 import torch
 
-from gptlib.training import lm_loss
 from gptlib.model import GPT, GPTConfig
 from gptlib.moe import MoE
-from gptlib.parallel import run_distributed, timetable
 from gptlib.parallel import pipeline as PP
+from gptlib.parallel import run_distributed, timetable
 from gptlib.parallel.experts import expert_parallel_forward, expert_parallel_worker
-from gptlib.parallel.sharding import local_numel, ring_bytes_per_rank, ring_worker, sharded_training_worker
+from gptlib.parallel.sharding import (
+    local_numel,
+    ring_bytes_per_rank,
+    ring_worker,
+    sharded_training_worker,
+)
+from gptlib.training import lm_loss
 
 CONFIG = GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=2)
 
@@ -45,7 +50,11 @@ def test_stage_orders():
             for s in range(p):
                 order = PP.stage_order("1f1b", s, p, m)
                 assert sorted(order) == sorted(PP.stage_order("gpipe", s, p, m))  # every op once
-    for args, name in ((("pipedream", 0, 2, 2), "schedule"), (("1f1b", 2, 2, 2), "stage"), (("1f1b", 0, 0, 2), "n_stages")):
+    for args, name in (
+        (("pipedream", 0, 2, 2), "schedule"),
+        (("1f1b", 2, 2, 2), "stage"),
+        (("1f1b", 0, 0, 2), "n_stages"),
+    ):
         with pytest.raises(ValueError, match=name):
             PP.stage_order(*args)
 
@@ -71,7 +80,9 @@ def test_local_numel():
 @pytest.fixture(scope="module")
 def sharded():
     model = _model()
-    ids = torch.randint(0, CONFIG.d_vocab, (3, 4, CONFIG.n_ctx + 1), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, CONFIG.d_vocab, (3, 4, CONFIG.n_ctx + 1), generator=torch.Generator().manual_seed(1)
+    )
     x, y = ids[..., :-1], ids[..., 1:]  # 3 steps of (B=4, T=16)
     results = run_distributed(sharded_training_worker, CONFIG, _state(model), x, y, 1e-2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -101,8 +112,12 @@ def test_sharded_state_sizes(sharded):
     zero1 = [r["zero1"]["held"] for r in results]
     fsdp = [r["fsdp"]["held"] for r in results]
     assert all(h["weights"] == h["gradients"] == N for h in zero1)  # replicated
-    assert sum(h["optimizer"] for h in zero1) == 2 * N and max(h["optimizer"] for h in zero1) < 2 * N  # moments split
-    assert all(h["weights"] == h["gradients"] == N // 2 and h["optimizer"] == N for h in fsdp)  # all halved
+    assert (
+        sum(h["optimizer"] for h in zero1) == 2 * N and max(h["optimizer"] for h in zero1) < 2 * N
+    )  # moments split
+    assert all(
+        h["weights"] == h["gradients"] == N // 2 and h["optimizer"] == N for h in fsdp
+    )  # all halved
 
 
 # ---- expert parallelism -----------------------------------------------------------------------
@@ -115,7 +130,9 @@ def test_expert_parallel_equals_the_moe_layer():
     moe = MoE(*args)
     x = torch.randn(24, 16, generator=torch.Generator().manual_seed(1))
     probe = torch.randn(24, 16, generator=torch.Generator().manual_seed(2))
-    results = run_distributed(expert_parallel_worker, args, {k: v.clone() for k, v in moe.state_dict().items()}, x, probe)
+    results = run_distributed(
+        expert_parallel_worker, args, {k: v.clone() for k, v in moe.state_dict().items()}, x, probe
+    )
     y = moe(x)
     (y * probe).sum().backward()
     torch.testing.assert_close(torch.cat([r["y"] for r in results]), y.detach())
@@ -137,7 +154,9 @@ def test_expert_parallel_equals_the_moe_layer():
 @pytest.mark.slow
 def test_1f1b_and_gpipe_on_gloo():
     model = _model()
-    ids = torch.randint(0, CONFIG.d_vocab, (4, CONFIG.n_ctx + 1), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(
+        0, CONFIG.d_vocab, (4, CONFIG.n_ctx + 1), generator=torch.Generator().manual_seed(2)
+    )
     x, y = ids[:, :-1], ids[:, 1:]
     results = run_distributed(PP.compare_schedules_worker, CONFIG, _state(model), x, y, 4)
     logits = model(x)
@@ -167,8 +186,13 @@ def test_ring_all_reduce_is_reduce_scatter_then_all_gather():
     for o in out:
         torch.testing.assert_close(o["ring"], xs.sum(0))
         torch.testing.assert_close(o["ring"], o["all_reduce"])
-        assert o["sent"] == {"reduce-scatter": expected["reduce-scatter"], "all-gather": expected["all-gather"]}
-    assert sum(o["sent"]["reduce-scatter"] for o in out) == (R - 1) * 4 * n  # every chunk crosses R - 1 links
+        assert o["sent"] == {
+            "reduce-scatter": expected["reduce-scatter"],
+            "all-gather": expected["all-gather"],
+        }
+    assert (
+        sum(o["sent"]["reduce-scatter"] for o in out) == (R - 1) * 4 * n
+    )  # every chunk crosses R - 1 links
     assert ring_bytes_per_rank(100, 1)["all-reduce"] == 0
     with pytest.raises(ValueError, match="world_size"):
         ring_bytes_per_rank(100, 0)

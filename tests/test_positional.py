@@ -1,4 +1,5 @@
-"""gptlib.positional: sinusoidal encodings, the relative-position rotation, learned positions, buffers."""
+"""gptlib.positional: sinusoidal encodings, the relative-position rotation, learned positions,
+buffers."""
 
 import math
 
@@ -16,11 +17,13 @@ from gptlib.positional import (
 
 def test_sinusoidal_known_values():
     pe = sinusoidal_encoding(3, 4)
-    expected = torch.tensor([
-        [0.0, 1.0, 0.0, 1.0],
-        [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
-        [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
-    ])
+    expected = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 1.0],
+            [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+            [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
+        ]
+    )
     torch.testing.assert_close(pe, expected)
     assert pe.dtype == torch.float32
     assert sinusoidal_encoding(3, 4, dtype=torch.float64).dtype == torch.float64
@@ -44,7 +47,9 @@ def test_frequencies():
 
 def test_pairs_lie_on_the_unit_circle():
     pe = sinusoidal_encoding(50, 8, dtype=torch.float64)
-    torch.testing.assert_close(pe[:, 0::2] ** 2 + pe[:, 1::2] ** 2, torch.ones(50, 4, dtype=torch.float64))
+    torch.testing.assert_close(
+        pe[:, 0::2] ** 2 + pe[:, 1::2] ** 2, torch.ones(50, 4, dtype=torch.float64)
+    )
 
 
 def test_relative_rotation_shifts_every_position():
@@ -56,19 +61,24 @@ def test_relative_rotation_shifts_every_position():
     R3 = relative_rotation(3, d)
     torch.testing.assert_close(R3 @ R3.T, torch.eye(d, dtype=torch.float64))  # orthogonal
     torch.testing.assert_close(relative_rotation(-3, d), R3.T)  # R_{-k} = R_k^T
-    torch.testing.assert_close(relative_rotation(2, d) @ relative_rotation(5, d), relative_rotation(7, d))
+    torch.testing.assert_close(
+        relative_rotation(2, d) @ relative_rotation(5, d), relative_rotation(7, d)
+    )
     assert torch.count_nonzero(R3) == 4 * (d // 2)  # block-diagonal 2x2 blocks
 
 
 def test_relative_rotation_known_value():
     R = relative_rotation(2, 4, base=100.0)
     a, b = 2.0, 2 * 0.1
-    expected = torch.tensor([
-        [math.cos(a), -math.sin(a), 0, 0],
-        [math.sin(a), math.cos(a), 0, 0],
-        [0, 0, math.cos(b), -math.sin(b)],
-        [0, 0, math.sin(b), math.cos(b)],
-    ], dtype=torch.float64)
+    expected = torch.tensor(
+        [
+            [math.cos(a), -math.sin(a), 0, 0],
+            [math.sin(a), math.cos(a), 0, 0],
+            [0, 0, math.cos(b), -math.sin(b)],
+            [0, 0, math.sin(b), math.cos(b)],
+        ],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(R, expected)
 
 

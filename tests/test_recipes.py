@@ -26,7 +26,10 @@ def test_run_config_but_routes_fields_and_derives_sizes_again():
     changed = rc.but(d_model=192, n_heads=6, steps=10, warmup=5, train_fraction=0.5)
     assert (changed.model.d_model, changed.model.d_head, changed.model.d_mlp) == (192, 32, 768)
     assert changed.train.steps == 10 and changed.train_fraction == 0.5
-    assert changed.train.batch_size == rc.train.batch_size and changed.model.d_vocab == rc.model.d_vocab
+    assert (
+        changed.train.batch_size == rc.train.batch_size
+        and changed.model.d_vocab == rc.model.d_vocab
+    )
     assert rc.but() == rc and rc.model.d_model == 256  # the preset itself is unchanged
     with pytest.raises(ValueError, match="unknown run fields.*d_modle"):
         rc.but(d_modle=64)
@@ -47,8 +50,10 @@ def test_train_run_is_seeded_and_scores_every_window():
     tok = BPETokenizer.train(text, 276)  # all the merges the text allows
     ids = torch.tensor(tok.encode(text))
     data = (tok, ids[: len(ids) * 9 // 10], ids[len(ids) * 9 // 10 :], "", "")
-    rc = RunConfig(GPTConfig(d_vocab=tok.vocab_size, n_ctx=16, d_model=32, n_heads=2, n_layers=1, dropout=0.0),
-                   TrainConfig(steps=6, batch_size=4, warmup=2, eval_every=3, eval_batches=1))
+    rc = RunConfig(
+        GPTConfig(d_vocab=tok.vocab_size, n_ctx=16, d_model=32, n_heads=2, n_layers=1, dropout=0.0),
+        TrainConfig(steps=6, batch_size=4, warmup=2, eval_every=3, eval_batches=1),
+    )
     a, b = train_run(rc, data), train_run(rc, data)
     assert a["history"].loss == b["history"].loss and a["val"] == b["val"]
     assert isinstance(a["val"], WindowsLoss) and a["val"].tokens == (len(data[2]) - 1) // 16 * 16
@@ -59,12 +64,15 @@ def test_train_run_is_seeded_and_scores_every_window():
 
 
 def test_documentation_run_is_the_shipped_small_models_recipe():
-    """models/small is rebuilt by `make small-model`: its config, log and tokenizer are the recipe's."""
+    """models/small is rebuilt by `make small-model`: its config, log and tokenizer are the
+    recipe's."""
     log = json.loads((MODELS / "small" / "train_log.json").read_text())
     assert log["train_config"] == json.loads(json.dumps(asdict(DOCUMENTATION_RUN.train)))
     assert GPT.load(MODELS / "small").config == DOCUMENTATION_RUN.model
     train_text, _ = train_val_split(load_corpus(), 0.1)
-    tok = BPETokenizer.train(train_text, DOCUMENTATION_RUN.model.d_vocab)  # the recipe's first step, 2 s
+    tok = BPETokenizer.train(
+        train_text, DOCUMENTATION_RUN.model.d_vocab
+    )  # the recipe's first step, 2 s
     assert tok.vocab == BPETokenizer.load(MODELS / "small" / "tokenizer.json").vocab
     assert log["train_tokens"] == len(tok.encode(train_text))
 
@@ -83,8 +91,12 @@ def test_run_configs_and_samples_check_their_arguments():
     tok = BPETokenizer.train("The cat sat on the mat. " * 10, 270)
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
-    for kwargs, name in (({"seed": 1.5}, "seed"), ({"seed": True}, "seed"), ({"n_tokens": -1}, "n_tokens"),
-                         ({"n_tokens": 2.0}, "n_tokens")):
+    for kwargs, name in (
+        ({"seed": 1.5}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"n_tokens": -1}, "n_tokens"),
+        ({"n_tokens": 2.0}, "n_tokens"),
+    ):
         with pytest.raises(ValueError, match=f"^{name} must"):
             samples(model, tok, **kwargs)
     model.cpu = model.to = lambda *a, **k: pytest.fail("samples() moved the caller's model")

@@ -72,9 +72,15 @@ def test_leave_one_out_advantages_hand_values_and_unbiased_baseline():
     r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 1.0, 1.0]])
     a = rlhf.leave_one_out_advantages(r)
     # r_i minus the mean of the three others, by hand
-    torch.testing.assert_close(a, torch.tensor([[1 - 11 / 3, 2 - 10 / 3, 3 - 3.0, 6 - 2.0],
-                                                [-2 / 3, -2 / 3, 1 - 1 / 3, 1 - 1 / 3]]))
-    torch.testing.assert_close(a, 4 / 3 * (r - r.mean(dim=1, keepdim=True)))  # K / (K - 1) times the centred r
+    torch.testing.assert_close(
+        a,
+        torch.tensor(
+            [[1 - 11 / 3, 2 - 10 / 3, 3 - 3.0, 6 - 2.0], [-2 / 3, -2 / 3, 1 - 1 / 3, 1 - 1 / 3]]
+        ),
+    )
+    torch.testing.assert_close(
+        a, 4 / 3 * (r - r.mean(dim=1, keepdim=True))
+    )  # K / (K - 1) times the centred r
     # the baseline of sample i does not move when r_i does
     bumped = r.clone()
     bumped[0, 2] += 5.0
@@ -110,7 +116,9 @@ def test_dpo_loss_hand_value_and_reduction_to_reward_loss():
     beta = 0.5
     args = torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.0])
     margin = (-1.0 + 2.0) - (-3.0 + 2.0)
-    assert float(rlhf.dpo_loss(*args, beta=beta)) == pytest.approx(-math.log(sigmoid(beta * margin)), rel=1e-6)
+    assert float(rlhf.dpo_loss(*args, beta=beta)) == pytest.approx(
+        -math.log(sigmoid(beta * margin)), rel=1e-6
+    )
     # DPO is the reward-model loss with implicit rewards beta * log(pi / pi_ref).
     r_w, r_l = beta * (args[0] - args[2]), beta * (args[1] - args[3])
     torch.testing.assert_close(rlhf.dpo_loss(*args, beta=beta), rlhf.reward_model_loss(r_w, r_l))
@@ -162,18 +170,28 @@ def one_thread():
 def test_reward_model_reads_the_last_real_token_and_copies_its_backbone():
     backbone = tiny_gpt()
     rm = rlhf.RewardModel(backbone)
-    assert rm.backbone is not backbone and all(p is not q for p, q in zip(rm.parameters(), backbone.parameters()))
+    assert rm.backbone is not backbone and all(
+        p is not q for p, q in zip(rm.parameters(), backbone.parameters())
+    )
     ids = torch.randint(0, 512, (3, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        assert torch.equal(rm(ids), torch.zeros(3))  # the head starts at zero: every reward is 0, eq. 14 gives ln 2
-        assert float(rlhf.reward_model_loss(rm(ids[:1]), rm(ids[1:2]))) == pytest.approx(math.log(2))
+        assert torch.equal(
+            rm(ids), torch.zeros(3)
+        )  # the head starts at zero: every reward is 0, eq. 14 gives ln 2
+        assert float(rlhf.reward_model_loss(rm(ids[:1]), rm(ids[1:2]))) == pytest.approx(
+            math.log(2)
+        )
         rm.w_r.normal_(generator=torch.Generator().manual_seed(2))
         rm.b_r.fill_(0.5)
         h = backbone.hidden_states(ids)  # (3, 10, d_model): the copy has the same weights
         torch.testing.assert_close(rm(ids), h[:, -1] @ rm.w_r + 0.5)
-        lengths = torch.tensor([10, 4, 1])  # right padding: the reward of row i reads position lengths[i] - 1
+        lengths = torch.tensor(
+            [10, 4, 1]
+        )  # right padding: the reward of row i reads position lengths[i] - 1
         padded = rm(ids, lengths)
-        for i, n in enumerate(lengths.tolist()):  # causal: the padding after a row's end changes nothing
+        for i, n in enumerate(
+            lengths.tolist()
+        ):  # causal: the padding after a row's end changes nothing
             torch.testing.assert_close(padded[i], rm(ids[i : i + 1, :n])[0], atol=1e-5, rtol=1e-5)
     for bad in (torch.tensor([10, 4]), torch.tensor([10, 0, 3]), torch.tensor([11, 4, 3])):
         with pytest.raises(ValueError, match="lengths"):
@@ -186,7 +204,13 @@ def test_preference_pairs_keep_the_order_and_drop_ties():
     scores = torch.tensor([[0.5, 1.0, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0]])
     Yw, Yl = rlhf.preference_pairs(samples, scores)
     # prompt 0: pairs (0,1) (0,3) (1,2) (1,3) (2,3) differ; (0,2) ties; prompt 1: all tie
-    assert list(zip(Yw[:, 0].tolist(), Yl[:, 0].tolist())) == [(1, 0), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert list(zip(Yw[:, 0].tolist(), Yl[:, 0].tolist())) == [
+        (1, 0),
+        (0, 3),
+        (1, 2),
+        (1, 3),
+        (2, 3),
+    ]
     assert Yw.shape == (5, 3)
     with pytest.raises(ValueError, match="tie"):
         rlhf.preference_pairs(samples[4:], scores[1:])
@@ -204,7 +228,10 @@ def prompts(n, seed=0):
 
 
 def test_response_mask_and_sample_responses():
-    assert rlhf.response_mask(torch.zeros(2, 5, dtype=torch.long), 3).tolist() == [[False] * 3 + [True] * 2] * 2
+    assert (
+        rlhf.response_mask(torch.zeros(2, 5, dtype=torch.long), 3).tolist()
+        == [[False] * 3 + [True] * 2] * 2
+    )
     for bad in (0, 5):
         with pytest.raises(ValueError, match="prompt_len"):
             rlhf.response_mask(torch.zeros(2, 5, dtype=torch.long), bad)
@@ -221,7 +248,9 @@ def test_response_mask_and_sample_responses():
 
 def test_sft_lowers_the_loss_and_leaves_the_model_alone():
     model = tiny_gpt()
-    demos = torch.cat([prompts(8), torch.arange(10, 10 + Y).expand(8, Y)], dim=1)  # (8, P + Y): one response
+    demos = torch.cat(
+        [prompts(8), torch.arange(10, 10 + Y).expand(8, Y)], dim=1
+    )  # (8, P + Y): one response
     before = {k: v.clone() for k, v in model.state_dict().items()}
     policy, losses = rlhf.sft(model, demos, P, steps=15, lr=3e-3, seed=0, batch_size=4)
     assert len(losses) == 15 and policy.training is False
@@ -236,16 +265,24 @@ def test_sft_lowers_the_loss_and_leaves_the_model_alone():
 def test_sft_loss_is_nats_per_response_token():
     model, ids = tiny_gpt(), torch.cat([prompts(2), prompts(2, seed=1)[:, :3]], dim=1)  # (2, P + 3)
     with torch.no_grad():
-        lp = torch.log_softmax(model(ids), dim=-1)[:, P - 1 : -1].gather(-1, ids[:, P:, None])[..., 0]  # (2, 3)
+        lp = torch.log_softmax(model(ids), dim=-1)[:, P - 1 : -1].gather(-1, ids[:, P:, None])[
+            ..., 0
+        ]  # (2, 3)
         torch.testing.assert_close(rlhf.sft_loss(model, ids, P), -lp.mean())
 
 
 def test_train_reward_model_starts_at_ln2_and_learns_a_separable_preference():
     backbone = tiny_gpt()
     x = prompts(16)
-    chosen = torch.cat([x, torch.full((16, Y), 7)], dim=1)  # the preferred response: token 7 repeated
-    rejected = torch.cat([x, torch.randint(100, 512, (16, Y), generator=torch.Generator().manual_seed(3))], dim=1)
-    rm, losses = rlhf.train_reward_model(backbone, chosen, rejected, steps=30, lr=3e-3, seed=0, batch_size=8)
+    chosen = torch.cat(
+        [x, torch.full((16, Y), 7)], dim=1
+    )  # the preferred response: token 7 repeated
+    rejected = torch.cat(
+        [x, torch.randint(100, 512, (16, Y), generator=torch.Generator().manual_seed(3))], dim=1
+    )
+    rm, losses = rlhf.train_reward_model(
+        backbone, chosen, rejected, steps=30, lr=3e-3, seed=0, batch_size=8
+    )
     assert losses[0] == pytest.approx(math.log(2), abs=1e-6) and losses[-1] < 0.2
     with torch.no_grad():
         assert bool((rm(chosen) > rm(rejected)).all())
@@ -269,11 +306,17 @@ def test_ppo_ratio_is_one_at_the_first_epoch_and_kl_starts_at_zero(monkeypatch):
 
     monkeypatch.setattr(loops, "ppo_loss", recording_ppo_loss)
     sft = tiny_gpt()
-    policy, hist = rlhf.ppo(sft, low_tokens, prompts(6), Y, beta=0.1, steps=3, seed=0, epochs=2, lr=1e-2)
+    policy, hist = rlhf.ppo(
+        sft, low_tokens, prompts(6), Y, beta=0.1, steps=3, seed=0, epochs=2, lr=1e-2
+    )
     assert len(ratios) == 3 * 2
-    for step in range(3):  # each batch: the first epoch scores the samples with the policy that drew them
+    for step in range(
+        3
+    ):  # each batch: the first epoch scores the samples with the policy that drew them
         torch.testing.assert_close(ratios[2 * step], torch.ones_like(ratios[0]))
-    assert max(float((r - 1).abs().max()) for r in ratios[1::2]) > 1e-4  # the second epoch has moved
+    assert (
+        max(float((r - 1).abs().max()) for r in ratios[1::2]) > 1e-4
+    )  # the second epoch has moved
     assert set(hist) == {"reward", "kl"} and all(len(v) == 3 for v in hist.values())
     assert hist["kl"][0] == 0.0  # the first batch is drawn before any update: policy = reference
     assert hist["kl"][-1] != 0.0 and policy.training is False
@@ -299,11 +342,17 @@ def test_ppo_is_seeded_and_raises_the_reward():
     after, se_a = low_token_shares(a, x)
     assert after - before > 4 * math.hypot(se_a, se_b)  # a rise beyond sampling noise
     c, hc = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, lr=1e-2, advantage="rloo")
-    assert hc["kl"][0] == ha["kl"][0] and hc != {k: ha[k] for k in hc}  # same first batch, other updates
+    assert hc["kl"][0] == ha["kl"][0] and hc != {
+        k: ha[k] for k in hc
+    }  # same first batch, other updates
     after_c, se_c = low_token_shares(c, x)
     assert after_c - before > 4 * math.hypot(se_c, se_b)  # RLOO learns too
-    for name, kwargs in (("beta", {"beta": -0.1}), ("group_size", {"group_size": 1}), ("epochs", {"epochs": 0}),
-                         ("advantage", {"advantage": "ppo"})):
+    for name, kwargs in (
+        ("beta", {"beta": -0.1}),
+        ("group_size", {"group_size": 1}),
+        ("epochs", {"epochs": 0}),
+        ("advantage", {"advantage": "ppo"}),
+    ):
         with pytest.raises(ValueError, match=name):
             rlhf.ppo(sft, rm, x, Y, **{"beta": 0.1, "steps": 1, "seed": 0, **kwargs})
 
@@ -313,12 +362,18 @@ def test_dpo_starts_at_ln2_and_widens_the_margin():
     x = prompts(12)
     chosen = torch.cat([x, torch.full((12, Y), 7)], dim=1)
     rejected = torch.cat([x, torch.full((12, Y), 9)], dim=1)
-    policy, losses = rlhf.dpo(sft, chosen, rejected, P, beta=0.5, steps=10, seed=0, lr=3e-3, batch_size=6)
+    policy, losses = rlhf.dpo(
+        sft, chosen, rejected, P, beta=0.5, steps=10, seed=0, lr=3e-3, batch_size=6
+    )
     assert losses[0] == pytest.approx(math.log(2), abs=1e-6) and losses[-1] < losses[0] - 0.3
     mask = rlhf.response_mask(chosen, P)
     with torch.no_grad():
-        margin = (rlhf.sequence_logprob(policy, chosen, mask) - rlhf.sequence_logprob(sft, chosen, mask)) - (
-            rlhf.sequence_logprob(policy, rejected, mask) - rlhf.sequence_logprob(sft, rejected, mask))
+        margin = (
+            rlhf.sequence_logprob(policy, chosen, mask) - rlhf.sequence_logprob(sft, chosen, mask)
+        ) - (
+            rlhf.sequence_logprob(policy, rejected, mask)
+            - rlhf.sequence_logprob(sft, rejected, mask)
+        )
     assert bool((margin > 0).all())
     with pytest.raises(ValueError, match="beta"):
         rlhf.dpo(sft, chosen, rejected, P, beta=float("inf"), steps=1, seed=0)
@@ -350,7 +405,13 @@ def test_sentence_task_prompts_open_sentences_of_their_own_split():
     from gptlib.rlhf.toy_task import SentenceLabeller, sentence_starts, sentence_task
     from gptlib.tokenizers import BPETokenizer
 
-    train = " ".join(f"The cat {w} the mat. A dog ran home today and slept." for w in ("sat on", "ran to", "saw")) * 4
+    train = (
+        " ".join(
+            f"The cat {w} the mat. A dog ran home today and slept."
+            for w in ("sat on", "ran to", "saw")
+        )
+        * 4
+    )
     val = "He said so. She said no and went out of the room to sleep. " * 3
     tok = BPETokenizer.train(train + val, 300)
     ids = torch.tensor(tok.encode(train))
@@ -358,9 +419,14 @@ def test_sentence_task_prompts_open_sentences_of_their_own_split():
     assert len(starts) > 0
     for o in starts.tolist():  # a sentence ended just before; prompt and response start words
         assert tok.decode([int(ids[o - 1])]).rstrip(" ").endswith((".", "?", "!", "\n"))
-        assert tok.decode([int(ids[o])])[:1] == " " and tok.decode([int(ids[o + 3])])[:1] in (" ", "\n")
+        assert tok.decode([int(ids[o])])[:1] == " " and tok.decode([int(ids[o + 3])])[:1] in (
+            " ",
+            "\n",
+        )
     judge = SentenceLabeller.from_text(train)
-    task = sentence_task(tok, train, val, judge, prompt_len=3, response_len=2, n_train=4, n_eval=2, seed=0)
+    task = sentence_task(
+        tok, train, val, judge, prompt_len=3, response_len=2, n_train=4, n_eval=2, seed=0
+    )
     assert task.train_prompts.shape == (4, 3) and task.eval_prompts.shape == (2, 3)
     assert all(tok.decode(p.tolist()) in train for p in task.train_prompts)
     assert all(tok.decode(p.tolist()) in val for p in task.eval_prompts)

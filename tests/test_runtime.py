@@ -91,6 +91,8 @@ def test_atomic_write_gives_ordinary_file_permissions(tmp_path):
     umask = os.umask(0o022)
     try:
         p = runtime.atomic_write(tmp_path / "perm.txt", "x")
-        assert stat.S_IMODE(p.stat().st_mode) == 0o644  # what open(p, "w") gives under umask 022, not mkstemp's 0600
+        assert (
+            stat.S_IMODE(p.stat().st_mode) == 0o644
+        )  # what open(p, "w") gives under umask 022, not mkstemp's 0600
     finally:
         os.umask(umask)

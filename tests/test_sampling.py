@@ -13,15 +13,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 
 def test_worked_example_of_004():
     y = torch.tensor([0.001, 10.0, 6.0, 1.0, 4.0], dtype=torch.float64)
-    torch.testing.assert_close(next_token_probs(y, 1.0, top_k=3)[[1, 2, 4]],
-                               torch.tensor([0.97962921, 0.01794253, 0.00242826], dtype=torch.float64), atol=1e-8, rtol=0)
-    torch.testing.assert_close(next_token_probs(y, 10.0, top_k=3)[[1, 2, 4]],
-                               torch.tensor([0.45062671, 0.30206411, 0.24730918], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(
+        next_token_probs(y, 1.0, top_k=3)[[1, 2, 4]],
+        torch.tensor([0.97962921, 0.01794253, 0.00242826], dtype=torch.float64),
+        atol=1e-8,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        next_token_probs(y, 10.0, top_k=3)[[1, 2, 4]],
+        torch.tensor([0.45062671, 0.30206411, 0.24730918], dtype=torch.float64),
+        atol=1e-8,
+        rtol=0,
+    )
 
 
 def test_temperature_limits_and_greedy():
     y = torch.tensor([1.0, 3.0, 2.0, 3.0])
-    assert torch.equal(next_token_probs(y, temperature=0), torch.tensor([0.0, 1.0, 0.0, 0.0]))  # first argmax
+    assert torch.equal(
+        next_token_probs(y, temperature=0), torch.tensor([0.0, 1.0, 0.0, 0.0])
+    )  # first argmax
     torch.testing.assert_close(next_token_probs(y, temperature=1e7), torch.full((4,), 0.25))
     torch.testing.assert_close(next_token_probs(y), torch.softmax(y, -1))
 
@@ -57,11 +67,17 @@ def test_order_temperature_then_top_k_then_top_p_batched():
         torch.testing.assert_close(out[b], ref)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+    ],
+)
 def test_bad_parameters(kwargs, name):
     with pytest.raises(ValueError, match=name):
         next_token_probs(torch.randn(5), **kwargs)
@@ -88,11 +104,16 @@ def test_masked_logits_tiny_temperature_and_integer_types():
     y = torch.tensor([-math.inf, 2.0, 1.0, 2.0])
     torch.testing.assert_close(next_token_probs(y), torch.softmax(y, -1))
     # (y - max) / tau stays finite: ties at the max share the mass as tau -> 0
-    torch.testing.assert_close(next_token_probs(y, temperature=1e-40), torch.tensor([0.0, 0.5, 0.0, 0.5]))
+    torch.testing.assert_close(
+        next_token_probs(y, temperature=1e-40), torch.tensor([0.0, 0.5, 0.0, 0.5])
+    )
     assert torch.equal(next_token_probs(y, temperature=0), torch.tensor([0.0, 1.0, 0.0, 0.0]))
     import numpy as np
+
     torch.testing.assert_close(next_token_probs(y, top_k=np.int64(1)), next_token_probs(y, top_k=1))
-    torch.testing.assert_close(next_token_probs(y, temperature=np.float32(2.0)), next_token_probs(y, temperature=2.0))
+    torch.testing.assert_close(
+        next_token_probs(y, temperature=np.float32(2.0)), next_token_probs(y, temperature=2.0)
+    )
 
 
 def test_top_p_boundary_is_exact():
@@ -113,17 +134,25 @@ def test_generate_cache_equals_no_cache_past_n_ctx(small):
     assert torch.equal(a, b) and a.shape == (2, 36)
     torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
     s1 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1))
-    s2 = generate(small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1), use_cache=False)
+    s2 = generate(
+        small, prompt, 30, top_p=0.9, generator=torch.Generator().manual_seed(1), use_cache=False
+    )
     assert torch.equal(s1, s2)
 
 
 def test_generate_is_reproducible_with_a_seed(small):
     prompt = torch.tensor([[5, 6, 7]])
-    draw = lambda seed, **kw: generate(small, prompt, 20, generator=torch.Generator().manual_seed(seed), **kw)  # noqa: E731
-    assert torch.equal(draw(7), draw(7)) and torch.equal(draw(7, temperature=1.5, top_k=20), draw(7, temperature=1.5, top_k=20))
+    draw = lambda seed, **kw: generate(
+        small, prompt, 20, generator=torch.Generator().manual_seed(seed), **kw
+    )
+    assert torch.equal(draw(7), draw(7)) and torch.equal(
+        draw(7, temperature=1.5, top_k=20), draw(7, temperature=1.5, top_k=20)
+    )
     assert not torch.equal(draw(7), draw(8))
     # top_k = 1 is greedy whatever the temperature
-    assert torch.equal(draw(0, top_k=1, temperature=3.0), generate(small, prompt, 20, temperature=0.0))
+    assert torch.equal(
+        draw(0, top_k=1, temperature=3.0), generate(small, prompt, 20, temperature=0.0)
+    )
 
 
 def test_generate_equals_a_plain_sampling_loop(small):
@@ -131,12 +160,20 @@ def test_generate_equals_a_plain_sampling_loop(small):
     for _ in range(25):  # past n_ctx = 16: crop, softmax of the last row, one draw
         with torch.no_grad():
             y = small(ids[:, -16:])[:, -1]  # (1, d_vocab)
-        ids = torch.cat([ids, torch.multinomial(torch.softmax(y / 0.9, dim=-1), 1, generator=g)], dim=1)
-    assert torch.equal(ids, generate(small, ids[:, :5], 25, temperature=0.9, generator=torch.Generator().manual_seed(2)))
+        ids = torch.cat(
+            [ids, torch.multinomial(torch.softmax(y / 0.9, dim=-1), 1, generator=g)], dim=1
+        )
+    assert torch.equal(
+        ids,
+        generate(
+            small, ids[:, :5], 25, temperature=0.9, generator=torch.Generator().manual_seed(2)
+        ),
+    )
 
 
 def test_cached_keys_of_earlier_positions_do_not_change(small):
     from gptlib.attention import KVCache
+
     ids = torch.randint(0, 512, (1, 12))
     short, full = KVCache(small.config.n_layers), KVCache(small.config.n_layers)
     with torch.no_grad():
@@ -175,14 +212,19 @@ def test_generate_errors(small):
 
 # --- no NaN passes as a result --------------------------------------------------------------------
 def test_temperature_below_float32_range_is_the_limit_not_nan():
-    """A temperature that rounds to 0 in float32 (1e-46) gives the limit tau -> 0+: the maxima share."""
+    """A temperature that rounds to 0 in float32 (1e-46) gives the limit tau -> 0+: the maxima
+    share."""
     y = torch.tensor([-math.inf, 2.0, 1.0, 2.0])
     for tau in (1e-46, 1e-300, 5e-324):
-        torch.testing.assert_close(next_token_probs(y, temperature=tau), torch.tensor([0.0, 0.5, 0.0, 0.5]))
+        torch.testing.assert_close(
+            next_token_probs(y, temperature=tau), torch.tensor([0.0, 0.5, 0.0, 0.5])
+        )
     half = next_token_probs(y.half(), temperature=1e-9)  # below float16's range too
     assert half.dtype == torch.float16 and half.tolist() == [0.0, 0.5, 0.0, 0.5]
     z = torch.tensor([0.0, 1e-6, 3.0])  # exact at a tiny but representable temperature too
-    torch.testing.assert_close(next_token_probs(z, temperature=1e-40), torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(
+        next_token_probs(z, temperature=1e-40), torch.tensor([0.0, 0.0, 1.0])
+    )
 
 
 def test_generate_at_a_vanishing_temperature_is_greedy(small):
@@ -199,7 +241,9 @@ def test_infinite_temperature_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="temperature"):
         generate(GPT(GPTConfig.preset("tiny")), torch.tensor([1]), 1, temperature=math.inf)
     # a large finite temperature is the uniform distribution over the tokens with a finite logit
-    torch.testing.assert_close(next_token_probs(y, temperature=1e300), torch.tensor([0.0, 0.5, 0.5]))
+    torch.testing.assert_close(
+        next_token_probs(y, temperature=1e300), torch.tensor([0.0, 0.5, 0.5])
+    )
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -214,7 +258,9 @@ def test_generate_refuses_a_model_with_non_finite_weights(use_cache, fused, bad,
         model.blocks[1].attn.W_Q[0, 0] = bad
     for temperature in (0.0, 1.0):
         with pytest.raises(ValueError, match=r"non-finite.*blocks\.1\.attn\.W_Q"):
-            generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=temperature, use_cache=use_cache)
+            generate(
+                model, torch.tensor([[1, 2, 3]]), 4, temperature=temperature, use_cache=use_cache
+            )
 
 
 def test_generate_checks_ids_once_and_refuses_bad_ones(small):
@@ -240,12 +286,22 @@ def test_generate_reads_the_ids_and_the_settings_once_not_per_token(small, monke
         def counted(*args, **kwargs):
             calls[key] += 1
             return f(*args, **kwargs)
+
         return counted
 
-    monkeypatch.setattr(gptlib.runtime, "check_ids", count("ids", check_ids))  # what the models call
+    monkeypatch.setattr(
+        gptlib.runtime, "check_ids", count("ids", check_ids)
+    )  # what the models call
     monkeypatch.setattr(gptlib.sampling, "_check_logits", count("logits", check_logits))
     for use_cache in (True, False):
-        generate(small, torch.tensor([[1, 2, 3]]), 20, top_p=0.9, use_cache=use_cache, generator=torch.Generator().manual_seed(0))
+        generate(
+            small,
+            torch.tensor([[1, 2, 3]]),
+            20,
+            top_p=0.9,
+            use_cache=use_cache,
+            generator=torch.Generator().manual_seed(0),
+        )
     assert calls == {"ids": 0, "logits": 0}
     with torch.no_grad():
         small(torch.tensor([[1, 2, 3]]))

@@ -1,4 +1,5 @@
-"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fits (with and without a
+"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fits (with and without
+a
 floor), Chinchilla's loss surface and its optimum, and the 20-tokens rule against the papers' numbers."""
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def test_non_embedding_parameters(tie):
     untied_W_U = 0 if tie else c.d_model * c.d_vocab  # an untied unembedding is not an embedding
     expected = c.n_layers * (12 * c.d_model**2 + 13 * c.d_model) + 2 * c.d_model + untied_W_U
     assert non_embedding_parameters(model) == expected
-    assert model.num_parameters() - non_embedding_parameters(model) == (c.d_vocab + c.n_ctx) * c.d_model
+    assert (
+        model.num_parameters() - non_embedding_parameters(model)
+        == (c.d_vocab + c.n_ctx) * c.d_model
+    )
     with pytest.raises(ValueError, match="model"):
         non_embedding_parameters(torch.nn.Linear(2, 2))
 
@@ -52,22 +56,33 @@ def test_fit_is_least_squares():
     fit = fit_power_law(sizes, losses)
     sse = lambda f: sum((f(n) - l) ** 2 for n, l in zip(sizes, losses))  # noqa: E731
     for d in (-0.01, 0.01):  # nudging any parameter makes the fit worse
-        for nudged in (PowerLaw(fit.E + d, fit.c, fit.alpha), PowerLaw(fit.E, fit.c * (1 + d), fit.alpha),
-                       PowerLaw(fit.E, fit.c, fit.alpha + d)):
+        for nudged in (
+            PowerLaw(fit.E + d, fit.c, fit.alpha),
+            PowerLaw(fit.E, fit.c * (1 + d), fit.alpha),
+            PowerLaw(fit.E, fit.c, fit.alpha + d),
+        ):
             assert sse(nudged) > sse(fit)
 
 
 def test_fit_without_a_floor_is_kaplans_form():
     sizes = [768, 1e4, 1e6, 1.5e9]  # Kaplan et al.'s range of non-embedding parameters
     fit = fit_power_law(sizes, [KAPLAN(n) for n in sizes], floor=False)
-    assert fit.E == 0.0 and fit.alpha == pytest.approx(0.076, rel=1e-4) and fit.N_c == pytest.approx(8.8e13, rel=1e-3)
+    assert (
+        fit.E == 0.0
+        and fit.alpha == pytest.approx(0.076, rel=1e-4)
+        and fit.N_c == pytest.approx(8.8e13, rel=1e-3)
+    )
     assert KAPLAN(KAPLAN.N_c) == pytest.approx(1.0)  # (N_c / N)^alpha = 1 at N = N_c
     # least squares in (c, alpha) with E = 0: nudging either makes the fit worse
     losses = [6.0, 5.1, 4.7, 4.55]
     fit = fit_power_law(sizes, losses, floor=False)
     sse = lambda f: sum((f(n) - l) ** 2 for n, l in zip(sizes, losses))  # noqa: E731
     for d in (-0.01, 0.01):
-        assert sse(PowerLaw(0.0, fit.c * (1 + d), fit.alpha)) > sse(fit) < sse(PowerLaw(0.0, fit.c, fit.alpha + d))
+        assert (
+            sse(PowerLaw(0.0, fit.c * (1 + d), fit.alpha))
+            > sse(fit)
+            < sse(PowerLaw(0.0, fit.c, fit.alpha + d))
+        )
     with pytest.raises(ValueError, match="at least 2"):
         fit_power_law([1], [1], floor=False)
 
@@ -106,8 +121,15 @@ def test_shipped_sweep_is_consistent():
     runs = data["runs"]
     assert len(runs) >= 4
     for r in runs:
-        model = GPT(GPTConfig(d_vocab=data["d_vocab"], n_ctx=data["n_ctx"], d_model=r["d_model"], n_heads=r["n_heads"],
-                              n_layers=r["n_layers"]))
+        model = GPT(
+            GPTConfig(
+                d_vocab=data["d_vocab"],
+                n_ctx=data["n_ctx"],
+                d_model=r["d_model"],
+                n_heads=r["n_heads"],
+                n_layers=r["n_layers"],
+            )
+        )
         assert (r["params"], r["N"]) == (model.num_parameters(), non_embedding_parameters(model))
         assert math.isfinite(r["val_loss"]) and 0 < r["val_loss"] < math.log(data["d_vocab"])
     assert [r["N"] for r in runs] == sorted(r["N"] for r in runs)
@@ -119,11 +141,17 @@ def test_loss_surface_optimum_is_the_brute_force_minimum():
         N_opt, n_opt = surface.optimum(C)
         assert 6 * N_opt * n_opt == pytest.approx(C)
         grid = torch.logspace(2, 16, 100_001, dtype=torch.float64)
-        losses = surface.c_N / grid**surface.alpha_N + surface.c_tok / (C / (6 * grid)) ** surface.alpha_tok
+        losses = (
+            surface.c_N / grid**surface.alpha_N
+            + surface.c_tok / (C / (6 * grid)) ** surface.alpha_tok
+        )
         assert float(grid[torch.argmin(losses)]) == pytest.approx(N_opt, rel=1e-3)
     for name in ("c_N", "alpha_tok"):
         with pytest.raises(ValueError, match=name):
-            LossSurface(**{"E": 1.0, "c_N": 1.0, "c_tok": 1.0, "alpha_N": 0.3, "alpha_tok": 0.3} | {name: 0.0})
+            LossSurface(
+                **{"E": 1.0, "c_N": 1.0, "c_tok": 1.0, "alpha_N": 0.3, "alpha_tok": 0.3}
+                | {name: 0.0}
+            )
     with pytest.raises(ValueError, match="C"):
         surface.optimum(-1.0)
 

@@ -22,27 +22,57 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- trees of values -----------------------------------------------------------------------------
 def test_pack_unpack_round_trip_keeps_types_and_values():
     g = torch.Generator().manual_seed(0)
-    tree = {"step": 5, "lr": 0.1, "betas": (0.9, 0.95), "flags": [True, None, "x"], "nan": math.nan, "inf": -math.inf,
-            "by_int": {0: torch.randn(2, 3, generator=g), 1: {"step": torch.tensor(3.0)}}, "$odd": 1,
-            "big": 2**70, "bf16": torch.ones(2, dtype=torch.bfloat16), "empty": torch.zeros(0, 4), "rng": random.getstate()}
+    tree = {
+        "step": 5,
+        "lr": 0.1,
+        "betas": (0.9, 0.95),
+        "flags": [True, None, "x"],
+        "nan": math.nan,
+        "inf": -math.inf,
+        "by_int": {0: torch.randn(2, 3, generator=g), 1: {"step": torch.tensor(3.0)}},
+        "$odd": 1,
+        "big": 2**70,
+        "bf16": torch.ones(2, dtype=torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+        "rng": random.getstate(),
+    }
     structure, tensors = pack(tree, "t")
     assert sorted(tensors) == ["t/bf16", "t/by_int/0", "t/by_int/1/step", "t/empty"]
     back = unpack(structure, tensors, prefix="t")
-    assert back.keys() == tree.keys() and back["betas"] == (0.9, 0.95) and back["rng"] == tree["rng"]
+    assert (
+        back.keys() == tree.keys() and back["betas"] == (0.9, 0.95) and back["rng"] == tree["rng"]
+    )
     assert math.isnan(back["nan"]) and back["inf"] == -math.inf and back["big"] == 2**70
-    assert torch.equal(back["by_int"][0], tree["by_int"][0]) and back["bf16"].dtype == torch.bfloat16
-    assert isinstance(back["step"], int) and isinstance(back["lr"], float) and back["flags"] == [True, None, "x"]
+    assert (
+        torch.equal(back["by_int"][0], tree["by_int"][0]) and back["bf16"].dtype == torch.bfloat16
+    )
+    assert (
+        isinstance(back["step"], int)
+        and isinstance(back["lr"], float)
+        and back["flags"] == [True, None, "x"]
+    )
 
 
 def test_pack_and_unpack_refuse_what_they_cannot_represent():
-    for bad, match in [({"a": object()}, "tree/a: a object cannot be stored"), ([1, {2.5j}], "tree/1: a set"),
-                       ({torch.zeros(1): 1}, "a dict key of type Tensor")]:
+    for bad, match in [
+        ({"a": object()}, "tree/a: a object cannot be stored"),
+        ([1, {2.5j}], "tree/1: a set"),
+        ({torch.zeros(1): 1}, "a dict key of type Tensor"),
+    ]:
         with pytest.raises(ValueError, match=match):
             pack(bad)
     structure, tensors = pack({"w": torch.zeros(2)})
-    with pytest.raises(ValueError, match="src: tensor\\(s\\) \\['tree/extra'\\] are not part of the stored tree"):
+    with pytest.raises(
+        ValueError, match="src: tensor\\(s\\) \\['tree/extra'\\] are not part of the stored tree"
+    ):
         unpack(structure, {**tensors, "tree/extra": torch.zeros(1)}, "src")
-    for s in [{"$tensor": "tree/missing"}, {"$float": "1.5"}, {"$what": 1}, {"$tuple": 3}, {"a": 1, "$b": 2}]:
+    for s in [
+        {"$tensor": "tree/missing"},
+        {"$float": "1.5"},
+        {"$what": 1},
+        {"$tuple": 3},
+        {"a": 1, "$b": 2},
+    ]:
         with pytest.raises(ValueError, match="src: malformed entry"):
             unpack(s, tensors, "src")
 
@@ -54,8 +84,13 @@ def test_check_optimizer_and_random_states():
     opt.step()
     sd = opt.state_dict()
     assert check_optimizer_state(opt, sd, "src") is sd
-    bad = {"state": {0: {**sd["state"][0], "exp_avg": torch.zeros(4)}}, "param_groups": sd["param_groups"]}
-    with pytest.raises(ValueError, match=r"src: state\[0\]\['exp_avg'\] must be a float tensor of shape \(3,\)"):
+    bad = {
+        "state": {0: {**sd["state"][0], "exp_avg": torch.zeros(4)}},
+        "param_groups": sd["param_groups"],
+    }
+    with pytest.raises(
+        ValueError, match=r"src: state\[0\]\['exp_avg'\] must be a float tensor of shape \(3,\)"
+    ):
         check_optimizer_state(opt, bad, "src")
     with pytest.raises(ValueError, match="names parameters the optimiser does not have"):
         check_optimizer_state(opt, {"state": {5: {}}, "param_groups": sd["param_groups"]}, "src")
@@ -73,23 +108,41 @@ def test_files_round_trip_are_deterministic_and_name_what_is_wrong(tmp_path):
     assert a.read_bytes() == b.read_bytes()
     back = load_tree(a)
     assert back["loss"] == [2.5, 1.0] and torch.equal(back["w"], tree["w"])
-    ordered = {"z": 1, "a": {"y": 2, "b": 3}, "m": {2: "x", 1: "y"}}  # results come back in their order
-    assert list(load_tree(save_tree(tmp_path / "o.safetensors", ordered)).items()) == list(ordered.items())
+    ordered = {
+        "z": 1,
+        "a": {"y": 2, "b": 3},
+        "m": {2: "x", 1: "y"},
+    }  # results come back in their order
+    assert list(load_tree(save_tree(tmp_path / "o.safetensors", ordered)).items()) == list(
+        ordered.items()
+    )
     assert list(load_tree(tmp_path / "o.safetensors")["a"]) == ["y", "b"]
     fields = read_fields(a)
     assert fields["version"] == 1 and fields["note"] == "x" and len(fields["sha256"]) == 64
     tensors, _ = read_file(a)
-    write_file(tmp_path / "v2.safetensors", tensors, {**fields, "version": 2})  # write_file sets version 1 again
+    write_file(
+        tmp_path / "v2.safetensors", tensors, {**fields, "version": 2}
+    )  # write_file sets version 1 again
     assert read_fields(tmp_path / "v2.safetensors")["version"] == 1
     with pytest.raises(ValueError, match="fields must be JSON values with finite numbers"):
         write_file(tmp_path / "nan.safetensors", {}, {"x": math.nan})
     from safetensors.torch import save_file
 
-    save_file({"x": torch.zeros(1)}, str(tmp_path / "v9.safetensors"), metadata={"gptlib": '{"version": 9}'})
+    save_file(
+        {"x": torch.zeros(1)},
+        str(tmp_path / "v9.safetensors"),
+        metadata={"gptlib": '{"version": 9}'},
+    )
     with pytest.raises(ValueError, match="v9.safetensors: field 'version' is 9"):
         read_file(tmp_path / "v9.safetensors")
-    save_file({"x": torch.zeros(1)}, str(tmp_path / "nanmeta.safetensors"), metadata={"gptlib": '{"version": 1, "x": NaN}'})
-    with pytest.raises(ValueError, match="nanmeta.safetensors: its 'gptlib' metadata is not valid JSON"):
+    save_file(
+        {"x": torch.zeros(1)},
+        str(tmp_path / "nanmeta.safetensors"),
+        metadata={"gptlib": '{"version": 1, "x": NaN}'},
+    )
+    with pytest.raises(
+        ValueError, match="nanmeta.safetensors: its 'gptlib' metadata is not valid JSON"
+    ):
         read_file(tmp_path / "nanmeta.safetensors")
     with pytest.raises(ValueError, match="field 'tree' is missing"):
         load_tree(write_file(tmp_path / "notree.safetensors", {}, {}))
@@ -117,7 +170,9 @@ def test_atomic_write_refuses_a_write_protected_file_and_keeps_modes(tmp_path):
     q.write_text("a")
     q.chmod(0o600)
     runtime.atomic_write(q, "b")
-    assert q.read_text() == "b" and stat.S_IMODE(q.stat().st_mode) == 0o600  # not reset to the umask's 0644
+    assert (
+        q.read_text() == "b" and stat.S_IMODE(q.stat().st_mode) == 0o600
+    )  # not reset to the umask's 0644
     with pytest.raises(ValueError, match="is not a regular file"):
         runtime.atomic_write(tmp_path, "x")
     with pytest.raises(ValueError, match="data must be bytes or str"):
@@ -143,10 +198,14 @@ def test_stale_temp_files_of_a_killed_write_are_removed_on_the_next(tmp_path):
         "import os, sys; from gptlib import runtime; os.replace = lambda *a: os._exit(9); "
         "runtime.atomic_write(sys.argv[1], b'x' * 100000)"
     )
-    r = subprocess.run([sys.executable, "-c", killed, str(p)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", killed, str(p)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert r.returncode == 9
     assert len([f for f in os.listdir(tmp_path) if f.endswith(".tmp")]) == 1
-    live = tmp_path / f".model.safetensors.{os.getppid()}-abcdefgh.tmp"  # a live process's write: kept
+    live = (
+        tmp_path / f".model.safetensors.{os.getppid()}-abcdefgh.tmp"
+    )  # a live process's write: kept
     live.write_bytes(b"")
     other = tmp_path / ".other.safetensors.999999999-abcdefgh.tmp"  # another file's: kept
     other.write_bytes(b"")
@@ -186,7 +245,10 @@ def _gptlib_imports() -> dict[str, set[str]]:
 
 def test_gptlib_has_no_import_cycle_and_the_models_import_no_io():
     graph = _gptlib_imports()
-    assert graph["gptlib.model"] >= {"gptlib.files", "gptlib.state"}  # the parser sees relative imports
+    assert graph["gptlib.model"] >= {
+        "gptlib.files",
+        "gptlib.state",
+    }  # the parser sees relative imports
     state, on_path = {}, []
 
     def visit(m):  # depth-first search; a grey node met again closes a cycle
@@ -194,7 +256,9 @@ def test_gptlib_has_no_import_cycle_and_the_models_import_no_io():
         on_path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == "grey":
-                raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(n):] + [n]))
+                raise AssertionError(
+                    "import cycle: " + " -> ".join(on_path[on_path.index(n) :] + [n])
+                )
             if n not in state:
                 visit(n)
         on_path.pop()
@@ -217,4 +281,3 @@ def test_gptlib_has_no_import_cycle_and_the_models_import_no_io():
         assert not reach(m) & (io - {m}), f"{m} imports {sorted(reach(m) & io)}"
     for generic in ("gptlib.state", "gptlib.files"):
         assert not reach(generic) & {"gptlib.model", "gptlib.modern", *io}, generic
-

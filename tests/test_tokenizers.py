@@ -29,7 +29,7 @@ VARIED = [
     "numbers 3.14159 and 1,000,000 and 2026-11-22",
     "code: def f(x):\n    return x**2  # square",
     "<|endoftext|> is text here unless allowed",
-    "letters newer than Python's tables: \U00032628're \u0558's \U00031350'll \U0001E5D0'd",
+    "letters newer than Python's tables: \U00032628're \u0558's \U00031350'll \U0001e5d0'd",
 ]
 
 
@@ -61,7 +61,9 @@ def test_merge_steps_worked_example():
     assert list(merge_steps(parts, ranks, limit=3)) == [(2, 0)]  # "abb" is not below the limit
     assert parts == [b"ab", b"b"]
     parts = [b"b", b"b", b"b"]
-    assert list(merge_steps(parts, ranks)) == [(3, 0)]  # leftmost of two equal pairs; "bbb" is no token
+    assert list(merge_steps(parts, ranks)) == [
+        (3, 0)
+    ]  # leftmost of two equal pairs; "bbb" is no token
     assert parts == [b"bb", b"b"]
 
 
@@ -124,7 +126,9 @@ def test_rank_rule_and_learned_order_part_where_a_pair_spells_a_token_another_wa
 def test_special_tokens_only_when_allowed(trained):
     eot = trained.special_tokens["<|endoftext|>"]
     assert eot not in trained.encode("a<|endoftext|>b")
-    assert trained.encode("a<|endoftext|>b", allowed_special="all") == trained.encode("a") + [eot] + trained.encode("b")
+    assert trained.encode("a<|endoftext|>b", allowed_special="all") == trained.encode("a") + [
+        eot
+    ] + trained.encode("b")
     assert trained.decode([eot]) == "<|endoftext|>"
     with pytest.raises(ValueError, match="allowed_special"):
         trained.encode("x", allowed_special={"<|nope|>"})
@@ -195,7 +199,9 @@ def test_gpt2_equals_tiktoken_r50k(gpt2, r50k):
     for t in VARIED + [text]:
         assert gpt2.encode(t) == ref.encode_ordinary(t)
         assert gpt2.decode(ref.encode_ordinary(t)) == t
-    assert gpt2.encode("a<|endoftext|>", allowed_special="all") == ref.encode("a<|endoftext|>", allowed_special="all")
+    assert gpt2.encode("a<|endoftext|>", allowed_special="all") == ref.encode(
+        "a<|endoftext|>", allowed_special="all"
+    )
 
 
 def test_gpt2_merges_rebuild_the_vocabulary(gpt2):
@@ -222,7 +228,14 @@ def test_char_and_word_tokenizers():
 
 # --- the Tokenizer contract, over all three ------------------------------------------------------
 CONTRACT_TRAIN = "The cat sat on the mat. It's 3.14, ça va? 🙂\n\tindented  twice"
-CONTRACT_TEXTS = ["", "The cat sat.", "It's the mat?", "ça va 🙂", "the  cat\n\tsat  ", "mat, mat. cat"]
+CONTRACT_TEXTS = [
+    "",
+    "The cat sat.",
+    "It's the mat?",
+    "ça va 🙂",
+    "the  cat\n\tsat  ",
+    "mat, mat. cat",
+]
 
 
 def _word_survivors(tok: WordTokenizer, text: str) -> str:
@@ -249,7 +262,9 @@ def test_tokenizer_contract(kind, text, tmp_path):
         return
     ids = tok.encode(text)
     assert all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in ids)
-    assert tok.decode(ids) == survivors(tok, text)  # the identity for char (on its alphabet) and BPE
+    assert tok.decode(ids) == survivors(
+        tok, text
+    )  # the identity for char (on its alphabet) and BPE
     if kind != "word":
         assert len(ids) <= len(text.encode("utf-8"))  # no tokenizer here is longer than bytes
     loaded = type(tok).load(tok.save(tmp_path / f"{kind}.json"))
@@ -270,9 +285,12 @@ def test_char_and_word_files_and_corrupt_files(cls, tmp_path):
     other.train("x").save(tmp_path / "other.json")
     with pytest.raises(ValueError, match="format"):
         cls.load(tmp_path / "other.json")
-    for field, value, match in [("version", 2, "version"), ("vocab", None, "lacks the field 'vocab'"),
-                                ("vocab", ["a", "a"], "field 'vocab'.*distinct|field 'vocab'.*duplicates"),
-                                ("vocab", [1, 2], "field 'vocab'")]:
+    for field, value, match in [
+        ("version", 2, "version"),
+        ("vocab", None, "lacks the field 'vocab'"),
+        ("vocab", ["a", "a"], "field 'vocab'.*distinct|field 'vocab'.*duplicates"),
+        ("vocab", [1, 2], "field 'vocab'"),
+    ]:
         bad = dict(d)
         if value is None:
             del bad[field]

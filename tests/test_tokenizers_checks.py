@@ -2,7 +2,8 @@
 
 Items 4, 9, 10 and 11 of issue 24 (split patterns that lose text, quadratic encoding, ids that
 differed from tiktoken, special tokens and vocabularies), then an audit of every public entry point:
-ids are ints in range, texts are ``str``, files are validated, errors name the parameter or the file.
+ids are ints in range, texts are ``str``, files are validated, errors name the parameter or the
+file.
 """
 
 import base64
@@ -49,7 +50,8 @@ def _edited(tmp_path, tok, **fields):
     return out
 
 
-# --- item 4: the split pattern must cover its input ------------------------------------------------
+# --- item 4: the split pattern must cover its input
+# ------------------------------------------------
 def test_train_refuses_a_pattern_that_drops_text():
     # Before: train with r"\w+" dropped spaces and marks, and decode(encode("a b!")) was "ab".
     with pytest.raises(ValueError, match="pattern"):
@@ -78,14 +80,19 @@ def test_encode_refuses_text_the_pattern_does_not_cover(tok):
 
 
 def test_any_covering_pattern_round_trips(tok):
-    for pattern in [r"\S+|\s+", r"(?s).", r"(\w+)|(\W+)"]:  # the last with groups: whole matches count
+    for pattern in [
+        r"\S+|\s+",
+        r"(?s).",
+        r"(\w+)|(\W+)",
+    ]:  # the last with groups: whole matches count
         t = BPETokenizer(tok.ranks, pattern)
         for text in ["", "a b!", " it's  3.14\n🙂 x", "the cat sat"]:
             assert t.decode(t.encode(text)) == text
             assert t.encode(text) == t.to_tiktoken().encode_ordinary(text)
 
 
-# --- item 9: encoding is near-linear in the length of a piece --------------------------------------
+# --- item 9: encoding is near-linear in the length of a piece
+# --------------------------------------
 class _CountingRanks(dict):
     """A ranks dict that counts the lookups the encoder makes."""
 
@@ -108,15 +115,16 @@ def test_encoding_a_long_piece_costs_linear_many_rank_lookups(tok):
     assert _CountingRanks.lookups <= 4 * len(word)
 
 
-# --- item 10: the same ids as tiktoken, letters of any Unicode version included --------------------
+# --- item 10: the same ids as tiktoken, letters of any Unicode version included
+# --------------------
 NEWER_THAN_PYTHON = [
     "\U00032628're",  # CJK Extension J (Unicode 17.0): a letter to the regex module, not to tiktoken
     "\u0558's",  # Armenian (17.0)
-    "\U00011DE0'll",  # a Tolong Siki digit (17.0)
+    "\U00011de0'll",  # a Tolong Siki digit (17.0)
     "x\U00032628've \U00032628'd",
     "\U00031350're",  # CJK Extension H (15.0): a letter to both, unknown to Python 3.11's unicodedata
-    "\U0001E5D0'm \U00011F50't",  # Ol Onal letter (16.0), Kawi digit (15.0)
-    " \U000323B0\U000323B1's",
+    "\U0001e5d0'm \U00011f50't",  # Ol Onal letter (16.0), Kawi digit (15.0)
+    " \U000323b0\U000323b1's",
 ]
 
 
@@ -131,13 +139,24 @@ def test_split_classes_match_tiktoken_on_every_code_point():
     """Letters, numbers, whitespace and unassigned code points as tiktoken's tables have them."""
     every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
     bytes_only = {bytes([b]): b for b in range(256)}
-    for cls, other in [(r"\p{L}", r"\P{L}"), (r"\p{N}", r"\P{N}"), (r"\s", r"\S"), (r"\p{Cn}", r"\P{Cn}")]:
+    for cls, other in [
+        (r"\p{L}", r"\P{L}"),
+        (r"\p{N}", r"\P{N}"),
+        (r"\s", r"\S"),
+        (r"\p{Cn}", r"\P{Cn}"),
+    ]:
         pieces = BPETokenizer(bytes_only, f"{cls}+|{other}+").split(every)
         assert "".join(pieces) == every and not regex.fullmatch(cls, every[0])
         ours = "".join(pieces[1::2])  # every[0] (U+0000) is in no class: the runs alternate
-        theirs = tiktoken.Encoding("probe", pat_str=cls, mergeable_ranks=bytes_only, special_tokens={})
-        in_class = theirs.decode(theirs.encode_ordinary(every))  # tiktoken keeps only what it matches
-        assert ours == in_class, f"{cls}: {len(ours)} characters in ours, {len(in_class)} in tiktoken's"
+        theirs = tiktoken.Encoding(
+            "probe", pat_str=cls, mergeable_ranks=bytes_only, special_tokens={}
+        )
+        in_class = theirs.decode(
+            theirs.encode_ordinary(every)
+        )  # tiktoken keeps only what it matches
+        assert ours == in_class, (
+            f"{cls}: {len(ours)} characters in ours, {len(in_class)} in tiktoken's"
+        )
 
 
 # --- item 11: special tokens and vocabulary sizes ------------------------------------------------
@@ -181,9 +200,24 @@ def test_train_vocab_size_is_an_int():
 # --- audit: ids --------------------------------------------------------------------------------
 def test_decode_refuses_ids_that_are_not_ints_in_range(tok):
     # Before: True, 1.0 and numpy floats decoded as byte 1 (a dict lookup 1.0 == 1).
-    for bad in [[True], [1.0], [np.float64(1.0)], [-1], [tok.vocab_size], [None], ["a"], "ab", 5, {1: 2},
-                torch.tensor([1.0]), torch.tensor([[1, 2]]), torch.tensor(1), torch.tensor([True]), np.array(1),
-                np.array([[1, 2]])]:
+    for bad in [
+        [True],
+        [1.0],
+        [np.float64(1.0)],
+        [-1],
+        [tok.vocab_size],
+        [None],
+        ["a"],
+        "ab",
+        5,
+        {1: 2},
+        torch.tensor([1.0]),
+        torch.tensor([[1, 2]]),
+        torch.tensor(1),
+        torch.tensor([True]),
+        np.array(1),
+        np.array([[1, 2]]),
+    ]:
         with pytest.raises(ValueError, match="ids"):
             tok.decode(bad)
         with pytest.raises(ValueError, match="ids"):
@@ -221,8 +255,16 @@ def test_char_and_word_decode_check_ids():
 def test_texts_must_be_str(tok):
     c, w = CharTokenizer.train("abc"), WordTokenizer.train("a b c")
     for bad in [b"abc", None, 5, ["a"]]:
-        for call in (tok.encode, tok.encode_ordinary, tok.merge_trace, c.encode, w.encode,
-                     CharTokenizer.train, WordTokenizer.train, lambda t: BPETokenizer.train(t, 260)):
+        for call in (
+            tok.encode,
+            tok.encode_ordinary,
+            tok.merge_trace,
+            c.encode,
+            w.encode,
+            CharTokenizer.train,
+            WordTokenizer.train,
+            lambda t: BPETokenizer.train(t, 260),
+        ):
             with pytest.raises(ValueError, match="text"):
                 call(bad)
 
@@ -250,8 +292,14 @@ def test_allowed_special_is_all_or_a_set_of_special_tokens(tok):
 # --- audit: parameters of the constructors and helpers ------------------------------------------
 def test_bpe_constructor_checks_ranks_pattern_and_name(tok):
     ranks = tok.ranks
-    for bad in [list(ranks), {k: float(v) for k, v in ranks.items()}, {**ranks, "zz": len(ranks)},
-                {**ranks, b"": len(ranks)}, {**ranks, b"zz": True}, {k: v for k, v in ranks.items() if v != 5}]:
+    for bad in [
+        list(ranks),
+        {k: float(v) for k, v in ranks.items()},
+        {**ranks, "zz": len(ranks)},
+        {**ranks, b"": len(ranks)},
+        {**ranks, b"zz": True},
+        {k: v for k, v in ranks.items() if v != 5},
+    ]:
         with pytest.raises(ValueError, match="ranks"):
             BPETokenizer(bad)
     for bad in [123, None, "(", b"\\w+"]:
@@ -289,19 +337,22 @@ def test_merge_helpers_check_their_parameters(tok):
 
 
 # --- audit: files --------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value, match", [
-    ("version", True, "version"),
-    ("version", 1.0, "version"),
-    ("tokens", 5, "'tokens'"),
-    ("tokens", {"a": 1}, "'tokens'"),
-    ("pattern", 5, "'pattern'"),
-    ("pattern", "(", "'pattern'"),
-    ("special_tokens", [["<|endoftext|>", 279]], "'special_tokens'"),
-    ("special_tokens", {"<|endoftext|>": "279"}, "'special_tokens'"),
-    ("special_tokens", {"<|endoftext|>": 5}, "'special_tokens'"),
-    ("special_tokens", {"<|endoftext|>": 280}, "'special_tokens'"),
-    ("name", 5, "'name'"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("version", True, "version"),
+        ("version", 1.0, "version"),
+        ("tokens", 5, "'tokens'"),
+        ("tokens", {"a": 1}, "'tokens'"),
+        ("pattern", 5, "'pattern'"),
+        ("pattern", "(", "'pattern'"),
+        ("special_tokens", [["<|endoftext|>", 279]], "'special_tokens'"),
+        ("special_tokens", {"<|endoftext|>": "279"}, "'special_tokens'"),
+        ("special_tokens", {"<|endoftext|>": 5}, "'special_tokens'"),
+        ("special_tokens", {"<|endoftext|>": 280}, "'special_tokens'"),
+        ("name", 5, "'name'"),
+    ],
+)
 def test_bpe_load_refuses_corrupt_fields_naming_file_and_field(tok, tmp_path, field, value, match):
     p = _edited(tmp_path, tok, **{field: value})
     with pytest.raises(ValueError, match=rf"edited\.json.*{match}"):

@@ -33,7 +33,9 @@ from gptlib.tokenizers import (
 def newer_than_python() -> str:
     """Letters and numbers to the regex module that Python's own unicodedata leaves unassigned."""
     every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
-    return "".join(c for c in regex.findall(r"[\p{L}\p{N}]", every) if unicodedata.category(c) == "Cn")
+    return "".join(
+        c for c in regex.findall(r"[\p{L}\p{N}]", every) if unicodedata.category(c) == "Cn"
+    )
 
 
 def _letters(rng, alphabet, lo, hi):
@@ -42,37 +44,94 @@ def _letters(rng, alphabet, lo, hi):
 
 FRAGMENTS = {
     "word": lambda rng: _letters(rng, "etaoinshrdlucmfwypvbgkjqxzETAOIN", 1, 9),
-    "accent": lambda rng: rng.choice(["café", "naïve", "e\u0301", "Ångström", "ñ", "ß", "ǅ", "İ", "ﬁ", "Ελλάδα"]),
-    "cjk": lambda rng: "".join(chr(rng.choice([rng.randrange(0x4E00, 0xA000), rng.randrange(0x3040, 0x30A0),
-                                                rng.randrange(0xAC00, 0xD7A4)]))
-                               for _ in range(rng.randint(1, 6))),
-    "emoji": lambda rng: rng.choice(["🙂", "👩\u200d👩\u200d👧", "🇩🇪", "👍🏽", "❤\ufe0f", "🚀", "🫠",
-                                     "🧑🏿\u200d🚀"]),
-    "digits": lambda rng: rng.choice([_letters(rng, "0123456789", 1, 7), "3.14", "1,000", "٣٤", "１２", "Ⅻ", "½",
-                                      "²", "߀", "\U00011F50"]),
-    "space": lambda rng: rng.choice([" ", "  ", "\t", "\n", "\r\n", "\xa0", "\u2028", "\u3000", "   \n  ", "\x0b",
-                                     "\x0c", "\n\n\n", " \t "]),
-    "control": lambda rng: rng.choice([chr(rng.randrange(32)), "\x7f", "\x85", "\u200d", "\ufeff", "\u202e"]),
+    "accent": lambda rng: rng.choice(
+        ["café", "naïve", "e\u0301", "Ångström", "ñ", "ß", "ǅ", "İ", "ﬁ", "Ελλάδα"]
+    ),
+    "cjk": lambda rng: "".join(
+        chr(
+            rng.choice(
+                [
+                    rng.randrange(0x4E00, 0xA000),
+                    rng.randrange(0x3040, 0x30A0),
+                    rng.randrange(0xAC00, 0xD7A4),
+                ]
+            )
+        )
+        for _ in range(rng.randint(1, 6))
+    ),
+    "emoji": lambda rng: rng.choice(
+        ["🙂", "👩\u200d👩\u200d👧", "🇩🇪", "👍🏽", "❤\ufe0f", "🚀", "🫠", "🧑🏿\u200d🚀"]
+    ),
+    "digits": lambda rng: rng.choice(
+        [
+            _letters(rng, "0123456789", 1, 7),
+            "3.14",
+            "1,000",
+            "٣٤",
+            "１２",
+            "Ⅻ",
+            "½",
+            "²",
+            "߀",
+            "\U00011f50",
+        ]
+    ),
+    "space": lambda rng: rng.choice(
+        [
+            " ",
+            "  ",
+            "\t",
+            "\n",
+            "\r\n",
+            "\xa0",
+            "\u2028",
+            "\u3000",
+            "   \n  ",
+            "\x0b",
+            "\x0c",
+            "\n\n\n",
+            " \t ",
+        ]
+    ),
+    "control": lambda rng: rng.choice(
+        [chr(rng.randrange(32)), "\x7f", "\x85", "\u200d", "\ufeff", "\u202e"]
+    ),
     "newer": lambda rng: "".join(rng.choice(newer_than_python()) for _ in range(rng.randint(1, 3))),
-    "contraction": lambda rng: rng.choice(["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'RE", "’s", "'",
-                                           "''"]),
-    "punct": lambda rng: rng.choice([".", ",", "!?", "...", "—", "«", "»", "(", ")", "{}", "#", "**", "->", "$5"]),
-    "special": lambda rng: rng.choice(["<|endoftext|>", "<|endoftext", "|>", "<|endoftext|><|endoftext|>"]),
+    "contraction": lambda rng: rng.choice(
+        ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'RE", "’s", "'", "''"]
+    ),
+    "punct": lambda rng: rng.choice(
+        [".", ",", "!?", "...", "—", "«", "»", "(", ")", "{}", "#", "**", "->", "$5"]
+    ),
+    "special": lambda rng: rng.choice(
+        ["<|endoftext|>", "<|endoftext", "|>", "<|endoftext|><|endoftext|>"]
+    ),
     "any": lambda rng: chr(rng.choice([rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)])),
-    "odd": lambda rng: rng.choice(["\ue000", "\U000F0000", "\u0378", "\ufdd0", "\uffff", "\U0010FFFF"]),
-    "long": lambda rng: rng.choice([_letters(rng, "abcdefgh", 50, 400), _letters(rng, "日本語の文字列", 30, 200),
-                                    " " * rng.randint(20, 100), _letters(rng, "0123456789", 30, 200)]),
+    "odd": lambda rng: rng.choice(
+        ["\ue000", "\U000f0000", "\u0378", "\ufdd0", "\uffff", "\U0010ffff"]
+    ),
+    "long": lambda rng: rng.choice(
+        [
+            _letters(rng, "abcdefgh", 50, 400),
+            _letters(rng, "日本語の文字列", 30, 200),
+            " " * rng.randint(20, 100),
+            _letters(rng, "0123456789", 30, 200),
+        ]
+    ),
 }
 KINDS = sorted(FRAGMENTS)
 
 
 def fuzz_texts(n: int, seed: int) -> list[str]:
-    """``n`` texts of 0 to 12 fragments each (a few with a leading space), reproducible from ``seed``."""
+    """``n`` texts of 0 to 12 fragments each (a few with a leading space), reproducible from
+    ``seed``."""
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
         kinds = [rng.choice(KINDS) for _ in range(rng.randint(0, 12))]
-        texts.append("".join((" " if rng.random() < 0.3 else "") + FRAGMENTS[k](rng) for k in kinds))
+        texts.append(
+            "".join((" " if rng.random() < 0.3 else "") + FRAGMENTS[k](rng) for k in kinds)
+        )
     return texts
 
 
@@ -141,11 +200,21 @@ def by_get_stats_and_merge(piece: bytes, ranks: dict, rule: dict) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2", "trained"])
 def test_encode_piece_equals_the_readable_loops(which, request):
-    tok = request.getfixturevalue("gpt2") if which == "gpt2" else request.getfixturevalue("trained")[0]
+    tok = (
+        request.getfixturevalue("gpt2")
+        if which == "gpt2"
+        else request.getfixturevalue("trained")[0]
+    )
     rule = {pair: 256 + k for k, pair in enumerate(tok.merges)}
     pieces = {p.encode() for t in fuzz_texts(300, seed=5) for p in tok.split(t)}
     rng = random.Random(6)
-    pieces |= {_letters(rng, "abcdeth ", 200, 600).encode() for _ in range(5)}  # long pieces, spaces inside
+    pieces |= {
+        _letters(rng, "abcdeth ", 200, 600).encode() for _ in range(5)
+    }  # long pieces, spaces inside
     for piece in sorted(pieces):
         fast = encode_piece(piece, tok.ranks)
-        assert fast == by_merge_steps(piece, tok.ranks) == by_get_stats_and_merge(piece, tok.ranks, rule), piece
+        assert (
+            fast
+            == by_merge_steps(piece, tok.ranks)
+            == by_get_stats_and_merge(piece, tok.ranks, rule)
+        ), piece

@@ -17,14 +17,25 @@ import pytest
 import torch
 from browser_support import load_module
 
-from gptlib.circuits import (first_token_score, head_scores, induction_pairs, induction_score, previous_token_score,
-                             uniform_causal_pattern)
+from gptlib.circuits import (
+    first_token_score,
+    head_scores,
+    induction_pairs,
+    induction_score,
+    previous_token_score,
+    uniform_causal_pattern,
+)
 from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
 from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, PlaygroundView, SamplingView
-from gptlib.widgets.sampling import (KEPT_WHEN_LARGER, MAX_FULL_VOCAB, continuation_tree, rest_log_weights,
-                                     top_logits)
+from gptlib.widgets.sampling import (
+    KEPT_WHEN_LARGER,
+    MAX_FULL_VOCAB,
+    continuation_tree,
+    rest_log_weights,
+    top_logits,
+)
 from gptlib.widgets.stored import WIDGET_STATE, add_code, code_size, strip_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +73,12 @@ def test_bpe_repr_is_deterministic():
 
 @pytest.mark.parametrize(
     "steps, merges",
-    [(STEPS, MERGES[:1]), (STEPS[:1], MERGES), ([], []), ([list("ab"), ["ab"], ["ba"]], ["x", "y"])],
+    [
+        (STEPS, MERGES[:1]),
+        (STEPS[:1], MERGES),
+        ([], []),
+        ([list("ab"), ["ab"], ["ba"]], ["x", "y"]),
+    ],
 )
 def test_bpe_rejects_inconsistent_steps(steps, merges):
     with pytest.raises(ValueError, match="steps"):
@@ -106,7 +122,9 @@ def test_attention_state_is_rounded_to_six_decimals():
 
 
 def test_attention_labels():
-    w = AttentionView(list("abcd"), _patterns(1, 2), layer_labels=["L5"], head_labels=["prev", "self"])
+    w = AttentionView(
+        list("abcd"), _patterns(1, 2), layer_labels=["L5"], head_labels=["prev", "self"]
+    )
     assert w.layer_labels == ["L5"] and w.head_labels == ["prev", "self"]
     with pytest.raises(ValueError, match="head_labels"):
         AttentionView(list("abcd"), _patterns(1, 2), head_labels=["one"])
@@ -148,7 +166,9 @@ def test_attention_state_holds_scores_of_the_stored_patterns():
         assert s["uniform"] == round(float(f(uniform_causal_pattern(6))), 3)
     w2 = AttentionView(list("abcabc"), A)
     assert [s["name"] for s in w2.scores] == ["previous token", "first token", "induction"]
-    assert w2.scores[2]["values"] == [[round(v, 3) for v in row] for row in induction_score(stored, list("abcabc")).tolist()]
+    assert w2.scores[2]["values"] == [
+        [round(v, 3) for v in row] for row in induction_score(stored, list("abcabc")).tolist()
+    ]
     assert AttentionView(["a"], [[[[1.0]]]]).scores == []  # one position: nothing to score
     json.dumps(_state(w2), allow_nan=False)
 
@@ -161,10 +181,14 @@ def test_scores_of_ideal_heads():
     first = torch.zeros(T, T)
     first[:, 0] = 1
     assert previous_token_score(prev) == 1 and first_token_score(prev) == pytest.approx(1 / (T - 1))
-    assert first_token_score(first) == 1 and previous_token_score(first) == pytest.approx(1 / (T - 1))
+    assert first_token_score(first) == 1 and previous_token_score(first) == pytest.approx(
+        1 / (T - 1)
+    )
     # a uniform causal head: A[i, i-1] = 1/(i+1), averaged over i = 1..T-1
     U = uniform_causal_pattern(T)
-    assert float(previous_token_score(U)) == pytest.approx(sum(1 / (i + 1) for i in range(1, T)) / (T - 1))
+    assert float(previous_token_score(U)) == pytest.approx(
+        sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+    )
     torch.testing.assert_close(U.sum(-1), torch.ones(T, dtype=torch.float64))
     # batched: any leading dimensions
     both = torch.stack([prev, first])[None]  # (1, 2, T, T)
@@ -192,17 +216,28 @@ def test_induction_pairs_on_a_repeated_sequence_are_the_offset_diagonal():
 
 def test_induction_pairs_use_the_last_occurrence():
     assert induction_pairs(list("abxab")) == [(3, 1), (4, 2)]
-    assert induction_pairs(list("abab" "ab")) == [(2, 1), (3, 2), (4, 3), (5, 4)]  # 2 -> after 0; 4 -> after 2
-    assert induction_pairs(list("aaa")) == []  # the last a before each a is just before it: the query itself
+    assert induction_pairs(list("ababab")) == [
+        (2, 1),
+        (3, 2),
+        (4, 3),
+        (5, 4),
+    ]  # 2 -> after 0; 4 -> after 2
+    assert (
+        induction_pairs(list("aaa")) == []
+    )  # the last a before each a is just before it: the query itself
     assert induction_pairs(list("aba")) == [(2, 1)]
     assert induction_pairs([]) == [] and induction_pairs([7, 8, 9]) == []
 
 
 @pytest.mark.parametrize(
     "call, name",
-    [(lambda: previous_token_score(torch.ones(1, 1)), "T >= 2"), (lambda: first_token_score(torch.ones(2, 3)), "pattern"),
-     (lambda: previous_token_score([[1.0]]), "pattern"), (lambda: induction_score(torch.ones(3, 3), "ab"), "tokens"),
-     (lambda: uniform_causal_pattern(0), "T must")],
+    [
+        (lambda: previous_token_score(torch.ones(1, 1)), "T >= 2"),
+        (lambda: first_token_score(torch.ones(2, 3)), "pattern"),
+        (lambda: previous_token_score([[1.0]]), "pattern"),
+        (lambda: induction_score(torch.ones(3, 3), "ab"), "tokens"),
+        (lambda: uniform_causal_pattern(0), "T must"),
+    ],
 )
 def test_scores_reject_bad_input(call, name):
     with pytest.raises(ValueError, match=name):
@@ -227,13 +262,34 @@ def _root(w, prompt=0) -> dict:
 
 def test_sampling_state_and_repr():
     logits = torch.tensor([10.0, 6.0, 4.0])
-    w = SamplingView(logits, ["a", "b", "c"], temperature=0.5, top_k=2, top_p=0.9, n_show=5, title="x")
+    w = SamplingView(
+        logits, ["a", "b", "c"], temperature=0.5, top_k=2, top_p=0.9, n_show=5, title="x"
+    )
     s = _state(w)
-    assert s["prompts"] == [{"text": "", "root": {"ids": [0, 1, 2], "logits": [10.0, 6.0, 4.0], "mass": 1.0, "rest": None,
-                                                  "next": {}}}]
+    assert s["prompts"] == [
+        {
+            "text": "",
+            "root": {
+                "ids": [0, 1, 2],
+                "logits": [10.0, 6.0, 4.0],
+                "mass": 1.0,
+                "rest": None,
+                "next": {},
+            },
+        }
+    ]
     assert s["tokens"] == {"0": "a", "1": "b", "2": "c"} and s["vocab_size"] == 3
-    assert s["temperatures"] == [round(0.05 * k, 2) for k in range(1, 61)]  # the slider's, 0.5 among them
-    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["prompt"], s["seed"]) == (0.5, 2, 0.9, 3, 0, 0)
+    assert s["temperatures"] == [
+        round(0.05 * k, 2) for k in range(1, 61)
+    ]  # the slider's, 0.5 among them
+    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["prompt"], s["seed"]) == (
+        0.5,
+        2,
+        0.9,
+        3,
+        0,
+        0,
+    )
     assert repr(w) == "SamplingView(vocab=3, temperature=0.5, top_k=2, top_p=0.9)"
     d = SamplingView([1.0, 2.0], ["a", "b"])
     assert (d.top_k, d.top_p) == (0, 1.0)  # off
@@ -244,7 +300,10 @@ def test_sampling_state_and_repr():
 def test_sampling_logits_rounded_and_deterministic():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(100, generator=g)
-    a, b = SamplingView(logits, [str(i) for i in range(100)]), SamplingView(logits, [str(i) for i in range(100)])
+    a, b = (
+        SamplingView(logits, [str(i) for i in range(100)]),
+        SamplingView(logits, [str(i) for i in range(100)]),
+    )
     assert _state(a) == _state(b)
     stored = _root(a)["logits"]
     assert all(round(x, 6) == x for x in stored)
@@ -263,13 +322,19 @@ def test_sampling_keeps_full_vocab_up_to_8192_then_top_4096():
     assert len(_root(w)["logits"]) == KEPT_WHEN_LARGER
     # the kept tokens' share of the full distribution is stored, to 4 decimals
     assert _root(w)["mass"] == round(float(torch.softmax(big.double(), -1)[top].sum()), 4) < 1
-    # and the others' weight at each temperature: with it, a stored token's probability is the model's
+    # and the others' weight at each temperature: with it, a stored token's probability is the
+    # model's
     rest, m = _root(w)["rest"], max(_root(w)["logits"])
-    assert len(rest) == len(w.temperatures) and _root(SamplingView(small, [""] * len(small)))["rest"] is None
+    assert (
+        len(rest) == len(w.temperatures)
+        and _root(SamplingView(small, [""] * len(small)))["rest"] is None
+    )
     for t, r in zip(w.temperatures, rest):
         stored = torch.tensor(_root(w)["logits"], dtype=torch.float64)
         p = torch.exp((stored - m) / t) / (torch.exp((stored - m) / t).sum() + math.exp(r))
-        torch.testing.assert_close(p, next_token_probs(big.double(), temperature=t)[top], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            p, next_token_probs(big.double(), temperature=t)[top], atol=1e-5, rtol=1e-4
+        )
 
 
 def test_rest_log_weights():
@@ -280,7 +345,8 @@ def test_rest_log_weights():
     assert rest_log_weights(y, [0, 1, 2, 3], [1.0]) == [None]  # only a -inf token left: no weight
     assert rest_log_weights(y, range(5)) is None
     assert rest_log_weights(y, [0], [1.0], reference=2.5)[0] == pytest.approx(
-        math.log(math.exp(-1.5) + math.exp(-3.5) + math.exp(-2.0)), abs=5e-5)
+        math.log(math.exp(-1.5) + math.exp(-3.5) + math.exp(-2.0)), abs=5e-5
+    )
 
 
 def test_sampling_minus_inf_logits_become_zero_probability():
@@ -296,8 +362,14 @@ def test_sampling_minus_inf_logits_become_zero_probability():
 def test_top_logits_order_ties_and_mass():
     logits = torch.tensor([0.5, 2.0, -1.0, 2.0, 1.0])
     ids, values, mass = top_logits(logits, 3)
-    assert ids == [1, 3, 4] and values == [2.0, 2.0, 1.0]  # ties: the lower id first, as torch.sort(stable)
-    assert mass == pytest.approx(float(torch.softmax(logits.double(), -1)[[1, 3, 4]].sum()), abs=1e-12)
+    assert ids == [1, 3, 4] and values == [
+        2.0,
+        2.0,
+        1.0,
+    ]  # ties: the lower id first, as torch.sort(stable)
+    assert mass == pytest.approx(
+        float(torch.softmax(logits.double(), -1)[[1, 3, 4]].sum()), abs=1e-12
+    )
     assert top_logits(logits, 99)[2] == pytest.approx(1.0)
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="n must"):
@@ -310,7 +382,9 @@ def _bigram(table: torch.Tensor):
     calls = []
 
     def next_logits(contexts):
-        assert len({len(c) for c in contexts}) == 1  # one batch per level: all contexts of one length
+        assert (
+            len({len(c) for c in contexts}) == 1
+        )  # one batch per level: all contexts of one length
         calls.append(len(contexts))
         return table[[c[-1] for c in contexts]]
 
@@ -325,7 +399,9 @@ def _walk(node, path=()):
 
 def test_continuation_tree_has_the_distribution_after_each_stored_path():
     g = torch.Generator().manual_seed(3)
-    table = torch.randn(20, 20, generator=g) * 2  # a bigram "model": the next logits depend on the last id
+    table = (
+        torch.randn(20, 20, generator=g) * 2
+    )  # a bigram "model": the next logits depend on the last id
     next_logits, calls = _bigram(table)
     tree = continuation_tree(next_logits, [5, 7], depth=3, branch=3, n_logits=10, n_logits_deep=6)
     assert calls == [1, 3, 9, 27]  # the model runs once per level
@@ -343,9 +419,16 @@ def test_continuation_tree_has_the_distribution_after_each_stored_path():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [(dict(depth=-1), "depth"), (dict(branch=0), "branch"), (dict(n_logits=0), "n_logits"),
-     (dict(n_logits_deep=0), "n_logits_deep"), (dict(branch=5, n_logits=4), "branch"),
-     (dict(branch=5, n_logits_deep=4), "branch"), (dict(depth=1.5), "depth"), (dict(context=[]), "context")],
+    [
+        (dict(depth=-1), "depth"),
+        (dict(branch=0), "branch"),
+        (dict(n_logits=0), "n_logits"),
+        (dict(n_logits_deep=0), "n_logits_deep"),
+        (dict(branch=5, n_logits=4), "branch"),
+        (dict(branch=5, n_logits_deep=4), "branch"),
+        (dict(depth=1.5), "depth"),
+        (dict(context=[]), "context"),
+    ],
 )
 def test_continuation_tree_rejects_bad_arguments(kwargs, name):
     next_logits, _ = _bigram(torch.zeros(8, 8))
@@ -368,8 +451,20 @@ def tiny():
 def test_from_model_stores_the_models_distributions(tiny):
     model, tok = tiny
     prompts = ["the cat", "on the long mat and the log"]  # the second is longer than n_ctx = 16
-    w = SamplingView.from_model(model, tok, prompts, depth=2, branch=2, n_logits=12, n_logits_deep=5,
-                                temperature=0.8, top_k=4, top_p=0.9, title="tiny", seed=3)
+    w = SamplingView.from_model(
+        model,
+        tok,
+        prompts,
+        depth=2,
+        branch=2,
+        n_logits=12,
+        n_logits_deep=5,
+        temperature=0.8,
+        top_k=4,
+        top_p=0.9,
+        title="tiny",
+        seed=3,
+    )
     assert model.training  # its mode is restored
     assert [p["text"] for p in w.prompts] == prompts
     model.eval()
@@ -380,20 +475,31 @@ def test_from_model_stores_the_models_distributions(tiny):
                 want = model(torch.tensor([ids]))[0, -1].double()
             want_ids, want_values, _ = top_logits(want, 5 if path else 12)
             assert node["ids"] == want_ids
-            torch.testing.assert_close(torch.tensor(node["logits"], dtype=torch.float64),
-                                       torch.tensor(want_values, dtype=torch.float64), atol=5e-5, rtol=0)
-            assert node["rest"] == pytest.approx(rest_log_weights(want, want_ids, w.temperatures,
-                                                                  reference=node["logits"][0]), abs=1e-4)
+            torch.testing.assert_close(
+                torch.tensor(node["logits"], dtype=torch.float64),
+                torch.tensor(want_values, dtype=torch.float64),
+                atol=5e-5,
+                rtol=0,
+            )
+            assert node["rest"] == pytest.approx(
+                rest_log_weights(want, want_ids, w.temperatures, reference=node["logits"][0]),
+                abs=1e-4,
+            )
         assert len(list(_walk(p["root"]))) == 1 + 2 + 4
     model.train()
     stored = {i for p in w.prompts for _, n in _walk(p["root"]) for i in n["ids"]}
     assert w.tokens == {str(i): tok.decode([i]) for i in sorted(stored)}
     assert (w.temperature, w.top_k, w.top_p, w.seed, w.title) == (0.8, 4, 0.9, 3, "tiny")
     assert w.vocab_size == tok.vocab_size and 0.8 in w.temperatures
-    assert repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=4, top_p=0.9)"
+    assert (
+        repr(w)
+        == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=4, top_p=0.9)"
+    )
     # top-k beyond the tokens a node stores: the page could not tell which tokens it keeps
     with pytest.raises(ValueError, match="top_k must be <= 5"):
-        SamplingView.from_model(model, tok, prompts, depth=1, branch=2, n_logits=12, n_logits_deep=5, top_k=6)
+        SamplingView.from_model(
+            model, tok, prompts, depth=1, branch=2, n_logits=12, n_logits_deep=5, top_k=6
+        )
 
 
 def test_from_model_takes_a_function_of_contexts():
@@ -401,7 +507,9 @@ def test_from_model_takes_a_function_of_contexts():
     g = torch.Generator().manual_seed(4)
     table = torch.randn(6, 6, generator=g, dtype=torch.float64) * 2
     tok = CharTokenizer.train("abcdef")
-    w = SamplingView.from_model(lambda contexts: table[[c[-1] for c in contexts]], tok, ["ab"], depth=4, branch=2)
+    w = SamplingView.from_model(
+        lambda contexts: table[[c[-1] for c in contexts]], tok, ["ab"], depth=4, branch=2
+    )
     assert w.vocab_size == 6 and repr(w).startswith("SamplingView(prompts=1, vocab=6, depth=4")
     for path, node in _walk(w.prompts[0]["root"]):
         last = ([tok.encode("ab")[-1]] + list(path))[-1]
@@ -420,10 +528,18 @@ def test_from_model_names_tokens_with_token_str():
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=16))
     V = tok.vocab_size
     w = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=2, n_logits=V)
-    assert sorted(w.prompts[0]["root"]["ids"]) == list(range(V)) and w.prompts[0]["root"]["mass"] == 1.0
+    assert (
+        sorted(w.prompts[0]["root"]["ids"]) == list(range(V))
+        and w.prompts[0]["root"]["mass"] == 1.0
+    )
     assert w.tokens == {str(i): tok.token_str(i) for i in range(V)}
-    assert 0xE9 < V and w.tokens[str(0xE9)] == tok.token_str(0xE9) != ""  # a lone byte of a 2-byte character
-    assert repr(w) == f"SamplingView(prompts=1, vocab={V}, depth=1, temperature=1.0, top_k=None, top_p=1.0)"
+    assert (
+        0xE9 < V and w.tokens[str(0xE9)] == tok.token_str(0xE9) != ""
+    )  # a lone byte of a 2-byte character
+    assert (
+        repr(w)
+        == f"SamplingView(prompts=1, vocab={V}, depth=1, temperature=1.0, top_k=None, top_p=1.0)"
+    )
 
 
 def test_from_model_is_deterministic_and_compact(tiny):
@@ -435,7 +551,9 @@ def test_from_model_is_deterministic_and_compact(tiny):
     # defaults: depth 3, branch 3 (40 nodes), at most 1024 logits at the root and 64 below
     nodes = list(_walk(a.prompts[0]["root"]))
     V = tok.vocab_size
-    assert len(nodes) == 40 and all(len(n["ids"]) == min(V, 64 if path else 1024) for path, n in nodes)
+    assert len(nodes) == 40 and all(
+        len(n["ids"]) == min(V, 64 if path else 1024) for path, n in nodes
+    )
     assert len(text) < 2 * 40 * (V * 16 + 8)
 
 
@@ -452,10 +570,19 @@ def test_from_model_refuses_a_model_with_nan_logits(tiny):
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [(dict(prompts=[]), "prompts"), (dict(prompts="the cat"), "prompts"), (dict(prompts=["the", ""]), "prompts"),
-     (dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"),
-     (dict(n_show=0), "n_show"), (dict(seed=-1), "seed"), (dict(seed=2**32), "seed"), (dict(branch=0), "branch"),
-     (dict(depth=-1), "depth")],
+    [
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts="the cat"), "prompts"),
+        (dict(prompts=["the", ""]), "prompts"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(n_show=0), "n_show"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=2**32), "seed"),
+        (dict(branch=0), "branch"),
+        (dict(depth=-1), "depth"),
+    ],
 )
 def test_from_model_rejects_bad_input(tiny, kwargs, name):
     model, tok = tiny
@@ -492,9 +619,21 @@ def test_sampling_rejects_bad_input(kwargs, name):
 # --- the sampling view's JavaScript against Python ---------------------------------------------
 
 SETTINGS = [
-    (1.0, None, None), (0.7, None, None), (2.5, None, None), (0.0, None, None), (0.0, 3, 0.5),
-    (1.0, 1, None), (1.0, 5, None), (1.0, 64, None), (1.0, 1000, None), (1.0, None, 0.05),
-    (1.0, None, 0.5), (1.0, None, 0.9), (1.0, None, 1.0), (0.6, 10, 0.8), (1.8, 20, 0.95),
+    (1.0, None, None),
+    (0.7, None, None),
+    (2.5, None, None),
+    (0.0, None, None),
+    (0.0, 3, 0.5),
+    (1.0, 1, None),
+    (1.0, 5, None),
+    (1.0, 64, None),
+    (1.0, 1000, None),
+    (1.0, None, 0.05),
+    (1.0, None, 0.5),
+    (1.0, None, 0.9),
+    (1.0, None, 1.0),
+    (0.6, 10, 0.8),
+    (1.8, 20, 0.95),
 ]
 
 
@@ -505,8 +644,17 @@ def _node(tmp_path, script_body: str, module: str = "distribution.js"):
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
     target = (WIDGETS / "js" / module).as_uri()
-    out = subprocess.run([node, "--input-type=module", "-e", f"import * as m from {json.dumps(target)};\n" + script_body],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            node,
+            "--input-type=module",
+            "-e",
+            f"import * as m from {json.dumps(target)};\n" + script_body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -514,39 +662,65 @@ def _node(tmp_path, script_body: str, module: str = "distribution.js"):
 def _cases():
     g = torch.Generator().manual_seed(7)
     cases = [(torch.randn(64, generator=g) * 3).double() for _ in range(3)]
-    cases.append(torch.tensor([2.0, 2.0, 1.0, 2.0, 0.0, -1e30], dtype=torch.float64))  # ties, masked
+    cases.append(
+        torch.tensor([2.0, 2.0, 1.0, 2.0, 0.0, -1e30], dtype=torch.float64)
+    )  # ties, masked
     return cases
 
 
 def test_sampling_js_equals_next_token_probs(tmp_path):
     """nextTokenProbs in sampling.js (what the book's readers see) equals gptlib's, to 1e-9."""
-    calls = [(c.tolist(), t, k or 0, p if p is not None else 1.0) for c in _cases() for (t, k, p) in SETTINGS]
-    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
-               "console.log(JSON.stringify(calls.map(([l, t, k, p]) => m.nextTokenProbs(l, t, k, p))));")
+    calls = [
+        (c.tolist(), t, k or 0, p if p is not None else 1.0)
+        for c in _cases()
+        for (t, k, p) in SETTINGS
+    ]
+    js = _node(
+        tmp_path,
+        f"const calls = {json.dumps(calls)};\n"
+        "console.log(JSON.stringify(calls.map(([l, t, k, p]) => m.nextTokenProbs(l, t, k, p))));",
+    )
     for (logits, t, k, p), probs in zip(calls, js):
-        want = next_token_probs(torch.tensor(logits, dtype=torch.float64), temperature=t,
-                                top_k=k or None, top_p=p if p < 1 else None)
-        torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want, atol=1e-9, rtol=0,
-                                   msg=lambda m: f"T={t} top_k={k} top_p={p}: {m}")
+        want = next_token_probs(
+            torch.tensor(logits, dtype=torch.float64),
+            temperature=t,
+            top_k=k or None,
+            top_p=p if p < 1 else None,
+        )
+        torch.testing.assert_close(
+            torch.tensor(probs, dtype=torch.float64),
+            want,
+            atol=1e-9,
+            rtol=0,
+            msg=lambda m: f"T={t} top_k={k} top_p={p}: {m}",
+        )
 
 
 def test_sampling_js_cumulative_mass_is_what_top_p_cuts(tmp_path):
     """The line drawn for top-p: the running sum, most probable first, of the distribution after
     temperature and top-k; top-p keeps a token exactly when the mass before it is below p."""
     calls = [(c.tolist(), t, k or 0) for c in _cases() for (t, k, _) in SETTINGS]
-    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
-               "console.log(JSON.stringify(calls.map(([l, t, k]) => [m.byLogit(l), m.cumulativeMass(l, t, k)])));")
+    js = _node(
+        tmp_path,
+        f"const calls = {json.dumps(calls)};\n"
+        "console.log(JSON.stringify(calls.map(([l, t, k]) => [m.byLogit(l), m.cumulativeMass(l, t, "
+        "k)])));",
+    )
     for (logits, t, k), (order, cum) in zip(calls, js):
         y = torch.tensor(logits, dtype=torch.float64)
         assert order == torch.sort(y, descending=True, stable=True).indices.tolist()
         q = next_token_probs(y, temperature=t, top_k=k or None)
-        torch.testing.assert_close(torch.tensor(cum, dtype=torch.float64), torch.cumsum(q[order], 0), atol=1e-9, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(cum, dtype=torch.float64), torch.cumsum(q[order], 0), atol=1e-9, rtol=0
+        )
         for p in (0.3, 0.8):
             if t == 0:
                 continue
             kept = next_token_probs(y, temperature=t, top_k=k or None, top_p=p)[order] > 0
             before = torch.tensor([0.0] + cum[:-1], dtype=torch.float64)
-            assert torch.equal(kept, (before < p - 1e-12) & (q[order] > 0) | (kept & (before - p).abs().lt(1e-12)))
+            assert torch.equal(
+                kept, (before < p - 1e-12) & (q[order] > 0) | (kept & (before - p).abs().lt(1e-12))
+            )
 
 
 def _xorshift32(seed: int):
@@ -560,16 +734,22 @@ def _xorshift32(seed: int):
 
 
 def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
-    js = _node(tmp_path, "const r = m.xorshift32(5), r0 = m.xorshift32(0);\n"
-               "const us = Array.from({length: 200}, () => r()), u0 = Array.from({length: 3}, () => r0());\n"
-               "const p = [0.1, 0.0, 0.6, 0.3], order = [2, 3, 0, 1];\n"
-               "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1].map((u) => m.drawIndex(p, order, u))}));")
+    js = _node(
+        tmp_path,
+        "const r = m.xorshift32(5), r0 = m.xorshift32(0);\n"
+        "const us = Array.from({length: 200}, () => r()), u0 = Array.from({length: 3}, () => "
+        "r0());\n"
+        "const p = [0.1, 0.0, 0.6, 0.3], order = [2, 3, 0, 1];\n"
+        "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1].map((u) => m.drawIndex(p, order, u))}));",
+    )
     py = _xorshift32(5)
     assert js["us"] == [next(py) for _ in range(200)]  # bit for bit
     assert all(0 <= u < 1 for u in js["us"]) and len(set(js["us"])) == 200
     assert 0.4 < sum(js["us"]) / 200 < 0.6
     py0 = _xorshift32(0)
-    assert js["u0"] == [next(py0) for _ in range(3)] and js["u0"][0] > 0  # seed 0 is not xorshift's fixed point
+    assert (
+        js["u0"] == [next(py0) for _ in range(3)] and js["u0"][0] > 0
+    )  # seed 0 is not xorshift's fixed point
     # order 2 (0.6), 3 (0.3), 0 (0.1): u < 0.6 -> 2, u < 0.9 -> 3, else 0; never the impossible 1
     assert js["draws"] == [2, 2, 3, 3, 0, 0, 0]
 
@@ -588,28 +768,50 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
         ids, values, _ = top_logits(y, n)
         values = [round(v, 6) for v in values]
         rest = rest_log_weights(y, ids, temps, reference=values[0])
-        for t, k, p in [(1.0, None, None), (0.7, None, None), (2.5, None, None), (0.35, 3, 0.5), (1.0, 5, None),
-                        (1.0, None, 0.3), (1.0, None, 0.9), (2.5, None, 0.95), (0.7, 4, 0.99), (0.0, None, 0.5)]:
+        for t, k, p in [
+            (1.0, None, None),
+            (0.7, None, None),
+            (2.5, None, None),
+            (0.35, 3, 0.5),
+            (1.0, 5, None),
+            (1.0, None, 0.3),
+            (1.0, None, 0.9),
+            (2.5, None, 0.95),
+            (0.7, 4, 0.99),
+            (0.0, None, 0.5),
+        ]:
             r = None if rest is None or t == 0 else rest[temps.index(t)]
             calls.append((n, ids, values, r, t, k or 0, p if p is not None else 1.0))
-    js = _node(tmp_path, f"const calls = {json.dumps(calls)};\n"
-               "console.log(JSON.stringify(calls.map(([n, ids, l, r, t, k, p]) => { const d = m.distribution(l, t, k, p, r);"
-               " const u = d.p.reduce((s, v) => s + v, 0); return [d.p, d.rest, d.approx, m.drawIndex(d.p, d.order, 0.999999, d.rest),"
-               " u]; })));")
+    js = _node(
+        tmp_path,
+        f"const calls = {json.dumps(calls)};\n"
+        "console.log(JSON.stringify(calls.map(([n, ids, l, r, t, k, p]) => "
+        "{ const d = m.distribution(l, t, k, p, r);"
+        " const u = d.p.reduce((s, v) => s + v, 0); return [d.p, d.rest, d.approx, "
+        "m.drawIndex(d.p, d.order, 0.999999, d.rest),"
+        " u]; })));",
+    )
     seen_approx = seen_rest = False
     for (n, ids, values, r, t, k, p), (probs, rest, approx, last, total) in zip(calls, js):
         want = next_token_probs(y, temperature=t, top_k=k or None, top_p=p if p < 1 else None)
         assert total + rest == pytest.approx(1.0, abs=1e-9)
         if not approx:
             # the others' weight is stored to 4 decimals of its log: a relative 5e-5
-            torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), want[ids], atol=2e-5, rtol=5e-5,
-                                       msg=lambda msg: f"n={n} T={t} k={k} p={p}: {msg}")
+            torch.testing.assert_close(
+                torch.tensor(probs, dtype=torch.float64),
+                want[ids],
+                atol=2e-5,
+                rtol=5e-5,
+                msg=lambda msg: f"n={n} T={t} k={k} p={p}: {msg}",
+            )
             assert rest == pytest.approx(1 - float(want[ids].sum()), abs=2e-5)
         else:  # the stored tokens keep the model's proportions; the others keep less than in the model
             seen_approx = True
             assert n < 200 and 0 < p < 1
             got = torch.tensor(probs, dtype=torch.float64)
-            torch.testing.assert_close(got / got.sum(), want[ids] / want[ids].sum(), atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(
+                got / got.sum(), want[ids] / want[ids].sum(), atol=2e-6, rtol=1e-5
+            )
             assert 0 < rest <= float(1 - want[ids].sum()) + 2e-5
         seen_rest |= rest > 0
         if rest > 0:
@@ -618,20 +820,32 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
 
 
 def test_head_scores_js_equals_python(tmp_path):
-    """heads.js's scores, which the playground computes in the page, are gptlib.circuits.head_scores."""
+    """heads.js's scores, which the playground computes in the page, are
+    gptlib.circuits.head_scores."""
     A = _patterns(2, 3, 7, seed=5)
     for keys in (list("abcdefg"), [1, 2, 3, 1, 2, 3, 1], list("aabaaba")):
-        js = _node(tmp_path, f"console.log(JSON.stringify(m.headScores({json.dumps(A.tolist())}, {json.dumps(keys)})));",
-                   "heads.js")
+        js = _node(
+            tmp_path,
+            f"console.log(JSON.stringify(m.headScores({json.dumps(A.tolist())}, "
+            f"{json.dumps(keys)})));",
+            "heads.js",
+        )
         want = head_scores(A.double(), keys)
         assert [s["name"] for s in js] == [s["name"] for s in want]
         for got, w in zip(js, want):
-            torch.testing.assert_close(torch.tensor(got["values"], dtype=torch.float64), w["values"].double(), atol=1e-12, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(got["values"], dtype=torch.float64),
+                w["values"].double(),
+                atol=1e-12,
+                rtol=0,
+            )
             assert got["uniform"] == pytest.approx(w["uniform"], abs=1e-12)
 
 
 def test_attention_js_colour_scale(tmp_path):
-    js = _node(tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js")
+    js = _node(
+        tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js"
+    )
     assert js[0] == [247, 251, 255] and js[3] == [8, 48, 107]  # the legend's two ends
     assert js[4] == js[0] and js[5] == js[3]  # clamped to [0, 1]
     darkness = [sum(c) for c in js[:4]]
@@ -646,46 +860,89 @@ def test_the_bundles_are_built_from_the_current_sources():
     build = load_module(ROOT / "scripts" / "build_widgets.py")
     why = build.missing_tools()
     if why:
-        pytest.skip(f"cannot rebuild the widget bundles to compare ({why}); make test installs esbuild with npm ci")
-    assert not build.stale(), "run python scripts/build_widgets.py and commit gptlib/widgets/static/"
-    assert sorted(p.name for p in (WIDGETS / "static").glob("*.js")) == sorted(f"{v}.js" for v in build.VIEWS)
+        pytest.skip(
+            f"cannot rebuild the widget bundles to compare ({why}); make test installs esbuild "
+            "with npm ci"
+        )
+    assert not build.stale(), (
+        "run python scripts/build_widgets.py and commit gptlib/widgets/static/"
+    )
+    assert sorted(p.name for p in (WIDGETS / "static").glob("*.js")) == sorted(
+        f"{v}.js" for v in build.VIEWS
+    )
 
 
 def test_each_view_sends_its_bundle_and_the_stylesheet():
     css = (WIDGETS / "widgets.css").read_text(encoding="utf-8")
-    for cls, name in ((BPEMergeView, "bpe"), (AttentionView, "attention"), (SamplingView, "sampling"),
-                      (PlaygroundView, "playground")):
-        assert cls._esm == (WIDGETS / "static" / f"{name}.js").read_text(encoding="utf-8") and cls._css == css
+    for cls, name in (
+        (BPEMergeView, "bpe"),
+        (AttentionView, "attention"),
+        (SamplingView, "sampling"),
+        (PlaygroundView, "playground"),
+    ):
+        assert (
+            cls._esm == (WIDGETS / "static" / f"{name}.js").read_text(encoding="utf-8")
+            and cls._css == css
+        )
         # one self-contained module: the view as its default export, nothing left to import
-        assert re.search(r"^export \{\s+\w+ as default\s+\};$", cls._esm, re.M) and not re.search(r"^import ", cls._esm, re.M)
+        assert re.search(r"^export \{\s+\w+ as default\s+\};$", cls._esm, re.M) and not re.search(
+            r"^import ", cls._esm, re.M
+        )
 
 
 def test_no_chapter_stores_widget_code():
-    """The notebooks keep each widget's data; the book's build adds the code (book_ext/widget_code.py)
+    """The notebooks keep each widget's data; the book's build adds the code
+    (book_ext/widget_code.py)
     and a kernel sends it, so the JavaScript changes with no re-execution."""
     holding = []
     for path in sorted((ROOT / "chapters").glob("*.ipynb")):
         size = code_size(json.loads(path.read_text(encoding="utf-8")))
         if size["chars"]:
             holding.append(f"{path.name} ({size['chars']:,} characters)")
-    assert not holding, "widget code stored in " + ", ".join(holding) + "; run scripts/execute.py --strip-only on them"
+    assert not holding, (
+        "widget code stored in "
+        + ", ".join(holding)
+        + "; run scripts/execute.py --strip-only on them"
+    )
 
 
 def test_strip_and_add_code_round_trip():
     w = BPEMergeView(STEPS, MERGES)
     state = {k: v for k, v in _state(w).items()}
-    nb = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": dict(state)},
-                                                             "other": {"state": {"_esm": "kept"}}}}}}}
+    nb = {
+        "metadata": {
+            "widgets": {
+                WIDGET_STATE: {
+                    "state": {"m": {"state": dict(state)}, "other": {"state": {"_esm": "kept"}}}
+                }
+            }
+        }
+    }
     assert strip_code(nb) == len(w._esm) + len(w._css)
     models = nb["metadata"]["widgets"][WIDGET_STATE]["state"]
-    assert "_esm" not in models["m"]["state"] and models["other"]["state"] == {"_esm": "kept"}  # not a book widget
-    assert code_size(nb) == {"widgets": 1, "chars": 0} and add_code(nb) == 1 and models["m"]["state"] == state
-    nb_bad = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": {"_anywidget_id": "gptlib.widgets.bpe.Nope"}}}}}}}
+    assert "_esm" not in models["m"]["state"] and models["other"]["state"] == {
+        "_esm": "kept"
+    }  # not a book widget
+    assert (
+        code_size(nb) == {"widgets": 1, "chars": 0}
+        and add_code(nb) == 1
+        and models["m"]["state"] == state
+    )
+    nb_bad = {
+        "metadata": {
+            "widgets": {
+                WIDGET_STATE: {
+                    "state": {"m": {"state": {"_anywidget_id": "gptlib.widgets.bpe.Nope"}}}
+                }
+            }
+        }
+    }
     with pytest.raises(ValueError, match="gptlib.widgets.bpe.Nope"):
         add_code(nb_bad)
 
 
-# --- PlaygroundView: the stored analysis, the kernel's answers, bad input --------------------------
+# --- PlaygroundView: the stored analysis, the kernel's answers, bad input
+# --------------------------
 
 
 @pytest.fixture(scope="module")
@@ -704,23 +961,51 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
 
     model, tok = bpe_tiny
     text = "the cat sat on the mat. the dog sat on the log. " * 2  # longer than n_ctx = 16 tokens
-    w = PlaygroundView(model, tok, text, temperature=0.7, top_k=5, top_p=0.9, n_show=8, lens_top=3, seed=9, title="t",
-                       layer=1, head=3)
+    w = PlaygroundView(
+        model,
+        tok,
+        text,
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        n_show=8,
+        lens_top=3,
+        seed=9,
+        title="t",
+        layer=1,
+        head=3,
+    )
     s = _state(w)
     ids = tok.encode(text)
     assert len(ids) > 16 and s["stored"]["ids"] == ids and s["text"] == text
     out = readout(model, torch.tensor([ids[-16:]]))  # the window the model sees
-    torch.testing.assert_close(torch.tensor(s["stored"]["logits"]), out["logits"][0, -1], atol=5e-5, rtol=0)
-    torch.testing.assert_close(torch.tensor(s["stored"]["patterns"]), out["patterns"][0], atol=5e-5, rtol=0)
-    assert s["stored"]["lens"] == _lens_tops(out["lens"][0], 3) and len(s["stored"]["lens"]) == 3  # X_0, X_1, X_2
+    torch.testing.assert_close(
+        torch.tensor(s["stored"]["logits"]), out["logits"][0, -1], atol=5e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(s["stored"]["patterns"]), out["patterns"][0], atol=5e-5, rtol=0
+    )
+    assert (
+        s["stored"]["lens"] == _lens_tops(out["lens"][0], 3) and len(s["stored"]["lens"]) == 3
+    )  # X_0, X_1, X_2
     top8 = torch.sort(out["logits"][0, -1], descending=True, stable=True).indices[:8].tolist()
     needed = set(ids[-16:]) | set(top8) | {i for row in s["stored"]["lens"] for i in row["ids"]}
     assert s["tokens"] == {str(i): tok.token_str(i) for i in sorted(needed)}
     assert s["config"] == {"d_vocab": tok.vocab_size, "n_ctx": 16, "n_layers": 2, "n_heads": 4}
     assert s["weights_sha256"] == weights_sha256(model) and s["source"] == "live/english.json"
-    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (0.7, 5, 0.9, 8, 3, 9)
+    assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (
+        0.7,
+        5,
+        0.9,
+        8,
+        3,
+        9,
+    )
     assert (s["layer"], s["head"]) == (1, 3)
-    assert repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, temperature=0.7, top_k=5, top_p=0.9)"
+    assert (
+        repr(w)
+        == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, temperature=0.7, top_k=5, top_p=0.9)"
+    )
     json.dumps(s, allow_nan=False)
     assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
 
@@ -738,7 +1023,9 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     w._answer(w, {"kind": "encode", "req": 3, "text": "the dog é"}, [])
     ids = tok.encode("the log sat")
     w._answer(w, {"kind": "forward", "req": 4, "ids": ids}, [])
-    w._answer(w, {"kind": "forward", "req": 5, "ids": [0, tok.vocab_size]}, [])  # an id out of range
+    w._answer(
+        w, {"kind": "forward", "req": 5, "ids": [0, tok.vocab_size]}, []
+    )  # an id out of range
     w._answer(w, {"kind": "forward", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
     w._answer(w, {"kind": "fly", "req": 7}, [])
     w._answer(w, {"kind": "ping"}, [])  # no req: not a request of the page; ignored
@@ -746,8 +1033,12 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     assert sent[0][0]["kind"] == "pong"
     started = sent[1][0]
     V = tok.vocab_size
-    assert started["tokens"] == [tok.token_str(i) for i in range(V)] and started["config"] == w.config
-    assert [base64.b64decode(b) for b in started["token_bytes"]] == [tok.token_bytes(i) for i in range(V)]
+    assert (
+        started["tokens"] == [tok.token_str(i) for i in range(V)] and started["config"] == w.config
+    )
+    assert [base64.b64decode(b) for b in started["token_bytes"]] == [
+        tok.token_bytes(i) for i in range(V)
+    ]
     assert sent[2][0]["ids"] == tok.encode("the dog é")
     out = readout(model, torch.tensor([ids]))
     logits, patterns, lens = (np.frombuffer(b, dtype=np.float32) for b in sent[3][1])
@@ -755,18 +1046,32 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     assert np.array_equal(patterns, out["patterns"][0].numpy().ravel())
     assert np.array_equal(lens, out["lens"][0].numpy().ravel())
     assert [sent[k][0]["kind"] for k in (4, 5, 6)] == ["error"] * 3
-    assert "ids" in sent[4][0]["message"] and "n_ctx" in sent[5][0]["message"] and "fly" in sent[6][0]["message"]
+    assert (
+        "ids" in sent[4][0]["message"]
+        and "n_ctx" in sent[5][0]["message"]
+        and "fly" in sent[6][0]["message"]
+    )
 
 
 def test_playground_refuses_bad_input(bpe_tiny):
     from gptlib.tokenizers import BPETokenizer
 
     model, tok = bpe_tiny
-    for kwargs, name in [(dict(text=""), "text"), (dict(text=3), "text"), (dict(top_k=0), "top_k"),
-                         (dict(top_p=1.5), "top_p"), (dict(temperature=math.nan), "temperature"),
-                         (dict(seed=-1), "seed"), (dict(n_show=0), "n_show"), (dict(lens_top=0), "lens_top"),
-                         (dict(layer=2), "layer"), (dict(head=-1), "head"), (dict(head=1.0), "head"),
-                         (dict(source="/abs/english.json"), "source"), (dict(source="english.onnx"), "source")]:
+    for kwargs, name in [
+        (dict(text=""), "text"),
+        (dict(text=3), "text"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=math.nan), "temperature"),
+        (dict(seed=-1), "seed"),
+        (dict(n_show=0), "n_show"),
+        (dict(lens_top=0), "lens_top"),
+        (dict(layer=2), "layer"),
+        (dict(head=-1), "head"),
+        (dict(head=1.0), "head"),
+        (dict(source="/abs/english.json"), "source"),
+        (dict(source="english.onnx"), "source"),
+    ]:
         with pytest.raises(ValueError, match=name):
             PlaygroundView(model, tok, **(dict(text="the cat") | kwargs))
     with pytest.raises(ValueError, match="model"):
@@ -774,7 +1079,9 @@ def test_playground_refuses_bad_input(bpe_tiny):
     with pytest.raises(ValueError, match="tokenizer"):
         PlaygroundView(model, CharTokenizer.train(TEXT), "the cat")
     with pytest.raises(ValueError, match="tokens"):
-        PlaygroundView(model, BPETokenizer.train(TEXT * 4, 270), "the cat")  # another vocabulary size
+        PlaygroundView(
+            model, BPETokenizer.train(TEXT * 4, 270), "the cat"
+        )  # another vocabulary size
     broken = GPT(model.config)
     broken.load_state_dict(model.state_dict())
     with torch.no_grad():
@@ -789,8 +1096,12 @@ def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
     g = torch.Generator().manual_seed(8)
     lens = torch.randn(3, 50, generator=g) * 3
     lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
-    js = _node(tmp_path, f"const rows = {json.dumps(lens.tolist())};\n"
-               "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));", "live.js")
+    js = _node(
+        tmp_path,
+        f"const rows = {json.dumps(lens.tolist())};\n"
+        "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));",
+        "live.js",
+    )
     want = _lens_tops(lens, 4)
     for got, w in zip(js, want):
         assert got["ids"] == w["ids"]
@@ -809,15 +1120,27 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
 
     def answer(content):
         sent = []
-        w.send = lambda c, buffers=None: sent.append((c, [base64.b64encode(b).decode() for b in buffers or []]))
+        w.send = lambda c, buffers=None: sent.append(
+            (c, [base64.b64encode(b).decode() for b in buffers or []])
+        )
         w._answer(w, content, [])
         return sent[0]
 
     ids = tok.encode("the dog sat")
-    for req, content in enumerate([{"kind": "ping"}, {"kind": "start"}, {"kind": "encode", "text": "the dog sat"},
-                                   {"kind": "forward", "ids": ids}, {"kind": "forward", "ids": [-1]}], start=1):
+    for req, content in enumerate(
+        [
+            {"kind": "ping"},
+            {"kind": "start"},
+            {"kind": "encode", "text": "the dog sat"},
+            {"kind": "forward", "ids": ids},
+            {"kind": "forward", "ids": [-1]},
+        ],
+        start=1,
+    ):
         replies[req] = answer(content | {"req": req})
-    js = _node(tmp_path, f"""
+    js = _node(
+        tmp_path,
+        f"""
 const replies = {json.dumps(replies)};
 let listener = null;
 const fake = {{
@@ -836,12 +1159,17 @@ let error = null;
 try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
 console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
   logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens), error }}));
-""", "live.js")
+""",
+        "live.js",
+    )
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
     out = readout(model, torch.tensor([ids]))
-    assert js["logits"] == out["logits"][0, -1].tolist() and js["patterns"] == out["patterns"][0].flatten().tolist()
+    assert (
+        js["logits"] == out["logits"][0, -1].tolist()
+        and js["patterns"] == out["patterns"][0].flatten().tolist()
+    )
     assert js["lens"] == out["lens"][0].flatten().tolist()
     assert "ids" in js["error"]
 
@@ -869,9 +1197,14 @@ def test_bpe_steps_hold_pieces_of_a_text():
         BPEMergeView([[]], [])
 
 
-@pytest.mark.parametrize("make", [lambda title: BPEMergeView([["a"]], [], title=title),
-                                  lambda title: AttentionView(["a"], [[[[1.0]]]], title=title),
-                                  lambda title: SamplingView([1.0], ["a"], title=title)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda title: BPEMergeView([["a"]], [], title=title),
+        lambda title: AttentionView(["a"], [[[[1.0]]]], title=title),
+        lambda title: SamplingView([1.0], ["a"], title=title),
+    ],
+)
 def test_a_title_is_a_str(make):
     for bad in (None, 5, ["t"]):
         with pytest.raises(ValueError, match="title must be a str"):  # not traitlets' TraitError
@@ -898,10 +1231,16 @@ def test_top_logits_and_rest_log_weights_check_their_input():
         top_logits([2.0, 1.0], 1)
     # a negative id is not the last token; t <= 0, a NaN reference or NaN logits would store
     # NaN or a weight of the wrong sign
-    for kwargs, name in (({"stored": [-1]}, "stored"), ({"stored": [3]}, "stored"), ({"stored": [0.5]}, "stored"),
-                         ({"temperatures": [0.0]}, "temperatures"), ({"temperatures": [-1.0]}, "temperatures"),
-                         ({"temperatures": [math.nan]}, "temperatures"), ({"reference": math.nan}, "reference"),
-                         ({"logits": torch.tensor([2.0, math.nan, 0.0])}, "logits")):
+    for kwargs, name in (
+        ({"stored": [-1]}, "stored"),
+        ({"stored": [3]}, "stored"),
+        ({"stored": [0.5]}, "stored"),
+        ({"temperatures": [0.0]}, "temperatures"),
+        ({"temperatures": [-1.0]}, "temperatures"),
+        ({"temperatures": [math.nan]}, "temperatures"),
+        ({"reference": math.nan}, "reference"),
+        ({"logits": torch.tensor([2.0, math.nan, 0.0])}, "logits"),
+    ):
         with pytest.raises(ValueError, match=name):
             rest_log_weights(**({"logits": y, "stored": [0], "temperatures": [1.0]} | kwargs))
 

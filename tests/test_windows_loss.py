@@ -10,14 +10,15 @@ from gptlib.data import load_corpus, token_byte_lengths, train_val_split
 from gptlib.model import GPT, GPTConfig
 from gptlib.training import make_windows, windows_loss
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
 
 def test_equals_cross_entropy_over_all_windows_at_once_for_any_batch_size():
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", dropout=0.3)).train()
-    x, y = make_windows(torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(1)), 64, 48)
+    x, y = make_windows(
+        torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(1)), 64, 48
+    )
     with torch.no_grad():
         model.eval()
         peer = float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
@@ -37,9 +38,15 @@ def test_bits_per_byte_divides_the_total_by_the_texts_bytes(book_bpe):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", d_vocab=tok.vocab_size, n_ctx=32))
     r = windows_loss(model, x, y, byte_lengths=token_byte_lengths(tok))
-    assert r.bytes == len(tok.decode(y.flatten().tolist()).encode("utf-8"))  # byte-level: the targets' text
-    assert r.bits_per_byte == pytest.approx(r.nats_per_token * r.tokens / (math.log(2) * r.bytes), rel=1e-12)
-    assert abs(r.nats_per_token - math.log(tok.vocab_size)) < 0.1  # untrained: near the uniform ln |V|
+    assert r.bytes == len(
+        tok.decode(y.flatten().tolist()).encode("utf-8")
+    )  # byte-level: the targets' text
+    assert r.bits_per_byte == pytest.approx(
+        r.nats_per_token * r.tokens / (math.log(2) * r.bytes), rel=1e-12
+    )
+    assert (
+        abs(r.nats_per_token - math.log(tok.vocab_size)) < 0.1
+    )  # untrained: near the uniform ln |V|
 
 
 def test_errors_name_what_is_wrong():

@@ -17,9 +17,9 @@ Theta(T d + T^2) (:func:`standard_attention`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -68,7 +68,9 @@ def online_softmax_update(
     ell_new, o_new = p.sum(dim=-1, keepdim=True), p @ v
     if state is not None:
         m, ell, o = state
-        scale = torch.exp(torch.where(torch.isfinite(m), m, shift) - shift)  # (..., T, 1); 0 rows stay 0
+        scale = torch.exp(
+            torch.where(torch.isfinite(m), m, shift) - shift
+        )  # (..., T, 1); 0 rows stay 0
         ell_new, o_new = ell * scale + ell_new, o * scale + o_new
     return m_new, ell_new, o_new
 
@@ -117,16 +119,29 @@ def flash_block_sizes(M: int, d: int) -> tuple[int, int]:
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() < 2:
-            raise ValueError(f"{name} must be a tensor of shape (..., T, d), got {getattr(t, 'shape', type(t).__name__)}")
+            raise ValueError(
+                f"{name} must be a tensor of shape (..., T, d), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"q, k must share d and k, v their positions; got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k must share d and k, v their positions; got shapes {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[-2] > k.shape[-2]:
         raise ValueError(f"q has more positions ({q.shape[-2]}) than k ({k.shape[-2]})")
 
 
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, block_q: int, block_k: int, *, causal: bool = True,
-                    traffic: Traffic | None = None) -> Tensor:
+def tiled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_q: int,
+    block_k: int,
+    *,
+    causal: bool = True,
+    traffic: Traffic | None = None,
+) -> Tensor:
     """softmax(q k^T / sqrt(d) + mask) v, one (block_q x block_k) tile of scores at a time.
 
     q: (..., T, d); k, v: (..., T_k, d), T_k >= T (the queries are the last T positions, as with a
@@ -174,10 +189,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, block_q: int, block_k: int,
     return torch.cat(out, dim=-2)  # (..., T, d_v)
 
 
-def standard_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
-                       traffic: Traffic | None = None) -> Tensor:
+def standard_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, traffic: Traffic | None = None
+) -> Tensor:
     """Dao et al.'s Algorithm 0, counted: S = q k^T / sqrt(d) written to slow memory, read back for
-    P = softmax(S), P written, read back with v for O = P v. Moves 4 T T_k + 2 T d + 2 T_k d numbers.
+    P = softmax(S), P written, read back with v for O = P v. Moves 4 T T_k + 2 T d + 2 T_k d
+    numbers.
 
     >>> t = Traffic()
     >>> _ = standard_attention(*torch.zeros(3, 8, 2), traffic=t)
@@ -200,15 +217,26 @@ def standard_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     return O
 
 
-def tiled_attend(q: Tensor, k: Tensor, v: Tensor, *, block_q: int = 16, block_k: int = 16, causal: bool = True,
-                 **unused) -> Tensor:
-    """:func:`gptlib.attention.attend`'s contract on :func:`tiled_attention`: q (B, n_heads, T, d_head),
+def tiled_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    block_q: int = 16,
+    block_k: int = 16,
+    causal: bool = True,
+    **unused,
+) -> Tensor:
+    """:func:`gptlib.attention.attend`'s contract on :func:`tiled_attention`: q (B, n_heads, T,
+    d_head),
     keys and values (B, n_kv_heads, T_k, d_head) shared by groups of query heads. No dropout and no
     pattern (a tiled kernel never forms one): ``dropout`` must be 0, hooks are not called."""
     if unused.get("dropout", 0.0):
         raise ValueError(f"dropout must be 0 in tiled attention, got {unused['dropout']}")
     group = q.shape[1] // k.shape[1]
-    return tiled_attention(q, repeat_kv(k, group), repeat_kv(v, group), block_q, block_k, causal=causal)
+    return tiled_attention(
+        q, repeat_kv(k, group), repeat_kv(v, group), block_q, block_k, causal=causal
+    )
 
 
 @contextmanager

@@ -55,7 +55,10 @@ class Quantized(NamedTuple):
 
 def _check_float(x: Tensor) -> None:
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
-        raise ValueError(f"x must be a floating-point tensor with >= 1 dim, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise ValueError(
+            "x must be a floating-point tensor with >= 1 dim, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x must be finite")
 
@@ -91,7 +94,9 @@ def blockwise_codes(x: Tensor, bits: int = 4, block: int = 32) -> tuple[Tensor, 
     _check_float(x)
     bits, block = check_int("bits", bits, lo=1, hi=8), check_int("block", block, lo=1)
     if x.shape[-1] % block:
-        raise ValueError(f"x's last dimension must be a multiple of block={block}, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"x's last dimension must be a multiple of block={block}, got shape {tuple(x.shape)}"
+        )
     blocks = x.float().unflatten(-1, (-1, block))  # (..., n_blocks, block)
     lo = blocks.amin(dim=-1, keepdim=True)
     d = (blocks.amax(dim=-1, keepdim=True) - lo) / (2**bits - 1)
@@ -115,10 +120,12 @@ def blockwise_quantize(x: Tensor, bits: int = 4, block: int = 32) -> Quantized:
 
 
 def error_bound(r: Quantized, bits: int, blockwise: bool) -> Tensor:
-    """A bound on |quantized - x| for every number: delta / 2, plus, for a blockwise map, what storing
+    """A bound on |quantized - x| for every number: delta / 2, plus, for a blockwise map, what
+    storing
     delta and min in float16 can cost, 2^-11 (|min| + (2^b - 1) delta) + 2^-25 (1 + (2^b - 1)) (the
     last term for subnormal float16 numbers). An absmax scale is kept in float32: delta / 2 plus
-    float32's rounding of x / delta and of delta q, 2^-22 L delta with L = 2^(b-1) - 1 the top level.
+    float32's rounding of x / delta and of delta q, 2^-22 L delta with L = 2^(b-1) - 1 the top
+    level.
 
     >>> x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     >>> r = blockwise_quantize(x, bits=3)
@@ -157,7 +164,9 @@ def product_noise_variance(X: Tensor, step: Tensor) -> Tensor:
     0.06
     """
     if X.dim() != 2 or step.dim() != 2 or X.shape[1] != step.shape[0]:
-        raise ValueError(f"X must be (N, d_in) and step (d_in, d_out), got {tuple(X.shape)}, {tuple(step.shape)}")
+        raise ValueError(
+            f"X must be (N, d_in) and step (d_in, d_out), got {tuple(X.shape)}, {tuple(step.shape)}"
+        )
     return (X.double() ** 2) @ (step.double() ** 2) / 12
 
 
@@ -182,7 +191,9 @@ def _along_input(name: str, W: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, method: str, bits: int, block: int = 32) -> tuple[nn.Module, int, int]:
+def quantize_model(
+    model: nn.Module, method: str, bits: int, block: int = 32
+) -> tuple[nn.Module, int, int]:
     """A copy of ``model`` with every matrix quantized and back (vectors, the norms' gains and the
     biases, stay float32), blocks and rows running along the index each product sums over.
     Returns (the copy, the matrices' float32 bytes, their quantized bytes).
@@ -203,5 +214,7 @@ def quantize_model(model: nn.Module, method: str, bits: int, block: int = 32) ->
         r = absmax_quantize(Wt, bits) if method == "absmax" else blockwise_quantize(Wt, bits, block)
         Wt.copy_(r.values)  # in place: Wt is a view of W
         before += 4 * W.numel()
-        after += quantized_bytes(W.numel(), Wt.shape[0] if method == "absmax" else 0, method, bits, block)
+        after += quantized_bytes(
+            W.numel(), Wt.shape[0] if method == "absmax" else 0, method, bits, block
+        )
     return out, before, after

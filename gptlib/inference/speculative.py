@@ -14,9 +14,9 @@ emitted token then has exactly the target's distribution (Leviathan et al., 2023
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -64,7 +64,8 @@ def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
 
 
 def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
-    """beta = sum_x min(p(x), q(x)) = 1 - TV(p, q), (...): the probability that a draft x ~ q is kept.
+    """beta = sum_x min(p(x), q(x)) = 1 - TV(p, q), (...): the probability that a draft x ~ q is
+    kept.
 
     >>> acceptance_rate(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.4, 0.2]))
     tensor(0.7000)
@@ -72,8 +73,9 @@ def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
     return torch.minimum(p, q).sum(dim=-1)
 
 
-def accept_or_resample(p: Tensor, q: Tensor, x: Tensor, generator: torch.Generator | None = None
-                       ) -> tuple[Tensor, Tensor]:
+def accept_or_resample(
+    p: Tensor, q: Tensor, x: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """One draft position, for N rows at once: p, q (N, d_vocab), drafts x (N,) drawn from q; or
     p, q (d_vocab,) shared by N independent drafts x (N,). Keep x_n with probability min(1, p/q);
     else draw from the residual. Returns (kept (N,) bool, token (N,)), the token x_n where kept.
@@ -88,14 +90,17 @@ def accept_or_resample(p: Tensor, q: Tensor, x: Tensor, generator: torch.Generat
     u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
     kept = u < acceptance_probability(p, q, x)
     if shared:
-        replacement = torch.multinomial(residual_distribution(p[0], q[0]), len(x), replacement=True,
-                                        generator=generator)
+        replacement = torch.multinomial(
+            residual_distribution(p[0], q[0]), len(x), replacement=True, generator=generator
+        )
     else:
         replacement = torch.multinomial(residual_distribution(p, q), 1, generator=generator)[:, 0]
     return kept, torch.where(kept, x, replacement)
 
 
-def speculative_round(p: Tensor, q: Tensor, drafts: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def speculative_round(
+    p: Tensor, q: Tensor, drafts: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
     """The tokens one round emits (1 to gamma + 1 of them): p (gamma + 1, d_vocab) the target's
     distributions after each draft prefix, q (gamma, d_vocab) the draft's, drafts (gamma,) ~ q.
 
@@ -105,8 +110,10 @@ def speculative_round(p: Tensor, q: Tensor, drafts: Tensor, generator: torch.Gen
     """
     gamma = q.shape[0]
     if p.shape[0] != gamma + 1 or drafts.shape != (gamma,):
-        raise ValueError(f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
-                         f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}")
+        raise ValueError(
+            f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
+            f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}"
+        )
     if gamma == 0:
         return torch.multinomial(p[0], 1, generator=generator)
     kept, tokens = accept_or_resample(p[:gamma], q, drafts, generator)
@@ -117,10 +124,12 @@ def speculative_round(p: Tensor, q: Tensor, drafts: Tensor, generator: torch.Gen
     return tokens[: j + 1]  # drafts[:j], then the replacement of draft j
 
 
-def emitted_distribution(p_of: Callable[[tuple], Tensor], q_of: Callable[[tuple], Tensor], gamma: int, n: int
-                         ) -> Tensor:
+def emitted_distribution(
+    p_of: Callable[[tuple], Tensor], q_of: Callable[[tuple], Tensor], gamma: int, n: int
+) -> Tensor:
     """The exact distribution of the first n tokens that speculative sampling emits, (d_vocab,) * n,
-    by enumerating every draft, every accept/reject outcome and every replacement, round after round.
+    by enumerating every draft, every accept/reject outcome and every replacement, round after
+    round.
 
     ``p_of(prefix)`` and ``q_of(prefix)`` give the target's and the draft's next-token distributions
     (d_vocab,) after a tuple of tokens (any functions of the prefix). The theorem says the result is
@@ -207,7 +216,10 @@ def chi_square_power(noncentrality: float, df: int, level: float = 0.001) -> tup
     lam = check_float("noncentrality", noncentrality, 0.0)
     z = NormalDist().inv_cdf(1 - level)
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    c, h = (df + 2 * lam) / (df + lam), (df + lam) ** 2 / (df + 2 * lam)  # chi2'(df, lam) ~ c chi2(h)
+    c, h = (
+        (df + 2 * lam) / (df + lam),
+        (df + lam) ** 2 / (df + 2 * lam),
+    )  # chi2'(df, lam) ~ c chi2(h)
     x = crit / c
     z_alt = ((x / h) ** (1 / 3) - (1 - 2 / (9 * h))) / math.sqrt(2 / (9 * h))
     return crit, 1 - NormalDist().cdf(z_alt)
@@ -230,7 +242,9 @@ class BigramDraft(nn.Module):
         ids = torch.as_tensor(ids).flatten()
         check_ids(ids, d_vocab)
         counts = torch.full((d_vocab, d_vocab), smoothing, dtype=torch.float64)
-        counts.index_put_((ids[:-1], ids[1:]), torch.ones(len(ids) - 1, dtype=torch.float64), accumulate=True)
+        counts.index_put_(
+            (ids[:-1], ids[1:]), torch.ones(len(ids) - 1, dtype=torch.float64), accumulate=True
+        )
         total = counts.sum(dim=-1, keepdim=True)
         uniform = torch.full_like(counts, 1 / d_vocab)  # a token never followed by another
         probs = torch.where(total > 0, counts / torch.where(total > 0, total, 1.0), uniform)
@@ -265,7 +279,9 @@ def _probs(logits: Tensor, temperature: float) -> Tensor:
     """:func:`gptlib.sampling.next_token_probs` without top-k and top-p, for logits (n, d_vocab)
     whose values the model's checks already cover: one-hot on the first argmax at temperature 0."""
     if temperature == 0:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(
+            -1, logits.argmax(-1, keepdim=True), 1.0
+        )
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
@@ -274,17 +290,21 @@ class _Stepper:
 
     def __init__(self, model: nn.Module, capacity: int):
         self.model = model
-        self.cache = None if isinstance(model, BigramDraft) else KVCache(model.config.n_layers, capacity)
+        self.cache = (
+            None if isinstance(model, BigramDraft) else KVCache(model.config.n_layers, capacity)
+        )
 
     def __call__(self, seq: Tensor, extra: Tensor | None = None) -> Tensor:
         """Logits (n, d_vocab) after the last token of seq (1, T) and after each of ``extra`` (k,)."""
         if self.cache is None:  # a bigram reads one token per position
             new = seq[:, -1:] if extra is None else torch.cat([seq[:, -1:], extra[None]], dim=1)
             return self.model(new)[0]
-        new = seq[:, len(self.cache):]  # (1, n): what the cache lacks
+        new = seq[:, len(self.cache) :]  # (1, n): what the cache lacks
         if extra is not None:
             new = torch.cat([new, extra[None]], dim=1)
-        return self.model(new, cache=self.cache, check_ids=False)[0, -(1 + (0 if extra is None else len(extra))):]
+        return self.model(new, cache=self.cache, check_ids=False)[
+            0, -(1 + (0 if extra is None else len(extra))) :
+        ]
 
     def keep(self, n: int) -> None:
         """Forget the cached positions from n on (rejected drafts)."""
@@ -293,9 +313,18 @@ class _Stepper:
 
 
 @torch.no_grad()
-def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_new_tokens: int, gamma: int, *,
-                         temperature: float = 1.0, generator: torch.Generator | None = None) -> SpeculativeResult:
-    """Append ``max_new_tokens`` tokens to ids (T,) by speculative sampling: rounds of ``gamma`` draft
+def speculative_generate(
+    target: nn.Module,
+    draft: nn.Module,
+    ids: Tensor,
+    max_new_tokens: int,
+    gamma: int,
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> SpeculativeResult:
+    """Append ``max_new_tokens`` tokens to ids (T,) by speculative sampling: rounds of ``gamma``
+    draft
     tokens scored by one target pass. The tokens have the distribution of
     :func:`gptlib.sampling.generate` from the target at this ``temperature``; at temperature 0
     (greedy) they are the target's greedy tokens. Both models keep a KV cache, cut back after a
@@ -313,11 +342,15 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_n
     gamma = check_int("gamma", gamma, lo=0)
     temperature = check_float("temperature", temperature, 0.0)
     if not isinstance(ids, Tensor) or ids.dim() != 1 or len(ids) < 1:
-        raise ValueError(f"ids must have shape (T,) with T >= 1, got {getattr(ids, 'shape', type(ids).__name__)}")
+        raise ValueError(
+            f"ids must have shape (T,) with T >= 1, got {getattr(ids, 'shape', type(ids).__name__)}"
+        )
     c = target.config
     check_ids(ids, c.d_vocab)
     if len(ids) + max_new_tokens > c.n_ctx:
-        raise ValueError(f"T + max_new_tokens = {len(ids) + max_new_tokens} exceeds the target's n_ctx={c.n_ctx}")
+        raise ValueError(
+            f"T + max_new_tokens = {len(ids) + max_new_tokens} exceeds the target's n_ctx={c.n_ctx}"
+        )
     capacity = len(ids) + max_new_tokens
     tgt, drf = _Stepper(target.eval(), capacity), _Stepper(draft.eval(), capacity)
     seq = ids[None].clone()  # (1, T)
@@ -331,7 +364,9 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor, max_n
         g = min(gamma, capacity - n - 1)  # the last round drafts no token past the end
         drafts, qs = [], []
         for _ in range(g):
-            q = _probs(drf(torch.cat([seq, *[d.view(1, 1) for d in drafts]], dim=1))[-1:], temperature)[0]
+            q = _probs(
+                drf(torch.cat([seq, *[d.view(1, 1) for d in drafts]], dim=1))[-1:], temperature
+            )[0]
             qs.append(q)
             drafts.append(torch.multinomial(q, 1, generator=generator)[0])
         drafts_t = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long)

@@ -18,7 +18,8 @@ module-level so that spawned processes can import them; they compute on the CPU 
 nccl each process would move its model and tensors to its GPU.
 """
 
-# Every public name of the five Chapter 10 modules (sharding and experts are imported as submodules), so that ``from gptlib.parallel import X`` finds it.
+# Every public name of the five Chapter 10 modules (sharding and experts are imported as
+# submodules), so that ``from gptlib.parallel import X`` finds it.
 from . import context, data, launch, pipeline, tensor
 from .context import *  # noqa: F403
 from .data import *  # noqa: F403

@@ -25,10 +25,17 @@ from ..inference.flash import online_softmax_update  # derived in Chapter 13.1
 from ..runtime import check_int
 from .launch import shard_range
 
-__all__ = ["online_softmax_update", "blockwise_attention", "ring_attention", "ring_attention_worker"]
+__all__ = [
+    "online_softmax_update",
+    "blockwise_attention",
+    "ring_attention",
+    "ring_attention_worker",
+]
 
 
-def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: bool = True) -> Tensor:
+def blockwise_attention(
+    q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: bool = True
+) -> Tensor:
     """Causal attention computed one key block at a time with :func:`online_softmax_update`.
 
     Never holds more than a (T, T / n_blocks) slice of the scores; equals
@@ -36,13 +43,20 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: 
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() < 2:
-            raise ValueError(f"{name} must be a tensor (..., T, d_head), got {getattr(t, 'shape', type(t).__name__)}")
+            raise ValueError(
+                f"{name} must be a tensor (..., T, d_head), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share d_head, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}")
+        raise ValueError(
+            f"k and v must have the same number of positions, got {k.shape[-2]} and {v.shape[-2]}"
+        )
     if causal and q.shape[-2] > k.shape[-2]:
-        raise ValueError(f"q has {q.shape[-2]} positions, more than the {k.shape[-2]} keys it may see")
+        raise ValueError(
+            f"q has {q.shape[-2]} positions, more than the {k.shape[-2]} keys it may see"
+        )
     T = k.shape[-2]
     n_blocks = check_int("n_blocks", n_blocks, 1, T)
     if T % n_blocks:
@@ -52,7 +66,9 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, n_blocks: int, causal: 
     state = None
     for b in range(n_blocks):
         cols = slice(b * size, (b + 1) * size)
-        scores = q @ k[..., cols, :].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T_q, T/n_blocks)
+        scores = (
+            q @ k[..., cols, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        )  # (..., T_q, T/n_blocks)
         if mask is not None:
             scores = scores + mask[:, cols]
         state = online_softmax_update(state, scores, v[..., cols, :])
@@ -65,7 +81,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None) -> Tensor:
 
     Rank r holds the queries, keys and values of positions [r T_r, (r+1) T_r), each
     (..., T_r, d_head), T_r = T / world_size. Besides its own keys and values it holds one
-    travelling key/value block at a time (two while the next one arrives). In step t = 0, 1, …, world_size-1 it holds the key/value block of rank
+    travelling key/value block at a time (two while the next one arrives). In step t = 0, 1, …,
+    world_size-1 it holds the key/value block of rank
     (r - t) mod world_size, folds it into an online softmax, and passes it on to rank r+1 while
     receiving the next from rank r-1 (the sends overlap the computation). Blocks from later
     positions are entirely masked by causality and are skipped. Returns this rank's rows of the
@@ -74,7 +91,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None) -> Tensor:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     T_r = q.shape[-2]
     if k.shape[-2] != T_r or v.shape[-2] != T_r:
-        raise ValueError(f"q, k and v must hold the same positions, got {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}")
+        raise ValueError(
+            f"q, k and v must hold the same positions, got {q.shape[-2]}, {k.shape[-2]}, "
+            f"{v.shape[-2]}"
+        )
     kv = torch.stack([k, v]).contiguous()  # (2, ..., T_r, d_head): one message per step
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     if group is not None:
@@ -85,7 +105,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None) -> Tensor:
         pending = []
         if step < world - 1:
             incoming = torch.empty_like(kv)
-            ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, incoming, prv, group)]
+            ops = [
+                dist.P2POp(dist.isend, kv, nxt, group),
+                dist.P2POp(dist.irecv, incoming, prv, group),
+            ]
             pending = dist.batch_isend_irecv(ops)
         if src <= rank:  # keys at later positions are all masked: skip them
             scores = q @ kv[0].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T_r, T_r)
@@ -101,7 +124,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None) -> Tensor:
 
 
 def ring_attention_worker(rank: int, world_size: int, q: Tensor, k: Tensor, v: Tensor) -> dict:
-    """Context parallel: this rank takes its block of positions of q, k, v and runs :func:`ring_attention`.
+    """Context parallel: this rank takes its block of positions of q, k, v and runs
+    :func:`ring_attention`.
 
     q, k, v are the whole sequence's (..., T, d_head); each rank keeps only its own T / world_size
     positions of them, as it would if it had computed them from its share of the tokens.

@@ -17,8 +17,11 @@ from .launch import lm_loss, shard_range, worker_model
 __all__ = ["ddp_worker", "fsdp_worker"]
 
 
-def ddp_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, lr: float) -> dict:
-    """Data parallel: this rank's slice of the batch through ``DistributedDataParallel``, one SGD step.
+def ddp_worker(
+    rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, lr: float
+) -> dict:
+    """Data parallel: this rank's slice of the batch through ``DistributedDataParallel``, one SGD
+    step.
 
     Returns the loss on the slice, the (all-reduced) gradients and the weights after the step.
     """
@@ -29,11 +32,18 @@ def ddp_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, tar
     loss.backward()  # the all-reduce happens here, bucket by bucket
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     torch.optim.SGD(model.parameters(), lr=lr).step()
-    return {"loss": loss.item(), "grads": grads, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "loss": loss.item(),
+        "grads": grads,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
-def fsdp_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor) -> dict:
-    """Fully sharded data parallel (FSDP2 ``fully_shard``): each rank stores 1/world_size of every weight.
+def fsdp_worker(
+    rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor
+) -> dict:
+    """Fully sharded data parallel (FSDP2 ``fully_shard``): each rank stores 1/world_size of every
+    weight.
 
     Returns how many numbers of the model this rank holds, the loss on its slice of the batch,
     and the full gradients (gathered from the shards, for comparison).

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,15 @@ from ..model import GPT
 from ..runtime import check_float, check_int
 from ..training import lm_loss  # re-exported: the workers' loss
 
-__all__ = ["DistributedError", "free_port", "run_distributed", "run_together", "shard_range", "worker_model", "lm_loss"]
+__all__ = [
+    "DistributedError",
+    "free_port",
+    "run_distributed",
+    "run_together",
+    "shard_range",
+    "worker_model",
+    "lm_loss",
+]
 
 
 class DistributedError(RuntimeError):
@@ -55,10 +64,16 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
-def _entry(rank: int, fn: Callable, args: tuple, world_size: int, backend: str, port: int, out_dir: str) -> None:
+def _entry(
+    rank: int, fn: Callable, args: tuple, world_size: int, backend: str, port: int, out_dir: str
+) -> None:
     """What each spawned process runs: join the group, call ``fn``, save its result, leave."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
     )
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         lo = _loopback_interface()  # keep gloo's own connections on 127.0.0.1 too
@@ -104,8 +119,15 @@ def _check_importable(fn: Callable, name: str) -> None:
     if not callable(fn):
         raise ValueError(f"{name} must be callable, got {type(fn).__name__}")
     qualname = getattr(fn, "__qualname__", "")
-    if getattr(fn, "__module__", None) == "__main__" or "<lambda>" in qualname or "<locals>" in qualname:
-        raise ValueError(f"{name} must be a module-level function in an importable module, got {qualname or fn!r}")
+    if (
+        getattr(fn, "__module__", None) == "__main__"
+        or "<lambda>" in qualname
+        or "<locals>" in qualname
+    ):
+        raise ValueError(
+            f"{name} must be a module-level function in an importable module, got "
+            f"{qualname or fn!r}"
+        )
 
 
 def run_distributed(
@@ -116,7 +138,8 @@ def run_distributed(
     timeout: float = 300.0,
     port: int | None = None,
 ) -> list:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; return their results.
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; return their
+    results.
 
     Each process joins a ``torch.distributed`` process group (``backend`` gloo on CPUs, nccl on
     GPUs) through MASTER_ADDR=127.0.0.1 and MASTER_PORT=``port`` (a free port by default), with
@@ -140,7 +163,11 @@ def run_distributed(
     port = free_port() if port is None else check_int("port", port, 1, 65535)
     with tempfile.TemporaryDirectory(prefix="gptlib-dist-") as out_dir:
         ctx = mp.start_processes(
-            _entry, args=(fn, args, world_size, backend, port, out_dir), nprocs=world_size, join=False, start_method="spawn"
+            _entry,
+            args=(fn, args, world_size, backend, port, out_dir),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         processes = list(ctx.processes)
         failed = None
@@ -151,13 +178,19 @@ def run_distributed(
                 left = deadline - time.monotonic()
                 if left <= 0:
                     still = sorted(running.values())
-                    raise DistributedError(f"{fn.__name__} timed out after {timeout} s (ranks {still} still running)")
-                for sentinel in multiprocessing.connection.wait(list(running), timeout=min(left, 1.0)):
+                    raise DistributedError(
+                        f"{fn.__name__} timed out after {timeout} s (ranks {still} still running)"
+                    )
+                for sentinel in multiprocessing.connection.wait(
+                    list(running), timeout=min(left, 1.0)
+                ):
                     rank = running.pop(sentinel)
                     processes[rank].join()
                     if processes[rank].exitcode != 0:
                         failed = (rank, processes[rank].exitcode)
-                        time.sleep(0.2)  # let a rank that failed at the same moment finish its report
+                        time.sleep(
+                            0.2
+                        )  # let a rank that failed at the same moment finish its report
                         break
                 if failed:
                     break
@@ -183,7 +216,9 @@ def _run_jobs(rank: int, world_size: int, jobs: dict) -> dict:
     return out
 
 
-def run_together(jobs: dict, *, world_size: int = 2, backend: str = "gloo", timeout: float = 300.0) -> dict:
+def run_together(
+    jobs: dict, *, world_size: int = 2, backend: str = "gloo", timeout: float = 300.0
+) -> dict:
     """Run several workers in one set of processes: ``{name: (fn, args)}`` -> ``{name: results}``.
 
     Equivalent to ``{name: run_distributed(fn, *args) for name, (fn, args) in jobs.items()}``,
@@ -202,9 +237,13 @@ def run_together(jobs: dict, *, world_size: int = 2, backend: str = "gloo", time
         raise ValueError(f"jobs must be a non-empty dict {{name: (fn, args)}}, got {jobs!r}")
     for name, job in jobs.items():
         if not (isinstance(job, tuple) and len(job) == 2 and isinstance(job[1], tuple)):
-            raise ValueError(f"jobs[{name!r}] must be a pair (fn, args) with args a tuple, got {job!r}")
+            raise ValueError(
+                f"jobs[{name!r}] must be a pair (fn, args) with args a tuple, got {job!r}"
+            )
         _check_importable(job[0], f"jobs[{name!r}]")
-    results = run_distributed(_run_jobs, jobs, world_size=world_size, backend=backend, timeout=timeout)
+    results = run_distributed(
+        _run_jobs, jobs, world_size=world_size, backend=backend, timeout=timeout
+    )
     return {name: [r[name] for r in results] for name in jobs}
 
 
@@ -231,7 +270,8 @@ def _failure_message(fn: Callable, rank: int, exitcode: int, out_dir: str) -> st
 
 
 def worker_model(config, state: dict) -> GPT:
-    """The model a worker computes with: a :class:`~gptlib.model.GPT` of ``config`` holding ``state``."""
+    """The model a worker computes with: a :class:`~gptlib.model.GPT` of ``config`` holding
+    ``state``."""
     model = GPT(config)
     model.load_state_dict(state)
     return model

@@ -1,4 +1,5 @@
-"""Pipeline parallelism (GPipe, 1F1B): the decoder stack cut into stages, micro-batches passed along.
+"""Pipeline parallelism (GPipe, 1F1B): the decoder stack cut into stages, micro-batches passed
+along.
 
 Stage s of p holds a contiguous run of blocks (:func:`stage_layers`); the first also the
 embedding, the last also ln_f, the unembedding and the loss. GPipe runs every micro-batch's
@@ -16,7 +17,7 @@ it, dropout included).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,6 @@ def apply_blocks(model: GPT, layers: Iterable[int], x: Tensor) -> Tensor:
     for i in layers:
         x = model.blocks[i](x)  # (B, T, d_model)
     return x
-
 
 
 def stage_layers(n_layers: int, stage: int, n_stages: int) -> range:
@@ -154,7 +154,9 @@ def pipeline_worker(
     Returns this stage's gradients, its (op, slot) log and, on the last stage, loss and logits
     (:func:`scheduled_pipeline_worker` with ``schedule="gpipe"``, which also reports memory).
     """
-    return scheduled_pipeline_worker(rank, world_size, config, state, ids, targets, n_micro, "gpipe")
+    return scheduled_pipeline_worker(
+        rank, world_size, config, state, ids, targets, n_micro, "gpipe"
+    )
 
 
 # =============================================================================================
@@ -165,7 +167,8 @@ SCHEDULES = ("gpipe", "1f1b")
 
 
 def stage_order(schedule: str, stage: int, n_stages: int, n_micro: int) -> list[str]:
-    """The operations stage ``stage`` runs, in order: ``"F3"`` forward of micro-batch 3, ``"B3"`` its backward.
+    """The operations stage ``stage`` runs, in order: ``"F3"`` forward of micro-batch 3, ``"B3"``
+    its backward.
 
     GPipe: all m forwards, then the backwards in reverse. 1F1B (PipeDream-Flush, Narayanan et al.
     2021): w = min(p - s - 1, m) warm-up forwards, then alternately one forward and one backward,
@@ -208,7 +211,13 @@ def pipeline_timetable(schedule: str, n_stages: int, n_micro: int) -> list[list[
         for s in range(p):
             while pos[s] < len(orders[s]):
                 op = orders[s][pos[s]]
-                dep = (op, s - 1) if op[0] == "F" and s > 0 else (op, s + 1) if op[0] == "B" and s < p - 1 else None
+                dep = (
+                    (op, s - 1)
+                    if op[0] == "F" and s > 0
+                    else (op, s + 1)
+                    if op[0] == "B" and s < p - 1
+                    else None
+                )
                 if dep is not None and dep not in slot:
                     break  # wait for the other stage
                 t = max(clock[s], slot[dep] + 1 if dep else 0)
@@ -239,9 +248,17 @@ def peak_in_flight(grid: list[list[str]]) -> list[int]:
 
 
 def scheduled_pipeline_worker(
-    rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, n_micro: int, schedule: str = "1f1b"
+    rank: int,
+    world_size: int,
+    config,
+    state: dict,
+    ids: Tensor,
+    targets: Tensor,
+    n_micro: int,
+    schedule: str = "1f1b",
 ) -> dict:
-    """Pipeline parallel over ``world_size`` stages, running this stage's :func:`stage_order` of ``schedule``.
+    """Pipeline parallel over ``world_size`` stages, running this stage's :func:`stage_order` of
+    ``schedule``.
 
     As :func:`pipeline_worker`, with any order of forwards and backwards: a stage receives before
     each forward (from stage - 1) and each backward (from stage + 1) and sends with ``dist.isend``,
@@ -320,8 +337,13 @@ def scheduled_pipeline_worker(
                 W_E.grad = torch.zeros_like(W_E)
             dist.all_reduce(W_E.grad, group=ends)
     grads = {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
-    out = {"grads": grads, "log": log, "peak_in_flight": peak, "peak_saved_bytes": peak_bytes,
-           "saved_bytes": [saved[j] for j in range(n_micro)]}
+    out = {
+        "grads": grads,
+        "log": log,
+        "peak_in_flight": peak,
+        "peak_saved_bytes": peak_bytes,
+        "saved_bytes": [saved[j] for j in range(n_micro)],
+    }
     if rank == last:
         out["loss"] = float(sum(l.item() for l in losses.values()))
         out["logits"] = torch.cat([logits[j].detach() for j in range(n_micro)])
@@ -331,5 +353,11 @@ def scheduled_pipeline_worker(
 def compare_schedules_worker(
     rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, n_micro: int
 ) -> dict:
-    """:func:`scheduled_pipeline_worker` under each of :data:`SCHEDULES` in turn, in one set of processes."""
-    return {name: scheduled_pipeline_worker(rank, world_size, config, state, ids, targets, n_micro, name) for name in SCHEDULES}
+    """:func:`scheduled_pipeline_worker` under each of :data:`SCHEDULES` in turn, in one set of
+    processes."""
+    return {
+        name: scheduled_pipeline_worker(
+            rank, world_size, config, state, ids, targets, n_micro, name
+        )
+        for name in SCHEDULES
+    }

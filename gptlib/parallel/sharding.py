@@ -33,7 +33,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..runtime import check_int, check_positive_int
 from .launch import lm_loss, shard_range, worker_model
 
-__all__ = ["local_numel", "sharded_training_worker", "ring_bytes_per_rank", "ring_all_reduce", "ring_worker"]
+__all__ = [
+    "local_numel",
+    "sharded_training_worker",
+    "ring_bytes_per_rank",
+    "ring_all_reduce",
+    "ring_worker",
+]
 
 
 def local_numel(tensors) -> int:
@@ -52,11 +58,16 @@ def local_numel(tensors) -> int:
 
 def _optimizer_numel(opt: torch.optim.Optimizer) -> int:
     """Numbers held in the optimiser's per-parameter state (AdamW: the two moments; not the step)."""
-    return local_numel(v for s in opt.state.values() for k, v in s.items() if k != "step" and torch.is_tensor(v))
+    return local_numel(
+        v for s in opt.state.values() for k, v in s.items() if k != "step" and torch.is_tensor(v)
+    )
 
 
-def _train(model, forward, opt, ids: Tensor, targets: Tensor, rank: int, world_size: int) -> list[float]:
-    """Steps of AdamW on this rank's slice of each batch; returns the whole batch's mean loss per step."""
+def _train(
+    model, forward, opt, ids: Tensor, targets: Tensor, rank: int, world_size: int
+) -> list[float]:
+    """Steps of AdamW on this rank's slice of each batch; returns the whole batch's mean loss per
+    step."""
     losses = []
     for x, y in zip(ids, targets):  # ids: (steps, B, T)
         rows = shard_range(x.shape[0], rank, world_size)
@@ -70,10 +81,13 @@ def _train(model, forward, opt, ids: Tensor, targets: Tensor, rank: int, world_s
     return losses
 
 
-def sharded_training_worker(rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, lr: float) -> dict:
+def sharded_training_worker(
+    rank: int, world_size: int, config, state: dict, ids: Tensor, targets: Tensor, lr: float
+) -> dict:
     """``ids.shape[0]`` AdamW steps from ``state``, first under ZeRO-1, then under FSDP2 (ZeRO-3).
 
-    ``ids``, ``targets``: (steps, B, T), one batch per step; each rank takes its B / world_size rows.
+    ``ids``, ``targets``: (steps, B, T), one batch per step; each rank takes its B / world_size
+    rows.
     Returns, per method, the batch losses, the final weights (gathered in full) and how many
     numbers of weights, gradients and optimiser state this rank holds.
     """
@@ -86,8 +100,11 @@ def sharded_training_worker(rank: int, world_size: int, config, state: dict, ids
     out["zero1"] = {
         "losses": losses,
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "held": {"weights": local_numel(model.parameters()), "gradients": local_numel(p.grad for p in model.parameters()),
-                 "optimizer": _optimizer_numel(opt.optim)},
+        "held": {
+            "weights": local_numel(model.parameters()),
+            "gradients": local_numel(p.grad for p in model.parameters()),
+            "optimizer": _optimizer_numel(opt.optim),
+        },
     }
     # ---- ZeRO-3: FSDP2, every block a unit that is gathered for its forward and backward
     model = worker_model(config, state)
@@ -98,9 +115,15 @@ def sharded_training_worker(rank: int, world_size: int, config, state: dict, ids
     losses = _train(model, model, opt, ids, targets, rank, world_size)
     out["fsdp"] = {
         "losses": losses,
-        "state": {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()},
-        "held": {"weights": local_numel(model.parameters()), "gradients": local_numel(p.grad for p in model.parameters()),
-                 "optimizer": _optimizer_numel(opt)},
+        "state": {
+            k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()
+        },
+        "held": {
+            "weights": local_numel(model.parameters()),
+            "gradients": local_numel(p.grad for p in model.parameters()),
+            "optimizer": _optimizer_numel(opt),
+        },
     }
     return out
 
@@ -124,7 +147,8 @@ def ring_bytes_per_rank(n_bytes: int, world_size: int) -> dict[str, float]:
 
 
 def _exchange(chunk: Tensor, like: Tensor, rank: int, world: int, group) -> Tensor:
-    """Send ``chunk`` to the next rank of the ring while receiving a tensor shaped ``like`` from the previous."""
+    """Send ``chunk`` to the next rank of the ring while receiving a tensor shaped ``like`` from the
+    previous."""
     buf = torch.empty_like(like)
     req = dist.isend(chunk.contiguous(), (rank + 1) % world, group=group)
     dist.recv(buf, (rank - 1) % world, group=group)
@@ -156,7 +180,8 @@ def ring_all_reduce(x: Tensor, group=None) -> tuple[Tensor, dict[str, int]]:
 
 
 def ring_worker(rank: int, world_size: int, xs: Tensor) -> dict:
-    """Rank r all-reduces ``xs[r]`` twice, with :func:`ring_all_reduce` and with ``dist.all_reduce``."""
+    """Rank r all-reduces ``xs[r]`` twice, with :func:`ring_all_reduce` and with
+    ``dist.all_reduce``."""
     total, sent = ring_all_reduce(xs[rank])
     reference = xs[rank].clone()
     dist.all_reduce(reference)

@@ -1,4 +1,5 @@
-"""Tensor parallelism (Megatron-LM): each weight matrix split across ranks, one all-reduce per layer.
+"""Tensor parallelism (Megatron-LM): each weight matrix split across ranks, one all-reduce per
+layer.
 
     MLP:   phi(X W_in^r + b_in^r) W_out^r summed over ranks r, then + b_out
     attn:  sum_r concat_{h in H_r}(A^h X W_V^h) W_O[H_r rows, :], then + b_O
@@ -99,7 +100,9 @@ class TensorParallelMLP(nn.Module):
         super().__init__()
         s = shard_range(mlp.d_mlp, rank, world_size)
         self.d_model, self.d_mlp_local, self.group = mlp.d_model, s.stop - s.start, group
-        self.phi = mlp.phi  # the same activation function as the unsplit MLP (formula or fused kernel)
+        self.phi = (
+            mlp.phi
+        )  # the same activation function as the unsplit MLP (formula or fused kernel)
         self.W_in = _param(mlp.W_in[:, s])  # (d_model, d_mlp / world_size)
         self.b_in = _param(None if mlp.b_in is None else mlp.b_in[s])
         self.W_out = _param(mlp.W_out[s, :])  # (d_mlp / world_size, d_model)
@@ -113,12 +116,15 @@ class TensorParallelMLP(nn.Module):
         return self.phi(h) @ self.W_out  # (..., d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = reduce_from_parallel(self.partial(copy_to_parallel(x, self.group)), self.group)  # (..., d_model)
+        y = reduce_from_parallel(
+            self.partial(copy_to_parallel(x, self.group)), self.group
+        )  # (..., d_model)
         return y if self.b_out is None else y + self.b_out
 
 
 class TensorParallelAttention(nn.Module):
-    """Rank ``rank``'s share of a causal :class:`~gptlib.attention.MultiHeadAttention`: a block of heads.
+    """Rank ``rank``'s share of a causal :class:`~gptlib.attention.MultiHeadAttention`: a block of
+    heads.
 
     Rank r owns heads H_r: the columns of W_Q, W_K, W_V (and b_Q, b_K, b_V) that belong to them
     and the matching rows of W_O. A layer is the sum of its heads, so
@@ -133,34 +139,49 @@ class TensorParallelAttention(nn.Module):
         if not attn.causal:
             raise ValueError("attn must be causal (the book's attention layers are)")
         if attn.dropout > 0:
-            raise ValueError(f"attn.dropout must be 0 (the split heads implement no dropout), got {attn.dropout}")
+            raise ValueError(
+                f"attn.dropout must be 0 (the split heads implement no dropout), got {attn.dropout}"
+            )
         heads = shard_range(attn.n_heads, rank, world_size)
         cols = slice(heads.start * attn.d_head, heads.stop * attn.d_head)
         self.d_model, self.d_head, self.group = attn.d_model, attn.d_head, group
         self.n_heads_local = heads.stop - heads.start
-        self.W_Q, self.W_K, self.W_V = (_param(W[:, cols]) for W in (attn.W_Q, attn.W_K, attn.W_V))  # (d_model, n_local*d_head)
-        self.b_Q, self.b_K, self.b_V = (_param(None if b is None else b[cols]) for b in (attn.b_Q, attn.b_K, attn.b_V))
+        self.W_Q, self.W_K, self.W_V = (
+            _param(W[:, cols]) for W in (attn.W_Q, attn.W_K, attn.W_V)
+        )  # (d_model, n_local*d_head)
+        self.b_Q, self.b_K, self.b_V = (
+            _param(None if b is None else b[cols]) for b in (attn.b_Q, attn.b_K, attn.b_V)
+        )
         self.W_O = _param(attn.W_O[cols, :])  # (n_local*d_head, d_model)
         self.b_O = _param(attn.b_O)  # (d_model,): replicated
 
     def _heads(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         B, T, _ = x.shape
         y = x @ W if b is None else x @ W + b  # (B, T, n_local*d_head)
-        return y.view(B, T, self.n_heads_local, self.d_head).transpose(1, 2)  # (B, n_local, T, d_head)
+        return y.view(B, T, self.n_heads_local, self.d_head).transpose(
+            1, 2
+        )  # (B, n_local, T, d_head)
 
     def partial(self, x: Tensor) -> Tensor:
         """This rank's heads, summed through their rows of W_O: (B, T, d_model)."""
         B, T, _ = x.shape
-        q, k, v = (self._heads(x, W, b) for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)))
+        q, k, v = (
+            self._heads(x, W, b)
+            for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V))
+        )
         z, _ = attention(q, k, v, causal_mask(T, device=x.device))  # (B, n_local, T, d_head)
-        z = z.transpose(1, 2).reshape(B, T, self.n_heads_local * self.d_head)  # (B, T, n_local*d_head)
+        z = z.transpose(1, 2).reshape(
+            B, T, self.n_heads_local * self.d_head
+        )  # (B, T, n_local*d_head)
         return z @ self.W_O  # (B, T, d_model)
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model), the same on every rank; ``cache`` must be None."""
         if cache is not None:
             raise ValueError("cache must be None: tensor-parallel attention keeps no KV cache")
-        y = reduce_from_parallel(self.partial(copy_to_parallel(x, self.group)), self.group)  # (B, T, d_model)
+        y = reduce_from_parallel(
+            self.partial(copy_to_parallel(x, self.group)), self.group
+        )  # (B, T, d_model)
         return y if self.b_O is None else y + self.b_O
 
 
@@ -177,11 +198,15 @@ class TensorParallelBlock(Block):
         nn.Module.__init__(self)
         attn = TensorParallelAttention(block.attn, rank, world_size, group)
         mlp = TensorParallelMLP(block.mlp, rank, world_size, group)
-        self.__dict__.update(copy.deepcopy(block).__dict__)  # the replicated parts, and every setting
+        self.__dict__.update(
+            copy.deepcopy(block).__dict__
+        )  # the replicated parts, and every setting
         self.attn, self.mlp = attn, mlp
 
 
-def tensor_parallel_worker(rank: int, world_size: int, config, state: dict, x: Tensor, layer: int = 0) -> dict:
+def tensor_parallel_worker(
+    rank: int, world_size: int, config, state: dict, x: Tensor, layer: int = 0
+) -> dict:
     """Tensor parallel: block ``layer``'s MLP, attention and the whole block split across ranks.
 
     Returns each output, the gradient of sum(output * probe) with respect to the input, and this

@@ -3,10 +3,21 @@
 ``objectives``: the sequence log-probability, the losses (eq. 14, the KL penalty of eq. 15, PPO's
 clipped surrogate, DPO), the group advantage and the reward model, as small pure functions.
 ``loops``: the training loops that use them, with every input passed explicitly.
-``toy_task``: the chapter's prompts and its stand-in labeller (imported by name, not re-exported here).
+``toy_task``: the chapter's prompts and its stand-in labeller (imported by name, not re-exported
+here).
 """
 
-from .loops import dpo, judged_score, kl_to, ppo, response_mask, sample_responses, sft, sft_loss, train_reward_model
+from .loops import (
+    dpo,
+    judged_score,
+    kl_to,
+    ppo,
+    response_mask,
+    sample_responses,
+    sft,
+    sft_loss,
+    train_reward_model,
+)
 from .objectives import (
     RewardModel,
     dpo_loss,

@@ -13,7 +13,7 @@ Sequences are a prompt of ``prompt_len`` tokens followed by a response: ``ids`` 
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -62,9 +62,14 @@ def response_mask(ids: Tensor, prompt_len: int) -> Tensor:
 
 
 def sample_responses(
-    policy, prompts: Tensor, response_len: int, n_per_prompt: int = 1, generator: torch.Generator | None = None
+    policy,
+    prompts: Tensor,
+    response_len: int,
+    n_per_prompt: int = 1,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
-    """004's generator G: each prompt repeated ``n_per_prompt`` times, continued by sampling at temperature 1.
+    """004's generator G: each prompt repeated ``n_per_prompt`` times, continued by sampling at
+    temperature 1.
 
     prompts: (n, P). Returns (n * n_per_prompt, P + response_len), the samples of prompt i in rows
     i * n_per_prompt to (i + 1) * n_per_prompt - 1.
@@ -88,8 +93,11 @@ def sft_loss(policy, ids: Tensor, prompt_len: int) -> Tensor:
 
 
 def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
-    """AdamW without weight decay: every loop here fine-tunes a few dozen steps from a trained model."""
-    return torch.optim.AdamW(model.parameters(), lr=check_float("lr", lr, 0.0, lo_open=True), weight_decay=0.0)
+    """AdamW without weight decay: every loop here fine-tunes a few dozen steps from a trained
+    model."""
+    return torch.optim.AdamW(
+        model.parameters(), lr=check_float("lr", lr, 0.0, lo_open=True), weight_decay=0.0
+    )
 
 
 def _rows(n: int, batch_size: int, generator: torch.Generator) -> Tensor:
@@ -117,16 +125,26 @@ def sft(
 
 
 def train_reward_model(
-    backbone, chosen: Tensor, rejected: Tensor, steps: int, lr: float, seed: int, batch_size: int = 32
+    backbone,
+    chosen: Tensor,
+    rejected: Tensor,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch_size: int = 32,
 ) -> tuple[RewardModel, list[float]]:
-    """Fit a :class:`RewardModel` on ``backbone`` to ranked pairs by the Bradley-Terry loss (eq. 14).
+    """Fit a :class:`RewardModel` on ``backbone`` to ranked pairs by the Bradley-Terry loss (eq.
+    14).
 
-    chosen, rejected: (n_pairs, T), row i of ``chosen`` preferred to row i of ``rejected``. The scalar
+    chosen, rejected: (n_pairs, T), row i of ``chosen`` preferred to row i of ``rejected``. The
+    scalar
     head starts at zero, so the first loss is exactly ln 2. Returns the reward model and the losses.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 2:
-        raise ValueError(f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
-                         f"and {tuple(rejected.shape)}")
+        raise ValueError(
+            f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
+            f"and {tuple(rejected.shape)}"
+        )
     check_int("steps", steps, lo=0)
     check_int("batch_size", batch_size, lo=1)
     rm = RewardModel(backbone).train()
@@ -159,11 +177,13 @@ def ppo(
     """PPO on eq. 15 (gamma = 0) with a group baseline, from a copy of ``sft_policy``.
 
     Each step draws ``n_prompts`` of ``prompts`` (n, P), samples ``group_size`` responses of
-    ``response_len`` tokens to each, scores them r - beta * KL (the log-ratio to ``sft_policy`` summed
+    ``response_len`` tokens to each, scores them r - beta * KL (the log-ratio to ``sft_policy``
+    summed
     over the response), turns the scores into advantages within each group and takes ``epochs``
     clipped-surrogate steps on the same samples. ``advantage`` names the baseline (``ADVANTAGES``):
     ``"grpo"``, GRPO's group-normalised scores (:func:`group_advantages`), or ``"rloo"``, the
-    leave-one-out baseline of RLOO (:func:`leave_one_out_advantages`). Returns the policy and, per step, the
+    leave-one-out baseline of RLOO (:func:`leave_one_out_advantages`). Returns the policy and, per
+    step, the
     batch's mean reward-model score, its mean KL to ``sft_policy`` and, if ``judge`` maps sequences
     (B, P + response_len) to scores (B,), their mean score ``"judged"``.
     """
@@ -184,13 +204,17 @@ def ppo(
     for _ in range(steps):
         batch = prompts[_rows(len(prompts), n_prompts, g)]  # (n_prompts, P)
         policy.eval()
-        ids = sample_responses(policy, batch, response_len, group_size, g)  # (n_prompts * G, P + |Y|)
+        ids = sample_responses(
+            policy, batch, response_len, group_size, g
+        )  # (n_prompts * G, P + |Y|)
         m = response_mask(ids, prompt_len)[:, 1:]  # (n_prompts * G, T - 1): the scored positions
         with torch.no_grad():
             r = reward_model(ids)  # (n_prompts * G,)
             lp_old = token_logprobs(policy(ids), ids)  # (n_prompts * G, T - 1)
             lp_ref = token_logprobs(ref(ids), ids)
-        kl = (kl_penalty(lp_old, lp_ref, beta=1.0) * m).sum(dim=-1)  # (n_prompts * G,): per response
+        kl = (kl_penalty(lp_old, lp_ref, beta=1.0) * m).sum(
+            dim=-1
+        )  # (n_prompts * G,): per response
         total = r - beta * kl  # eq. 15, the penalty summed over the response
         adv = advantages_of(total.view(n_prompts, group_size)).view(-1, 1).expand_as(lp_old)
         policy.train()
@@ -215,15 +239,19 @@ def dpo(
     lr: float = 2e-4,
     batch_size: int = 16,
 ) -> tuple[torch.nn.Module, list[float]]:
-    """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs, ``sft_policy`` the reference.
+    """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs, ``sft_policy``
+    the reference.
 
-    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are computed once;
+    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are computed
+    once;
     the first loss is ln 2 because the policy starts equal to the reference. Returns the policy and
     the losses.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 2:
-        raise ValueError(f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
-                         f"and {tuple(rejected.shape)}")
+        raise ValueError(
+            f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
+            f"and {tuple(rejected.shape)}"
+        )
     check_float("beta", beta, 0.0)
     check_int("steps", steps, lo=0)
     check_int("batch_size", batch_size, lo=1)
@@ -232,12 +260,20 @@ def dpo(
     g = torch.Generator().manual_seed(seed)
     mw, ml = response_mask(chosen, prompt_len), response_mask(rejected, prompt_len)
     with torch.no_grad():
-        ref_w, ref_l = sequence_logprob(ref, chosen, mw), sequence_logprob(ref, rejected, ml)  # (n_pairs,)
+        ref_w, ref_l = (
+            sequence_logprob(ref, chosen, mw),
+            sequence_logprob(ref, rejected, ml),
+        )  # (n_pairs,)
     losses = []
     for _ in range(steps):
         i = _rows(len(chosen), batch_size, g)
-        loss = dpo_loss(sequence_logprob(policy, chosen[i], mw[i]), sequence_logprob(policy, rejected[i], ml[i]),
-                        ref_w[i], ref_l[i], beta=beta)
+        loss = dpo_loss(
+            sequence_logprob(policy, chosen[i], mw[i]),
+            sequence_logprob(policy, rejected[i], ml[i]),
+            ref_w[i],
+            ref_l[i],
+            beta=beta,
+        )
         losses.append(train_step(policy, loss, opt))
     return policy.eval(), losses
 
@@ -249,13 +285,20 @@ def kl_to(policy, ref, prompts: Tensor, response_len: int, seed: int = 1) -> flo
     The mean over prompts of log policy(Y|X) - log ref(Y|X) with Y drawn from ``policy``; 0 for
     ``ref = policy``.
     """
-    ids = sample_responses(policy, prompts, response_len, 1, torch.Generator().manual_seed(seed))  # (n, T)
+    ids = sample_responses(
+        policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
+    )  # (n, T)
     m = response_mask(ids, prompts.shape[1])[:, 1:]  # (n, T - 1)
     lp, lp_ref = token_logprobs(policy(ids), ids), token_logprobs(ref(ids), ids)
     return float(((lp - lp_ref) * m).sum(dim=-1).mean())
 
 
-def judged_score(policy, prompts: Tensor, response_len: int, judge: Callable[[Tensor], Tensor], seed: int = 1) -> float:
-    """The mean of ``judge`` over one sampled response per prompt (the same samples as :func:`kl_to`'s)."""
-    ids = sample_responses(policy, prompts, response_len, 1, torch.Generator().manual_seed(seed))  # (n, T)
+def judged_score(
+    policy, prompts: Tensor, response_len: int, judge: Callable[[Tensor], Tensor], seed: int = 1
+) -> float:
+    """The mean of ``judge`` over one sampled response per prompt (the same samples as
+    :func:`kl_to`'s)."""
+    ids = sample_responses(
+        policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
+    )  # (n, T)
     return float(judge(ids).mean())

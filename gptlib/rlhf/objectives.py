@@ -4,9 +4,12 @@ Notation (004, after Ouyang et al. 2022): a prompt X, a response Y, the policy b
 pi_RL (here ``logp``), the frozen supervised policy pi_SFT (``logp_ref``), a reward model r.
 
     reward model (eq. 14):  loss = -mean over ranked pairs of log sigma(r(X, Y_w) - r(X, Y_l))
-    RL objective (eq. 15):  E[r(X, Y) - beta log(pi_RL(Y|X) / pi_SFT(Y|X))] + gamma E[log pi_RL(X_pre)]
-    PPO:                    maximise E[min(rho A, clip(rho, 1-eps, 1+eps) A)],  rho = pi_new / pi_old
-    DPO:                    loss = -mean log sigma(beta [(log pi - log pi_ref)(Y_w) - (log pi - log pi_ref)(Y_l)])
+    RL objective (eq. 15):  E[r(X, Y) - beta log(pi_RL(Y|X) / pi_SFT(Y|X))] + gamma E[log
+    pi_RL(X_pre)]
+    PPO:                    maximise E[min(rho A, clip(rho, 1-eps, 1+eps) A)],  rho = pi_new /
+    pi_old
+    DPO:                    loss = -mean log sigma(beta [(log pi - log pi_ref)(Y_w) - (log pi - log
+    pi_ref)(Y_l)])
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ __all__ = [
 
 
 def _same_shape(*, nonempty: bool = False, **tensors: Tensor) -> None:
-    """Tensors of one shape, each finite (log-probabilities, rewards, advantages); with ``nonempty``,
+    """Tensors of one shape, each finite (log-probabilities, rewards, advantages); with
+    ``nonempty``,
     holding at least one number (a mean over none is undefined)."""
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
@@ -45,7 +49,9 @@ def _same_shape(*, nonempty: bool = False, **tensors: Tensor) -> None:
         raise ValueError(f"shapes must match, got {shapes}")
     name, first = next(iter(tensors.items()))
     if nonempty and first.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(first.shape)}): a mean over nothing is undefined")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(first.shape)}): a mean over nothing is undefined"
+        )
     for name, t in tensors.items():
         check_finite(name, t)
 
@@ -59,7 +65,10 @@ def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     tensor([[0.2500, 0.2500]])
     """
     if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
-        raise ValueError(f"logits (B, T, d_vocab) and ids (B, T) must agree, got {tuple(logits.shape)} and {tuple(ids.shape)}")
+        raise ValueError(
+            f"logits (B, T, d_vocab) and ids (B, T) must agree, got {tuple(logits.shape)} and "
+            f"{tuple(ids.shape)}"
+        )
     check_ids(ids, logits.shape[-1])
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, d_vocab)
     return logp.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
@@ -75,13 +84,16 @@ def sequence_logprob(model, ids: Tensor, response_mask: Tensor) -> Tensor:
     if response_mask.dim() != 2:
         raise ValueError(f"ids and response_mask must have shape (B, T), got {tuple(ids.shape)}")
     if response_mask[:, 0].any():
-        raise ValueError("response_mask must be False at position 0 (the first token has no context)")
+        raise ValueError(
+            "response_mask must be False at position 0 (the first token has no context)"
+        )
     lp = token_logprobs(model(ids), ids)  # (B, T-1)
     return (lp * response_mask[:, 1:].to(lp.dtype)).sum(dim=-1)
 
 
 def reward_model_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
-    """Eq. 14: -mean log sigma(r_w - r_l) over the ranked pairs (the 1/C(K,2) is the mean over pairs).
+    """Eq. 14: -mean log sigma(r_w - r_l) over the ranked pairs (the 1/C(K,2) is the mean over
+    pairs).
 
     >>> round(float(reward_model_loss(torch.tensor([0.0]), torch.tensor([0.0]))), 4)  # ln 2
     0.6931
@@ -113,8 +125,10 @@ def preference_pairs(samples: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
     ([11, 11], [10, 12])
     """
     if scores.dim() != 2 or samples.dim() < 1 or len(samples) != scores.numel():
-        raise ValueError(f"samples (n * K, T) and scores (n, K) must agree, got {tuple(samples.shape)} "
-                         f"and {tuple(scores.shape)}")
+        raise ValueError(
+            f"samples (n * K, T) and scores (n, K) must agree, got {tuple(samples.shape)} "
+            f"and {tuple(scores.shape)}"
+        )
     if scores.is_floating_point():
         check_finite("scores", scores)  # a NaN score is unequal to every score: it would make pairs
     n, K = scores.shape
@@ -150,7 +164,10 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     tensor([[-0.7071,  0.7071]])
     """
     if not isinstance(rewards, Tensor) or rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must have shape (n_prompts, group_size >= 2), got {tuple(getattr(rewards, 'shape', ()))}")
+        raise ValueError(
+            "rewards must have shape (n_prompts, group_size >= 2), got "
+            f"{tuple(getattr(rewards, 'shape', ()))}"
+        )
     check_finite("rewards", rewards)
     eps = check_float("eps", eps, 0.0, lo_open=True)  # > 0: a group of equal rewards has std 0
     mean = rewards.mean(dim=1, keepdim=True)
@@ -168,15 +185,25 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
     tensor([[-3.,  0.,  3.]])
     """
     if not isinstance(rewards, Tensor) or rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must have shape (n_prompts, K >= 2), got {tuple(getattr(rewards, 'shape', ()))}")
+        raise ValueError(
+            "rewards must have shape (n_prompts, K >= 2), got "
+            f"{tuple(getattr(rewards, 'shape', ()))}"
+        )
     check_finite("rewards", rewards)
     K = rewards.shape[1]
     others = (rewards.sum(dim=1, keepdim=True) - rewards) / (K - 1)  # (n_prompts, K)
     return rewards - others
 
 
-def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | None = None, clip_eps: float = 0.2) -> Tensor:
-    """The clipped surrogate of PPO, as a loss to minimise: -mean min(rho A, clip(rho, 1-eps, 1+eps) A).
+def ppo_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    clip_eps: float = 0.2,
+) -> Tensor:
+    """The clipped surrogate of PPO, as a loss to minimise: -mean min(rho A, clip(rho, 1-eps, 1+eps)
+    A).
 
     rho = exp(logp - logp_old) per token; mask selects the tokens that count.
 
@@ -190,7 +217,9 @@ def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | 
         if not bool(mask.any()):
             raise ValueError("mask selects no token")
     rho = torch.exp(logp - logp_old)
-    surrogate = torch.minimum(rho * advantages, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * advantages)
+    surrogate = torch.minimum(
+        rho * advantages, torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * advantages
+    )
     if mask is None:
         return -surrogate.mean()
     m = mask.to(surrogate.dtype)
@@ -198,18 +227,28 @@ def ppo_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | 
 
 
 def dpo_loss(
-    logp_chosen: Tensor, logp_rejected: Tensor, logp_ref_chosen: Tensor, logp_ref_rejected: Tensor, beta: float
+    logp_chosen: Tensor,
+    logp_rejected: Tensor,
+    logp_ref_chosen: Tensor,
+    logp_ref_rejected: Tensor,
+    beta: float,
 ) -> Tensor:
     """Direct preference optimisation: the reward-model loss with r = beta log(pi / pi_ref).
 
-    The maximiser of eq. 15 (gamma = 0) is pi* ∝ pi_ref exp(r / beta), so r = beta log(pi*/pi_ref) + const;
+    The maximiser of eq. 15 (gamma = 0) is pi* ∝ pi_ref exp(r / beta), so r = beta log(pi*/pi_ref) +
+    const;
     putting that r into eq. 14 gives this loss on the sequence log-probabilities (B,).
 
     >>> round(float(dpo_loss(*(torch.zeros(1),) * 4, beta=0.1)), 4)  # pi = pi_ref: ln 2
     0.6931
     """
-    _same_shape(logp_chosen=logp_chosen, logp_rejected=logp_rejected,
-                logp_ref_chosen=logp_ref_chosen, logp_ref_rejected=logp_ref_rejected, nonempty=True)
+    _same_shape(
+        logp_chosen=logp_chosen,
+        logp_rejected=logp_rejected,
+        logp_ref_chosen=logp_ref_chosen,
+        logp_ref_rejected=logp_ref_rejected,
+        nonempty=True,
+    )
     beta = check_float("beta", beta, 0.0)
     margin = (logp_chosen - logp_ref_chosen) - (logp_rejected - logp_ref_rejected)
     return -F.logsigmoid(beta * margin).mean()
@@ -218,7 +257,8 @@ def dpo_loss(
 class RewardModel(torch.nn.Module):
     """r(X, Y): a GPT backbone with its unembedding replaced by a scalar head on the last token.
 
-    ``backbone`` is a :class:`gptlib.model.GPT` (copied, so the policy is not shared); the reward of a
+    ``backbone`` is a :class:`gptlib.model.GPT` (copied, so the policy is not shared); the reward of
+    a
     sequence is ``w_r . h_T + b_r`` with ``h_T`` the final (normalised) residual vector of the last
     real token. ``lengths`` (B,) gives the number of real tokens of each row (right padding).
     """
@@ -237,8 +277,17 @@ class RewardModel(torch.nn.Module):
             last = torch.full((B,), T - 1, device=ids.device)
         else:
             if not isinstance(lengths, Tensor) or lengths.shape != (B,):
-                raise ValueError(f"lengths must be a tensor of shape ({B},), got {getattr(lengths, 'shape', lengths)!r}")
-            if lengths.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+                raise ValueError(
+                    f"lengths must be a tensor of shape ({B},), got "
+                    f"{getattr(lengths, 'shape', lengths)!r}"
+                )
+            if lengths.dtype not in (
+                torch.int64,
+                torch.int32,
+                torch.int16,
+                torch.int8,
+                torch.uint8,
+            ):
                 raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
             if int(lengths.min()) < 1 or int(lengths.max()) > T:
                 raise ValueError(f"lengths must lie in [1, {T}], got {lengths.tolist()}")

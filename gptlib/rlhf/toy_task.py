@@ -1,6 +1,8 @@
-"""Chapter 9's toy task: sentence openings of the Brown corpus as prompts, and a program as the labeller.
+"""Chapter 9's toy task: sentence openings of the Brown corpus as prompts, and a program as the
+labeller.
 
-This is the chapter's stand-in for human raters, not a general tool; it lives here so that the chapter
+This is the chapter's stand-in for human raters, not a general tool; it lives here so that the
+chapter
 and ``scripts/rlhf_sweep.py`` use one copy of it. A prompt is ``prompt_len`` tokens that open a
 sentence and end on a word boundary; a response is the next ``response_len`` tokens. The labeller
 gives half a point for finishing a sentence and half for using only words of its dictionary (every
@@ -18,7 +20,14 @@ from torch import Tensor
 from ..runtime import check_int
 from ..tokenizers import BPETokenizer
 
-__all__ = ["PROMPT_LEN", "RESPONSE_LEN", "SentenceLabeller", "sentence_starts", "SentenceTask", "sentence_task"]
+__all__ = [
+    "PROMPT_LEN",
+    "RESPONSE_LEN",
+    "SentenceLabeller",
+    "sentence_starts",
+    "SentenceTask",
+    "sentence_task",
+]
 
 PROMPT_LEN = RESPONSE_LEN = 16  # the chapter's lengths, in tokens
 
@@ -40,7 +49,7 @@ class SentenceLabeller:
     known_words: frozenset[str]
 
     @classmethod
-    def from_text(cls, text: str) -> "SentenceLabeller":
+    def from_text(cls, text: str) -> SentenceLabeller:
         """A labeller whose dictionary is every word (a run of letters, lower-cased) of ``text``."""
         return cls(frozenset(re.findall(r"[a-z]+", text.lower())))
 
@@ -62,7 +71,9 @@ class SentenceLabeller:
         return 0.5 * ends_sentence + 0.5 * real_words
 
 
-def sentence_starts(ids: Tensor, tokenizer: BPETokenizer, prompt_len: int, response_len: int) -> Tensor:
+def sentence_starts(
+    ids: Tensor, tokenizer: BPETokenizer, prompt_len: int, response_len: int
+) -> Tensor:
     """(n,): every position o of the token stream ``ids`` (1-D) where a sentence opens a prompt.
 
     Token o - 1 ends a sentence (``.``, ``?``, ``!`` or a newline, spaces aside), tokens o and
@@ -72,14 +83,17 @@ def sentence_starts(ids: Tensor, tokenizer: BPETokenizer, prompt_len: int, respo
     check_int("response_len", response_len, lo=1)
     token_text = [tokenizer.decode([t]) for t in range(tokenizer.vocab_size)]
     starts_word = torch.tensor([s[:1] in (" ", "\n") for s in token_text])  # (d_vocab,)
-    ends_sentence = torch.tensor([s.rstrip(" ").endswith((".", "?", "!", "\n")) for s in token_text])
+    ends_sentence = torch.tensor(
+        [s.rstrip(" ").endswith((".", "?", "!", "\n")) for s in token_text]
+    )
     o = torch.arange(1, len(ids) - prompt_len - response_len)
     return o[ends_sentence[ids[o - 1]] & starts_word[ids[o]] & starts_word[ids[o + prompt_len]]]
 
 
 @dataclass(frozen=True, eq=False)
 class SentenceTask:
-    """The prompts, the labeller and the training split's sentence openings (see :func:`sentence_task`)."""
+    """The prompts, the labeller and the training split's sentence openings (see
+    :func:`sentence_task`)."""
 
     tokenizer: BPETokenizer
     labeller: SentenceLabeller
@@ -91,12 +105,20 @@ class SentenceTask:
 
     def judged(self, ids: Tensor) -> Tensor:
         """(B,) float32: the labeller's score of each response ``ids[:, prompt_len:]``, decoded."""
-        return torch.tensor([self.labeller(self.tokenizer.decode(row[self.prompt_len:].tolist())) for row in ids])
+        return torch.tensor(
+            [self.labeller(self.tokenizer.decode(row[self.prompt_len :].tolist())) for row in ids]
+        )
 
     def judged_parts(self, ids: Tensor) -> Tensor:
-        """(B, 2) bool: for each response, whether it finishes a sentence and whether it uses only known
+        """(B, 2) bool: for each response, whether it finishes a sentence and whether it uses only
+        known
         words (:meth:`SentenceLabeller.parts`); :meth:`judged` is half their sum."""
-        return torch.tensor([self.labeller.parts(self.tokenizer.decode(row[self.prompt_len:].tolist())) for row in ids])
+        return torch.tensor(
+            [
+                self.labeller.parts(self.tokenizer.decode(row[self.prompt_len :].tolist()))
+                for row in ids
+            ]
+        )
 
 
 def sentence_task(
@@ -110,24 +132,36 @@ def sentence_task(
     n_eval: int = 100,
     seed: int = 0,
 ) -> SentenceTask:
-    """The chapter's task: ``n_train`` prompts from the training text and ``n_eval`` from the held-out
+    """The chapter's task: ``n_train`` prompts from the training text and ``n_eval`` from the
+    held-out
     text, each drawn without replacement from the sentence openings (:func:`sentence_starts`) by one
     generator seeded with ``seed`` (training prompts first)."""
     check_int("n_train", n_train, lo=1)
     check_int("n_eval", n_eval, lo=1)
-    ids_train, ids_val = torch.tensor(tokenizer.encode(train_text)), torch.tensor(tokenizer.encode(val_text))
+    ids_train, ids_val = (
+        torch.tensor(tokenizer.encode(train_text)),
+        torch.tensor(tokenizer.encode(val_text)),
+    )
     train_starts = sentence_starts(ids_train, tokenizer, prompt_len, response_len)
     val_starts = sentence_starts(ids_val, tokenizer, prompt_len, response_len)
     g = torch.Generator().manual_seed(seed)
     train_prompts = _draw_prompts(ids_train, train_starts, n_train, prompt_len, g, "train_text")
     eval_prompts = _draw_prompts(ids_val, val_starts, n_eval, prompt_len, g, "val_text")
-    openings = ids_train.unfold(0, prompt_len + response_len, 1)[train_starts]  # (n, prompt_len + response_len)
-    return SentenceTask(tokenizer, labeller, prompt_len, response_len, train_prompts, eval_prompts, openings)
+    openings = ids_train.unfold(0, prompt_len + response_len, 1)[
+        train_starts
+    ]  # (n, prompt_len + response_len)
+    return SentenceTask(
+        tokenizer, labeller, prompt_len, response_len, train_prompts, eval_prompts, openings
+    )
 
 
-def _draw_prompts(ids: Tensor, starts: Tensor, n: int, prompt_len: int, g: torch.Generator, name: str) -> Tensor:
+def _draw_prompts(
+    ids: Tensor, starts: Tensor, n: int, prompt_len: int, g: torch.Generator, name: str
+) -> Tensor:
     """(n, prompt_len): the prompts at ``n`` of ``starts``, drawn without replacement."""
     if len(starts) < n:
-        raise ValueError(f"{name} has {len(starts)} sentence openings, fewer than the {n} prompts asked for")
+        raise ValueError(
+            f"{name} has {len(starts)} sentence openings, fewer than the {n} prompts asked for"
+        )
     picked = starts[torch.randperm(len(starts), generator=g)[:n]]  # (n,)
     return ids[picked[:, None] + torch.arange(prompt_len)]  # (n, prompt_len)

@@ -17,7 +17,15 @@ BPE in ``bpe.py``, with its merge loop twice: readable (:func:`merge_steps`) and
 """
 
 from .base import Tokenizer
-from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, encode_piece, get_stats, gpt2_tokenizer, merge, merge_steps
+from .bpe import (
+    GPT2_SPLIT_PATTERN,
+    BPETokenizer,
+    encode_piece,
+    get_stats,
+    gpt2_tokenizer,
+    merge,
+    merge_steps,
+)
 from .simple import CharTokenizer, WordTokenizer
 
 __all__ = [

@@ -1,12 +1,14 @@
-"""The tokenizer ladder's base: the :class:`Tokenizer` protocol, the checks of texts and ids, the split
+"""The tokenizer ladder's base: the :class:`Tokenizer` protocol, the checks of texts and ids, the
+split
 of a text into pieces by a pattern, and the JSON files all tokenizers share."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import regex
 import torch
@@ -30,7 +32,7 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int: ...
 
     @classmethod
-    def train(cls, text: str, *args, **kwargs) -> "Tokenizer": ...
+    def train(cls, text: str, *args, **kwargs) -> Tokenizer: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -39,7 +41,7 @@ class Tokenizer(Protocol):
     def save(self, path: str | os.PathLike) -> Path: ...
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Tokenizer": ...
+    def load(cls, path: str | os.PathLike) -> Tokenizer: ...
 
 
 def check_text(text: object, name: str = "text", utf8: bool = False) -> str:
@@ -60,8 +62,10 @@ def check_text(text: object, name: str = "text", utf8: bool = False) -> str:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"{name} must be valid Unicode: the lone surrogate {text[e.start]!r} at position "
-                             f"{e.start} has no UTF-8 bytes") from None
+            raise ValueError(
+                f"{name} must be valid Unicode: the lone surrogate {text[e.start]!r} at position "
+                f"{e.start} has no UTF-8 bytes"
+            ) from None
     return text
 
 
@@ -78,16 +82,24 @@ def as_ids(ids: object, size: int, name: str = "ids") -> list[int]:
     """
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1:
-            raise ValueError(f"{name} must be one sequence of ids (a 1-D tensor), got shape {tuple(ids.shape)}")
+            raise ValueError(
+                f"{name} must be one sequence of ids (a 1-D tensor), got shape {tuple(ids.shape)}"
+            )
         check_ids(ids, size, name)
         return ids.tolist()
-    if isinstance(ids, dict) or (not isinstance(ids, (str, bytes)) and not hasattr(ids, "__iter__")):
-        raise ValueError(f"{name} must be a sequence of ints or a 1-D tensor, got {type(ids).__name__}")
+    if isinstance(ids, dict) or (
+        not isinstance(ids, (str, bytes)) and not hasattr(ids, "__iter__")
+    ):
+        raise ValueError(
+            f"{name} must be a sequence of ints or a 1-D tensor, got {type(ids).__name__}"
+        )
     if not isinstance(ids, (str, bytes)):
         try:
             ids = list(ids)  # an iterator is read once, here
         except TypeError:  # (a 0-d numpy array)
-            raise ValueError(f"{name} must be a sequence of ints or a 1-D tensor, got {ids!r}") from None
+            raise ValueError(
+                f"{name} must be a sequence of ints or a 1-D tensor, got {ids!r}"
+            ) from None
     check_ids(ids, size, name)  # (str and bytes are refused here)
     return [int(i) for i in ids]  # type: ignore[union-attr]
 
@@ -112,16 +124,23 @@ _AFTER_UNICODE_16 = """
     1FA54-1FA57 1FA8A-1FA8E 1FAC8 1FACC-1FACD 1FADD 1FAEA-1FAEB 1FAEF 1FAF9-1FAFA
     1FBFA 2B73A-2B73F 2B81E 2CEA2-2CEAD 323B0-33479 3D000-3FC3F
 """
-_NEWER = frozenset(chr(c) for r in _AFTER_UNICODE_16.split()
-                   for c in range(int(r.split("-")[0], 16), int(r.split("-")[-1], 16) + 1))
-_AS_UNASSIGNED = dict.fromkeys(map(ord, _NEWER), 0xFDD0)  # (a set test is 50x faster than a regex class)
+_NEWER = frozenset(
+    chr(c)
+    for r in _AFTER_UNICODE_16.split()
+    for c in range(int(r.split("-")[0], 16), int(r.split("-")[-1], 16) + 1)
+)
+_AS_UNASSIGNED = dict.fromkeys(
+    map(ord, _NEWER), 0xFDD0
+)  # (a set test is 50x faster than a regex class)
 # A text with a character of every kind a split pattern must put in some piece.
 _PROBE = "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 \ufdd0\U000f0000 <|x|>  "
 
 
 def compile_pattern(pattern: object) -> regex.Pattern:
     if not isinstance(pattern, str):
-        raise ValueError(f"pattern must be a str (a regular expression), got {type(pattern).__name__}")
+        raise ValueError(
+            f"pattern must be a str (a regular expression), got {type(pattern).__name__}"
+        )
     try:
         return regex.compile(pattern)
     except regex.error as e:
@@ -129,7 +148,8 @@ def compile_pattern(pattern: object) -> regex.Pattern:
 
 
 def split_pieces(split: regex.Pattern, text: str) -> list[str]:
-    """The pieces ``split`` cuts ``text`` into, read in Unicode 16.0; a ``ValueError`` unless they tile it.
+    """The pieces ``split`` cuts ``text`` into, read in Unicode 16.0; a ``ValueError`` unless they
+    tile it.
 
     >>> split_pieces(regex.compile("[a-z]+| "), "a b")
     ['a', ' ', 'b']
@@ -149,8 +169,10 @@ def split_pieces(split: regex.Pattern, text: str) -> list[str]:
             if m.start() != at:
                 break
             at = m.end()
-        raise ValueError(f"pattern {split.pattern!r} does not cover its input: {text[at]!r} at position {at} "
-                         "is in no piece, so decode(encode(text)) would lose it")
+        raise ValueError(
+            f"pattern {split.pattern!r} does not cover its input: {text[at]!r} at position {at} "
+            "is in no piece, so decode(encode(text)) would lose it"
+        )
     return pieces
 
 
@@ -174,12 +196,16 @@ def _read_json(path: str | os.PathLike, fmt: str, fields: dict[str, type]) -> di
         raise ValueError(f"{path} is not a {fmt} tokenizer file (format field missing or wrong)")
     version = d.get("version")
     if type(version) is not int or version != 1:  # (True == 1 and 1.0 == 1 in Python)
-        raise ValueError(f"{path} has unsupported version {version!r} (this gptlib reads version 1)")
+        raise ValueError(
+            f"{path} has unsupported version {version!r} (this gptlib reads version 1)"
+        )
     for key, kind in fields.items():
         if key not in d:
             raise ValueError(f"{path} lacks the field {key!r}")
         if not isinstance(d[key], kind):
-            raise ValueError(f"{path}: field {key!r} must be a JSON {_JSON_NAMES[kind]}, got {d[key]!r:.60}")
+            raise ValueError(
+                f"{path}: field {key!r} must be a JSON {_JSON_NAMES[kind]}, got {d[key]!r:.60}"
+            )
     return d
 
 
@@ -202,7 +228,9 @@ def _check_ranks(ranks: object) -> dict[bytes, int]:
         if not isinstance(b, bytes) or not b:
             raise ValueError(f"ranks must map non-empty bytes to ids, got the key {b!r}")
         if type(i) is not int:
-            check_int(f"ranks[{b!r}]", i)  # (numpy ints pass, converted below; bools and floats do not)
+            check_int(
+                f"ranks[{b!r}]", i
+            )  # (numpy ints pass, converted below; bools and floats do not)
     ranks = {b: int(i) for b, i in ranks.items()}
     n = len(ranks)
     if sorted(ranks.values()) != list(range(n)):
@@ -213,12 +241,17 @@ def _check_ranks(ranks: object) -> dict[bytes, int]:
 
 
 def _check_special_tokens(special_tokens: object, n: int) -> dict[str, int]:
-    """Special tokens are non-empty strings with the ids n, n + 1, … right after the n ordinary tokens."""
+    """Special tokens are non-empty strings with the ids n, n + 1, … right after the n ordinary
+    tokens."""
     if not isinstance(special_tokens, dict):
-        raise ValueError(f"special_tokens must be a dict of str -> id, got {type(special_tokens).__name__}")
+        raise ValueError(
+            f"special_tokens must be a dict of str -> id, got {type(special_tokens).__name__}"
+        )
     _check_strings("special_tokens", list(special_tokens))
     ids = {s: check_int(f"special_tokens[{s!r}]", i) for s, i in special_tokens.items()}
     if sorted(ids.values()) != list(range(n, n + len(ids))):
-        raise ValueError(f"special_tokens must have the ids right after the {n} ordinary tokens, "
-                         f"{n}..{n + len(ids) - 1} each once, got {sorted(ids.values())}")
+        raise ValueError(
+            f"special_tokens must have the ids right after the {n} ordinary tokens, "
+            f"{n}..{n + len(ids) - 1} each once, got {sorted(ids.values())}"
+        )
     return ids

@@ -1,4 +1,5 @@
-"""Byte-level BPE as in GPT-2: training, encoding by lowest-rank merges, files, and tiktoken as a peer.
+"""Byte-level BPE as in GPT-2: training, encoding by lowest-rank merges, files, and tiktoken as a
+peer.
 
 A byte-level BPE is stored as its *ranks*: every token's byte string with its id. Encoding a
 pre-tokenized piece starts from its bytes and repeatedly merges the adjacent pair whose
@@ -41,8 +42,16 @@ from .base import (
     split_pieces,
 )
 
-__all__ = ["GPT2_SPLIT_PATTERN", "get_stats", "merge", "merge_steps", "encode_piece", "BPETokenizer",
-           "gpt2_tokenizer", "bytes_to_unicode"]
+__all__ = [
+    "GPT2_SPLIT_PATTERN",
+    "get_stats",
+    "merge",
+    "merge_steps",
+    "encode_piece",
+    "BPETokenizer",
+    "gpt2_tokenizer",
+    "bytes_to_unicode",
+]
 
 #: GPT-2's pre-tokenizer: contractions, runs of letters, of digits, of other symbols (each with an
 #: optional leading space), and whitespace. BPE merges never cross these chunk boundaries.
@@ -59,8 +68,11 @@ def bytes_to_unicode() -> dict[int, str]:
     >>> table[ord("a")], table[ord(" ")], table[ord("\\n")], table[0], len(set(table.values()))
     ('a', 'Ġ', 'Ċ', 'Ā', 256)
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 256
     for b in range(256):
@@ -106,7 +118,9 @@ def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
     return out
 
 
-def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None = None) -> Iterator[tuple[int, int]]:
+def merge_steps(
+    parts: list[bytes], ranks: dict[bytes, int], limit: int | None = None
+) -> Iterator[tuple[int, int]]:
     """The lowest-rank merge loop of BPE encoding, one step at a time, editing ``parts`` in place.
 
     Each step finds the adjacent pair whose concatenation has the lowest rank below ``limit``
@@ -120,7 +134,9 @@ def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None =
     [b'abb']
     """
     if not isinstance(parts, list):
-        raise ValueError(f"parts must be a list of bytes (merged in place), got {type(parts).__name__}")
+        raise ValueError(
+            f"parts must be a list of bytes (merged in place), got {type(parts).__name__}"
+        )
     limit = len(ranks) if limit is None else check_int("limit", limit, lo=0)
     rank_of = ranks.get
     while len(parts) > 1:
@@ -136,7 +152,8 @@ def merge_steps(parts: list[bytes], ranks: dict[bytes, int], limit: int | None =
 
 
 def encode_piece(piece: bytes, ranks: dict[bytes, int], limit: int | None = None) -> list[int]:
-    """The ids of ``piece`` after the merges of :func:`merge_steps`, found in O(n log n) for n bytes.
+    """The ids of ``piece`` after the merges of :func:`merge_steps`, found in O(n log n) for n
+    bytes.
 
     The parts form a linked list: a part is named by its first byte ``i`` and ends where the next
     one starts, ``nxt[i]``. A heap holds every adjacent pair that is a token (rank below ``limit``),
@@ -158,7 +175,8 @@ def encode_piece(piece: bytes, ranks: dict[bytes, int], limit: int | None = None
     get = ranks.get
     nxt = list(range(1, n + 1))  # nxt[i]: where the part after the part at i starts (n: none)
     prv = list(range(-1, n - 1))  # prv[i]: where the part before it starts (-1: none)
-    # pair[i]: the rank of the part at i joined with the next part (>= limit: no token; -1: no part at i)
+    # pair[i]: the rank of the part at i joined with the next part (>= limit: no token; -1: no
+    # part at i)
     pair = [get(piece[i : i + 2], limit) for i in range(n - 1)] + [limit]
     shift = n.bit_length()
     heap = [r << shift | i for i, r in enumerate(pair) if r < limit]  # (rank, position) in one int
@@ -208,12 +226,21 @@ class BPETokenizer:
 
     FORMAT = "gptlib-bpe"
 
-    def __init__(self, ranks: dict[bytes, int], pattern: str = GPT2_SPLIT_PATTERN,
-                 special_tokens: dict[str, int] | None = None, name: str = "gptlib-bpe"):
+    def __init__(
+        self,
+        ranks: dict[bytes, int],
+        pattern: str = GPT2_SPLIT_PATTERN,
+        special_tokens: dict[str, int] | None = None,
+        name: str = "gptlib-bpe",
+    ):
         self.ranks = _check_ranks(ranks)
-        self.special_tokens = _check_special_tokens({} if special_tokens is None else special_tokens, len(self.ranks))
+        self.special_tokens = _check_special_tokens(
+            {} if special_tokens is None else special_tokens, len(self.ranks)
+        )
         self._split = compile_pattern(pattern)
-        split_pieces(self._split, _PROBE)  # a pattern that loses text fails now, not on some later text
+        split_pieces(
+            self._split, _PROBE
+        )  # a pattern that loses text fails now, not on some later text
         if not isinstance(name, str):
             raise ValueError(f"name must be a str, got {name!r}")
         self.pattern, self.name = pattern, name
@@ -234,7 +261,9 @@ class BPETokenizer:
     def merges(self) -> list[tuple[int, int]]:
         """For each merged token 256, 257, …: the pair of earlier tokens it is the merge of."""
         if self._merges is None:
-            self._merges = [self._split_token(self.vocab[i], i) for i in range(256, len(self.ranks))]
+            self._merges = [
+                self._split_token(self.vocab[i], i) for i in range(256, len(self.ranks))
+            ]
         return self._merges
 
     def _split_token(self, token: bytes, rank: int) -> tuple[int, int]:
@@ -253,7 +282,8 @@ class BPETokenizer:
 
     # -- encoding --
     def split(self, text: str) -> list[str]:
-        """The pieces the split pattern cuts ``text`` into (merges never cross them); they concatenate to ``text``.
+        """The pieces the split pattern cuts ``text`` into (merges never cross them); they
+        concatenate to ``text``.
 
         >>> BPETokenizer.train("aaabdaaabac", 259, special_tokens=()).split("It's 3 cats")
         ['It', "'s", ' 3', ' cats']
@@ -303,11 +333,15 @@ class BPETokenizer:
         if allowed_special == "all":
             return set(self.special_tokens)
         if isinstance(allowed_special, str) or not hasattr(allowed_special, "__iter__"):
-            raise ValueError(f'allowed_special must be "all" or a set of special tokens, got {allowed_special!r}')
+            raise ValueError(
+                f'allowed_special must be "all" or a set of special tokens, got {allowed_special!r}'
+            )
         allowed = set(allowed_special)
         unknown = allowed - set(self.special_tokens)
         if unknown:
-            raise ValueError(f"allowed_special names unknown special tokens {sorted(map(repr, unknown))}")
+            raise ValueError(
+                f"allowed_special names unknown special tokens {sorted(map(repr, unknown))}"
+            )
         return allowed
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -332,19 +366,30 @@ class BPETokenizer:
         labels = []
         # Each chunk merges on its own; across chunks, the pending merge of lowest rank goes first.
         walkers = [merge_steps(c, self.ranks) for c in chunks]
-        pending = [next(w, None) for w in walkers]  # per chunk: (rank, i) of its next merge, or None
+        pending = [
+            next(w, None) for w in walkers
+        ]  # per chunk: (rank, i) of its next merge, or None
         while any(pending):
             r, ci, i = min((p[0], ci, p[1]) for ci, p in enumerate(pending) if p is not None)
             c = chunks[ci]
-            labels.append(f"{show(c[i])!r} + {show(c[i + 1])!r} -> {show(c[i] + c[i + 1])!r}  (token {r})")
-            pending[ci] = next(walkers[ci], None)  # merges the pair, then finds the chunk's next one
+            labels.append(
+                f"{show(c[i])!r} + {show(c[i + 1])!r} -> {show(c[i] + c[i + 1])!r}  (token {r})"
+            )
+            pending[ci] = next(
+                walkers[ci], None
+            )  # merges the pair, then finds the chunk's next one
             steps.append([show(p) for c in chunks for p in c])
         return steps, labels
 
     # -- training --
     @classmethod
-    def train(cls, text: str, vocab_size: int, pattern: str = GPT2_SPLIT_PATTERN,
-              special_tokens: Sequence[str] = (ENDOFTEXT,)) -> BPETokenizer:
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        pattern: str = GPT2_SPLIT_PATTERN,
+        special_tokens: Sequence[str] = (ENDOFTEXT,),
+    ) -> BPETokenizer:
         """Learn ``vocab_size - len(special_tokens) - 256`` merges from ``text``.
 
         Each step merges the most frequent adjacent pair (ties: the smallest pair of ids), counted
@@ -355,7 +400,9 @@ class BPETokenizer:
         """
         check_text(text, utf8=True)
         if isinstance(special_tokens, str):
-            raise ValueError(f"special_tokens must be a list of strings, got the str {special_tokens!r}")
+            raise ValueError(
+                f"special_tokens must be a list of strings, got the str {special_tokens!r}"
+            )
         special_tokens = list(special_tokens)
         _check_strings("special_tokens", special_tokens)
         if len(set(special_tokens)) != len(special_tokens):
@@ -404,18 +451,28 @@ class BPETokenizer:
                     else:
                         del pair_count[p]
         if len(ranks) < 256 + n_merges:
-            warnings.warn(f"vocab_size={vocab_size} asked for, but the text allows only {len(ranks) - 256} merges: "
-                          f"the tokenizer has {len(ranks) + len(special_tokens)} tokens", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"vocab_size={vocab_size} asked for, but the text allows only {len(ranks) - 256} "
+                "merges: "
+                f"the tokenizer has {len(ranks) + len(special_tokens)} tokens",
+                UserWarning,
+                stacklevel=2,
+            )
         specials = {s: len(ranks) + k for k, s in enumerate(special_tokens)}
         return cls(ranks, pattern, specials)
 
     # -- files --
     def to_dict(self) -> dict:
         return {
-            "format": self.FORMAT, "version": 1, "name": self.name, "pattern": self.pattern,
+            "format": self.FORMAT,
+            "version": 1,
+            "name": self.name,
+            "pattern": self.pattern,
             "special_tokens": self.special_tokens,
             # ranks in id order, each token's bytes in base64 (the tiktoken file format, as JSON)
-            "tokens": [base64.b64encode(self.vocab[i]).decode("ascii") for i in range(len(self.ranks))],
+            "tokens": [
+                base64.b64encode(self.vocab[i]).decode("ascii") for i in range(len(self.ranks))
+            ],
         }
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -424,7 +481,8 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> BPETokenizer:
-        """Read a tokenizer written by :meth:`save`; a corrupt file fails naming the file and the field.
+        """Read a tokenizer written by :meth:`save`; a corrupt file fails naming the file and the
+        field.
 
         Beyond the types of the fields: the tokens are distinct, the 256 bytes come first, every
         later token is the merge of two earlier ones, the special tokens take the ids after them,
@@ -440,9 +498,11 @@ class BPETokenizer:
             raise ValueError(f"{path}: field 'tokens' lists the same bytes twice")
         if not isinstance(name, str):
             raise ValueError(f"{path}: field 'name' must be a JSON string, got {name!r}")
-        for field, check in [("tokens", lambda: _check_ranks(ranks)),
-                             ("pattern", lambda: split_pieces(compile_pattern(d["pattern"]), _PROBE)),
-                             ("special_tokens", lambda: _check_special_tokens(d["special_tokens"], len(ranks)))]:
+        for field, check in [
+            ("tokens", lambda: _check_ranks(ranks)),
+            ("pattern", lambda: split_pieces(compile_pattern(d["pattern"]), _PROBE)),
+            ("special_tokens", lambda: _check_special_tokens(d["special_tokens"], len(ranks))),
+        ]:
             try:
                 check()
             except ValueError as e:
@@ -457,8 +517,12 @@ class BPETokenizer:
     # -- tiktoken, the peer --
     def to_tiktoken(self) -> tiktoken.Encoding:
         """A ``tiktoken.Encoding`` with the same ranks, pattern and special tokens."""
-        return tiktoken.Encoding(name=self.name, pat_str=self.pattern, mergeable_ranks=dict(self.ranks),
-                                 special_tokens=dict(self.special_tokens))
+        return tiktoken.Encoding(
+            name=self.name,
+            pat_str=self.pattern,
+            mergeable_ranks=dict(self.ranks),
+            special_tokens=dict(self.special_tokens),
+        )
 
 
 # --- GPT-2's tokenizer, offline ----------------------------------------------------------------

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import regex
 
@@ -26,7 +26,8 @@ class _ListTokenizer:
         return len(self.vocab)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Token ids -> text; ``ids`` must be ints in [0, vocab_size) (a list, iterator or 1-D tensor)."""
+        """Token ids -> text; ``ids`` must be ints in [0, vocab_size) (a list, iterator or 1-D
+        tensor)."""
         return self.SEP.join(self.vocab[i] for i in as_ids(ids, self.vocab_size))
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -61,13 +62,19 @@ class CharTokenizer(_ListTokenizer):
 
     def __init__(self, vocab: Sequence[str]):
         vocab = list(vocab)  # (a str is a sequence of characters: CharTokenizer("abc") is fine)
-        if not vocab or any(not isinstance(c, str) or len(c) != 1 for c in vocab) or len(set(vocab)) != len(vocab):
-            raise ValueError(f"vocab must be a non-empty list of distinct single characters, got {vocab!r:.80}")
+        if (
+            not vocab
+            or any(not isinstance(c, str) or len(c) != 1 for c in vocab)
+            or len(set(vocab)) != len(vocab)
+        ):
+            raise ValueError(
+                f"vocab must be a non-empty list of distinct single characters, got {vocab!r:.80}"
+            )
         self.vocab = vocab
         self.stoi = {c: i for i, c in enumerate(vocab)}
 
     @classmethod
-    def train(cls, text: str) -> "CharTokenizer":
+    def train(cls, text: str) -> CharTokenizer:
         """The tokenizer whose vocabulary is the set of characters of ``text``."""
         if not check_text(text):
             raise ValueError("text must not be empty")
@@ -103,7 +110,9 @@ class WordTokenizer(_ListTokenizer):
         for w in vocab:
             # A token no split produces could never be encoded: refuse it (the unknown token aside).
             if not isinstance(w, str) or (w != self.UNK and not self.SPLIT.fullmatch(w)):
-                raise ValueError(f"vocab must hold single words or marks (as SPLIT cuts them), got {w!r}")
+                raise ValueError(
+                    f"vocab must hold single words or marks (as SPLIT cuts them), got {w!r}"
+                )
         if self.UNK not in vocab:
             vocab.append(self.UNK)
         if len(set(vocab)) != len(vocab):
@@ -112,8 +121,9 @@ class WordTokenizer(_ListTokenizer):
         self.stoi = {w: i for i, w in enumerate(vocab)}
 
     @classmethod
-    def train(cls, text: str) -> "WordTokenizer":
-        """The tokenizer whose vocabulary is the set of words and marks of ``text``, plus ``<|unk|>``."""
+    def train(cls, text: str) -> WordTokenizer:
+        """The tokenizer whose vocabulary is the set of words and marks of ``text``, plus
+        ``<|unk|>``."""
         return cls(sorted(set(cls.SPLIT.findall(check_text(text)))))
 
     def encode(self, text: str) -> list[int]:

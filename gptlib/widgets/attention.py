@@ -63,12 +63,20 @@ class AttentionView(BookWidget):
         p = _as_nested(patterns)
         try:
             n_layers, n_heads = len(p), len(p[0])
-            shapes = {(len(p[l][h]), len(row)) for l in range(n_layers) for h in range(n_heads) for row in p[l][h]}
+            shapes = {
+                (len(p[l][h]), len(row))
+                for l in range(n_layers)
+                for h in range(n_heads)
+                for row in p[l][h]
+            }
         except (TypeError, IndexError):
             raise ValueError("patterns must have shape (n_layers, n_heads, T, T)") from None
         T = len(tokens)
         if shapes != {(T, T)}:
-            raise ValueError(f"patterns must have shape (n_layers, n_heads, T, T) with T = len(tokens) = {T}, got rows {sorted(shapes)}")
+            raise ValueError(
+                f"patterns must have shape (n_layers, n_heads, T, T) with T = len(tokens) = {T}, "
+                f"got rows {sorted(shapes)}"
+            )
         try:
             if _holds_bool(p):
                 raise TypeError("a bool is not a weight")
@@ -76,21 +84,31 @@ class AttentionView(BookWidget):
         except (TypeError, ValueError):
             raise ValueError("patterns must hold numbers") from None
         if not torch.isfinite(weights).all():
-            raise ValueError("patterns must be finite: they hold NaN or an infinity (a widget state holds JSON numbers only)")
+            raise ValueError(
+                "patterns must be finite: they hold NaN or an infinity (a widget state holds JSON "
+                "numbers only)"
+            )
         if weights.numel() and not (weights.min() >= -1e-6 and weights.max() <= 1 + 1e-6):
-            raise ValueError(f"patterns must be attention weights in [0, 1], got values in "
-                             f"[{float(weights.min()):.4g}, {float(weights.max()):.4g}]")
-        # each row a distribution over the keys j <= i (rounding to 6 decimals moves a sum by < 1e-3)
+            raise ValueError(
+                f"patterns must be attention weights in [0, 1], got values in "
+                f"[{float(weights.min()):.4g}, {float(weights.max()):.4g}]"
+            )
+        # each row a distribution over the keys j <= i (rounding to 6 decimals moves a sum
+        # by < 1e-3)
         sums = weights.sum(-1)  # (n_layers, n_heads, T)
         if weights.numel() and float((sums - 1).abs().max()) > 1e-3:
             l, h, i = (int(v) for v in torch.nonzero((sums - 1).abs() > 1e-3)[0])
-            raise ValueError(f"patterns must be attention patterns: row {i} of layer {l}, head {h} sums to "
-                             f"{float(sums[l, h, i]):.4g}, not 1")
+            raise ValueError(
+                f"patterns must be attention patterns: row {i} of layer {l}, head {h} sums to "
+                f"{float(sums[l, h, i]):.4g}, not 1"
+            )
         ahead = torch.triu(weights, diagonal=1)  # (n_layers, n_heads, T, T): weights on keys j > i
         if weights.numel() and float(ahead.max()) > 1e-6:
             l, h, i, j = (int(v) for v in torch.nonzero(ahead > 1e-6)[0])
-            raise ValueError(f"patterns must be causal (query i attends to keys j <= i): layer {l}, head {h}, "
-                             f"query {i} gives key {j} the weight {float(weights[l, h, i, j]):.4g}")
+            raise ValueError(
+                f"patterns must be causal (query i attends to keys j <= i): layer {l}, head {h}, "
+                f"query {i} gives key {j} the weight {float(weights[l, h, i, j]):.4g}"
+            )
         layer_labels = [str(x) for x in (layer_labels or [f"layer {l}" for l in range(n_layers)])]
         head_labels = [str(x) for x in (head_labels or [f"head {h}" for h in range(n_heads)])]
         if len(layer_labels) != n_layers:
@@ -98,10 +116,26 @@ class AttentionView(BookWidget):
         if len(head_labels) != n_heads:
             raise ValueError(f"head_labels must have {n_heads} entries, got {len(head_labels)}")
         p = rounded(p, 6)
-        scores = [{"name": s["name"], "values": rounded(s["values"], 3), "uniform": round(s["uniform"], 3)}
-                  for s in head_scores(torch.tensor(p, dtype=torch.float64), tokens)]
-        super().__init__(tokens=tokens, patterns=p, title=title, layer_labels=layer_labels,
-                         head_labels=head_labels, scores=scores)
+        scores = [
+            {
+                "name": s["name"],
+                "values": rounded(s["values"], 3),
+                "uniform": round(s["uniform"], 3),
+            }
+            for s in head_scores(torch.tensor(p, dtype=torch.float64), tokens)
+        ]
+        super().__init__(
+            tokens=tokens,
+            patterns=p,
+            title=title,
+            layer_labels=layer_labels,
+            head_labels=head_labels,
+            scores=scores,
+        )
 
     def _repr_facts(self):
-        return {"layers": len(self.patterns), "heads": len(self.patterns[0]), "tokens": len(self.tokens)}
+        return {
+            "layers": len(self.patterns),
+            "heads": len(self.patterns[0]),
+            "tokens": len(self.tokens),
+        }

@@ -38,11 +38,16 @@ class BPEMergeView(BookWidget):
         if not steps[0]:
             raise ValueError("steps[0] holds no text: there is nothing to merge")
         if len(steps) != len(merges) + 1:
-            raise ValueError(f"steps must have len(merges) + 1 = {len(merges) + 1} entries, got {len(steps)}")
+            raise ValueError(
+                f"steps must have len(merges) + 1 = {len(merges) + 1} entries, got {len(steps)}"
+            )
         joined = {"".join(s) for s in steps}
         if len(joined) != 1:
             raise ValueError("steps must all concatenate to the same text")
         super().__init__(steps=steps, merges=merges, title=title, step=len(merges))
 
     def _repr_facts(self):
-        return {"merges": len(self.merges), "pieces": [len(s) for s in (self.steps[0], self.steps[-1])]}
+        return {
+            "merges": len(self.merges),
+            "pieces": [len(s) for s in (self.steps[0], self.steps[-1])],
+        }

@@ -1,7 +1,8 @@
 """Chapters 7 and 8's live playground: the book's GPT on any text the reader types.
 
 The view shows the text's tokens as the BPE splits them, the next-token distribution over the
-whole vocabulary under temperature, top-k and top-p (exactly :func:`gptlib.sampling.next_token_probs`,
+whole vocabulary under temperature, top-k and top-p (exactly
+:func:`gptlib.sampling.next_token_probs`,
 with the temperature-1 ghost and the cumulative mass top-p cuts), seeded sampling and greedy steps
 for as long as the reader presses (past ``n_ctx`` the window slides, as in
 :func:`gptlib.sampling.generate`), with undo and reset, a logit lens (the next token read off the
@@ -39,7 +40,8 @@ __all__ = ["PlaygroundView"]
 
 
 def _lens_tops(lens: torch.Tensor, n: int) -> list[dict]:
-    """Per residual stream: the ``n`` most probable next tokens at temperature 1 and their probabilities."""
+    """Per residual stream: the ``n`` most probable next tokens at temperature 1 and their
+    probabilities."""
     probs = torch.softmax(lens.double(), dim=-1)  # (n_layers + 1, d_vocab)
     out = []
     for row, p in zip(lens, probs):
@@ -49,7 +51,8 @@ def _lens_tops(lens: torch.Tensor, n: int) -> list[dict]:
 
 
 class PlaygroundView(BookWidget):
-    """The live playground for a GPT and its BPE tokenizer (``encode``, ``token_str``, ``token_bytes``).
+    """The live playground for a GPT and its BPE tokenizer (``encode``, ``token_str``,
+    ``token_bytes``).
 
     ``text`` is the opening text; its analysis (tokens, the last position's logits rounded to 4
     decimals, every head's pattern rounded to 4 decimals, the lens) is stored in the state, so keep
@@ -78,41 +81,85 @@ class PlaygroundView(BookWidget):
     layer = traitlets.Int(0).tag(sync=True)
     head = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, model, tokenizer, text: str, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, n_show: int = 15, lens_top: int = 5, seed: int = 0, title: str = "",
-                 layer: int = 0, head: int = 0, source: str = "live/english.json"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        text: str,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        n_show: int = 15,
+        lens_top: int = 5,
+        seed: int = 0,
+        title: str = "",
+        layer: int = 0,
+        head: int = 0,
+        source: str = "live/english.json",
+    ):
         if not isinstance(model, GPT):
             raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
         for name in ("encode", "token_str", "token_bytes"):
             if not callable(getattr(tokenizer, name, None)):
-                raise ValueError(f"tokenizer must have a method {name}() (a BPETokenizer), got {type(tokenizer).__name__}")
+                raise ValueError(
+                    f"tokenizer must have a method {name}() (a BPETokenizer), got "
+                    f"{type(tokenizer).__name__}"
+                )
         c = model.config
         if getattr(tokenizer, "vocab_size", c.d_vocab) != c.d_vocab:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}")
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}"
+            )
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty str")
         _check_settings(temperature, top_k, top_p, n_show, seed)
         check_title(title)
         lens_top = check_int("lens_top", lens_top, 1, c.d_vocab)
-        layer, head = check_int("layer", layer, 0, c.n_layers - 1), check_int("head", head, 0, c.n_heads - 1)
-        if (not isinstance(source, str) or not source.endswith(".json") or source.startswith(("/", "\\", "http:", "https:"))
-                or ".." in source.replace("\\", "/").split("/") or ":" in source):
-            raise ValueError(f"source must be a relative path to a .json manifest under the book's _static/, got {source!r}")
+        layer, head = (
+            check_int("layer", layer, 0, c.n_layers - 1),
+            check_int("head", head, 0, c.n_heads - 1),
+        )
+        if (
+            not isinstance(source, str)
+            or not source.endswith(".json")
+            or source.startswith(("/", "\\", "http:", "https:"))
+            or ".." in source.replace("\\", "/").split("/")
+            or ":" in source
+        ):
+            raise ValueError(
+                "source must be a relative path to a .json manifest under the book's _static/, "
+                f"got {source!r}"
+            )
         self._model, self._tokenizer = model, tokenizer
         ids = tokenizer.encode(text)
         if not ids:
             raise ValueError(f"text must give at least one token, got {text!r}")
-        out = self._readout(ids[-c.n_ctx:])
+        out = self._readout(ids[-c.n_ctx :])
         shown = torch.sort(out["logits"], descending=True, stable=True).indices[:n_show].tolist()
         lens = _lens_tops(out["lens"], lens_top)
-        needed = set(ids[-c.n_ctx:]) | set(shown) | {i for row in lens for i in row["ids"]}
+        needed = set(ids[-c.n_ctx :]) | set(shown) | {i for row in lens for i in row["ids"]}
         super().__init__(
-            title=title, text=text, source=source, weights_sha256=weights_sha256(model),
+            title=title,
+            text=text,
+            source=source,
+            weights_sha256=weights_sha256(model),
             config={k: getattr(c, k) for k in ("d_vocab", "n_ctx", "n_layers", "n_heads")},
-            stored={"ids": ids, "logits": rounded(out["logits"], 4), "patterns": rounded(out["patterns"], 4), "lens": lens},
+            stored={
+                "ids": ids,
+                "logits": rounded(out["logits"], 4),
+                "patterns": rounded(out["patterns"], 4),
+                "lens": lens,
+            },
             tokens={str(i): tokenizer.token_str(i) for i in sorted(needed)},
-            temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p if top_p is not None else 1.0),
-            n_show=int(n_show), lens_top=lens_top, seed=int(seed), layer=layer, head=head,
+            temperature=float(temperature),
+            top_k=int(top_k or 0),
+            top_p=float(top_p if top_p is not None else 1.0),
+            n_show=int(n_show),
+            lens_top=lens_top,
+            seed=int(seed),
+            layer=layer,
+            head=head,
         )
         self.on_msg(self._answer)
 
@@ -126,10 +173,17 @@ class PlaygroundView(BookWidget):
             raise ValueError(f"ids must hold 1 to n_ctx={c.n_ctx} tokens, got {len(ids)}")
         dev = next(self._model.parameters()).device
         out = readout(self._model, torch.tensor([ids], device=dev))
-        result = {"logits": out["logits"][0, -1], "patterns": out["patterns"][0], "lens": out["lens"][0]}
+        result = {
+            "logits": out["logits"][0, -1],
+            "patterns": out["patterns"][0],
+            "lens": out["lens"][0],
+        }
         for name, t in result.items():
             if not torch.isfinite(t).all():
-                raise ValueError(f"the model gives non-finite {name} (NaN or inf) on this text; it cannot be shown")
+                raise ValueError(
+                    f"the model gives non-finite {name} (NaN or inf) on this text; it cannot be "
+                    "shown"
+                )
         return {k: v.float().cpu() for k, v in result.items()}
 
     def _answer(self, _widget, content: dict, _buffers) -> None:
@@ -141,9 +195,17 @@ class PlaygroundView(BookWidget):
                 self.send({"kind": "pong", "req": req})
             elif kind == "start":
                 tok, V = self._tokenizer, self._model.config.d_vocab
-                self.send({"kind": "started", "req": req, "config": self.config,
-                           "tokens": [tok.token_str(i) for i in range(V)],
-                           "token_bytes": [base64.b64encode(tok.token_bytes(i)).decode("ascii") for i in range(V)]})
+                self.send(
+                    {
+                        "kind": "started",
+                        "req": req,
+                        "config": self.config,
+                        "tokens": [tok.token_str(i) for i in range(V)],
+                        "token_bytes": [
+                            base64.b64encode(tok.token_bytes(i)).decode("ascii") for i in range(V)
+                        ],
+                    }
+                )
             elif kind == "encode":
                 text = content.get("text")
                 if not isinstance(text, str):
@@ -151,8 +213,13 @@ class PlaygroundView(BookWidget):
                 self.send({"kind": "encoded", "req": req, "ids": self._tokenizer.encode(text)})
             elif kind == "forward":
                 out = self._readout(list(content.get("ids", [])))
-                self.send({"kind": "forward", "req": req},
-                          buffers=[out[k].contiguous().numpy().tobytes() for k in ("logits", "patterns", "lens")])
+                self.send(
+                    {"kind": "forward", "req": req},
+                    buffers=[
+                        out[k].contiguous().numpy().tobytes()
+                        for k in ("logits", "patterns", "lens")
+                    ],
+                )
             else:
                 raise ValueError(f"unknown request {kind!r}")
         except Exception as e:  # the page shows the message; nothing is silent
@@ -160,5 +227,11 @@ class PlaygroundView(BookWidget):
 
     def _repr_facts(self):
         c = self.config
-        return {"layers": c["n_layers"], "heads": c["n_heads"], "tokens": len(self.stored["ids"]),
-                "temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p}
+        return {
+            "layers": c["n_layers"],
+            "heads": c["n_heads"],
+            "tokens": len(self.stored["ids"]),
+            "temperature": self.temperature,
+            "top_k": self.top_k or None,
+            "top_p": self.top_p,
+        }

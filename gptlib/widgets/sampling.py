@@ -16,7 +16,7 @@ of this: it computes every distribution.)
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import traitlets
@@ -36,7 +36,11 @@ TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(1, 61))
 
 def _temperatures(temperature: float) -> list[float]:
     """The slider's temperatures, and the view's own if it is not one of them (and not 0)."""
-    extra = [float(temperature)] if temperature > 0 and all(abs(t - temperature) > 1e-9 for t in TEMPERATURES) else []
+    extra = (
+        [float(temperature)]
+        if temperature > 0 and all(abs(t - temperature) > 1e-9 for t in TEMPERATURES)
+        else []
+    )
     return sorted([*TEMPERATURES, *extra])
 
 
@@ -70,11 +74,18 @@ def _check_logits(logits: Tensor) -> None:
     if torch.isnan(logits).any():
         raise ValueError("logits must not contain NaN")
     if (logits == math.inf).any() or not (logits > -math.inf).any():
-        raise ValueError("logits must be finite, apart from -inf for tokens that can never be drawn")
+        raise ValueError(
+            "logits must be finite, apart from -inf for tokens that can never be drawn"
+        )
 
 
-def rest_log_weights(logits: Tensor, stored: Sequence[int], temperatures: Sequence[float] = TEMPERATURES,
-                     ndigits: int = 4, reference: float | None = None) -> list[float | None] | None:
+def rest_log_weights(
+    logits: Tensor,
+    stored: Sequence[int],
+    temperatures: Sequence[float] = TEMPERATURES,
+    ndigits: int = 4,
+    reference: float | None = None,
+) -> list[float | None] | None:
     """For the tokens *not* in ``stored``: log sum exp((y_i - m) / t) at each temperature t, m the
     largest logit (or ``reference``: the largest logit as the page stores it, rounded); ``None``
     for a temperature where they have no weight (all -inf), and ``None`` instead of the list when
@@ -93,7 +104,9 @@ def rest_log_weights(logits: Tensor, stored: Sequence[int], temperatures: Sequen
     logits = logits.detach().to("cpu").double()
     _check_logits(logits)
     stored = list(stored)
-    check_ids(stored, logits.shape[-1], "stored")  # a negative id would wrap around to the last tokens
+    check_ids(
+        stored, logits.shape[-1], "stored"
+    )  # a negative id would wrap around to the last tokens
     temperatures = _check_temperatures(temperatures)
     check_int("ndigits", ndigits, lo=0)
     if reference is not None:
@@ -102,7 +115,10 @@ def rest_log_weights(logits: Tensor, stored: Sequence[int], temperatures: Sequen
     others[stored] = False
     if not others.any():
         return None
-    tail, m = logits[others], (logits.max() if reference is None else torch.tensor(reference, dtype=torch.float64))
+    tail, m = (
+        logits[others],
+        (logits.max() if reference is None else torch.tensor(reference, dtype=torch.float64)),
+    )
     out: list[float | None] = []
     for t in temperatures:
         v = float(torch.logsumexp((tail - m) / float(t), dim=0))
@@ -141,11 +157,18 @@ def continuation_tree(
     >>> child["ids"], list(child["next"]), child["next"]["0"]["next"]
     ([0, 1, 2], ['0'], {})
     """
-    for name, value, low in (("depth", depth, 0), ("branch", branch, 1), ("n_logits", n_logits, 1),
-                             ("n_logits_deep", n_logits_deep, 1)):
+    for name, value, low in (
+        ("depth", depth, 0),
+        ("branch", branch, 1),
+        ("n_logits", n_logits, 1),
+        ("n_logits_deep", n_logits_deep, 1),
+    ):
         check_int(name, value, lo=low)
     if branch > n_logits or (depth >= 2 and branch > n_logits_deep):
-        raise ValueError(f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep ({n_logits_deep})")
+        raise ValueError(
+            f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep "
+            f"({n_logits_deep})"
+        )
     check_int("ndigits", ndigits, lo=0)
     temperatures = _check_temperatures(temperatures)
     check_ids(context, 2**63 - 1, "context")  # ints >= 0 (bools, floats and strings refused)
@@ -154,24 +177,43 @@ def continuation_tree(
         raise ValueError("context must hold at least one token id")
     root: dict = {}
     frontier = [(root, context)]
+    root_vocab = None  # the root's d_vocab, which every level must keep
     for level in range(depth + 1):
         logits = next_logits([c for _, c in frontier])  # (B, d_vocab)
-        if not isinstance(logits, Tensor) or logits.dim() != 2 or len(logits) != len(frontier) or logits.shape[1] < 1:
-            raise ValueError(f"next_logits must return a tensor ({len(frontier)}, d_vocab) for {len(frontier)} contexts, "
-                             f"got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}")
-        if level and logits.shape[1] != d_vocab:
-            raise ValueError(f"next_logits returned {logits.shape[1]} logits per context at depth {level}, "
-                             f"{d_vocab} at the root")
-        d_vocab = logits.shape[1]
+        if (
+            not isinstance(logits, Tensor)
+            or logits.dim() != 2
+            or len(logits) != len(frontier)
+            or logits.shape[1] < 1
+        ):
+            raise ValueError(
+                f"next_logits must return a tensor ({len(frontier)}, d_vocab) for {len(frontier)} "
+                "contexts, "
+                f"got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}"
+            )
+        if root_vocab is None:
+            root_vocab = logits.shape[1]
+        elif logits.shape[1] != root_vocab:
+            raise ValueError(
+                f"next_logits returned {logits.shape[1]} logits per context at depth {level}, "
+                f"{root_vocab} at the root"
+            )
         grown = []
         for (node, c), row in zip(frontier, logits):
             row = row.detach().to("cpu").double()
             if torch.isnan(row).any() or (row == math.inf).any():
-                raise ValueError(f"next_logits gave NaN or +inf logits after the context {c[-8:]} (last 8 ids)")
+                raise ValueError(
+                    f"next_logits gave NaN or +inf logits after the context {c[-8:]} (last 8 ids)"
+                )
             ids, values, mass = top_logits(row, n_logits if level == 0 else n_logits_deep)
             values = rounded(values, ndigits)
-            node.update(ids=ids, logits=values, mass=round(mass, 4),
-                        rest=rest_log_weights(row, ids, temperatures, reference=values[0]), next={})
+            node.update(
+                ids=ids,
+                logits=values,
+                mass=round(mass, 4),
+                rest=rest_log_weights(row, ids, temperatures, reference=values[0]),
+                next={},
+            )
             if level < depth:
                 for t in ids[:branch]:
                     node["next"][str(t)] = {}
@@ -249,7 +291,9 @@ class SamplingView(BookWidget):
     prompts = traitlets.List(traitlets.Dict()).tag(sync=True)  # [{"text", "root": node}]
     tokens = traitlets.Dict().tag(sync=True)  # {str(id): token string} for every stored id
     vocab_size = traitlets.Int(0).tag(sync=True)
-    temperatures = traitlets.List(traitlets.Float()).tag(sync=True)  # where nodes store the others' weight
+    temperatures = traitlets.List(traitlets.Float()).tag(
+        sync=True
+    )  # where nodes store the others' weight
     prompt = traitlets.Int(0).tag(sync=True)
     temperature = traitlets.Float(1.0).tag(sync=True)
     top_k = traitlets.Int(0).tag(sync=True)  # 0 = off
@@ -258,7 +302,18 @@ class SamplingView(BookWidget):
     title = traitlets.Unicode("").tag(sync=True)
     seed = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, logits, tokens, temperature=1.0, top_k=None, top_p=None, n_show=20, title="", *, seed=0):
+    def __init__(
+        self,
+        logits,
+        tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        n_show=20,
+        title="",
+        *,
+        seed=0,
+    ):
         if hasattr(logits, "detach"):
             logits = logits.detach().to("cpu").double()
         raw = logits.tolist() if hasattr(logits, "tolist") else list(logits)
@@ -268,7 +323,9 @@ class SamplingView(BookWidget):
         _check_logits(torch.tensor(values, dtype=torch.float64))
         tokens = check_strings("tokens", tokens)
         if len(tokens) != len(values):
-            raise ValueError(f"tokens must have one string per logit ({len(values)}), got {len(tokens)}")
+            raise ValueError(
+                f"tokens must have one string per logit ({len(values)}), got {len(tokens)}"
+            )
         _check_settings(temperature, top_k, top_p, n_show, seed)
         temps = _temperatures(temperature)
         y = torch.tensor(values, dtype=torch.float64)
@@ -277,20 +334,49 @@ class SamplingView(BookWidget):
         # JSON has no -inf: a logit this far below the others has probability exactly 0 anyway.
         kept = rounded([values[i] if values[i] != -math.inf else MASKED_LOGIT for i in ids], 6)
         full = len(ids) == len(values)
-        root = {"ids": ids, "logits": kept, "mass": 1.0 if full else round(mass, 4),
-                "rest": rest_log_weights(y, ids, temps, reference=max(kept)), "next": {}}
+        root = {
+            "ids": ids,
+            "logits": kept,
+            "mass": 1.0 if full else round(mass, 4),
+            "rest": rest_log_weights(y, ids, temps, reference=max(kept)),
+            "next": {},
+        }
         self._facts = {"vocab": len(ids)}
-        self._setup([{"text": "", "root": root}], {str(i): tokens[i] for i in ids}, len(values), temps,
-                    temperature, top_k, top_p, n_show, title, seed)
+        self._setup(
+            [{"text": "", "root": root}],
+            {str(i): tokens[i] for i in ids},
+            len(values),
+            temps,
+            temperature,
+            top_k,
+            top_p,
+            n_show,
+            title,
+            seed,
+        )
 
     @classmethod
-    def from_model(cls, model, tokenizer, prompts: Sequence[str], *, depth: int = 3, branch: int = 3,
-                   n_logits: int = 1024, n_logits_deep: int = 64, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, n_show: int = 20, title: str = "",
-                   seed: int = 0) -> "SamplingView":
+    def from_model(
+        cls,
+        model,
+        tokenizer,
+        prompts: Sequence[str],
+        *,
+        depth: int = 3,
+        branch: int = 3,
+        n_logits: int = 1024,
+        n_logits_deep: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        n_show: int = 20,
+        title: str = "",
+        seed: int = 0,
+    ) -> SamplingView:
         """The model's next-token distributions after each prompt, with a tree of continuations.
 
-        ``model`` is a GPT (``config.n_ctx``, ``forward(ids) -> logits``) or any function that maps a
+        ``model`` is a GPT (``config.n_ctx``, ``forward(ids) -> logits``) or any function that maps
+        a
         list of contexts (lists of ids, all of one length) to their next-token logits (B, d_vocab),
         a bigram table's rows for instance. For each prompt the state holds the ``n_logits``
         largest logits after it, and
@@ -300,13 +386,19 @@ class SamplingView(BookWidget):
         GPT runs once per tree level, in eval mode, without gradients; a context longer than
         ``n_ctx`` is cropped to its last ``n_ctx`` tokens, as in :func:`gptlib.sampling.generate`.
         """
-        if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+        if (
+            isinstance(prompts, str)
+            or not prompts
+            or not all(isinstance(p, str) and p for p in prompts)
+        ):
             raise ValueError("prompts must be a non-empty list of non-empty strings")
         _check_settings(temperature, top_k, top_p, n_show, seed)
         temps = _temperatures(temperature)
         is_module = isinstance(model, torch.nn.Module)
         if not is_module and not callable(model):
-            raise ValueError(f"model must be a GPT or a function of contexts, got {type(model).__name__}")
+            raise ValueError(
+                f"model must be a GPT or a function of contexts, got {type(model).__name__}"
+            )
         if is_module:
             _check_vocabulary(tokenizer, model.config.d_vocab)
         was_training = model.training if is_module else False
@@ -314,13 +406,29 @@ class SamplingView(BookWidget):
             model.eval()
         try:
             next_logits = _model_next_logits(model) if is_module else model
-            trees = [{"text": p, "root": continuation_tree(next_logits, tokenizer.encode(p), depth, branch,
-                                                           n_logits, n_logits_deep, temperatures=temps)}
-                     for p in prompts]
+            trees = [
+                {
+                    "text": p,
+                    "root": continuation_tree(
+                        next_logits,
+                        tokenizer.encode(p),
+                        depth,
+                        branch,
+                        n_logits,
+                        n_logits_deep,
+                        temperatures=temps,
+                    ),
+                }
+                for p in prompts
+            ]
         finally:
             if is_module:
                 model.train(was_training)
-        d_vocab = model.config.d_vocab if is_module else len(next_logits([tokenizer.encode(prompts[0])])[0])
+        d_vocab = (
+            model.config.d_vocab
+            if is_module
+            else len(next_logits([tokenizer.encode(prompts[0])])[0])
+        )
         _check_vocabulary(tokenizer, d_vocab)
         token_str = _token_strings(tokenizer)
         vocab: dict[str, str] = {}
@@ -330,23 +438,53 @@ class SamplingView(BookWidget):
                     vocab.setdefault(str(i), token_str(i))
         view = cls.__new__(cls)
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
-        view._setup(trees, dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))), d_vocab, temps,
-                    temperature, top_k, top_p, n_show, title, seed)
+        view._setup(
+            trees,
+            dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))),
+            d_vocab,
+            temps,
+            temperature,
+            top_k,
+            top_p,
+            n_show,
+            title,
+            seed,
+        )
         return view
 
-    def _setup(self, prompts, vocab, vocab_size, temps, temperature, top_k, top_p, n_show, title, seed) -> None:
+    def _setup(
+        self, prompts, vocab, vocab_size, temps, temperature, top_k, top_p, n_show, title, seed
+    ) -> None:
         _check_settings(temperature, top_k, top_p, n_show, seed)
         check_title(title)
-        partial = [len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None]
+        partial = [
+            len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None
+        ]
         if top_k is not None and partial and top_k > min(partial):
-            raise ValueError(f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution holds "
-                             f"(beyond them the page cannot tell which tokens top-k keeps), got {top_k}")
+            raise ValueError(
+                f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution holds "
+                f"(beyond them the page cannot tell which tokens top-k keeps), got {top_k}"
+            )
         longest = max(len(p["root"]["ids"]) for p in prompts)
         BookWidget.__init__(
-            self, prompts=prompts, tokens=vocab, vocab_size=int(vocab_size), temperatures=list(temps), prompt=0,
-            temperature=float(temperature), top_k=int(top_k or 0), top_p=float(top_p if top_p is not None else 1.0),
-            n_show=int(min(n_show, longest)), title=title, seed=int(seed),
+            self,
+            prompts=prompts,
+            tokens=vocab,
+            vocab_size=int(vocab_size),
+            temperatures=list(temps),
+            prompt=0,
+            temperature=float(temperature),
+            top_k=int(top_k or 0),
+            top_p=float(top_p if top_p is not None else 1.0),
+            n_show=int(min(n_show, longest)),
+            title=title,
+            seed=int(seed),
         )
 
     def _repr_facts(self):
-        return {**self._facts, "temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p}
+        return {
+            **self._facts,
+            "temperature": self.temperature,
+            "top_k": self.top_k or None,
+            "top_p": self.top_p,
+        }

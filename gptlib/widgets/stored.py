@@ -21,7 +21,11 @@ OWN = "gptlib.widgets."
 def _models(nb: dict) -> list[dict]:
     """The states of the book's widgets in a notebook (a dict as read from its JSON)."""
     state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    return [m["state"] for m in state.values() if str(m.get("state", {}).get("_anywidget_id", "")).startswith(OWN)]
+    return [
+        m["state"]
+        for m in state.values()
+        if str(m.get("state", {}).get("_anywidget_id", "")).startswith(OWN)
+    ]
 
 
 def widget_class(anywidget_id: str) -> type:
@@ -38,8 +42,12 @@ def widget_class(anywidget_id: str) -> type:
     if not anywidget_id.startswith(OWN) or not module:
         raise ValueError(f"_anywidget_id {anywidget_id!r} is not a widget of gptlib.widgets")
     cls = getattr(importlib.import_module(module), name, None)
-    if not isinstance(cls, type) or not all(isinstance(getattr(cls, t, None), str) for t in CODE_TRAITS):
-        raise ValueError(f"_anywidget_id {anywidget_id!r} names no widget class with {' and '.join(CODE_TRAITS)}")
+    if not isinstance(cls, type) or not all(
+        isinstance(getattr(cls, t, None), str) for t in CODE_TRAITS
+    ):
+        raise ValueError(
+            f"_anywidget_id {anywidget_id!r} names no widget class with {' and '.join(CODE_TRAITS)}"
+        )
     return cls
 
 
@@ -78,4 +86,7 @@ def add_code(nb: dict) -> int:
 def code_size(nb: dict) -> dict[str, Any]:
     """How much code the book's widgets in ``nb`` store: {"widgets": n, "chars": total}."""
     models = _models(nb)
-    return {"widgets": len(models), "chars": sum(len(m.get(t, "") or "") for m in models for t in CODE_TRAITS)}
+    return {
+        "widgets": len(models),
+        "chars": sum(len(m.get(t, "") or "") for m in models for t in CODE_TRAITS),
+    }
