@@ -137,7 +137,8 @@ def main() -> None:
         "made_by": "bench/bench_inference.py",
         "prompts": PROMPTS,
         "new_tokens_per_prompt": args.new,
-        "draft": f"bigram counted on the first {DRAFT_CHARS:,} characters of the Brown training text",
+        "draft": f"bigram counted on the first {DRAFT_CHARS:,} characters "
+        "of the Brown training text",
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 1 torch thread",
         "torch": torch.__version__,
         "timing": f"medians of {args.rounds} alternating rounds",

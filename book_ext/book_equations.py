@@ -20,7 +20,11 @@ CHAPTER_PAGE = re.compile(r"(?:^|/)(\d+)_[^/]*$")
 def chapter_of(docname: str) -> int | None:
     """The chapter number of a page, from its name; None for a page that is not a chapter.
 
-    >>> chapter_of("chapters/09_rlhf"), chapter_of("chapters/00_next_token"), chapter_of("chapters/notation")
+    >>> (
+    ...     chapter_of("chapters/09_rlhf"),
+    ...     chapter_of("chapters/00_next_token"),
+    ...     chapter_of("chapters/notation"),
+    ... )
     (9, 0, None)
     """
     match = CHAPTER_PAGE.search(docname)

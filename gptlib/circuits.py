@@ -126,7 +126,7 @@ def induction_score(pattern: Tensor, tokens: Sequence) -> Tensor | None:
 
     >>> A = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0],
     ...                   [0.2, 0.2, 0.6, 0.0], [0.1, 0.7, 0.1, 0.1]])
-    >>> induction_score(A, ["x", "y", "z", "x"])  # the pair (3, 1): "x" again, look at what followed it
+    >>> induction_score(A, ["x", "y", "z", "x"])  # pair (3, 1): "x" again, look at what followed it
     tensor(0.7000)
     >>> induction_score(A, ["a", "b", "c", "d"]) is None
     True
@@ -160,8 +160,11 @@ def head_scores(patterns: Tensor, tokens: Sequence) -> list[dict]:
     score on the same tokens. Needs T >= 2; the induction score only when a token repeats.
 
     >>> A = uniform_causal_pattern(4).expand(1, 2, 4, 4)
-    >>> [(s["name"], s["values"].shape, round(s["uniform"], 3)) for s in head_scores(A, list("abab"))]
-    [('previous token', torch.Size([1, 2]), 0.361), ('first token', torch.Size([1, 2]), 0.361), ('induction', torch.Size([1, 2]), 0.292)]
+    >>> for s in head_scores(A, list("abab")):
+    ...     print(s["name"], tuple(s["values"].shape), round(s["uniform"], 3))
+    previous token (1, 2) 0.361
+    first token (1, 2) 0.361
+    induction (1, 2) 0.292
     """
     T = patterns.shape[-1]
     if T < 2:
@@ -209,12 +212,12 @@ def score_table(patterns: Tensor, ids: Tensor) -> dict[str, Tensor]:
     """Previous-token, induction and first-token scores of every head, averaged over a batch.
 
     ``patterns``: (B, n_layers, n_heads, T, T) as ``GPT.attention_patterns(ids)`` returns it,
-    ``ids``
-    (B, T); or one sequence, (n_layers, n_heads, T, T) and (T,). Each entry of the result is
-    (n_layers, n_heads). Every sequence needs a repeated token (else there is no induction pair).
-    The chance level is the same table for a uniform causal head on the same ``ids``.
+    ``ids`` (B, T); or one sequence, (n_layers, n_heads, T, T) and (T,). Each entry of the result
+    is (n_layers, n_heads). Every sequence needs a repeated token (else there is no induction
+    pair). The chance level is the same table for a uniform causal head on the same ``ids``.
 
-    >>> table = score_table(uniform_causal_pattern(4).expand(2, 3, 4, 4), torch.tensor([1, 2, 1, 2]))
+    >>> patterns = uniform_causal_pattern(4).expand(2, 3, 4, 4)
+    >>> table = score_table(patterns, torch.tensor([1, 2, 1, 2]))
     >>> {k: round(float(v[1, 2]), 4) for k, v in table.items()}  # the pairs (2, 1) and (3, 2)
     {'previous-token': 0.3611, 'induction': 0.2917, 'first-token': 0.3611}
     """
@@ -310,12 +313,11 @@ def copying_score(M: Tensor) -> Tensor:
     anti-copying one.
 
     Used on a head's token-to-token OV circuit W_E W_OV W_U (d_vocab, d_vocab): row a holds the
-    logits
-    the head adds when it attends to token a. Complex eigenvalues come in conjugate pairs, so the
-    sum
-    is real.
+    logits the head adds when it attends to token a. Complex eigenvalues come in conjugate pairs,
+    so the sum is real.
 
-    >>> float(copying_score(torch.diag(torch.tensor([2.0, 1.0])))), float(copying_score(-torch.eye(3)))
+    >>> D = torch.diag(torch.tensor([2.0, 1.0]))
+    >>> float(copying_score(D)), float(copying_score(-torch.eye(3)))
     (1.0, -1.0)
     >>> round(float(copying_score(torch.diag(torch.tensor([3.0, -1.0])))), 4)  # (3 - 1) / (3 + 1)
     0.5

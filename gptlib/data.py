@@ -98,7 +98,7 @@ def train_val_split(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    cut = int(round(len(text) * (1 - val_fraction)))
+    cut = round(len(text) * (1 - val_fraction))
     return text[:cut], text[cut:]
 
 
@@ -160,7 +160,8 @@ def untag_brown(raw: str) -> str:
     Paragraphs are the blocks between blank lines; their sentences (one per line) are joined by a
     space.
 
-    >>> untag_brown("\n\n\tThe/at jury/nn said/vbd ./.\nIt/pps was/bedz 1-1/2/cd ./.\n\n\tNo/rb ./.\n")
+    >>> untag_brown("\n\n\tThe/at jury/nn said/vbd ./.\nIt/pps was/bedz 1-1/2/cd ./.\n"
+    ...             "\n\tNo/rb ./.\n")
     'The jury said. It was 1-1/2.\nNo.'
     """
     paragraphs = []
@@ -264,7 +265,7 @@ def token_byte_lengths(tokenizer: BPETokenizer) -> torch.Tensor:
     bits per byte divides by (:func:`gptlib.training.windows_loss`).
 
     >>> tok = BPETokenizer.train("hello hello", 259)  # 256 bytes, two merges, <|endoftext|>
-    >>> token_byte_lengths(tok)[[104, 256, 257, 258]].tolist()  # b"h", b"el", b"hel", the special token
+    >>> token_byte_lengths(tok)[[104, 256, 257, 258]].tolist()  # b"h", b"el", b"hel", <|endoftext|>
     [1, 2, 3, 13]
     """
     return torch.tensor([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)])

@@ -352,8 +352,10 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     """The largest relative error of rounding a (normal) real number to ``dtype``: 2^-(p+1) for p
     stored mantissa bits, half of ``torch.finfo(dtype).eps``.
 
-    >>> [unit_roundoff(t) for t in (torch.bfloat16, torch.float16)], unit_roundoff(torch.float32) == 2**-24
-    ([0.00390625, 0.00048828125], True)
+    >>> [unit_roundoff(t) for t in (torch.bfloat16, torch.float16)]
+    [0.00390625, 0.00048828125]
+    >>> unit_roundoff(torch.float32) == 2**-24
+    True
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -364,7 +366,8 @@ def relative_rounding_error(x: Tensor, dtype: torch.dtype) -> float:
     """The largest |round(x) - x| / |x| over the non-zero entries of x after a round trip through
     ``dtype``.
 
-    >>> relative_rounding_error(torch.tensor([1.0, 2.0, 0.5]), torch.bfloat16)  # powers of two are exact
+    >>> x = torch.tensor([1.0, 2.0, 0.5])  # powers of two are exact
+    >>> relative_rounding_error(x, torch.bfloat16)
     0.0
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -69,8 +69,9 @@ def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
     >>> _ = torch.manual_seed(0)
     >>> model = GPT(GPTConfig.preset("tiny", n_ctx=8)).eval()
     >>> out = readout(model, torch.tensor([[1, 2, 3]]))
-    >>> {k: tuple(v.shape) for k, v in out.items()}
-    {'logits': (1, 3, 512), 'patterns': (1, 2, 4, 3, 3), 'resid': (1, 3, 3, 64), 'lens': (1, 3, 512)}
+    >>> {k: tuple(v.shape) for k, v in out.items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'logits': (1, 3, 512), 'patterns': (1, 2, 4, 3, 3), 'resid': (1, 3, 3, 64),
+     'lens': (1, 3, 512)}
     >>> torch.allclose(out["logits"], model(torch.tensor([[1, 2, 3]])), atol=1e-5)
     True
     """

@@ -73,7 +73,8 @@ def content_sha256(fields: dict, tensors: dict[str, Tensor]) -> str:
     """sha256 of the fields (canonical JSON, without ``sha256``) and then, by name, each tensor's
     name, dtype, shape and bytes. Independent of how safetensors lays the file out.
 
-    >>> content_sha256({"version": 1, "sha256": "…"}, {}) == hashlib.sha256(b'{"version":1}').hexdigest()
+    >>> expected = hashlib.sha256(b'{"version":1}').hexdigest()
+    >>> content_sha256({"version": 1, "sha256": "…"}, {}) == expected
     True
     """
     h = hashlib.sha256(_canonical({k: v for k, v in fields.items() if k != "sha256"}))
@@ -226,7 +227,8 @@ def save_model(
 
 def read_model(path: str | Path, kind: str) -> tuple[dict, dict[str, Tensor], dict, str]:
     """``(config, tensors, fields, source)`` of the model of class ``kind`` stored at ``path`` (a
-    file, a directory holding ``model.safetensors``, or a training checkpoint); tensors on the CPU."""
+    file, a directory holding ``model.safetensors``, or a training checkpoint); tensors on the
+    CPU."""
     file = model_file(path)
     tensors, fields = read_file(file)
     source = str(file)

@@ -59,7 +59,8 @@ EXPORT_NAME = "smollm2-135m-instruct"
 @dataclass
 class GGUFContents:
     """What a GGUF file holds: its metadata (key -> value) and its tensors, dequantized to float32
-    in llama.cpp's layout (numpy shape = the GGUF shape reversed), with each tensor's storage type."""
+    in llama.cpp's layout (numpy shape = the GGUF shape reversed), with each tensor's storage
+    type."""
 
     path: str
     metadata: dict
@@ -125,7 +126,8 @@ def _meta(contents: GGUFContents, key: str):
 
 
 def _f32(x: float) -> float:
-    """A float32 from the file as the shortest decimal that rounds to it (9.99999974e-06 -> 1e-05)."""
+    """A float32 from the file as the shortest decimal that rounds to it
+    (9.99999974e-06 -> 1e-05)."""
     return float(str(np.float32(x)))
 
 
@@ -192,8 +194,9 @@ def _model_order(name: str) -> tuple:
     """Sort key putting GGUF tensor names in the model's order: the embedding, the blocks in turn
     (each in the order of ``_BLOCK_TENSORS``), the final norm and unembedding, then anything else.
 
-    >>> sorted(["output_norm.weight", "blk.10.attn_q.weight", "blk.2.ffn_down.weight", "token_embd.weight",
-    ...         "blk.2.attn_norm.weight"], key=_model_order)  # doctest: +NORMALIZE_WHITESPACE
+    >>> names = ["output_norm.weight", "blk.10.attn_q.weight", "blk.2.ffn_down.weight",
+    ...          "token_embd.weight", "blk.2.attn_norm.weight"]
+    >>> sorted(names, key=_model_order)  # doctest: +NORMALIZE_WHITESPACE
     ['token_embd.weight', 'blk.2.attn_norm.weight', 'blk.2.ffn_down.weight', 'blk.10.attn_q.weight',
      'output_norm.weight']
     """
@@ -319,7 +322,10 @@ def _stale(w_path: Path) -> str | None:
         return None  # not a ModernGPT file at all: ModernGPT.load names the field
     known = {f.name for f in dataclasses.fields(ModernConfig)}
     if set(config) != known:
-        return f"config fields {sorted(set(config) - known)} where this gptlib has {sorted(known - set(config))}"
+        return (
+            f"config fields {sorted(set(config) - known)} where this gptlib has "
+            f"{sorted(known - set(config))}"
+        )
     try:
         with safe_open(str(w_path), "pt") as f:
             names = set(f.keys())
@@ -328,7 +334,10 @@ def _stale(w_path: Path) -> str | None:
         return f"{type(e).__name__}: {e}"
     if names != expected:
         old, new = sorted(names - expected), sorted(expected - names)
-        return f"tensors {old[:3]}{' …' if len(old) > 3 else ''} where this gptlib has {new[:3]}{' …' if len(new) > 3 else ''}"
+        return (
+            f"tensors {old[:3]}{' …' if len(old) > 3 else ''} where this gptlib has "
+            f"{new[:3]}{' …' if len(new) > 3 else ''}"
+        )
     return None
 
 

@@ -79,7 +79,8 @@ class LoRA(nn.Module):
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> base = GPT(GPTConfig.preset("tiny")).eval()
-    >>> lora = LoRA(base, ["blocks.0.attn.W_Q"], r=2, alpha=4.0, generator=torch.Generator().manual_seed(0))
+    >>> g = torch.Generator().manual_seed(0)
+    >>> lora = LoRA(base, ["blocks.0.attn.W_Q"], r=2, alpha=4.0, generator=g)
     >>> ids = torch.tensor([[1, 2, 3]])
     >>> torch.equal(lora(ids), base(ids))  # B = 0: the adapted model starts as the original
     True

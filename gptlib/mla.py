@@ -217,8 +217,10 @@ def mla_model(config: ModernConfig, d_c: int, d_R: int) -> ModernGPT:
     >>> ids = torch.tensor([[1, 2, 3, 4]])
     >>> cache = LatentCache(m.config.n_layers, capacity=4)
     >>> step = torch.cat([m(ids[:, :3], cache), m(ids[:, 3:], cache)], dim=1)
-    >>> torch.allclose(step, m(ids), atol=1e-6), cache.allocated_numbers() // len(cache)  # 2 layers x 12
-    (True, 24)
+    >>> torch.allclose(step, m(ids), atol=1e-6)
+    True
+    >>> cache.allocated_numbers() // len(cache)  # 2 layers x 12
+    24
     """
     if not isinstance(config, ModernConfig):
         raise ValueError(f"config must be a ModernConfig, got {type(config).__name__}")

@@ -172,7 +172,8 @@ def dag_activations(
 
     Values may be tensors of any one shape, e.g. (N,) to push N inputs through at once.
 
-    >>> z, a = dag_activations({("x", "h"): 2.0, ("h", "y"): 3.0}, {"h": -1.0, "y": 0.0}, {"x": 0.25})
+    >>> edges = {("x", "h"): 2.0, ("h", "y"): 3.0}
+    >>> z, a = dag_activations(edges, {"h": -1.0, "y": 0.0}, {"x": 0.25})
     >>> float(z["h"]), float(a["h"]), float(z["y"])
     (-0.5, 0.0, 0.0)
     """
@@ -299,7 +300,8 @@ def layered_forward(
 
     x has shape (..., n_0); the result is the last pre-activation z^(L), shape (..., n_L).
 
-    >>> layered_forward(torch.tensor([[1.0, -2.0]]), [torch.eye(2), torch.ones(2, 1)], [None, torch.tensor([0.5])])
+    >>> weights, biases = [torch.eye(2), torch.ones(2, 1)], [None, torch.tensor([0.5])]
+    >>> layered_forward(torch.tensor([[1.0, -2.0]]), weights, biases)
     tensor([[1.5000]])
     """
     if len(biases) != len(weights):
@@ -363,7 +365,8 @@ class MLP(nn.Module):
 
     @property
     def phi(self) -> Callable[[Tensor], Tensor]:
-        """The activation as evaluated now: the fused kernel or the formula of :data:`ACTIVATIONS`."""
+        """The activation as evaluated now: the fused kernel or the formula of
+        :data:`ACTIVATIONS`."""
         act = ACTIVATIONS[self.activation]
         return act.fused if self.fused else act.formula
 
@@ -382,4 +385,7 @@ class MLP(nn.Module):
         return y.view(*shape[:-1], self.d_model)  # (B, T, d_model)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, d_mlp={self.d_mlp}, activation={self.activation!r}, bias={self.b_in is not None}, fused={self.fused}"
+        return (
+            f"d_model={self.d_model}, d_mlp={self.d_mlp}, activation={self.activation!r}, "
+            f"bias={self.b_in is not None}, fused={self.fused}"
+        )

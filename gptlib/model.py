@@ -109,7 +109,8 @@ class GPT(nn.Module):
         return self.hook_resid(x)
 
     def read_out(self, x: Tensor) -> Tensor:
-        """logits = LN_f(x) W_U, (B, T, d_vocab), from the last residual stream x (B, T, d_model)."""
+        """logits = LN_f(x) W_U, (B, T, d_vocab), from the last residual stream x
+        (B, T, d_model)."""
         return self.unembed(self.ln_f(x))  # (B, T, d_vocab)
 
     def _residual_stream(self, ids: Tensor, cache: KVCache | None, check_ids: bool) -> Tensor:

@@ -75,7 +75,8 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
     (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a), a = angles[t, i].
 
     >>> import math
-    >>> (apply_rope(torch.tensor([[1.0, 0.0]]), torch.tensor([[math.pi / 2]])).round(decimals=4) + 0.0).tolist()
+    >>> rotated = apply_rope(torch.tensor([[1.0, 0.0]]), torch.tensor([[math.pi / 2]]))
+    >>> (rotated.round(decimals=4) + 0.0).tolist()
     [[0.0, 1.0]]
     """
     if x.shape[-1] % 2 or x.dim() < 2 or tuple(angles.shape) != (x.shape[-2], x.shape[-1] // 2):
@@ -361,14 +362,16 @@ class ModernGPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def read_out(self, x: Tensor) -> Tensor:
-        """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x, (B, T, d_model)."""
+        """logits = ln_f(x) W_U, (B, T, d_vocab), from the last residual stream x,
+        (B, T, d_model)."""
         return self.ln_f(x) @ self.W_U
 
     def forward(
         self, ids: Tensor, cache: KVCache | None = None, *, check_ids: bool = True
     ) -> Tensor:
         """Logits (B, T, d_vocab). With a cache, ``ids`` continue the cached positions. The ids'
-        values are checked (ints in [0, d_vocab)) unless ``check_ids=False``, as in :class:`gptlib.model.GPT`."""
+        values are checked (ints in [0, d_vocab)) unless ``check_ids=False``, as in
+        :class:`gptlib.model.GPT`."""
         if (
             not isinstance(ids, Tensor)
             or ids.dim() != 2

@@ -43,7 +43,8 @@ def route(x: Tensor, W_r: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
     (Switch Transformer), so the router still gets a gradient; with k > 1 the k probabilities are
     renormalised to sum to 1 (GShard, Mixtral).
 
-    >>> p, g, i = route(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]]), 2)
+    >>> W_r = torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
+    >>> p, g, i = route(torch.tensor([[1.0, 0.0]]), W_r, 2)
     >>> i.tolist(), [round(v, 4) for v in g[0].tolist()]
     ([[2, 1]], [0.7311, 0.2689])
     """
@@ -111,8 +112,10 @@ def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: 
     uniform; a larger factor leaves room for imbalance, at the price of padding on hardware that
     needs fixed shapes (Switch Transformer).
 
-    >>> expert_capacity(32, 8, 2, 1.0), expert_capacity(32, 8, 2, 1.25), expert_capacity(10, 4, 1, 1.0)
-    (8, 10, 3)
+    >>> expert_capacity(32, 8, 2, 1.0), expert_capacity(32, 8, 2, 1.25)
+    (8, 10)
+    >>> expert_capacity(10, 4, 1, 1.0)
+    3
     """
     check_positive_int("n_tokens", n_tokens)
     check_positive_int("n_experts", n_experts)
@@ -205,7 +208,10 @@ class MoE(nn.Module):
 
     def extra_repr(self) -> str:
         cap = "" if self.capacity_factor is None else f", capacity_factor={self.capacity_factor}"
-        return f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, top_k={self.top_k}{cap}"
+        return (
+            f"d_model={self.d_model}, d_mlp={self.d_mlp}, n_experts={self.n_experts}, "
+            f"top_k={self.top_k}{cap}"
+        )
 
 
 def moe_parameters(

@@ -303,7 +303,8 @@ FINE_TUNE = {
 
 
 def english_without_dropout(path) -> GPT:
-    """The shipped English model with dropout 0 (fine-tuning then computes the function it trains)."""
+    """The shipped English model with dropout 0 (fine-tuning then computes the function it
+    trains)."""
     shipped = GPT.load(path)
     model = GPT(replace(shipped.config, dropout=0.0))
     model.load_state_dict(shipped.state_dict())
@@ -312,7 +313,8 @@ def english_without_dropout(path) -> GPT:
 
 def genre_texts(genre: str) -> tuple[str, str, str]:
     """Chapter 8's split seen through one genre: the genre's training text, its held-out text, and
-    the held-out text of every other genre (Brown samples joined by blank lines, as load_english)."""
+    the held-out text of every other genre (Brown samples joined by blank lines, as
+    load_english)."""
     if not isinstance(genre, str) or len(genre) != 1:
         raise ValueError(f"genre must be one letter of the Brown genres, got {genre!r}")
     train_names, val_names = english_split()

@@ -189,10 +189,11 @@ def check_targets(targets: object, size: int, name: str = "targets") -> None:
     marker for a skipped position) is refused like any other id out of range.
 
     >>> check_targets(torch.tensor([[0, 4]]), 5)
-    >>> check_targets(torch.tensor([3, -100]), 5)
+    >>> check_targets(torch.tensor([3, -100]), 5)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: targets must lie in [0, 5), got values in [-100, 3] (-100 skips nothing here: the book's losses have no ignore_index)
+    ValueError: targets must lie in [0, 5), got values in [-100, 3] (-100 skips nothing here:
+    the book's losses have no ignore_index)
     """
     if not isinstance(targets, torch.Tensor):
         raise ValueError(f"{name} must be an integer tensor, got {type(targets).__name__}")
@@ -218,10 +219,11 @@ def check_mask(name: str, mask: object, shape: tuple[int, ...] | torch.Size) -> 
 
     >>> check_mask("mask", torch.tensor([1.0, 0.0]), (2,))
     tensor([ True, False])
-    >>> check_mask("mask", torch.tensor([0.0, 0.5]), (2,))
+    >>> check_mask("mask", torch.tensor([0.0, 0.5]), (2,))  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: mask must be boolean (or 0/1), got values other than 0 and 1 in a tensor of torch.float32
+    ValueError: mask must be boolean (or 0/1), got values other than 0 and 1 in a tensor of
+    torch.float32
     """
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"{name} must be a boolean tensor, got {type(mask).__name__}")

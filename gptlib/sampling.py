@@ -266,7 +266,8 @@ def generate_with_logits(
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
-    >>> ids, logits = generate_with_logits(GPT(GPTConfig.preset("tiny")), torch.tensor([[1, 2]]), 3, temperature=0.0)
+    >>> model = GPT(GPTConfig.preset("tiny"))
+    >>> ids, logits = generate_with_logits(model, torch.tensor([[1, 2]]), 3, temperature=0.0)
     >>> tuple(ids.shape), tuple(logits.shape), torch.equal(ids[:, 2:], logits.argmax(-1))
     ((1, 5), (1, 3, 512), True)
     """

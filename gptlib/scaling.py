@@ -203,10 +203,10 @@ CHINCHILLA_APPROACH_3 = LossSurface(E=1.69, c_N=406.4, c_tok=410.7, alpha_N=0.34
 def compute_optimal(
     C: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
 ) -> tuple[float, float]:
-    """The rule of Chinchilla's Approaches 1 and 2: C = 6 N n_tok with n_tok = r N, so N = sqrt(C /
-    6r).
+    """The rule of Chinchilla's Approaches 1 and 2: C = 6 N n_tok with n_tok = r N, so
+    N = sqrt(C / 6r).
 
-    >>> N, n_tok = compute_optimal(5.76e23)  # Gopher's budget, on which Chinchilla trained 70e9 on 1.4e12
+    >>> N, n_tok = compute_optimal(5.76e23)  # Gopher's budget; Chinchilla trained 70e9 on 1.4e12
     >>> round(N / 1e9), round(n_tok / 1e12, 1)
     (69, 1.4)
     """

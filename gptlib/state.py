@@ -117,7 +117,8 @@ def load_state_checked(
     model: nn.Module, state: dict[str, Tensor], source: str = "state dict"
 ) -> None:
     """``load_state_dict`` after :func:`check_state`: every error names the tensor, and nothing
-    is loaded unless every tensor fits. A shared parameter may be given under its first name only."""
+    is loaded unless every tensor fits. A shared parameter may be given under its first name
+    only."""
     model.load_state_dict(check_state(model, state, source))
 
 

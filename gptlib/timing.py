@@ -38,7 +38,8 @@ def alternating_rounds(
     machine state as the calls, such as the matmul rate (:func:`gptlib.flops.matmul_flops_per_s`).
 
     >>> order = []
-    >>> times = alternating_rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3, warmup=0)
+    >>> calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    >>> times = alternating_rounds(calls, 3, warmup=0)
     >>> order  # a first, then b first, then a first
     ['a', 'b', 'b', 'a', 'a', 'b']
     >>> {name: len(t) for name, t in times.items()}

@@ -35,7 +35,8 @@ __all__ = ["TrainConfig", "History", "Trainer"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What a :class:`Trainer` does: ints are ints (``bool`` refused), floats finite and in range."""
+    """What a :class:`Trainer` does: ints are ints (``bool`` refused), floats finite and in
+    range."""
 
     steps: int = 300
     batch_size: int = 16

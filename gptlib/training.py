@@ -214,7 +214,8 @@ def train_step(
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices (2-D parameters, embeddings included), none on biases
-    and LayerNorm gains (1-D). This is the book's rule (nanoGPT's too); GPT-2's own was not published."""
+    and LayerNorm gains (1-D). This is the book's rule (nanoGPT's too); GPT-2's own was not
+    published."""
     check_float("weight_decay", weight_decay, 0.0)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -259,7 +260,7 @@ def windows_loss(
     >>> model = torch.nn.Embedding(4, 4)  # ids (n, T) -> logits (n, T, 4)
     >>> _ = torch.nn.init.zeros_(model.weight)  # uniform over 4 tokens: ln 4 nats, 2 bits per token
     >>> x, y = make_windows(list(range(4)) * 3, n_ctx=5, stride=5)
-    >>> r = windows_loss(model, x, y, byte_lengths=[2, 2, 2, 2])  # 2 bytes per token: 1 bit per byte
+    >>> r = windows_loss(model, x, y, byte_lengths=[2, 2, 2, 2])  # 2 bytes/token: 1 bit/byte
     >>> round(r.nats_per_token, 4), round(r.bits_per_byte, 4), r.tokens, r.bytes
     (1.3863, 1.0, 10, 20)
     """

@@ -33,7 +33,8 @@ HALF, N_ABL = 24, 5
 
 
 def repeated_random(n: int, seed: int) -> torch.Tensor:
-    """(n, 2 HALF) sequences [r, r], r of HALF tokens drawn from ids 100 .. 19999 (as Chapter 12)."""
+    """(n, 2 HALF) sequences [r, r], r of HALF tokens drawn from ids 100 .. 19999 (as Chapter
+    12)."""
     r = torch.randint(100, 20000, (n, HALF), generator=torch.Generator().manual_seed(seed))
     return torch.cat([r, r], dim=1)
 

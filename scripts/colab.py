@@ -27,7 +27,9 @@ README_END = "<!-- chapters:end -->"
 SETUP_CELL = """\
 # Set-up for Google Colab: fetch the book's code and the few packages Colab lacks.
 # Anywhere else (a local Jupyter, the book's tests) this cell does nothing.
-import os, subprocess, sys
+import os
+import subprocess
+import sys
 
 if "google.colab" in sys.modules:
     url = "{repo}"
@@ -95,7 +97,10 @@ def readme_block(repo: str, ref: str) -> str:
     lines = [README_BEGIN, "", "| chapter | Colab |", "|---|---|"]
     for p in chapters():
         nb = json.loads(p.read_text(encoding="utf-8"))
-        badge = f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_link(repo, ref, p)})"
+        badge = (
+            "[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"({colab_link(repo, ref, p)})"
+        )
         lines.append(f"| [{_title(nb)}]({p.relative_to(ROOT).as_posix()}) | {badge} |")
     lines += ["", README_END]
     return "\n".join(lines)

@@ -192,7 +192,7 @@ def attention_sweep(args) -> dict:
         model = attention_variant(name)
         t0 = time.time()
         hist = Trainer(model, make_windows(train_ids, n_ctx, n_ctx // 2), None, tc).run()
-        H, d_head = config.n_heads, config.d_head
+        d_head = config.d_head
         cache = latent[0] + latent[1] if latent else 2 * config.n_kv_heads * d_head
         out["runs"][name] = {
             "config": config.__dict__,
@@ -231,7 +231,8 @@ def main() -> None:
         raise ValueError(f"ranks must be >= 1, got {args.ranks}")
     t0 = time.time()
     result = {
-        "what": "Chapter 14's LoRA and full fine-tuning runs per rank and seed, and its three attention layers; "
+        "what": "Chapter 14's LoRA and full fine-tuning runs per rank and seed, "
+        "and its three attention layers; "
         "made by scripts/lora_mla_sweep.py with one torch thread",
         "fine_tune": FINE_TUNE,
         "ranks": args.ranks,

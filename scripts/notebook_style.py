@@ -271,7 +271,9 @@ def display_maths_in_paragraphs(text: str) -> list[tuple[int, str]]:
 
     >>> display_maths_in_paragraphs("Text\\n$$\\nx\\n$$\\nmore")
     [(2, 'no blank line before the display maths'), (4, 'no blank line after the display maths')]
-    >>> display_maths_in_paragraphs("Text\\n\\n$$\\n\\\\begin{aligned} x\\n\\\\end{aligned}\\n$$ (eq-x)\\n\\nmore")
+    >>> display_maths_in_paragraphs(
+    ...     "Text\\n\\n$$\\n\\\\begin{aligned} x\\n\\\\end{aligned}\\n$$ (eq-x)\\n\\nmore"
+    ... )
     []
     """
     lines = list(markdown_blocks(text))
@@ -356,7 +358,8 @@ def is_check_cell(cell) -> bool:
 
 
 def check_cells_shown(nb) -> list[Finding]:
-    """Check cells whose code the page shows (no hide-input, hide-cell, remove-input, remove-cell)."""
+    """Check cells whose code the page shows (no hide-input, hide-cell, remove-input,
+    remove-cell)."""
     return [
         Finding(i, c.get("id", ""), "check cell not tagged hide-input")
         for i, c in enumerate(nb.cells)
@@ -365,7 +368,8 @@ def check_cells_shown(nb) -> list[Finding]:
 
 
 def tag_check_cells(nb, skip: set[str] = frozenset()) -> list[str]:
-    """Adds ``hide-input`` to every shown check cell (ids in ``skip`` excepted); returns their ids."""
+    """Adds ``hide-input`` to every shown check cell (ids in ``skip`` excepted); returns their
+    ids."""
     done = []
     for f in check_cells_shown(nb):
         cell = nb.cells[f.cell]

@@ -199,7 +199,8 @@ def main() -> None:
                 )
                 report(runs[-1])
     result = {
-        "what": "chapters/09_rlhf.ipynb's ppo() per baseline, beta and seed, and its dpo() per beta and seed; "
+        "what": "chapters/09_rlhf.ipynb's ppo() per baseline, beta and seed, "
+        "and its dpo() per beta and seed; "
         "made by scripts/rlhf_sweep.py",
         "steps": args.steps,
         "betas": args.betas,

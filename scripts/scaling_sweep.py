@@ -88,7 +88,8 @@ def main() -> int:
         runs.append(run)
         print(json.dumps(run), flush=True)
     out = {
-        "what": "validation loss of GPTs of five sizes trained on the same tokens of the book's corpus",
+        "what": "validation loss of GPTs of five sizes trained on the same tokens "
+        "of the book's corpus",
         "script": "scripts/scaling_sweep.py",
         "d_vocab": tok.vocab_size,
         "n_ctx": N_CTX,

@@ -79,7 +79,8 @@ SPEED_SIZES = (128, 192, 256)
 
 
 def throughput(rc: RunConfig, sizes=SPEED_SIZES, rounds: int = 3, steps: int = 4) -> dict:
-    """Trainer tokens/s and model FLOP/s over the matmul rate for each d_model (rounds interleaved)."""
+    """Trainer tokens/s and model FLOP/s over the matmul rate for each d_model (rounds
+    interleaved)."""
     out: dict[str, dict] = {}
     trainers = {}
     for d in sizes:

@@ -88,7 +88,8 @@ def main() -> int:
             "package": f"npm {brown.package}",
             "sha256": brown.sha256,
             "licence": brown.licence,
-            "split": "validation = every 20th of the 500 samples in sorted order (25 samples); the rest trains",
+            "split": "validation = every 20th of the 500 samples in sorted order (25 samples); "
+            "the rest trains",
             "train_tokens": r["train_tokens"],
             "val_tokens": r["val_tokens"],
         },
@@ -114,7 +115,8 @@ def main() -> int:
                 )
                 for i in hist.step[::every]
             ],
-            "note": "val_loss: eval mode on fixed validation batches; train_loss: training batches (dropout on) "
+            "note": "val_loss: eval mode on fixed validation batches; "
+            "train_loss: training batches (dropout on) "
             f"averaged over the last {every} steps",
         },
         "environment": {

@@ -95,7 +95,8 @@ def gpt2():
 
 @pytest.fixture(scope="session")
 def r50k(gpt2):
-    """tiktoken's GPT-2 encoding, read from the same ranks file by tiktoken's own loader: the peer."""
+    """tiktoken's GPT-2 encoding, read from the same ranks file by tiktoken's own loader: the
+    peer."""
     import tiktoken
     import tiktoken.load
 
@@ -170,7 +171,8 @@ def browser():
 
 @pytest.fixture(scope="session")
 def summary(request):
-    """``summary(title, text)`` prints ``text`` at the end of the run, passed or not, even under -q."""
+    """``summary(title, text)`` prints ``text`` at the end of the run, passed or not, even under
+    -q."""
     items = request.config.stash.setdefault(_SUMMARIES, [])
     return lambda title, text: items.append((title, text))
 

@@ -63,7 +63,8 @@ class Page:
         self.page.evaluate("() => MathJax.startup.promise")
         raw = self.page.evaluate(
             """() => [...document.querySelectorAll('article .math')]
-                     .filter((e) => !e.querySelector('mjx-container')).map((e) => e.textContent.slice(0, 60))"""
+                     .filter((e) => !e.querySelector('mjx-container'))
+                     .map((e) => e.textContent.slice(0, 60))"""
         )
         assert not raw, f"formulas left untypeset: {raw[:5]}"
         assert self.page.locator("article mjx-container").count() > 0
@@ -484,7 +485,8 @@ def shipped_page(site, tmp_path_factory):
         'src="_static/require-config.js"></script>'
         '<script src="_static/vendor/html-manager/embed-amd.js" '
         'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head><body>{views}</body></html>',
+        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
+        f"<body>{views}</body></html>",
         encoding="utf-8",
     )
     with serve(root) as url:
@@ -493,7 +495,7 @@ def shipped_page(site, tmp_path_factory):
 
 @browser_test
 def test_attention_view_on_the_shipped_model(browser, site, shipped_page):
-    url, attention, _ = shipped_page
+    url, _attention, _ = shipped_page
     p = Page(browser, site, "", url=url)
     root = p.page.locator(".gptlib-attn").first
     assert "induction" in check_attention_view(root)  # the text repeats

@@ -182,7 +182,8 @@ class Page:
 
     def wait_idle(self, timeout=60_000):
         self.page.wait_for_function(
-            "() => { const r = document.querySelector('.gptlib-play'); return r.dataset.busy === '0' && "
+            "() => { const r = document.querySelector('.gptlib-play'); "
+            "return r.dataset.busy === '0' && "
             "(r.dataset.live === 'browser' || r.dataset.live === 'failed'); }",
             timeout=timeout,
         )
@@ -286,7 +287,8 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
 
 
 def check_distribution(page, model, ids: list[int]) -> dict:
-    """The probabilities the page shows and samples from are next_token_probs of PyTorch's logits."""
+    """The probabilities the page shows and samples from are next_token_probs of PyTorch's
+    logits."""
     s = _settings(page)
     y = readout(model, torch.tensor([ids[-model.config.n_ctx :]]))["logits"][0, -1].double()
     want = next_token_probs(
@@ -737,7 +739,8 @@ def test_dark_mode_and_a_420_pixel_page(browser, site):
         # text against what is behind it: the nearest box with a background (the theme's, or its
         # card around widget outputs)
         behind = (
-            "e => { for (let a = e; a; a = a.parentElement) { const c = getComputedStyle(a).backgroundColor;"
+            "e => { for (let a = e; a; a = a.parentElement) { "
+            "const c = getComputedStyle(a).backgroundColor;"
             " if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c; "
             "} return 'rgb(255, 255, 255)'; }"
         )

@@ -76,7 +76,8 @@ MEASURE = r"""
     const p = n.parentElement;
     if (!p || p.closest(skip) || !tex.test(n.textContent)) continue;
     const at = n.textContent.search(tex);
-    raw.push(`${name(p)}: ${n.textContent.slice(Math.max(0, at - 20), at + 30).replace(/\s+/g, " ")}`);
+    const around = n.textContent.slice(Math.max(0, at - 20), at + 30);
+    raw.push(`${name(p)}: ${around.replace(/\s+/g, " ")}`);
   }
   const images = [...article.querySelectorAll("img")].filter((i) => i.naturalWidth > 0 && shown(i))
       .map((i) => ({scale: i.getBoundingClientRect().width / i.naturalWidth, where: name(i)}));
@@ -86,7 +87,9 @@ MEASURE = r"""
     wide_code: list(".cell_input"),
     wide_output: list(".cell_output > *"),
     wide_maths: list("mjx-container[display='true']"),
-    wide_table: list(".pst-scrollable-table-container, table:not(.pst-scrollable-table-container *)"),
+    wide_table: list(
+        ".pst-scrollable-table-container, table:not(.pst-scrollable-table-container *)"
+    ),
     page_wide: document.documentElement.scrollWidth > window.innerWidth,
     page_width: document.documentElement.scrollWidth,
     tex: raw,

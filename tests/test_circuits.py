@@ -1,4 +1,5 @@
-"""Tests for gptlib.circuits: scores on hand-made patterns with known values, composition, copying."""
+"""Tests for gptlib.circuits: scores on hand-made patterns with known values, composition,
+copying."""
 
 import math
 

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_script(name: str):
-    """A module of scripts/ imported from its file (scripts/ is not a package and not on sys.path)."""
+    """A module of scripts/ imported from its file (scripts/ is not a package and not on
+    sys.path)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -90,7 +91,9 @@ SIMULATION = textwrap.dedent(
     calls = []
     google = types.ModuleType("google")
     google.colab = types.ModuleType("google.colab")
-    google.colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append("widgets"))
+    google.colab.output = types.SimpleNamespace(
+        enable_custom_widget_manager=lambda: calls.append("widgets")
+    )
     sys.modules["google"], sys.modules["google.colab"] = google, google.colab
 
     exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})

@@ -285,7 +285,7 @@ def test_export_writes_the_three_files(english, exported, english_onnx):
 
 
 def test_export_checks_its_input_before_writing(tmp_path, english):
-    model, tok = english
+    model, _tok = english
     src = tmp_path / "model"
     model.save(src)
     out = tmp_path / "out"
@@ -358,7 +358,7 @@ def test_a_model_with_non_finite_weights_is_not_exported(tiny_gpt):
 
 
 def test_manifest_needs_the_models_vocabulary(english):
-    model, tok = english
+    model, _tok = english
     small = BPETokenizer.train("the cat sat on the mat " * 10, 268)
     with pytest.raises(ValueError, match="tokenizer has 268 tokens, the model d_vocab=4096"):
         manifest(model, small, "english", b"", b"")

@@ -57,7 +57,7 @@ def test_every_colour_reads_in_light_and_dark_mode(colour):
 
 def test_colours_are_distinct_and_cycle():
     assert len(set(figures.COLOURS)) == len(figures.COLOURS)
-    fig, ax = figures.subplots()
+    _fig, ax = figures.subplots()
     lines = [ax.plot([0, 1], [k, k])[0] for k in range(len(figures.COLOURS))]
     assert [matplotlib.colors.to_hex(line.get_color()) for line in lines] == [
         c.lower() for c in figures.COLOURS

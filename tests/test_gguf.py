@@ -247,10 +247,9 @@ def _rewrite(path, tensors, fields):
 
 def test_a_stale_export_is_refused_and_exported_again(tiny, tmp_path, monkeypatch):
     """Issue 23.8: ModernGPT's norms became ln_eps, ln_1, ln_2, ln_f (GPT's names). An export
-    written
-    before (config norm_eps, tensors attn_norm, mlp_norm, norm_f) is intact but stale: reading it
-    says
-    what to run, and `python -m gptlib.gguf export` (make smollm2) notices it and writes it again."""
+    written before (config norm_eps, tensors attn_norm, mlp_norm, norm_f) is intact but stale:
+    reading it says what to run, and `python -m gptlib.gguf export` (make smollm2) notices it and
+    writes it again."""
     import gptlib.gguf as G
     from gptlib.files import read_file
 

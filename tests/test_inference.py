@@ -100,7 +100,7 @@ def test_tiling_that_forgets_to_rescale_o_is_caught(monkeypatch):
     def no_rescale(state, scores, v_b):  # rescales ell but not o
         m_new, ell_new, o_new = flash_update(state, scores, v_b)
         if state is not None:
-            m, _, o = state
+            _m, _, o = state
             o_new = o + torch.exp(scores - m_new) @ v_b
         return m_new, ell_new, o_new
 

@@ -1,4 +1,5 @@
-"""Tests for gptlib.lora: the rank-r update, its first gradients, merging, and the alpha/r scaling."""
+"""Tests for gptlib.lora: the rank-r update, its first gradients, merging, and the alpha/r
+scaling."""
 
 import copy
 

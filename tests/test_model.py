@@ -314,9 +314,9 @@ def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tm
     assert set(state) - set(stored) == {"unembed.W_E"} and m.unembed.W_E is m.embed.W_E
     assert not (shipped.parent / "config.json").exists()  # the config is inside the file
     saved = m.save(tmp_path, dtype=dtype).read_bytes()
-    if (
-        name == "english"
-    ):  # its converted file is exactly what GPT.save writes (the small one's config predates attn_only)
+    # its converted file is exactly what GPT.save writes (the small one's config predates
+    # attn_only)
+    if name == "english":
         assert saved == shipped.read_bytes()
 
 

@@ -265,8 +265,8 @@ def test_logit_lens_last_row_is_the_logits():
 
 def test_head_scores_of_modern_gpt_are_the_circuits_scores():
     """Chapter 12 reads its heads with gptlib.circuits, the one definition of the scores: on a
-    random
-    block r repeated ([r, r], no token twice in r) the induction pairs are (i, i - R + 1), i >= R."""
+    random block r repeated ([r, r], no token twice in r) the induction pairs are (i, i - R + 1),
+    i >= R."""
     model, R = tiny_model(4), 7
     r = torch.randperm(300, generator=torch.Generator().manual_seed(4))[:R]
     ids = torch.cat([r, r])[None]  # (1, 2R)

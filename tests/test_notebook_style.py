@@ -132,7 +132,8 @@ def code(source, tags=(), output=None):
 
 
 def test_long_lines_include_the_colab_setup_cell():
-    """Removed from the page, the set-up cell is still read in Colab: it keeps the 88 columns too."""
+    """Removed from the page, the set-up cell is still read in Colab: it keeps the 88 columns
+    too."""
     long = "y = " + "1 + " * 30 + "1"
     nb = notebook(code(long, tags=["colab-setup", "remove-cell"]), code("x = 1\n" + long))
     assert [(f.cell, f.line) for f in style.long_lines(nb)] == [(0, 1), (1, 2)]

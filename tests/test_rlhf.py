@@ -333,7 +333,7 @@ def low_token_shares(policy, x, seed=3):
 def test_ppo_is_seeded_and_raises_the_reward():
     sft, rm, x = tiny_gpt(), low_tokens, prompts(8)
     a, ha = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
-    b, hb = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
+    _b, hb = rlhf.ppo(sft, rm, x, Y, beta=0.0, steps=12, seed=1, judge=low_tokens, lr=1e-2)
     assert ha == hb and list(ha) == ["judged", "reward", "kl"] and ha["judged"] == ha["reward"]
     before, se_b = low_token_shares(sft, x)  # 64 samples
     assert before == rlhf.judged_score(sft, x.repeat(8, 1), Y, low_tokens, seed=3)

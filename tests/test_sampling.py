@@ -1,4 +1,5 @@
-"""gptlib.sampling: next_token_probs semantics and errors; generate with and without the KV cache."""
+"""gptlib.sampling: next_token_probs semantics and errors; generate with and without the KV
+cache."""
 
 import math
 
@@ -142,9 +143,10 @@ def test_generate_cache_equals_no_cache_past_n_ctx(small):
 
 def test_generate_is_reproducible_with_a_seed(small):
     prompt = torch.tensor([[5, 6, 7]])
-    draw = lambda seed, **kw: generate(
-        small, prompt, 20, generator=torch.Generator().manual_seed(seed), **kw
-    )
+
+    def draw(seed, **kw):
+        return generate(small, prompt, 20, generator=torch.Generator().manual_seed(seed), **kw)
+
     assert torch.equal(draw(7), draw(7)) and torch.equal(
         draw(7, temperature=1.5, top_k=20), draw(7, temperature=1.5, top_k=20)
     )

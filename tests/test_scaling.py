@@ -1,6 +1,6 @@
-"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fits (with and without
-a
-floor), Chinchilla's loss surface and its optimum, and the 20-tokens rule against the papers' numbers."""
+"""Tests for gptlib.scaling: the non-embedding parameter count, the power-law fits (with and
+without a floor), Chinchilla's loss surface and its optimum, and the 20-tokens rule against the
+papers' numbers."""
 
 from __future__ import annotations
 

@@ -118,11 +118,13 @@ def test_encoding_a_long_piece_costs_linear_many_rank_lookups(tok):
 # --- item 10: the same ids as tiktoken, letters of any Unicode version included
 # --------------------
 NEWER_THAN_PYTHON = [
-    "\U00032628're",  # CJK Extension J (Unicode 17.0): a letter to the regex module, not to tiktoken
+    # CJK Extension J (Unicode 17.0): a letter to the regex module, not to tiktoken
+    "\U00032628're",
     "\u0558's",  # Armenian (17.0)
     "\U00011de0'll",  # a Tolong Siki digit (17.0)
     "x\U00032628've \U00032628'd",
-    "\U00031350're",  # CJK Extension H (15.0): a letter to both, unknown to Python 3.11's unicodedata
+    # CJK Extension H (15.0): a letter to both, unknown to Python 3.11's unicodedata
+    "\U00031350're",
     "\U0001e5d0'm \U00011f50't",  # Ol Onal letter (16.0), Kawi digit (15.0)
     " \U000323b0\U000323b1's",
 ]

@@ -1,4 +1,5 @@
-"""gptlib.training: windows, losses, schedule, optimiser groups, training, checkpoints and resume."""
+"""gptlib.training: windows, losses, schedule, optimiser groups, training, checkpoints and
+resume."""
 
 import math
 
@@ -122,7 +123,8 @@ def test_train_config_validation():
     ],
 )
 def test_train_config_refuses_non_finite_and_out_of_range_values(field, value):
-    """Issue 24.5: every float finite and in its range, every int an int; the error names the field."""
+    """Issue 24.5: every float finite and in its range, every int an int; the error names the
+    field."""
     with pytest.raises(ValueError, match=f"^{field}"):
         TrainConfig(**{field: value})
     assert TrainConfig(betas=[0.8, 0.9]).betas == (0.8, 0.9)  # a list (from JSON) becomes the tuple
@@ -186,7 +188,8 @@ def test_checkpoint_for_another_model_or_config_names_the_field(tmp_path):
     )
     with pytest.raises(
         ValueError,
-        match=r"c.safetensors: field 'config' differs from this trainer's model in \['d_model', 'dropout'\]",
+        match=r"c.safetensors: field 'config' differs from this trainer's model in "
+        r"\['d_model', 'dropout'\]",
     ):
         other.load_checkpoint(path)
     longer = Trainer(

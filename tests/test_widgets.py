@@ -492,8 +492,8 @@ def test_from_model_stores_the_models_distributions(tiny):
     assert (w.temperature, w.top_k, w.top_p, w.seed, w.title) == (0.8, 4, 0.9, 3, "tiny")
     assert w.vocab_size == tok.vocab_size and 0.8 in w.temperatures
     assert (
-        repr(w)
-        == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, temperature=0.8, top_k=4, top_p=0.9)"
+        repr(w) == f"SamplingView(prompts=2, vocab={tok.vocab_size}, depth=2, "
+        "temperature=0.8, top_k=4, top_p=0.9)"
     )
     # top-k beyond the tokens a node stores: the page could not tell which tokens it keeps
     with pytest.raises(ValueError, match="top_k must be <= 5"):
@@ -558,7 +558,8 @@ def test_from_model_is_deterministic_and_compact(tiny):
 
 
 def test_from_model_refuses_a_model_with_nan_logits(tiny):
-    """The plain constructor refuses NaN logits; so does from_model, whose logits come from a model."""
+    """The plain constructor refuses NaN logits; so does from_model, whose logits come from a
+    model."""
     model, tok = tiny
     broken = GPT(model.config)
     broken.load_state_dict(model.state_dict())
@@ -740,7 +741,8 @@ def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
         "const us = Array.from({length: 200}, () => r()), u0 = Array.from({length: 3}, () => "
         "r0());\n"
         "const p = [0.1, 0.0, 0.6, 0.3], order = [2, 3, 0, 1];\n"
-        "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1].map((u) => m.drawIndex(p, order, u))}));",
+        "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1]"
+        ".map((u) => m.drawIndex(p, order, u))}));",
     )
     py = _xorshift32(5)
     assert js["us"] == [next(py) for _ in range(200)]  # bit for bit
@@ -792,7 +794,7 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
         " u]; })));",
     )
     seen_approx = seen_rest = False
-    for (n, ids, values, r, t, k, p), (probs, rest, approx, last, total) in zip(calls, js):
+    for (n, ids, _values, _r, t, k, p), (probs, rest, approx, last, total) in zip(calls, js):
         want = next_token_probs(y, temperature=t, top_k=k or None, top_p=p if p < 1 else None)
         assert total + rest == pytest.approx(1.0, abs=1e-9)
         if not approx:
@@ -805,7 +807,8 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
                 msg=lambda msg: f"n={n} T={t} k={k} p={p}: {msg}",
             )
             assert rest == pytest.approx(1 - float(want[ids].sum()), abs=2e-5)
-        else:  # the stored tokens keep the model's proportions; the others keep less than in the model
+        else:  # the stored tokens keep the model's proportions; the others keep less than in
+            # the model
             seen_approx = True
             assert n < 200 and 0 < p < 1
             got = torch.tensor(probs, dtype=torch.float64)
@@ -1003,8 +1006,8 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
     )
     assert (s["layer"], s["head"]) == (1, 3)
     assert (
-        repr(w)
-        == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, temperature=0.7, top_k=5, top_p=0.9)"
+        repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, "
+        "temperature=0.7, top_k=5, top_p=0.9)"
     )
     json.dumps(s, allow_nan=False)
     assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
@@ -1147,7 +1150,10 @@ const fake = {{
   on: (name, f) => {{ listener = f; }},
   send: (content) => setTimeout(() => {{
     const [msg, bufs] = replies[content.req];
-    listener(msg, bufs.map((b) => {{ const u = Uint8Array.from(Buffer.from(b, "base64")); return new DataView(u.buffer); }}));
+    listener(msg, bufs.map((b) => {{
+      const u = Uint8Array.from(Buffer.from(b, "base64"));
+      return new DataView(u.buffer);
+    }}));
   }}, 1),
 }};
 const ask = m.kernelLink(fake);
@@ -1157,8 +1163,10 @@ const ids = await k.encode("the dog sat");
 const r = await k.forward(ids);
 let error = null;
 try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
-console.log(JSON.stringify({{ kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
-  logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens), error }}));
+console.log(JSON.stringify({{
+  kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
+  logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens),
+  error }}));
 """,
         "live.js",
     )

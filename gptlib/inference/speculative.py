@@ -105,7 +105,8 @@ def speculative_round(
     distributions after each draft prefix, q (gamma, d_vocab) the draft's, drafts (gamma,) ~ q.
 
     >>> p = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]])
-    >>> speculative_round(p, torch.tensor([[0.5, 0.5], [0.5, 0.5]]), torch.tensor([1, 0]))  # q = p: both kept
+    >>> q = torch.tensor([[0.5, 0.5], [0.5, 0.5]])  # q = p: both kept
+    >>> speculative_round(p, q, torch.tensor([1, 0]))
     tensor([1, 0, 1])
     """
     gamma = q.shape[0]
@@ -135,7 +136,8 @@ def emitted_distribution(
     (d_vocab,) after a tuple of tokens (any functions of the prefix). The theorem says the result is
     :func:`sequence_distribution` of ``p_of``:
 
-    >>> p_of = lambda s: torch.tensor([0.6, 0.3, 0.1] if len(s) % 2 else [0.1, 0.2, 0.7], dtype=torch.float64)
+    >>> p_of = lambda s: torch.tensor([0.6, 0.3, 0.1] if len(s) % 2 else [0.1, 0.2, 0.7],
+    ...                               dtype=torch.float64)
     >>> q_of = lambda s: torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
     >>> e = emitted_distribution(p_of, q_of, gamma=2, n=3)
     >>> float((e - sequence_distribution(p_of, 3, 3)).abs().max()) < 1e-15
@@ -295,7 +297,8 @@ class _Stepper:
         )
 
     def __call__(self, seq: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Logits (n, d_vocab) after the last token of seq (1, T) and after each of ``extra`` (k,)."""
+        """Logits (n, d_vocab) after the last token of seq (1, T) and after each of ``extra``
+        (k,)."""
         if self.cache is None:  # a bigram reads one token per position
             new = seq[:, -1:] if extra is None else torch.cat([seq[:, -1:], extra[None]], dim=1)
             return self.model(new)[0]

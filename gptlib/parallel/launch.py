@@ -205,7 +205,8 @@ def run_distributed(
 
 
 def _run_jobs(rank: int, world_size: int, jobs: dict) -> dict:
-    """The worker of :func:`run_together`: each job in turn, a barrier after each; results by name."""
+    """The worker of :func:`run_together`: each job in turn, a barrier after each; results by
+    name."""
     out = {}
     for name, (fn, args) in jobs.items():
         try:

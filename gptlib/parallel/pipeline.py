@@ -234,8 +234,10 @@ def peak_in_flight(grid: list[list[str]]) -> list[int]:
     """Per stage, the most micro-batches whose forward has run and whose backward has not:
     the activations the stage must hold at once.
 
-    >>> peak_in_flight(pipeline_timetable("gpipe", 2, 4)), peak_in_flight(pipeline_timetable("1f1b", 2, 4))
-    ([4, 4], [2, 1])
+    >>> peak_in_flight(pipeline_timetable("gpipe", 2, 4))
+    [4, 4]
+    >>> peak_in_flight(pipeline_timetable("1f1b", 2, 4))
+    [2, 1]
     """
     peaks = []
     for row in grid:

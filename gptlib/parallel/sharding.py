@@ -57,7 +57,8 @@ def local_numel(tensors) -> int:
 
 
 def _optimizer_numel(opt: torch.optim.Optimizer) -> int:
-    """Numbers held in the optimiser's per-parameter state (AdamW: the two moments; not the step)."""
+    """Numbers held in the optimiser's per-parameter state (AdamW: the two moments; not the
+    step)."""
     return local_numel(
         v for s in opt.state.values() for k, v in s.items() if k != "step" and torch.is_tensor(v)
     )

@@ -40,7 +40,7 @@ class SentenceLabeller:
     unfinished: that last word is not judged.
 
     >>> judge = SentenceLabeller.from_text("The jury said that it was over.")
-    >>> judge(" the jury said. It was"), judge(" the jury said that it")  # the last word is not judged
+    >>> judge(" the jury said. It was"), judge(" the jury said that it")  # last word is not judged
     (1.0, 0.5)
     >>> judge(" the jurry said. It"), judge(" the jurry said that")  # "jurry" is not a known word
     (0.5, 0.0)

@@ -51,10 +51,11 @@ def check_text(text: object, name: str = "text", utf8: bool = False) -> str:
     byte-level tokenizer cannot encode them. tiktoken replaces them by U+FFFD, which breaks
     ``decode(encode(text)) == text``; the book's byte-level BPE refuses them instead.
 
-    >>> check_text("a\\ud800b", utf8=True)
+    >>> check_text("a\\ud800b", utf8=True)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: text must be valid Unicode: the lone surrogate '\\ud800' at position 1 has no UTF-8 bytes
+    ValueError: text must be valid Unicode: the lone surrogate '\\ud800' at position 1 has no
+    UTF-8 bytes
     """
     if not isinstance(text, str):
         raise ValueError(f"{name} must be a str, got {type(text).__name__}")
@@ -133,7 +134,10 @@ _AS_UNASSIGNED = dict.fromkeys(
     map(ord, _NEWER), 0xFDD0
 )  # (a set test is 50x faster than a regex class)
 # A text with a character of every kind a split pattern must put in some piece.
-_PROBE = "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 \ufdd0\U000f0000 <|x|>  "
+_PROBE = (
+    "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 \ufdd0\U000f0000 "
+    "<|x|>  "
+)
 
 
 def compile_pattern(pattern: object) -> regex.Pattern:
@@ -213,7 +217,8 @@ _JSON_NAMES = {list: "list", dict: "object", str: "string"}
 
 
 def _check_strings(name: str, items: Sequence) -> None:
-    """Every item must be a non-empty ``str`` that UTF-8 can write; ``ValueError`` naming ``name``."""
+    """Every item must be a non-empty ``str`` that UTF-8 can write; ``ValueError`` naming
+    ``name``."""
     for s in items:
         if not isinstance(s, str) or not s:
             raise ValueError(f"{name} must be non-empty strings, got {s!r}")

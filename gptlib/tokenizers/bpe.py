@@ -345,11 +345,13 @@ class BPETokenizer:
         return allowed
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """Token ids (ints in [0, vocab_size): a list, an iterator or a 1-D tensor) -> their bytes."""
+        """Token ids (ints in [0, vocab_size): a list, an iterator or a 1-D tensor) -> their
+        bytes."""
         return b"".join(map(self.vocab.__getitem__, as_ids(ids, self.vocab_size)))
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Token ids -> text. Byte sequences that are not valid UTF-8 become U+FFFD, never an error."""
+        """Token ids -> text. Byte sequences that are not valid UTF-8 become U+FFFD, never an
+        error."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def merge_trace(self, text: str) -> tuple[list[list[str]], list[str]]:

@@ -47,7 +47,8 @@ class _ListTokenizer:
 
     @classmethod
     def _check_file_vocab(cls, path, vocab: list) -> None:
-        """What a file's vocabulary needs beyond what the constructor checks (nothing, by default)."""
+        """What a file's vocabulary needs beyond what the constructor checks (nothing, by
+        default)."""
 
 
 class CharTokenizer(_ListTokenizer):

@@ -14,7 +14,8 @@ class BPEMergeView(BookWidget):
     label for merge i + 1, e.g. ``"'t' + 'h' -> 'th'"``. Hence ``len(steps) == len(merges) + 1``.
     The view opens on the last step; the pieces the shown merge created are outlined.
 
-    >>> BPEMergeView([list("the"), ["th", "e"], ["the"]], ["'t' + 'h' -> 'th'", "'th' + 'e' -> 'the'"])
+    >>> merges = ["'t' + 'h' -> 'th'", "'th' + 'e' -> 'the'"]
+    >>> BPEMergeView([list("the"), ["th", "e"], ["the"]], merges)
     BPEMergeView(merges=2, pieces=[3, 1])
     """
 

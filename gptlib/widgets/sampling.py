@@ -186,10 +186,10 @@ def continuation_tree(
             or len(logits) != len(frontier)
             or logits.shape[1] < 1
         ):
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
             raise ValueError(
-                f"next_logits must return a tensor ({len(frontier)}, d_vocab) for {len(frontier)} "
-                "contexts, "
-                f"got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}"
+                f"next_logits must return a tensor ({len(frontier)}, d_vocab) for "
+                f"{len(frontier)} contexts, got {got}"
             )
         if root_vocab is None:
             root_vocab = logits.shape[1]

@@ -55,8 +55,9 @@ def strip_code(nb: dict) -> int:
     """Remove the code traits from the book's widgets in ``nb`` (in place); returns the number of
     characters removed.
 
-    >>> nb = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": {
-    ...     "_anywidget_id": "gptlib.widgets.bpe.BPEMergeView", "_esm": "x" * 5, "_css": "y", "step": 2}}}}}}}
+    >>> state = {"_anywidget_id": "gptlib.widgets.bpe.BPEMergeView", "_esm": "x" * 5, "_css": "y",
+    ...          "step": 2}
+    >>> nb = {"metadata": {"widgets": {WIDGET_STATE: {"state": {"m": {"state": state}}}}}}
     >>> strip_code(nb), _models(nb)
     (6, [{'_anywidget_id': 'gptlib.widgets.bpe.BPEMergeView', 'step': 2}])
     """
