@@ -23,7 +23,7 @@ UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 # the longest (the later ones) start first, one torch thread per kernel unless a chapter sets its
 # own (their outputs do not depend on it); then the book and the browser tests.
 test: tools install assets lint $(NODE_MODULES)
-	$(PY) -m pytest -q -m "not browser" $(UNIT)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not browser" $(UNIT)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
 
