@@ -4,8 +4,10 @@ of a text into pieces by a pattern, and the JSON files all tokenizers share."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -15,7 +17,7 @@ import torch
 
 from ..runtime import atomic_write, check_file, check_ids, check_int
 
-__all__ = ["Tokenizer"]
+__all__ = ["Tokenizer", "token_text", "token_label", "text_bytes"]
 
 
 @runtime_checkable
@@ -68,6 +70,62 @@ def check_text(text: object, name: str = "text", utf8: bool = False) -> str:
                 f"{e.start} has no UTF-8 bytes"
             ) from None
     return text
+
+
+# --- how a token is shown: the book's one rule (gptlib/widgets/js/dom.js has its twin) ---------
+# A token is a string of bytes, and a byte-level tokenizer's tokens need not be whole UTF-8
+# characters: 128 of GPT-2's 256 byte tokens are not text on their own. ``token_text`` decodes a
+# token's bytes and writes each byte that is not part of a valid UTF-8 character as ``<0xNN>``
+# (Python's "maximal subpart" rule: the same bytes a U+FFFD would replace); ``token_label`` then
+# makes the invisible visible: a space as "␣", a newline as "↵", a tab as "⇥", any other control
+# character as the ``<0xNN>`` of its UTF-8 bytes. dom.js's ``bytesText`` and ``show`` are the
+# same two functions (a node test compares them on every byte and on random strings).
+def _byte_labels(err: UnicodeDecodeError) -> tuple[str, int]:
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start : err.end]), err.end
+
+
+codecs.register_error("gptlib.byte_labels", _byte_labels)
+_VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5"}
+_BYTE_LABEL = regex.compile(r"<0x([0-9A-F]{2})>")
+
+
+def token_text(token: bytes) -> str:
+    r"""A token's bytes as text: UTF-8, each byte outside a valid character written ``<0xNN>``.
+
+    >>> token_text(b" caf\xc3\xa9"), token_text(b"\xe2\x80"), token_text(b"\xa9 ok")
+    (' café', '<0xE2><0x80>', '<0xA9> ok')
+    """
+    return bytes(token).decode("utf-8", errors="gptlib.byte_labels")
+
+
+def token_label(text: str) -> str:
+    r"""``text`` (a token's :func:`token_text`) made visible: spaces "␣", newlines "↵", tabs
+    "⇥", other control characters as the ``<0xNN>`` of their UTF-8 bytes.
+
+    >>> token_label(" the\n\t\x00\x85")
+    '␣the↵⇥<0x00><0xC2><0x85>'
+    """
+    return "".join(
+        _VISIBLE.get(c)
+        or (
+            "".join(f"<0x{b:02X}>" for b in c.encode("utf-8"))
+            if unicodedata.category(c) == "Cc"
+            else c
+        )
+        for c in text
+    )
+
+
+def text_bytes(text: str) -> bytes:
+    """The bytes a :func:`token_text` stands for (``<0xNN>`` read back as the byte).
+
+    >>> text_bytes("<0xC3>" + "<0xA9>") == "é".encode()
+    True
+    """
+    return b"".join(
+        bytes([int(m, 16)]) if k % 2 else m.encode("utf-8")
+        for k, m in enumerate(_BYTE_LABEL.split(text))
+    )
 
 
 def as_ids(ids: object, size: int, name: str = "ids") -> list[int]:

@@ -40,6 +40,7 @@ from .base import (
     check_text,
     compile_pattern,
     split_pieces,
+    token_text,
 )
 
 __all__ = [
@@ -277,8 +278,9 @@ class BPETokenizer:
         return self.vocab[check_int("i", i, 0, self.vocab_size - 1)]
 
     def token_str(self, i: int) -> str:
-        """A token as text (bytes that are not valid UTF-8 on their own show as U+FFFD)."""
-        return self.token_bytes(i).decode("utf-8", errors="replace")
+        """A token as text: bytes that are not valid UTF-8 on their own show as ``<0xNN>``
+        (:func:`gptlib.tokenizers.base.token_text`, the rule every widget follows)."""
+        return token_text(self.token_bytes(i))
 
     # -- encoding --
     def split(self, text: str) -> list[str]:
@@ -363,7 +365,7 @@ class BPETokenizer:
         O(n²) per piece of n bytes: meant for a sentence.
         """
         chunks = [[bytes([b]) for b in c.encode("utf-8")] for c in self.split(text)]
-        show = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
+        show = token_text  # a byte outside a whole character as <0xNN>
         steps = [[show(p) for c in chunks for p in c]]
         labels = []
         # Each chunk merges on its own; across chunks, the pending merge of lowest rank goes first.

@@ -16,6 +16,7 @@ from pathlib import Path
 import regex
 
 from ..runtime import atomic_write, check_file
+from .base import token_text
 from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, bytes_to_unicode
 
 __all__ = ["GGUFTokenizer", "CONTROL", "USER_DEFINED"]
@@ -194,7 +195,10 @@ class GGUFTokenizer:
         return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
 
     def token_str(self, i: int) -> str:
-        return self.decode([i])
+        """Token ``i`` as text, a byte outside a whole UTF-8 character as ``<0xNN>``
+        (:func:`gptlib.tokenizers.base.token_text`)."""
+        self.decode([i])  # (checks i)
+        return token_text(self.vocab[i])
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text the instruct model was trained on, rendered from the file's Jinja

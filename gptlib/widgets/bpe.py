@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
+from ..tokenizers.base import text_bytes
 from ._base import BookWidget, bundle, check_strings, check_title, read_asset
 
 
@@ -42,7 +43,8 @@ class BPEMergeView(BookWidget):
             raise ValueError(
                 f"steps must have len(merges) + 1 = {len(merges) + 1} entries, got {len(steps)}"
             )
-        joined = {"".join(s) for s in steps}
+        # (a piece may be a byte outside a whole character, written <0xNN>: compare the bytes)
+        joined = {text_bytes("".join(s)) for s in steps}
         if len(joined) != 1:
             raise ValueError("steps must all concatenate to the same text")
         super().__init__(steps=steps, merges=merges, title=title, step=len(merges))

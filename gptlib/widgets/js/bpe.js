@@ -1,6 +1,6 @@
 // BPE merge explorer (BPEMergeView): the sentence as coloured pieces after `step` merges, with a
 // slider over the merges.
-import { lifetime, make, report, show } from "./dom.js";
+import { collapse, lifetime, make, report, show } from "./dom.js";
 
 // The view's elements: title, slider with its label, the merge shown, the pieces.
 function layout() {
@@ -15,7 +15,7 @@ function layout() {
   const info = make("div", "gptlib-bpe-merge");
   const pieces = make("div", "gptlib-bpe-pieces");
   root.append(title, controls, info, pieces);
-  return { root, title, slider, stepLabel, info, pieces };
+  return { root, title, slider, stepLabel, info, pieces, shown: { open: false } };
 }
 
 // Each piece as the character span it covers ("start:end"), to find the pieces a merge created.
@@ -25,16 +25,20 @@ function spans(list) {
 }
 
 // The pieces after `step` merges; those the last merge created (spans that were not pieces one
-// step earlier) are outlined. Returns how many there are.
-function drawPieces(box, steps, step) {
+// step earlier) are outlined; a long split shows its first and last pieces around a button that
+// puts the others back (and keeps them, once opened: `shown.open`). Returns how many were created.
+function drawPieces(box, steps, step, shown) {
   const before = new Set(step > 0 ? spans(steps[step - 1]) : []);
   const now = spans(steps[step]);
   let merged = 0;
-  box.replaceChildren(...steps[step].map((p, i) => {
+  const pieces = steps[step].map((p, i) => {
     const created = step > 0 && !before.has(now[i]);
     merged += created ? 1 : 0;
-    return make("span", `gptlib-bpe-piece gptlib-bpe-c${i % 6}` + (created ? " gptlib-bpe-new" : ""), show(p));
-  }));
+    const e = make("span", `gptlib-bpe-piece gptlib-bpe-c${i % 6}` + (created ? " gptlib-bpe-new" : ""), show(p));
+    e.title = `piece ${i}: \u201c${show(p)}\u201d`;
+    return e;
+  });
+  box.replaceChildren(...collapse(pieces, { open: shown.open, onOpen: () => { shown.open = true; } }));
   return merged;
 }
 
@@ -47,7 +51,7 @@ function draw(view, model) {
   view.slider.value = String(step);
   view.stepLabel.textContent = ` ${step} / ${steps.length - 1}   (${n} tokens)`;
   view.info.textContent = step === 0 ? "no merge yet: one piece per byte" : `merge ${step}: ${merges[step - 1]}`;
-  const merged = drawPieces(view.pieces, steps, step);
+  const merged = drawPieces(view.pieces, steps, step, view.shown);
   report(view.root, { step, tokens: n, merged });
 }
 

@@ -1,7 +1,70 @@
 // Helpers every view uses: elements, a view's lifetime, and the one hook for tests.
 
-// A token made readable: spaces as "␣", newlines as "↵".
-export const show = (t) => String(t).replace(/ /g, "\u2423").replace(/\n/g, "\u21b5");
+// How a token is shown: the book's one rule, twin of gptlib.tokenizers.base's token_text and
+// token_label (a node test compares them). A token is bytes; bytesText decodes them as UTF-8 and
+// writes each byte that is not part of a valid character as "<0xNN>" (so the 128 byte tokens of
+// GPT-2 that are not text on their own read "<0xE2>", "<0x80>", ..., not all "\ufffd"); show
+// then makes the invisible visible: a space "\u2423", a newline "\u21b5", a tab "\u21e5", any
+// other control character the "<0xNN>" of its UTF-8 bytes. Tokens that come from Python as
+// text (token_str) are already bytesText's output; show is what every view draws.
+const hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
+
+// The length of the valid UTF-8 character starting at bytes[i], or 0 if there is none.
+function charLength(bytes, i) {
+  const b = bytes[i], n = bytes.length;
+  const cont = (k, lo = 0x80, hi = 0xbf) => i + k < n && bytes[i + k] >= lo && bytes[i + k] <= hi;
+  if (b < 0x80) return 1;
+  if (b >= 0xc2 && b <= 0xdf) return cont(1) ? 2 : 0;
+  if (b >= 0xe0 && b <= 0xef) {
+    const [lo, hi] = b === 0xe0 ? [0xa0, 0xbf] : b === 0xed ? [0x80, 0x9f] : [0x80, 0xbf];
+    return cont(1, lo, hi) && cont(2) ? 3 : 0;
+  }
+  if (b >= 0xf0 && b <= 0xf4) {
+    const [lo, hi] = b === 0xf0 ? [0x90, 0xbf] : b === 0xf4 ? [0x80, 0x8f] : [0x80, 0xbf];
+    return cont(1, lo, hi) && cont(2) && cont(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+export function bytesText(bytes) {
+  const dec = new TextDecoder("utf-8", { ignoreBOM: true });
+  let out = "";
+  for (let i = 0; i < bytes.length;) {
+    const k = charLength(bytes, i);
+    out += k ? dec.decode(bytes.subarray(i, i + k)) : hex(bytes[i]);
+    i += k || 1;
+  }
+  return out;
+}
+
+const VISIBLE = { " ": "\u2423", "\n": "\u21b5", "\t": "\u21e5" };
+// eslint-disable-next-line no-control-regex
+export const show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) =>
+  VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+
+// A long row of items (a text's tokens, a BPE split) cut to its first `head` and last `tail`
+// items around a button "… N more" that puts the rest back; rows of at most limit items, and
+// rows already opened by the reader (`open`), are left whole. Returns the elements to append.
+export function collapse(items, { head = 40, tail = 20, limit = 80, open = false, onOpen } = {}) {
+  if (open || items.length <= Math.max(limit, head + tail + 1)) return items;
+  const more = button("gptlib-more", `\u2026 ${items.length - head - tail} more`);
+  more.title = "show every token";
+  const hidden = items.slice(head, items.length - tail);
+  more.addEventListener("click", () => {
+    more.replaceWith(...hidden);
+    if (onOpen) onOpen();
+  });
+  return [...items.slice(0, head), more, ...items.slice(items.length - tail)];
+}
+
+// A seed typed by the reader: a whole number from 0 to 2^32 - 1, or null (an empty box, a
+// letter, a fraction, a number out of range; an input of type number reads those as "").
+export function parseSeed(text) {
+  const t = String(text).trim();
+  if (!/^\d+$/.test(t)) return null;
+  const s = Number(t);
+  return s < 2 ** 32 ? s : null;
+}
 
 // An element with a class and a text (both optional).
 export function make(tag, cls, text) {

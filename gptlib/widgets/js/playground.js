@@ -353,7 +353,7 @@ function listen(p, v, model, life) {
   v.resetBtn.addEventListener("click", () => p.act(() => p.restart(model.get("seed"))));
   v.seedBox.addEventListener("change", () => {
     const s = Number(v.seedBox.value);
-    if (!Number.isInteger(s) || s < 0 || s >= 2 ** 32) { v.seedBox.value = String(model.get("seed")); return; }
+    if (!/^\s*\d+\s*$/.test(v.seedBox.value) || s >= 2 ** 32) { v.seedBox.value = String(model.get("seed")); v.msg.textContent = `The seed must be a whole number from 0 to 4294967295: it stays ${model.get("seed")}.`; return; }
     model.set("seed", s);
     model.save_changes();
     p.act(() => p.restart(s));
