@@ -47,6 +47,29 @@ RC = {
     "image.cmap": "viridis",
 }
 
+# The colour scale of attention weights, the same stops as the widgets' (gptlib/widgets/js/heads.js,
+# STOPS; a test compares them): weight 0 white (the figure's background, as 0 is the page's in a
+# widget), 1 dark blue, linear between the stops.
+ATTENTION_STOPS = (
+    (255, 255, 255),
+    (198, 219, 239),
+    (107, 174, 214),
+    (33, 113, 181),
+    (8, 48, 107),
+)
+
+
+def attention_cmap():
+    """The colormap of attention weights in [0, 1] (``ATTENTION_STOPS``), for ``imshow``.
+
+    >>> [round(float(c), 4) for c in attention_cmap()(1.0)]
+    [0.0314, 0.1882, 0.4196, 1.0]
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+
+    stops = [tuple(c / 255 for c in rgb) for rgb in ATTENTION_STOPS]
+    return LinearSegmentedColormap.from_list("gptlib-attention", stops)
+
 
 def use() -> None:
     """Applies the book's figure defaults (``RC``) to every figure made from now on.

@@ -1,0 +1,30 @@
+// Long inline formulas on a narrow page (a phone): a formula wider than the line it sits in gets
+// the class gptlib-wide-math, which book.css turns into a box of its own that scrolls sideways
+// with a cue, rather than a formula that runs past the page's edge. Marked once MathJax has
+// typeset the page, and again when the window's width changes. Formulas that fit are left as
+// they are (a scrolling box would move them off the text's baseline).
+(function () {
+  function mark() {
+    var all = document.querySelectorAll(
+      'article.bd-article mjx-container[jax="CHTML"]:not([display="true"])'
+    );
+    all.forEach(function (m) { m.classList.remove("gptlib-wide-math"); });
+    all.forEach(function (m) {
+      var line = m.parentElement && m.parentElement.closest("p, li, dd, td, th, div");
+      if (line && m.getBoundingClientRect().width > line.clientWidth + 1) {
+        m.classList.add("gptlib-wide-math");
+      }
+    });
+  }
+  function whenTypeset() {
+    var mj = window.MathJax;
+    if (mj && mj.startup && mj.startup.promise) mj.startup.promise.then(mark);
+    else setTimeout(whenTypeset, 200);
+  }
+  window.addEventListener("load", whenTypeset);
+  var timer;
+  window.addEventListener("resize", function () {
+    clearTimeout(timer);
+    timer = setTimeout(mark, 150);
+  });
+})();
