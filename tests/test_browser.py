@@ -139,8 +139,9 @@ def test_bpe_widget_slider_changes_the_split(browser, site):
 
 
 def _rgb(a: float) -> str:
-    """The page's colour for attention weight a (attention.js's scale), as the browser writes it."""
-    stops = [(247, 251, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107)]
+    """The page's colour for attention weight a (heads.js's scale on the light theme's white
+    background), as the browser writes it."""
+    stops = [(255, 255, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107)]
     x = min(max(a, 0.0), 1.0) * (len(stops) - 1)
     i = min(int(x), len(stops) - 2)
     f = x - i

@@ -849,10 +849,102 @@ def test_attention_js_colour_scale(tmp_path):
     js = _node(
         tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js"
     )
-    assert js[0] == [247, 251, 255] and js[3] == [8, 48, 107]  # the legend's two ends
+    assert js[0] == [255, 255, 255] and js[3] == [8, 48, 107]  # the legend's two ends
     assert js[4] == js[0] and js[5] == js[3]  # clamped to [0, 1]
     darkness = [sum(c) for c in js[:4]]
     assert darkness == sorted(darkness, reverse=True)  # more weight, darker
+
+
+def test_attention_scale_is_the_figures_scale_and_follows_the_background(tmp_path):
+    """One colour scale: heads.js's stops are gptlib.figures.ATTENTION_STOPS; on a page's
+    background weight 0 is that background, and on a dark one strong weights are the light end."""
+    from gptlib.figures import ATTENTION_STOPS, attention_cmap
+
+    js = _node(
+        tmp_path,
+        "console.log(JSON.stringify([m.STOPS, m.scaleOn([255, 255, 255]), m.scaleOn([18, 18, 18]),"
+        " m.colour(1, m.scaleOn([18, 18, 18])), m.colour(0, m.scaleOn([20, 24, 30]))]));",
+        "heads.js",
+    )
+    stops, light, dark, dark_one, dark_zero = js
+    assert [tuple(c) for c in stops] == list(ATTENTION_STOPS)
+    assert light == stops  # white page: the stops as they are
+    assert dark[0] == [18, 18, 18] and dark[1:] == stops[::-1][1:]  # background, then lighter
+    assert dark_one == [255, 255, 255] and dark_zero == [20, 24, 30]
+    cmap = attention_cmap()  # the figures' colormap passes through the same stops
+    for k, rgb in enumerate(ATTENTION_STOPS):
+        got = [round(255 * c) for c in cmap(k / (len(ATTENTION_STOPS) - 1))[:3]]
+        assert max(abs(u - v) for u, v in zip(got, rgb)) <= 1  # (matplotlib's 256-entry table)
+
+
+def _label_cases():
+    """Byte strings for the label rule: every single byte, every lead byte before every byte
+    class, truncated and overlong sequences, surrogates, and random strings."""
+    g = torch.Generator().manual_seed(3)
+    cases = [bytes([b]) for b in range(256)]
+    cases += [bytes([a, b]) for a in range(0xC0, 0x100) for b in (0x41, 0x80, 0x9F, 0xA0, 0xBF, 0xC0)]
+    cases += [b"\xe0\x80\x80", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xf0\x8f\xbf\xbf",
+              b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\xf0\x9f\x98",
+              " café\n\tx\x00\x7f\u0085 €😀".encode()]
+    for n in (3, 5, 8, 13):
+        cases += [bytes(torch.randint(0, 256, (n,), generator=g).tolist()) for _ in range(40)]
+    return cases
+
+
+def test_token_labels_js_equal_python(tmp_path):
+    """dom.js's bytesText and show are gptlib.tokenizers.base's token_text and token_label: a byte
+    outside a whole UTF-8 character is <0xNN> (one per byte), control characters are visible."""
+    from gptlib.tokenizers.base import token_label, token_text
+
+    cases = _label_cases()
+    js = _node(
+        tmp_path,
+        f"const cases = {json.dumps([list(c) for c in cases])};\n"
+        "console.log(JSON.stringify(cases.map((c) => { const t = m.bytesText(new Uint8Array(c));"
+        " return [t, m.show(t)]; })));",
+        "dom.js",
+    )
+    want = [[token_text(c), token_label(token_text(c))] for c in cases]
+    assert js == want
+    assert token_text(b"\xe2") == "<0xE2>" and token_label("\n") == "\u21b5"
+    assert len({token_text(bytes([b])) for b in range(128, 256)}) == 128  # no two alike
+
+
+_FAKE_DOM = """
+globalThis.document = { createElement: (tag) => ({ tag, className: "", textContent: "",
+  on: {}, addEventListener(n, f) { this.on[n] = f; },
+  replaceWith(...xs) { this.replaced = xs; } }) };
+"""
+
+
+def test_collapse_js_shows_the_ends_of_a_long_row(tmp_path):
+    """dom.js's collapse: a row longer than its limit keeps its first 40 and last 20 items around a
+    button "… N more" that puts the N others back; short rows and opened rows are left whole."""
+    js = _node(
+        tmp_path,
+        _FAKE_DOM
+        + "const items = [...Array(100).keys()]; let opened = 0;\n"
+        "const cut = m.collapse(items, { onOpen: () => { opened += 1; } });\n"
+        "const more = cut[40]; more.on.click();\n"
+        "console.log(JSON.stringify([cut.length, cut.slice(0, 40), cut.slice(41), more.textContent,"
+        " more.replaced, opened, m.collapse(items.slice(0, 80)).length,"
+        " m.collapse(items, { open: true }).length, m.collapse(items, { head: 3, tail: 2 }).length]));",
+        "dom.js",
+    )
+    n, head, tail, label, hidden, opened, short, opened_row, small = js
+    assert n == 61 and head == list(range(40)) and tail == list(range(80, 100))
+    assert label == "\u2026 40 more" and hidden == list(range(40, 80)) and opened == 1
+    assert short == 80 and opened_row == 100 and small == 6
+
+
+def test_seed_js_refuses_what_is_not_a_whole_number(tmp_path):
+    js = _node(
+        tmp_path,
+        "console.log(JSON.stringify(['0', ' 42 ', '4294967295', '4294967296', '', 'abc', '1.5',"
+        " '-1', '1e3'].map(m.parseSeed)));",
+        "dom.js",
+    )
+    assert js == [0, 42, 4294967295, None, None, None, None, None, None]
 
 
 # --- the widgets' code: bundled from its sources, stored in no notebook ---------------------------

@@ -23,7 +23,8 @@ export function luminance(rgb) {
   return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2];
 }
 
-export function colour(a, stops = STOPS) {
+export function colour(a, scale) {
+  const stops = Array.isArray(scale) ? scale : STOPS;  // (a second argument from map is an index)
   const x = Math.min(Math.max(a, 0), 1) * (stops.length - 1);
   const i = Math.min(Math.floor(x), stops.length - 2), f = x - i;
   return stops[i].map((c, k) => Math.round(c + f * (stops[i + 1][k] - c)));

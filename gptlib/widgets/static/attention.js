@@ -62,7 +62,8 @@ function luminance(rgb) {
   });
   return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2];
 }
-function colour(a, stops = STOPS) {
+function colour(a, scale) {
+  const stops = Array.isArray(scale) ? scale : STOPS;
   const x = Math.min(Math.max(a, 0), 1) * (stops.length - 1);
   const i = Math.min(Math.floor(x), stops.length - 2), f = x - i;
   return stops[i].map((c, k) => Math.round(c + f * (stops[i + 1][k] - c)));
