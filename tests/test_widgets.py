@@ -882,10 +882,22 @@ def _label_cases():
     class, truncated and overlong sequences, surrogates, and random strings."""
     g = torch.Generator().manual_seed(3)
     cases = [bytes([b]) for b in range(256)]
-    cases += [bytes([a, b]) for a in range(0xC0, 0x100) for b in (0x41, 0x80, 0x9F, 0xA0, 0xBF, 0xC0)]
-    cases += [b"\xe0\x80\x80", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xf0\x8f\xbf\xbf",
-              b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\xf0\x9f\x98",
-              " café\n\tx\x00\x7f\u0085 €😀".encode()]
+    cases += [
+        bytes([a, b]) for a in range(0xC0, 0x100) for b in (0x41, 0x80, 0x9F, 0xA0, 0xBF, 0xC0)
+    ]
+    cases += [
+        b"\xe0\x80\x80",
+        b"\xe0\xa0\x80",
+        b"\xed\x9f\xbf",
+        b"\xed\xa0\x80",
+        b"\xf0\x8f\xbf\xbf",
+        b"\xf0\x90\x80\x80",
+        b"\xf4\x8f\xbf\xbf",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82",
+        b"\xf0\x9f\x98",
+        " café\n\tx\x00\x7f\u0085 €😀".encode(),
+    ]
     for n in (3, 5, 8, 13):
         cases += [bytes(torch.randint(0, 256, (n,), generator=g).tolist()) for _ in range(40)]
     return cases
@@ -922,13 +934,13 @@ def test_collapse_js_shows_the_ends_of_a_long_row(tmp_path):
     button "… N more" that puts the N others back; short rows and opened rows are left whole."""
     js = _node(
         tmp_path,
-        _FAKE_DOM
-        + "const items = [...Array(100).keys()]; let opened = 0;\n"
+        _FAKE_DOM + "const items = [...Array(100).keys()]; let opened = 0;\n"
         "const cut = m.collapse(items, { onOpen: () => { opened += 1; } });\n"
         "const more = cut[40]; more.on.click();\n"
         "console.log(JSON.stringify([cut.length, cut.slice(0, 40), cut.slice(41), more.textContent,"
         " more.replaced, opened, m.collapse(items.slice(0, 80)).length,"
-        " m.collapse(items, { open: true }).length, m.collapse(items, { head: 3, tail: 2 }).length]));",
+        " m.collapse(items, { open: true }).length,"
+        " m.collapse(items, { head: 3, tail: 2 }).length]));",
         "dom.js",
     )
     n, head, tail, label, hidden, opened, short, opened_row, small = js

@@ -1,0 +1,138 @@
+"""What a reader trips on at 420 px and in dark mode, measured in the built book (`make book`).
+
+Display maths scrolls sideways in its own box and its number never covers it; an inline formula
+stays within the column or scrolls in its own box; the attention widget's colour scale starts at
+the page's background (light and dark), its heatmap fits the column or says it scrolls, and its key
+labels tell the tokens apart. Each test loads one page at one width, in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from browser_support import HTML
+
+browser_test = pytest.mark.browser
+
+# Every display formula: its visible part (clipped to its scrolling box) must not meet its number,
+# and a formula wider than its box must be able to scroll. Inline formulas that run past the
+# column's right edge must be marked to scroll (book_static/maths.js) and scroll.
+MATHS = """() => {
+  const col = document.querySelector('article.bd-article').getBoundingClientRect();
+  const bad = [];
+  for (const d of document.querySelectorAll('article.bd-article div.math')) {
+    const box = d.querySelector('mjx-container'), num = d.querySelector('span.eqno');
+    if (!box) continue;
+    const b = box.getBoundingClientRect();
+    const f = (box.querySelector('mjx-math') || box).getBoundingClientRect();
+    const left = Math.max(b.left, f.left), right = Math.min(b.right, f.right);
+    if (num) {
+      const n = num.getBoundingClientRect();
+      const across = Math.min(n.right, right) - Math.max(n.left, left);
+      const down = Math.min(n.bottom, f.bottom) - Math.max(n.top, f.top);
+      if (across > 0 && down > 0) bad.push(`${num.textContent} covers its formula`);
+    }
+    const scrolls = getComputedStyle(box).overflowX === 'auto' && box.scrollWidth > box.clientWidth;
+    if (f.width > b.width + 1 && !scrolls)
+      bad.push(`${d.id} is clipped with no way to scroll`);
+    if (b.right > col.right + 1) bad.push(`${d.id} runs past the column`);
+  }
+  const inline = 'article.bd-article mjx-container:not([display="true"])';
+  for (const m of document.querySelectorAll(inline)) {
+    const r = m.getBoundingClientRect();
+    if (r.width === 0 || m.closest('aside, .margin, .sidebar')) continue;
+    if (r.right > col.right + 1 && !m.classList.contains('gptlib-wide-math'))
+      bad.push(`inline ${m.textContent.slice(0, 40)} runs past the column`);
+  }
+  const wide = [...document.querySelectorAll('.gptlib-wide-math')]
+    .filter((m) => m.scrollWidth > m.clientWidth).length;
+  return { bad, wide };
+}"""
+
+
+def _open(browser, site, chapter, width, theme="light", maths=True):
+    if not (HTML / "chapters" / f"{chapter}.html").is_file():
+        pytest.skip(f"chapter {chapter} is not in the built book")
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.add_init_script(
+        f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
+    )
+    page.goto(f"{site}/chapters/{chapter}.html", wait_until="networkidle")
+    if not maths:
+        return page
+    page.wait_for_function(
+        "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
+    )
+    page.evaluate("() => MathJax.startup.promise")
+    page.wait_for_timeout(300)  # (maths.js marks wide formulas once MathJax is done)
+    return page
+
+
+@browser_test
+@pytest.mark.parametrize("chapter", ["04_attention", "07_sampling"])
+def test_maths_at_420_px_scrolls_and_numbers_stay_clear(browser, site, chapter):
+    """Chapter 4's (4.4) and its proof, Chapter 7's Proposition 7.1: at 420 px every display
+    formula scrolls in its own box beside its number, and long inline maths scrolls."""
+    page = _open(browser, site, chapter, 420)
+    got = page.evaluate(MATHS)
+    page.close()
+    assert not got["bad"], got["bad"][:5]
+    assert got["wide"] >= 1, "at 420 px some inline formula of this chapter is wider than a line"
+
+
+def _luminance(rgb):
+    lin = [
+        (c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4) for c in rgb
+    ]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _contrast(a, b):
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@browser_test
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_attention_widget_at_420_px_follows_the_theme(browser, site, theme):
+    """Chapter 4's attention view: weight 0 is the page's background and weight 1 stands out from
+    it (contrast >= 3) in either theme; the heatmap's box fits the column and says when it
+    scrolls; each key label names its token in full, with its position in the hover text."""
+    page = _open(browser, site, "04_attention", 420, theme, maths=False)
+    root = page.locator(".gptlib-attn").first
+    root.scroll_into_view_if_needed()
+    root.wait_for(timeout=20_000)
+    page.wait_for_timeout(200)
+    got = page.evaluate(
+        """(root) => {
+          const bg = (e) => { for (; e; e = e.parentElement) { const m = getComputedStyle(e)
+            .backgroundColor.match(/[\\d.]+/g); if (m && (m.length < 4 || +m[3] > 0.5))
+            return m.slice(0, 3).map(Number); } return [255, 255, 255]; };
+          const col = document.querySelector('article.bd-article').getBoundingClientRect();
+          const boxes = [...root.querySelectorAll('.gptlib-scroll')].map((b) => {
+            const r = b.getBoundingClientRect(), cue = b.nextElementSibling;
+            return { fits: r.right <= col.right + 1, scrolls: b.scrollWidth > b.clientWidth + 1,
+                     cue: cue && cue.classList.contains('gptlib-scroll-cue')
+                          && cue.style.display !== 'none' };
+          });
+          const keys = [...root.querySelectorAll('.gptlib-attn-key')];
+          return { theme: document.documentElement.dataset.theme, bg: bg(root),
+                   scale: JSON.parse(root.dataset.scale), boxes,
+                   labels: keys.map((k) => k.textContent), titles: keys.map((k) => k.title),
+                   words: [...root.querySelectorAll('.gptlib-attn-tok')]
+                     .map((w) => w.textContent) };
+        }""",
+        root.element_handle(),
+    )
+    page.close()
+    assert got["theme"] == theme
+    scale = got["scale"]
+    assert scale[0] == got["bg"], "weight 0 is the page's background"
+    assert _contrast(scale[-1], got["bg"]) >= 3, json.dumps(scale)
+    assert (_luminance(got["bg"]) < 0.2) == (theme == "dark")
+    assert all(b["fits"] for b in got["boxes"]), got["boxes"]
+    assert all(b["cue"] == b["scrolls"] for b in got["boxes"]), got["boxes"]
+    words = [w.strip() for w in got["words"]]
+    assert got["labels"] == words, "every key labelled by its whole token"
+    assert all(t.startswith(f"key {j} ") and words[j] in t for j, t in enumerate(got["titles"]))
