@@ -128,7 +128,7 @@ const drawLegend = (box, pal) => {
 };
 
 // A box that scrolls sideways when its content is wider than the page, with a cue that says so
-// (shadows at the edges that have more, and a line under it) while there is more to see.
+// while there is more to see: the edges that have more fade out, and a line under it.
 function scroller(content) {
   const box = make("div", "gptlib-scroll");
   const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest \u2194");
@@ -136,7 +136,8 @@ function scroller(content) {
   const check = () => {
     const more = box.scrollWidth > box.clientWidth + 1;
     cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-scroll-more", more);
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle("gptlib-more-right", more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1);
   };
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };

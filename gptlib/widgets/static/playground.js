@@ -340,7 +340,8 @@ function scroller(content) {
   const check = () => {
     const more = box.scrollWidth > box.clientWidth + 1;
     cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-scroll-more", more);
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle("gptlib-more-right", more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1);
   };
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };
