@@ -161,6 +161,9 @@ def check_attention_view(root) -> list[str]:
     )
 
     root.wait_for(timeout=20_000)
+    more = root.locator(".gptlib-attn-text .gptlib-more")  # a long text is shown cut short:
+    if more.count():  # its button puts every token back
+        more.first.click()
     tokens = [
         t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()
     ]
