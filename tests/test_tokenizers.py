@@ -187,6 +187,23 @@ def test_merge_trace_ends_at_the_encoding(trained):
     assert all(len(b) == len(a) - 1 for a, b in zip(steps, steps[1:]))
 
 
+def test_byte_tokens_are_labelled_by_their_bytes(gpt2, trained):
+    """token_str writes a byte outside a whole UTF-8 character as <0xNN>: GPT-2's 128 byte tokens
+    that are not text on their own get 128 different labels, not 128 U+FFFD; a merge trace of
+    a text with "é" shows its two bytes, and the BPE view takes it (its steps join to one text's
+    bytes)."""
+    from gptlib.tokenizers.base import text_bytes
+    from gptlib.widgets import BPEMergeView
+
+    labels = {gpt2.token_str(gpt2.ranks[bytes([b])]) for b in range(128, 256)}
+    assert len(labels) == 128 and all(t.startswith("<0x") for t in labels)
+    assert gpt2.token_str(gpt2.ranks[b"\xe2"]) == "<0xE2>"
+    steps, merges = trained.merge_trace("café")
+    assert steps[0] == ["c", "a", "f", "<0xC3>", "<0xA9>"]
+    assert all(text_bytes("".join(s)) == "café".encode() for s in steps)
+    BPEMergeView(steps, merges)
+
+
 def test_gpt2_known_encoding(gpt2):
     assert gpt2.vocab_size == 50257
     assert gpt2.special_tokens == {"<|endoftext|>": 50256}
