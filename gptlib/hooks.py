@@ -118,7 +118,8 @@ def logit_lens(model: nn.Module, ids: Tensor, position: int | None = None) -> Te
     ``hook_resid`` points see X_0 and the output of each block, and ``model.read_out``,
     ln_f(X_l) W_U, reads them. Row 0 reads the embedding, row l the output of block l; the last
     row is the model's logits. Reading one position costs (L + 1) d_model d_vocab multiplications
-    per sequence instead of T times as many: ``position=-1`` is the next-token prediction.
+    per sequence instead of T times as many: ``position=-1`` is the next-token prediction. All the
+    streams go through ``read_out`` at once, so W_U is read from memory once, not L + 1 times.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
@@ -138,6 +139,7 @@ def logit_lens(model: nn.Module, ids: Tensor, position: int | None = None) -> Te
             raise ValueError(f"position must be an int in [-{T}, {T}), got {position!r}")
     with capture(model, "hook_resid") as seen:
         model(ids)
+    streams = torch.stack(seen)  # (L + 1, B, T, d_model)
     if position is not None:
-        seen = [x[:, position] for x in seen]  # (B, d_model) each
-    return torch.stack([model.read_out(x) for x in seen])
+        streams = streams[:, :, position]  # (L + 1, B, d_model)
+    return model.read_out(streams)  # one product with W_U for all the streams
