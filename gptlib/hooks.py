@@ -109,14 +109,17 @@ def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
 
 
 @torch.no_grad()
-def logit_lens(model: nn.Module, ids: Tensor) -> Tensor:
+def logit_lens(model: nn.Module, ids: Tensor, position: int | None = None) -> Tensor:
     """The final norm and unembedding applied to every residual stream: (L + 1, B, T, d_vocab),
-    L = n_layers.
+    L = n_layers; with ``position`` (an index into the T positions, negative from the end), that
+    position only: (L + 1, B, d_vocab).
 
     ``model`` is a :class:`gptlib.model.GPT` or :class:`gptlib.modern.ModernGPT`: its
     ``hook_resid`` points see X_0 and the output of each block, and ``model.read_out``,
     ln_f(X_l) W_U, reads them. Row 0 reads the embedding, row l the output of block l; the last
-    row is the model's logits.
+    row is the model's logits. Reading one position costs (L + 1) d_model d_vocab multiplications
+    per sequence instead of T times as many: ``position=-1`` is the next-token prediction. All the
+    streams go through ``read_out`` at once, so W_U is read from memory once, not L + 1 times.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
@@ -124,7 +127,19 @@ def logit_lens(model: nn.Module, ids: Tensor) -> Tensor:
     >>> lens = logit_lens(model, ids)
     >>> tuple(lens.shape), torch.allclose(lens[-1], model(ids), atol=1e-5)
     ((3, 1, 3, 512), True)
+    >>> last = logit_lens(model, ids, position=-1)  # (L + 1, B, d_vocab)
+    >>> tuple(last.shape), torch.allclose(last, lens[:, :, -1], atol=1e-5)
+    ((3, 1, 512), True)
     """
+    if position is not None:
+        if not isinstance(ids, Tensor) or ids.dim() != 2:
+            raise ValueError(f"ids must be a (B, T) tensor to read a position, got {ids!r}")
+        T = ids.shape[1]
+        if type(position) is not int or not -T <= position < T:
+            raise ValueError(f"position must be an int in [-{T}, {T}), got {position!r}")
     with capture(model, "hook_resid") as seen:
         model(ids)
-    return torch.stack([model.read_out(x) for x in seen])
+    streams = torch.stack(seen)  # (L + 1, B, T, d_model)
+    if position is not None:
+        streams = streams[:, :, position]  # (L + 1, B, d_model)
+    return model.read_out(streams)  # one product with W_U for all the streams

@@ -111,6 +111,21 @@ def test_logit_lens_of_gpt_reads_each_stream_of_a_walk_through_the_blocks(tiny_g
     torch.testing.assert_close(lens[-1], logits)
 
 
+def test_logit_lens_at_one_position_is_that_column_of_the_whole_lens(tiny_gpt):
+    model = tiny_gpt()
+    ids = torch.randint(0, model.config.d_vocab, (2, 7), generator=torch.Generator().manual_seed(4))
+    lens = logit_lens(model, ids)  # (L + 1, B, T, d_vocab)
+    for position in (0, 3, 6, -1, -7):
+        one = logit_lens(model, ids, position=position)
+        assert one.shape == (model.config.n_layers + 1, 2, model.config.d_vocab)
+        torch.testing.assert_close(one, lens[:, :, position])
+    for bad in (7, -8, 1.0, True, "0"):
+        with pytest.raises(ValueError, match="position must be an int in"):
+            logit_lens(model, ids, position=bad)
+    with pytest.raises(ValueError, match="ids must be a"):
+        logit_lens(model, ids[0], position=0)
+
+
 def test_capture_needs_a_module():
     for bad in (None, "model", [torch.nn.Linear(2, 2)]):
         with pytest.raises(ValueError, match="model must be a torch.nn.Module"):

@@ -261,6 +261,7 @@ def test_logit_lens_last_row_is_the_logits():
     assert lens.shape == (3, 1, 4, 300)
     torch.testing.assert_close(lens[-1], model(ids))
     torch.testing.assert_close(lens[0], model.ln_f(model.W_E[ids]) @ model.W_U)
+    torch.testing.assert_close(logit_lens(model, ids, position=-1), lens[:, :, -1])
 
 
 def test_head_scores_of_modern_gpt_are_the_circuits_scores():
