@@ -34,6 +34,8 @@ from gptlib.widgets.sampling import (
     MAX_FULL_VOCAB,
     continuation_tree,
     rest_log_weights,
+    sparse_table,
+    table_logits,
     top_logits,
 )
 from gptlib.widgets.stored import WIDGET_STATE, add_code, code_size, strip_code
@@ -617,6 +619,191 @@ def test_sampling_rejects_bad_input(kwargs, name):
         SamplingView(**args)
 
 
+# --- the sampling view on a whole bigram table, and its hand-over to the live model -------------
+
+
+def _counts(V=7, seed=5) -> torch.Tensor:
+    """A table of whole counts with empty entries and one row never seen."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 4, (V, V), generator=g).float() * (
+        torch.rand(V, V, generator=g) < 0.4
+    )
+    counts[3] = 0
+    return counts  # (V, V)
+
+
+def test_sparse_table_holds_the_nonzero_counts_by_row():
+    counts = _counts()
+    t = sparse_table(counts, smoothing=0.25)
+    assert t["smoothing"] == 0.25 and len(t["indptr"]) == 8 and t["indptr"][0] == 0
+    assert len(t["indices"]) == len(t["counts"]) == int((counts > 0).sum()) == t["indptr"][-1]
+    assert all(isinstance(c, int) and c > 0 for c in t["counts"])
+    rebuilt = torch.zeros_like(counts)
+    for a in range(7):
+        lo, hi = t["indptr"][a], t["indptr"][a + 1]
+        assert t["indices"][lo:hi] == sorted(t["indices"][lo:hi])
+        rebuilt[a, t["indices"][lo:hi]] = torch.tensor(t["counts"][lo:hi], dtype=torch.float32)
+    assert torch.equal(rebuilt, counts) and t["indptr"][4] == t["indptr"][3]  # row 3 is empty
+    assert sparse_table([[0.5, 0.0], [0.0, 2.0]])["counts"] == [0.5, 2]  # fractions kept
+
+
+def test_table_logits_are_the_log_counts_plus_smoothing():
+    """Chapter 7's bigram: log(counts[a] + 0.01), in float64 here and float32 there."""
+    counts = _counts()
+    t = sparse_table(counts)
+    for a in range(7):
+        y = table_logits(t, a)
+        assert y.dtype == torch.float64 and y.shape == (7,)
+        assert torch.equal(y, torch.log(counts[a].double() + 0.01))
+        torch.testing.assert_close(y.float(), torch.log(counts[a] + 0.01))  # float32 as there
+    with pytest.raises(ValueError, match="a must"):
+        table_logits(t, 7)
+
+
+@pytest.mark.parametrize(
+    "counts, smoothing, name",
+    [
+        (torch.zeros(2, 3), 0.01, "counts"),
+        (torch.zeros(2), 0.01, "counts"),
+        (torch.tensor([[1.0, -1.0], [0.0, 0.0]]), 0.01, "counts"),
+        (torch.tensor([[1.0, math.nan], [0.0, 0.0]]), 0.01, "counts"),
+        (torch.tensor([[1.0, math.inf], [0.0, 0.0]]), 0.01, "counts"),
+        ("ab", 0.01, "counts"),
+        (torch.ones(2, 2), 0.0, "smoothing"),
+        (torch.ones(2, 2), math.inf, "smoothing"),
+        (torch.ones(2, 2), "0.1", "smoothing"),
+    ],
+)
+def test_sparse_table_rejects_bad_input(counts, smoothing, name):
+    with pytest.raises(ValueError, match=name):
+        sparse_table(counts, smoothing)
+
+
+def test_from_table_ships_the_whole_table():
+    tok = CharTokenizer.train("abcdefg")
+    counts = _counts()
+    w = SamplingView.from_table(
+        counts, tok, ["abc", "gd"], top_p=0.9, top_k=5, n_show=50, title="bigram", seed=4
+    )
+    s = _state(w)
+    assert s["table"] == sparse_table(counts)
+    assert s["prompts"] == [{"text": "abc", "ids": [0, 1, 2]}, {"text": "gd", "ids": [6, 3]}]
+    assert s["tokens"] == {str(i): c for i, c in enumerate("abcdefg")} and s["vocab_size"] == 7
+    assert (s["top_k"], s["top_p"], s["n_show"], s["seed"], s["title"]) == (5, 0.9, 7, 4, "bigram")
+    assert (s["source"], s["weights_sha256"]) == ("", "")  # nothing to hand over to
+    nonzero = int((counts > 0).sum())
+    assert repr(w) == (
+        f"SamplingView(prompts=2, vocab=7, nonzero={nonzero}, temperature=1.0, top_k=5, top_p=0.9)"
+    )
+    assert (
+        _state(
+            SamplingView.from_table(
+                counts, tok, ["abc", "gd"], top_p=0.9, top_k=5, n_show=50, title="bigram", seed=4
+            )
+        )
+        == s
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(prompts="abc"), "prompts"),
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts=[""]), "prompts"),
+        (dict(counts=torch.ones(6, 6)), "tokenizer"),
+        (dict(counts=-torch.ones(7, 7)), "counts"),
+        (dict(smoothing=0), "smoothing"),
+        (dict(top_k=8), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(seed=-1), "seed"),
+        (dict(title=3), "title"),
+    ],
+)
+def test_from_table_rejects_bad_input(kwargs, name):
+    args = (
+        dict(counts=torch.ones(7, 7), tokenizer=CharTokenizer.train("abcdefg"), prompts=["ab"])
+        | kwargs
+    )
+    with pytest.raises(ValueError, match=name):
+        SamplingView.from_table(**args)
+
+
+class _Sent(list):
+    """What a view sends to the page: (content, buffers) per message."""
+
+
+def _talk(view, content) -> tuple[dict, list]:
+    sent = _Sent()
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers or []))
+    view._answer(view, {"req": 1, **content}, [])
+    assert len(sent) == 1 and sent[0][0]["req"] == 1
+    return sent[0]
+
+
+def test_from_model_with_a_source_hands_over_to_the_kernel(tiny):
+    """Past the stored tree the page asks the kernel: its logits are the model's after the whole
+    text, cropped to n_ctx as generate does."""
+    from gptlib.export import weights_sha256
+
+    model, tok = tiny
+    w = SamplingView.from_model(
+        model, tok, ["the cat"], depth=1, branch=1, n_logits=8, source="live/english.json"
+    )
+    assert model.training  # its mode is restored
+    assert w.source == "live/english.json" and w.weights_sha256 == weights_sha256(model)
+    assert w.prompts[0]["ids"] == tok.encode("the cat")
+    assert repr(w).startswith("SamplingView(prompts=1, vocab=")
+    assert "live='live/english.json'" in repr(w)
+    assert _talk(w, {"kind": "ping"})[0]["kind"] == "pong"
+    msg, _ = _talk(w, {"kind": "start"})
+    assert msg["config"] == {"n_ctx": 16, "d_vocab": tok.vocab_size}
+    assert msg["tokens"] == [tok.decode([i]) for i in range(tok.vocab_size)]
+    ids = tok.encode("the dog sat on the log and the mat")  # longer than n_ctx = 16
+    msg, buffers = _talk(w, {"kind": "logits", "ids": ids})
+    got = torch.tensor(np.frombuffer(buffers[0], dtype=np.float32).copy())
+    model.eval()
+    with torch.no_grad():
+        want = model(torch.tensor([ids[-16:]]))[0, -1]
+    model.train()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    for bad in (
+        {"kind": "logits", "ids": [tok.vocab_size]},
+        {"kind": "logits", "ids": []},
+        {"kind": "logits", "ids": "ab"},
+        {"kind": "nonsense"},
+    ):
+        msg, _ = _talk(w, bad)
+        assert msg["kind"] == "error" and msg["message"].startswith("ValueError")
+    # without a source the view answers nothing and stores no live model
+    plain = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=1, n_logits=8)
+    assert (plain.source, plain.weights_sha256) == ("", "")
+
+
+def test_from_model_source_needs_a_model_and_a_relative_manifest(tiny):
+    model, tok = tiny
+    for source in (
+        "/live/english.json",
+        "https://x/english.json",
+        "../english.json",
+        "live/english.onnx",
+        "c:english.json",
+        3,
+    ):
+        with pytest.raises(ValueError, match="source"):
+            SamplingView.from_model(model, tok, ["the cat"], depth=1, source=source)
+    table = torch.randn(tok.vocab_size, tok.vocab_size, dtype=torch.float64)
+    with pytest.raises(ValueError, match="source"):
+        SamplingView.from_model(
+            lambda c: table[[x[-1] for x in c]],
+            tok,
+            ["the cat"],
+            depth=1,
+            source="live/english.json",
+        )
+
+
 # --- the sampling view's JavaScript against Python ---------------------------------------------
 
 SETTINGS = [
@@ -820,6 +1007,27 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
         if rest > 0:
             assert last == -1  # a draw near 1 falls among the others, which come last
     assert seen_approx and seen_rest
+
+
+def test_sampling_js_table_logits_equal_python(tmp_path):
+    """The page's row of a bigram table (tableLogits in sampling.js) is table_logits, for every
+    row: an empty one, whole and fractional counts, two smoothings."""
+    counts = _counts(V=40, seed=9)
+    counts[5, :3] = torch.tensor([0.5, 1e4, 2.25])
+    for smoothing in (0.01, 1.5):
+        t = sparse_table(counts, smoothing)
+        js = _node(
+            tmp_path,
+            f"const t = {json.dumps(t)};\n"
+            "console.log(JSON.stringify([...Array(40).keys()].map((a) => m.tableLogits(t, a))));",
+            module="sampling.js",
+        )
+        got = torch.tensor(js, dtype=torch.float64)  # (40, 40)
+        want = torch.stack([table_logits(t, a) for a in range(40)])
+        torch.testing.assert_close(got, want, atol=1e-15, rtol=1e-15)
+        torch.testing.assert_close(
+            got, torch.log(counts.double() + smoothing), atol=1e-15, rtol=1e-15
+        )
 
 
 def test_head_scores_js_equals_python(tmp_path):

@@ -218,8 +218,163 @@ function chartRows(d, g, n, label, V) {
   return { rows, other };
 }
 
+// gptlib/widgets/js/live.js
+var VENDOR = {
+  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
+  ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
+};
+var LiveError = class extends Error {
+};
+function staticBase(doc = document) {
+  for (const s of doc.querySelectorAll("script[src]")) {
+    const i = s.src.lastIndexOf("/_static/");
+    if (i >= 0) return s.src.slice(0, i + "/_static/".length);
+  }
+  return null;
+}
+function fromBase64(s) {
+  const b = atob(s), u = new Uint8Array(b.length);
+  for (let i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
+  return u;
+}
+function kernelLink(model) {
+  let req = 0;
+  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
+  const listener = (msg, buffers) => {
+    const w = msg && waiting.get(msg.req);
+    if (!w) return;
+    waiting.delete(msg.req);
+    if (msg.kind === "error") w.reject(new LiveError(msg.message));
+    else w.resolve({ msg, buffers: buffers || [] });
+  };
+  model.on("msg:custom", listener);
+  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
+    const id = ++req;
+    waiting.set(id, { resolve, reject });
+    try {
+      model.send({ ...content, req: id });
+    } catch (e) {
+      waiting.delete(id);
+      reject(e);
+      return;
+    }
+    if (timeoutMs) {
+      const t = setTimeout(() => {
+        timers.delete(t);
+        if (waiting.delete(id)) reject(new LiveError("no answer"));
+      }, timeoutMs);
+      timers.add(t);
+    }
+  });
+  ask.close = () => {
+    model.off("msg:custom", listener);
+    timers.forEach(clearTimeout);
+    timers.clear();
+    waiting.forEach((w) => w.reject(new LiveError("the view was closed")));
+    waiting.clear();
+  };
+  return ask;
+}
+var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
+var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
+async function fetchOk(url, what) {
+  let r;
+  try {
+    r = await fetch(url);
+  } catch (e) {
+    throw new LiveError(`could not fetch ${what} (${url}): ${e.message}`);
+  }
+  if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
+  return r;
+}
+async function browserBackend(source, weightsSha, progress) {
+  if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
+  const base = staticBase();
+  if (!base) throw new LiveError(NO_HOST);
+  const manifestUrl = new URL(source, base).href;
+  progress("reading the model's manifest");
+  const manifest = await (await fetchOk(manifestUrl, "the model's manifest")).json();
+  if (manifest.format !== "gptlib-live" || manifest.version !== 1) {
+    throw new LiveError(`${manifestUrl} is not a gptlib live-model manifest (version 1)`);
+  }
+  if (weightsSha && manifest.weights_sha256 !== weightsSha) {
+    throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
+  }
+  progress(`loading the model (${(manifest.onnx.bytes / 1e6).toFixed(1)} MB), onnxruntime-web and the tokenizer`);
+  const file = (f) => new URL(f, manifestUrl).href;
+  const [ort, tk, tokJson, onnxBytes] = await Promise.all([
+    import(base + VENDOR.ort),
+    import(base + VENDOR.tokenizers),
+    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.json()),
+    fetchOk(file(manifest.onnx.file), "the model").then((r) => r.arrayBuffer())
+  ]);
+  if (onnxBytes.byteLength !== manifest.onnx.bytes) {
+    throw new LiveError(`${manifest.onnx.file} has ${onnxBytes.byteLength} bytes, the manifest says ${manifest.onnx.bytes}`);
+  }
+  if (globalThis.crypto && crypto.subtle) {
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", onnxBytes));
+    const hex = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+    if (hex !== manifest.onnx.sha256) throw new LiveError(`${manifest.onnx.file} does not match its SHA-256 in the manifest`);
+  }
+  ort.env.wasm.numThreads = 1;
+  ort.env.wasm.proxy = false;
+  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
+  progress("starting onnxruntime-web");
+  const session = await ort.InferenceSession.create(new Uint8Array(onnxBytes), { executionProviders: ["wasm"] });
+  const tokenizer = new tk.Tokenizer(tokJson, {});
+  const V = manifest.config.d_vocab;
+  return {
+    kind: "browser",
+    describe: "the page itself (onnxruntime-web, WebAssembly, one thread)",
+    config: manifest.config,
+    tokens: manifest.tokens,
+    bytes: manifest.token_bytes.map(fromBase64),
+    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    forward: async (ids) => {
+      const T = ids.length;
+      const input = new ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, T]);
+      const out = await session.run({ ids: input });
+      const r = { logits: out.logits.data.slice((T - 1) * V, T * V), patterns: out.patterns.data.slice(), lens: out.lens.data.slice() };
+      Object.values(out).forEach((t) => t.dispose && t.dispose());
+      return r;
+    }
+  };
+}
+
 // gptlib/widgets/js/sampling.js
-function topKMax(prompts, topK) {
+function tableLogits(table, a) {
+  const V = table.indptr.length - 1, s = table.smoothing;
+  const y = new Array(V).fill(Math.log(s));
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  return y;
+}
+var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
+var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function pageLogits(backend, ids) {
+  const out = backend.run ? await backend.run(ids, { mask: null, lens: [], targets: [] }) : await backend.forward(ids);
+  return out.logits;
+}
+async function startLive(model, ask, kernel, progress) {
+  const inKernel = async () => {
+    const { msg } = await ask({ kind: "start" });
+    return {
+      describe: "PyTorch in the kernel",
+      tokens: msg.tokens,
+      nCtx: msg.config.n_ctx,
+      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0])
+    };
+  };
+  const inPage = async () => {
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), progress);
+    return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
+  };
+  if (kernel.answered) return inKernel();
+  if (staticBase() && location.protocol !== "file:") return inPage();
+  return await kernel.ping ? inKernel() : inPage();
+}
+function topKMax(prompts, topK, V, table) {
+  if (table) return Math.max(Math.min(V, 100), topK);
   const nodes = [];
   const collect = (node) => {
     nodes.push(node);
@@ -282,7 +437,9 @@ function statsLine(node, d, rest, T, V) {
   if (!node.rest) return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
   return `The page stores the ${n} most probable of the ${V} tokens here (${(100 * node.mass).toFixed(1)}% of the probability at temperature 1) and the total weight of the other ${V - n}: ${kept} stored tokens can be sampled` + (d.rest > 0 ? `, and the others, ${d.rest.toFixed(4)} together.` : ".") + (d.approx ? " Top-p reaches past the stored tokens: the page keeps the others' mass up to top-p, the model whole tokens (a little more: less than one of those tokens' probability)." : "") + (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
 }
-function stopMessage({ node, stop }, path, others, tok, onePrompt) {
+function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
+  if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
+  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree the live model computes every distribution (${live.describe}).`;
   if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues with one of them, and the page cannot say which. Undo or reset to draw again.`;
@@ -294,19 +451,69 @@ function render({ model, el }) {
   const life = lifetime(model);
   const prompts = model.get("prompts"), vocab = model.get("tokens");
   const temps = model.get("temperatures") || [1], V = model.get("vocab_size");
-  const tok = (id) => vocab[String(id)];
-  const v = layout(prompts, topKMax(prompts, model.get("top_k")));
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const canLive = !table && Boolean(model.get("source"));
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
   el.appendChild(v.root);
-  const rng = xorshift32(model.get("seed"));
+  let rng = xorshift32(model.get("seed"));
   let path = [];
-  const where = () => walk(prompts[model.get("prompt")].root, path);
+  let live = null, starting = null, liveError = "", busy = false;
+  const liveNodes = /* @__PURE__ */ new Map();
+  const rows = /* @__PURE__ */ new Map();
+  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
   const settings = () => ({ T: model.get("temperature"), k: model.get("top_k"), tp: model.get("top_p") });
+  const promptIds = () => prompts[model.get("prompt")].ids;
+  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
+  let ask = null;
+  const kernel = { answered: false, ping: Promise.resolve(false) };
+  if (canLive) {
+    ask = kernelLink(model);
+    life.atEnd(() => ask.close());
+    kernel.ping = ask({ kind: "ping" }, 1500).then(() => kernel.answered = true, () => false);
+  }
+  function position(p) {
+    if (table) {
+      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
+      return { node: rows.get(a), stop: null, from: "table" };
+    }
+    const at = walk(prompts[model.get("prompt")].root, p);
+    if (at.stop === null) return { ...at, from: "tree" };
+    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
+    return { ...at, from: "tree" };
+  }
+  function ensureLive() {
+    if (live) return Promise.resolve(true);
+    if (!starting) {
+      starting = startLive(model, ask, kernel, (s) => {
+        v.msg.textContent = `starting the live model: ${s}…`;
+      }).then((b) => {
+        live = b;
+        report(v.root, { live: "on" });
+        return true;
+      }).catch((e) => {
+        liveError = e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
+        report(v.root, { live: "failed", error: liveError });
+        starting = null;
+        return false;
+      });
+    }
+    return starting;
+  }
+  async function liveNode(p) {
+    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
+    if (!await ensureLive()) return null;
+    const ids = [...promptIds(), ...p].slice(-live.nCtx);
+    const node = fullNode(Array.from(await live.logits(ids)));
+    liveNodes.set(key(p), node);
+    return node;
+  }
   function drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "…");
     v.text.replaceChildren(ctx, ...path.map((id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make("span", "gptlib-samp-new gptlib-samp-unknown", `⟨one of the ${others} other tokens⟩`)));
   }
   function draw() {
-    const at = where(), { node, stop } = at, { logits, ids } = node;
+    const at = position(path), { node, stop } = at, { logits, ids } = node;
     const { T, k, tp } = settings();
     const prompt = prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
@@ -316,13 +523,14 @@ function render({ model, el }) {
     const d = distribution(logits, T, k, tp, rest.logZ);
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
-    const { rows, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
-    drawChart(v.chart, rows, other, tp);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    drawChart(v.chart, bars, other, tp);
     drawText(prompt, V - ids.length);
-    v.stepBtn.disabled = stop !== null;
-    v.undoBtn.disabled = v.resetBtn.disabled = path.length === 0;
+    v.stepBtn.disabled = busy || stop !== null;
+    v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
+    v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt);
+    v.msg.textContent = (stop !== null && liveError ? liveError + " " : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
     report(v.root, {
       probs: d.p,
       rest: d.rest,
@@ -331,26 +539,54 @@ function render({ model, el }) {
       ghost: g.p,
       restLogz: rest.logZ === null ? "" : rest.logZ,
       restLogz1: node.rest ? rest1.logZ : "",
-      cum: d.cum.slice(0, rows.length),
+      cum: d.cum.slice(0, bars.length),
       settings: { temperature: T, top_k: k, top_p: tp },
       logits,
       ids,
       path,
       prompt: model.get("prompt"),
-      stuck: stop !== null ? "1" : "0"
+      stuck: stop !== null ? "1" : "0",
+      from: at.from,
+      busy: busy ? "1" : "0"
     });
   }
-  function step() {
-    const { node, stop } = where();
-    if (stop !== null) return;
+  async function step() {
+    const at = position(path);
+    if (busy || at.stop !== null) return;
     const { T, k, tp } = settings();
-    const d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
+    let node = at.node;
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
     const u = rng();
-    const i = drawIndex(d.p, d.order, u, d.rest);
+    let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    path.push(i >= 0 ? node.ids[i] : -1);
-    draw();
+    busy = canLive;
+    try {
+      if (i < 0 && canLive) {
+        v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model…";
+        const whole = await liveNode(path);
+        if (whole) {
+          node = whole;
+          d = distribution(node.logits, T, k, tp, null);
+          i = drawIndex(d.p, d.order, u, 0);
+        }
+      }
+      path.push(i >= 0 ? node.ids[i] : -1);
+      if (canLive && i >= 0 && position(path).stop !== null) {
+        v.msg.textContent = "Past the stored tree: the live model computes the next distribution…";
+        await liveNode(path);
+      }
+    } catch (e) {
+      liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: liveError });
+    } finally {
+      busy = false;
+      draw();
+    }
   }
+  const restart = () => {
+    path = [];
+    rng = xorshift32(model.get("seed"));
+  };
   const set = (name, value) => {
     model.set(name, value);
     model.save_changes();
@@ -358,19 +594,25 @@ function render({ model, el }) {
   };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => {
-    path = [];
+    restart();
     set("prompt", Number(v.promptSel.value));
   });
   v.stepBtn.addEventListener("click", step);
   v.undoBtn.addEventListener("click", () => {
-    path.pop();
-    draw();
+    if (!busy) {
+      path.pop();
+      draw();
+    }
   });
   v.resetBtn.addEventListener("click", () => {
-    path = [];
-    draw();
+    if (!busy) {
+      restart();
+      draw();
+    }
   });
-  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, draw));
+  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, () => {
+    if (!busy) draw();
+  }));
   draw();
   return () => {
     life.end();
@@ -379,5 +621,6 @@ function render({ model, el }) {
 }
 var sampling_default = { render };
 export {
-  sampling_default as default
+  sampling_default as default,
+  tableLogits
 };
