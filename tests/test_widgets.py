@@ -1010,7 +1010,7 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
 
 
 def test_sampling_js_table_logits_equal_python(tmp_path):
-    """The page's row of a bigram table (tableLogits in sampling.js) is table_logits, for every
+    """The page's row of a bigram table (tableLogits in distribution.js) is table_logits, for every
     row: an empty one, whole and fractional counts, two smoothings."""
     counts = _counts(V=40, seed=9)
     counts[5, :3] = torch.tensor([0.5, 1e4, 2.25])
@@ -1020,7 +1020,6 @@ def test_sampling_js_table_logits_equal_python(tmp_path):
             tmp_path,
             f"const t = {json.dumps(t)};\n"
             "console.log(JSON.stringify([...Array(40).keys()].map((a) => m.tableLogits(t, a))));",
-            module="sampling.js",
         )
         got = torch.tensor(js, dtype=torch.float64)  # (40, 40)
         want = torch.stack([table_logits(t, a) for a in range(40)])

@@ -285,7 +285,7 @@ def sparse_table(counts, smoothing: float = 0.01) -> dict:
 def table_logits(table: dict, a: int) -> Tensor:
     """The next-token logits after token ``a`` of a :func:`sparse_table`: log(n_ab + smoothing)
     for every token b, float64, shape (d_vocab,). The page computes the same numbers
-    (``tableLogits`` in sampling.js).
+    (``tableLogits`` in distribution.js).
 
     >>> n = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     >>> y = table_logits(sparse_table(n, smoothing=0.5), 0)
@@ -354,7 +354,8 @@ class SamplingView(BookWidget):
     moves on to the distribution after the drawn token: computed from the table
     (:meth:`from_table`), stored in the tree (:meth:`from_model`), or past the tree computed by the
     live model when the view names one (``source``); where there is none, the page says so and
-    stops. Undo removes the last token; reset starts the text and the seeded draws over.
+    stops. Undo removes the last token; reset starts the text again (the seeded generator goes
+    on, so the draws differ).
 
     ``SamplingView(logits, tokens)`` shows one distribution: for vocabularies of at most 8192
     tokens the state holds every logit; above that it holds the 4096 largest and the other

@@ -10,18 +10,9 @@
 //   - past the tree, the live model, when the view names one (`source`): the kernel in Jupyter and
 //     Colab, else the page's backend (live.js); every distribution is then computed.
 import { button, lifetime, make, report, show, svg } from "./dom.js";
-import { chartKey, chartRows, distribution, drawChart, drawIndex, entropy, samplingControls, xorshift32 } from "./distribution.js";
+import { chartKey, chartRows, distribution, drawChart, drawIndex, entropy, samplingControls, tableLogits,
+  xorshift32 } from "./distribution.js";
 import { browserBackend, kernelLink, LiveError, staticBase } from "./live.js";
-
-// The logits after token `a` of a bigram table of counts: log(n_ab + s) for every token b, from
-// the row's nonzero counts (compressed rows: indptr, indices, counts) and the smoothing s.
-// gptlib.widgets.sampling.table_logits computes the same numbers.
-export function tableLogits(table, a) {
-  const V = table.indptr.length - 1, s = table.smoothing;
-  const y = new Array(V).fill(Math.log(s));
-  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
-  return y;
-}
 
 // A distribution over a whole vocabulary, as a node with nothing stored below it.
 const fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
@@ -156,7 +147,7 @@ function render({ model, el }) {
   const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
   el.appendChild(v.root);
 
-  let rng = xorshift32(model.get("seed"));
+  const rng = xorshift32(model.get("seed"));
   let path = [];  // the ids drawn after the prompt; -1 for "one of the tokens the page does not list"
   let live = null, starting = null, liveError = "", busy = false;
   const liveNodes = new Map();  // distributions the live model computed, by prompt and path
@@ -268,6 +259,10 @@ function render({ model, el }) {
     let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
     busy = canLive;
+    if (busy) {
+      v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
+      report(v.root, { busy: "1" });
+    }
     try {
       if (i < 0 && canLive) {
         v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model\u2026";
@@ -292,7 +287,7 @@ function render({ model, el }) {
     }
   }
 
-  const restart = () => { path = []; rng = xorshift32(model.get("seed")); };
+  const restart = () => { path = []; };  // the seeded generator goes on: a new text each time
   const set = (name, value) => { model.set(name, value); model.save_changes(); draw(); };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => { restart(); set("prompt", Number(v.promptSel.value)); });

@@ -97,6 +97,12 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
   }
   return { p, rest, restAll, cum, order, approx };
 }
+function tableLogits(table, a) {
+  const V = table.indptr.length - 1, s = table.smoothing;
+  const y = new Array(V).fill(Math.log(s));
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  return y;
+}
 function xorshift32(seed) {
   let s = (seed >>> 0 ^ 2654435769) >>> 0 || 1;
   return () => {
@@ -343,12 +349,6 @@ async function browserBackend(source, weightsSha, progress) {
 }
 
 // gptlib/widgets/js/sampling.js
-function tableLogits(table, a) {
-  const V = table.indptr.length - 1, s = table.smoothing;
-  const y = new Array(V).fill(Math.log(s));
-  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
-  return y;
-}
 var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
 var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 async function pageLogits(backend, ids) {
@@ -455,7 +455,7 @@ function render({ model, el }) {
   const canLive = !table && Boolean(model.get("source"));
   const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
   el.appendChild(v.root);
-  let rng = xorshift32(model.get("seed"));
+  const rng = xorshift32(model.get("seed"));
   let path = [];
   let live = null, starting = null, liveError = "", busy = false;
   const liveNodes = /* @__PURE__ */ new Map();
@@ -560,6 +560,10 @@ function render({ model, el }) {
     let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
     busy = canLive;
+    if (busy) {
+      v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
+      report(v.root, { busy: "1" });
+    }
     try {
       if (i < 0 && canLive) {
         v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model…";
@@ -585,7 +589,6 @@ function render({ model, el }) {
   }
   const restart = () => {
     path = [];
-    rng = xorshift32(model.get("seed"));
   };
   const set = (name, value) => {
     model.set(name, value);
@@ -621,6 +624,5 @@ function render({ model, el }) {
 }
 var sampling_default = { render };
 export {
-  sampling_default as default,
-  tableLogits
+  sampling_default as default
 };
