@@ -1165,8 +1165,15 @@ def bpe_tiny():
     return model, tok
 
 
+def _step(model, ids, lens=(), targets=(), mask=None):
+    from gptlib.export import step, step_inputs
+
+    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
+    return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
+
+
 def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
-    from gptlib.export import readout, weights_sha256
+    from gptlib.export import weights_sha256
     from gptlib.widgets.playground import _lens_tops
 
     model, tok = bpe_tiny
@@ -1184,24 +1191,37 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
         title="t",
         layer=1,
         head=3,
+        n_generate=12,
     )
     s = _state(w)
     ids = tok.encode(text)
     assert len(ids) > 16 and s["stored"]["ids"] == ids and s["text"] == text
-    out = readout(model, torch.tensor([ids[-16:]]))  # the window the model sees
+    out = _step(model, ids[-16:], lens=[0, 1, 2])  # the window the model sees
     torch.testing.assert_close(
-        torch.tensor(s["stored"]["logits"]), out["logits"][0, -1], atol=5e-5, rtol=0
+        torch.tensor(s["stored"]["logits"]),
+        model(torch.tensor([ids[-16:]]))[0, -1],
+        atol=5e-5,
+        rtol=0,
     )
     torch.testing.assert_close(
-        torch.tensor(s["stored"]["patterns"]), out["patterns"][0], atol=5e-5, rtol=0
+        torch.tensor(s["stored"]["patterns"]), out["attn"], atol=5e-5, rtol=0
     )
-    assert (
-        s["stored"]["lens"] == _lens_tops(out["lens"][0], 3) and len(s["stored"]["lens"]) == 3
-    )  # X_0, X_1, X_2
-    top8 = torch.sort(out["logits"][0, -1], descending=True, stable=True).indices[:8].tolist()
+    lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], 3)
+    assert s["stored"]["lens"] == lens and len(lens) == 3  # X_0, X_1, X_2
+    # the lens's probabilities are the softmax of the read-out
+    resid_last = torch.softmax(out["logits"][0].double(), -1)
+    assert lens[-1]["probs"][0] == pytest.approx(resid_last.max().item(), abs=1e-4)
+    top8 = torch.sort(out["logits"][0], descending=True, stable=True).indices[:8].tolist()
     needed = set(ids[-16:]) | set(top8) | {i for row in s["stored"]["lens"] for i in row["ids"]}
     assert s["tokens"] == {str(i): tok.token_str(i) for i in sorted(needed)}
-    assert s["config"] == {"d_vocab": tok.vocab_size, "n_ctx": 16, "n_layers": 2, "n_heads": 4}
+    assert s["config"] == {
+        "d_vocab": tok.vocab_size,
+        "n_ctx": 16,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "d_head": 16,
+    }
     assert s["weights_sha256"] == weights_sha256(model) and s["source"] == "live/english.json"
     assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (
         0.7,
@@ -1211,7 +1231,8 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
         3,
         9,
     )
-    assert (s["layer"], s["head"]) == (1, 3)
+    assert (s["layer"], s["head"], s["n_generate"]) == (1, 3, 12)
+    assert (s["chat"], s["chat_available"]) == (False, False)  # a BPETokenizer has no template
     assert (
         repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, "
         "temperature=0.7, top_k=5, top_p=0.9)"
@@ -1220,9 +1241,75 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
     assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
 
 
+@pytest.fixture(scope="module")
+def modern_tiny():
+    """A tiny ModernGPT (GQA: 4 heads on 2 key-value heads) with a GGUFTokenizer that has a chat
+    template and special tokens, and more tokens than LARGE_VOCAB (stored as the top logits)."""
+    from gptlib.modern import ModernConfig, ModernGPT
+    from gptlib.tokenizers.bpe import bytes_to_unicode as b2u  # GPT-2's byte alphabet
+    from gptlib.tokenizers.gguf import GGUFTokenizer
+
+    alphabet = b2u()
+    tokens = [alphabet[b] for b in range(256)]
+    tokens += [f"x{i}" for i in range(8200 - 256 - 2)] + ["<|im_start|>", "<|im_end|>"]
+    types = [1] * (len(tokens) - 2) + [3, 3]
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = GGUFTokenizer(tokens, [], types, eos_id=len(tokens) - 1, chat_template=template)
+    torch.manual_seed(3)
+    cfg = ModernConfig.preset("tiny", d_vocab=len(tokens), n_ctx=64)
+    return ModernGPT(cfg).eval(), tok
+
+
+def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
+    """SmolLM2's kind of model: the chat template around the text, special tokens as one id,
+    the heads' key-value groups in the config, the top logits and the patterns as bytes."""
+    from gptlib.widgets.playground import STORED_TOP
+
+    model, tok = modern_tiny
+    w = PlaygroundView(model, tok, "hi <|im_end|>", chat=True, source="live/smollm2.json")
+    s = _state(w)
+    wrapped = "<|im_start|>user\nhi <|im_end|><|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(wrapped, allowed_special="all")
+    assert s["stored"]["ids"] == ids and ids[0] == tok.special_tokens["<|im_start|>"]
+    assert s["chat"] and s["chat_available"] and s["config"]["n_kv_heads"] == 2
+    out = _step(model, ids)
+    logits = out["logits"][0]
+    top = s["stored"]["top"]
+    order = torch.sort(logits, descending=True, stable=True).indices
+    assert top["ids"] == order[:STORED_TOP].tolist()
+    torch.testing.assert_close(
+        torch.tensor(top["logits"]), logits[order[:STORED_TOP]], atol=5e-5, rtol=0
+    )
+    # the others' weight: log sum exp(y - y_max) over the tokens not stored
+    rest = torch.logsumexp(logits[order[STORED_TOP:]].double() - logits[order[0]], 0).item()
+    assert top["rest_logz"] == pytest.approx(rest, abs=1e-6)
+    u8 = np.frombuffer(base64.b64decode(s["stored"]["patterns_u8"]), dtype=np.uint8)
+    T = len(ids)
+    r, c = torch.tril_indices(T, T)
+    want = torch.round(out["attn"][..., r, c] * 255).flatten().numpy()
+    assert np.array_equal(u8, want.astype(np.uint8))
+    sent = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))
+    w._answer(w, {"kind": "start", "req": 1}, [])
+    w._answer(w, {"kind": "encode", "req": 2, "text": "a<|im_end|>"}, [])
+    assert sent[0][0]["chat"] == {
+        "prefix": "<|im_start|>user\n",
+        "suffix": "<|im_end|>\n<|im_start|>assistant\n",
+        "stop": [tok.special_tokens["<|im_end|>"]],
+    }
+    assert sent[0][0]["special"] == tok.special_tokens
+    assert sent[1][0]["ids"] == tok.encode("a<|im_end|>", allowed_special="all")
+    with pytest.raises(ValueError, match="chat"):
+        PlaygroundView(model, tok, "hi", chat=1)
+
+
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
-    """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req."""
-    from gptlib.export import readout
+    """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
+    a step's buffers are gptlib.export.step's outputs on the whole context, under the mask."""
+    from gptlib.circuits import ablate_heads
 
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
@@ -1232,14 +1319,19 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     w._answer(w, {"kind": "start", "req": 2}, [])
     w._answer(w, {"kind": "encode", "req": 3, "text": "the dog é"}, [])
     ids = tok.encode("the log sat")
-    w._answer(w, {"kind": "forward", "req": 4, "ids": ids}, [])
+    mask = [1.0] * 8
+    mask[5] = 0.0  # layer 1, head 1
     w._answer(
-        w, {"kind": "forward", "req": 5, "ids": [0, tok.vocab_size]}, []
-    )  # an id out of range
-    w._answer(w, {"kind": "forward", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
-    w._answer(w, {"kind": "fly", "req": 7}, [])
+        w,
+        {"kind": "step", "req": 4, "ids": ids, "mask": mask, "lens": [0, 2], "targets": [3, 4]},
+        [],
+    )
+    w._answer(w, {"kind": "step", "req": 5, "ids": [0, tok.vocab_size]}, [])  # an id out of range
+    w._answer(w, {"kind": "step", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
+    w._answer(w, {"kind": "step", "req": 7, "ids": ids, "mask": [1.0] * 7}, [])
+    w._answer(w, {"kind": "fly", "req": 8}, [])
     w._answer(w, {"kind": "ping"}, [])  # no req: not a request of the page; ignored
-    assert [c["req"] for c, _ in sent] == [1, 2, 3, 4, 5, 6, 7]
+    assert [c["req"] for c, _ in sent] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert sent[0][0]["kind"] == "pong"
     started = sent[1][0]
     V = tok.vocab_size
@@ -1249,17 +1341,22 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     assert [base64.b64decode(b) for b in started["token_bytes"]] == [
         tok.token_bytes(i) for i in range(V)
     ]
+    assert started["chat"] is None and started["lens_top"] == 10
     assert sent[2][0]["ids"] == tok.encode("the dog é")
-    out = readout(model, torch.tensor([ids]))
-    logits, patterns, lens = (np.frombuffer(b, dtype=np.float32) for b in sent[3][1])
-    assert np.array_equal(logits, out["logits"][0, -1].numpy())
-    assert np.array_equal(patterns, out["patterns"][0].numpy().ravel())
-    assert np.array_equal(lens, out["lens"][0].numpy().ravel())
-    assert [sent[k][0]["kind"] for k in (4, 5, 6)] == ["error"] * 3
+    out = _step(model, ids, [0, 2], [3, 4], torch.tensor(mask).view(2, 4))
+    names = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
+    for name, b in zip(names, sent[3][1]):
+        dtype = np.int64 if name == "lens_ids" else np.float32
+        assert np.array_equal(np.frombuffer(b, dtype=dtype), out[name].numpy().ravel()), name
+    with torch.no_grad(), ablate_heads(model, [(1, 1)]):
+        ablated = model(torch.tensor([ids]))[0, -1]
+    torch.testing.assert_close(out["logits"][0], ablated, atol=1e-5, rtol=0)
+    assert [sent[k][0]["kind"] for k in (4, 5, 6, 7)] == ["error"] * 4
     assert (
         "ids" in sent[4][0]["message"]
         and "n_ctx" in sent[5][0]["message"]
-        and "fly" in sent[6][0]["message"]
+        and "mask" in sent[6][0]["message"]
+        and "fly" in sent[7][0]["message"]
     )
 
 
@@ -1276,9 +1373,12 @@ def test_playground_refuses_bad_input(bpe_tiny):
         (dict(seed=-1), "seed"),
         (dict(n_show=0), "n_show"),
         (dict(lens_top=0), "lens_top"),
+        (dict(lens_top=11), "lens_top"),
         (dict(layer=2), "layer"),
         (dict(head=-1), "head"),
         (dict(head=1.0), "head"),
+        (dict(n_generate=0), "n_generate"),
+        (dict(chat=True), "chat"),  # a BPETokenizer has no chat template
         (dict(source="/abs/english.json"), "source"),
         (dict(source="english.onnx"), "source"),
     ]:
@@ -1300,9 +1400,116 @@ def test_playground_refuses_bad_input(bpe_tiny):
         PlaygroundView(broken, tok, "the cat")
 
 
-def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
-    from gptlib.widgets.playground import _lens_tops
+def test_live_js_cache_plan_and_rows(tmp_path):
+    """The page's cache (live.js): the longest cached prefix under the same mask is kept, the
+    last position runs again when nothing is new, a mask change recomputes everything; cropping
+    keeps the first positions of each (layer, k/v, head) row; the attention rows grow by the
+    step's rows and are cut back on undo."""
+    js = _node(
+        tmp_path,
+        """
+const out = {};
+out.plans = [
+  m.plan([1, 2, 3], "a", [1, 2, 3, 4, 5], "a"),
+  m.plan([1, 2, 3], "a", [1, 2, 3], "a"),
+  m.plan([1, 2, 3], "a", [1, 2], "a"),
+  m.plan([1, 2, 3], "a", [1, 9, 3, 4], "a"),
+  m.plan([1, 2, 3], "a", [1, 2, 3, 4], "b"),
+  m.plan([], "", [7], "a"),
+];
+const cfg = { n_layers: 1, n_kv_heads: 2, d_head: 2 };
+const past = Float32Array.from({ length: 1 * 2 * 2 * 3 * 2 }, (_, i) => i);
+out.crop = Array.from(m.cropPast(past, 3, 1, cfg));
+out.same = m.cropPast(past, 3, 3, cfg) === past;
+// one layer, one head: a first step of two positions, then one more, then undo to two
+const a1 = Float32Array.from([1, 0, 0.5, 0.5]);  // (1, 1, 2, 2)
+let rows = m.addRows([], a1, 0, 2, 1, 1);
+rows = m.addRows(rows, Float32Array.from([0.2, 0.3, 0.5]), 2, 1, 1, 1);
+out.rows3 = rows[0].map((r) => Array.from(r));
+rows = m.addRows(rows, Float32Array.from([0.6, 0.4]), 1, 1, 1, 1);
+out.rows2 = rows[0].map((r) => Array.from(r));
+out.lens = m.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
+                      Float32Array.from([1, 3]), 2, 2);
+console.log(JSON.stringify(out));
+""",
+        "live.js",
+    )
+    assert js["plans"] == [
+        {"keep": 3, "feed": [4, 5]},
+        {"keep": 2, "feed": [3]},
+        {"keep": 1, "feed": [2]},
+        {"keep": 1, "feed": [9, 3, 4]},
+        {"keep": 0, "feed": [1, 2, 3, 4]},
+        {"keep": 0, "feed": [7]},
+    ]
+    past = np.arange(24, dtype=np.float32).reshape(1, 2, 2, 3, 2)
+    assert js["crop"] == past[:, :, :, :1].ravel().tolist() and js["same"]
+    assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
+    assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
+    assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
+    assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
+    assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
 
+
+def test_live_js_checks_the_manifest(tmp_path):
+    """A version-1 manifest, or pieces that do not add up to the model's bytes, are refused."""
+    js = _node(
+        tmp_path,
+        """
+const pieces = [{ bytes: 3 }, { bytes: 2 }];
+const ok = { format: "gptlib-live", version: 2, onnx: { bytes: 5, pieces } };
+const errors = [
+  { ...ok, version: 1 },
+  { ...ok, onnx: { bytes: 6, pieces } },
+  { ...ok, onnx: { bytes: 0, pieces: [] } },
+].map((bad) => {
+  try { m.checkManifest(bad, "x.json"); return null; } catch (e) { return e.message; }
+});
+const good = m.checkManifest(ok, "x.json") === ok;
+console.log(JSON.stringify({ ok: good, errors, mb: m.megabytes(123456789) }));
+""",
+        "live.js",
+    )
+    assert js["ok"] and js["mb"] == "123.5 MB"
+    assert "version 2" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
+
+
+def test_playground_js_reads_the_stored_bytes(tmp_path, modern_tiny):
+    """The page's reading of a large vocabulary's stored analysis: the patterns' bytes back to
+    rows within 1/510 of the weights, the top logits with the others at -inf."""
+    model, tok = modern_tiny
+    w = PlaygroundView(model, tok, "hi there", chat=True)
+    s = _state(w)
+    js = _node(
+        tmp_path,
+        f"""
+const s = {json.dumps(s["stored"])}, cfg = {json.dumps(s["config"])};
+const a = m.fromStored(s, cfg);
+const ids = s.top.ids;
+console.log(JSON.stringify({{
+  patterns: a.patterns.map((l) => l.map((h) => h.map((r) => Array.from(r)))),
+  listed: ids.map((i) => a.logits[i]), finite: Array.from(a.logits).filter(Number.isFinite).length,
+  rest: a.restLogZ }}));
+""",
+        "live.js",
+    )
+    out = _step(model, s["stored"]["ids"])
+    A = out["attn"]
+    for l, layer in enumerate(js["patterns"]):
+        for h, rows in enumerate(layer):
+            for i, row in enumerate(rows):
+                assert len(row) == i + 1
+                assert np.abs(np.array(row) - A[l, h, i, : i + 1].numpy()).max() <= 1 / 510 + 1e-6
+    assert js["listed"] == pytest.approx(s["stored"]["top"]["logits"], abs=1e-6)
+    assert (
+        js["finite"] == len(s["stored"]["top"]["ids"])
+        and js["rest"] == s["stored"]["top"]["rest_logz"]
+    )
+
+
+def test_playground_js_lens_tops_equal_python(tmp_path):
+    """topTokens (live.js) is the top of a row of logits, ties to the lower id, with its
+    probabilities at temperature 1."""
     g = torch.Generator().manual_seed(8)
     lens = torch.randn(3, 50, generator=g) * 3
     lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
@@ -1312,18 +1519,16 @@ def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
         "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));",
         "live.js",
     )
-    want = _lens_tops(lens, 4)
-    for got, w in zip(js, want):
-        assert got["ids"] == w["ids"]
-        assert got["probs"] == pytest.approx(w["probs"], abs=1e-4)
+    for got, row in zip(js, lens):
+        ids = torch.sort(row, descending=True, stable=True).indices[:4]
+        assert got["ids"] == ids.tolist()
+        assert got["probs"] == pytest.approx(torch.softmax(row.double(), 0)[ids].tolist(), abs=1e-4)
 
 
 def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
     """The page's side of the kernel protocol (Jupyter, Colab), against the Python side's answers:
     a fake widget model hands each request to PlaygroundView._answer and its reply back to the
     page, buffers as DataViews, as ipywidgets does."""
-    from gptlib.export import readout
-
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
     replies = {}
@@ -1337,13 +1542,14 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
         return sent[0]
 
     ids = tok.encode("the dog sat")
+    mask = [1.0, 0.0] + [1.0] * 6
     for req, content in enumerate(
         [
             {"kind": "ping"},
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
-            {"kind": "forward", "ids": ids},
-            {"kind": "forward", "ids": [-1]},
+            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
+            {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
         ],
         start=1,
     ):
@@ -1367,25 +1573,27 @@ const ask = m.kernelLink(fake);
 await ask({{ kind: "ping" }}, 1000);
 const k = await m.kernelBackend(ask);
 const ids = await k.encode("the dog sat");
-const r = await k.forward(ids);
+const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7] }});
 let error = null;
-try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
+try {{ await k.run([-1]); }} catch (e) {{ error = e.message; }}
 console.log(JSON.stringify({{
   kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
-  logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens),
-  error }}));
+  logits: Array.from(r.logits),
+  patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
+  lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error }}));
 """,
         "live.js",
     )
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
-    out = readout(model, torch.tensor([ids]))
-    assert (
-        js["logits"] == out["logits"][0, -1].tolist()
-        and js["patterns"] == out["patterns"][0].flatten().tolist()
-    )
-    assert js["lens"] == out["lens"][0].flatten().tolist()
+    out = _step(model, ids, [0, 1, 2], [7], torch.tensor(mask).view(2, 4))
+    assert js["logits"] == out["logits"][0].tolist() and js["patterns"] == out["attn"].tolist()
+    assert [r["ids"] for r in js["lens"]] == out["lens_ids"].tolist()
+    want = torch.exp(out["lens_logits"].double() - out["lens_lse"].double()[:, None])
+    got = [p for r in js["lens"] for p in r["probs"]]
+    assert got == pytest.approx(want.flatten().tolist(), rel=1e-6)
+    assert js["direct"] == out["direct"].flatten().tolist() and js["chat"] is None
     assert "ids" in js["error"]
 
 
