@@ -28,6 +28,7 @@ import torch
 import traitlets
 from torch import Tensor
 
+from ..export import step, step_inputs, weights_sha256
 from ..runtime import check_float, check_ids, check_int
 from ._base import (
     BookWidget,
@@ -542,8 +543,6 @@ class SamplingView(BookWidget):
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
         live = {}
         if source is not None:
-            from ..export import weights_sha256  # the export imports the model, not the widgets
-
             view._facts["live"] = source
             live = {"source": source, "weights_sha256": weights_sha256(model)}
         view._setup(
@@ -687,7 +686,8 @@ class SamplingView(BookWidget):
     # --- the kernel's side of the live model (from_model with a source) ------------------------
     def _logits(self, ids: list[int]) -> torch.Tensor:
         """The model's next-token logits after ``ids`` (cropped to its last n_ctx tokens, as
-        :func:`gptlib.sampling.generate` does), float32 (d_vocab,) on the CPU."""
+        :func:`gptlib.sampling.generate` does): :func:`gptlib.export.step`, as the page's graph
+        computes them, float32 (d_vocab,) on the CPU."""
         model, _ = self._live
         c = model.config
         check_ids(ids, c.d_vocab)
@@ -696,9 +696,9 @@ class SamplingView(BookWidget):
         dev = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        try:
-            with torch.no_grad():
-                y = model(torch.tensor([ids[-c.n_ctx :]], device=dev))[0, -1]  # (d_vocab,)
+        try:  # the step the page's graph computes, from an empty cache, every head kept
+            window = torch.tensor([ids[-c.n_ctx :]], device=dev)  # (1, T)
+            y = step(model, window, *step_inputs(model))["logits"][0]  # (d_vocab,)
         finally:
             model.train(was_training)
         if not torch.isfinite(y).all():

@@ -21,10 +21,10 @@ const f32 = (b) => (b instanceof ArrayBuffer ? new Float32Array(b.slice(0))
   : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)));
 
 // The one use of live.js's backend here (LIVE_CONTRACT.md section 3): the next-token logits
-// after `ids` (the backend keeps its own cache of the prefix).
+// after `ids`, every head kept, no lens, no direct contributions (the backend keeps its own cache
+// of the prefix).
 async function pageLogits(backend, ids) {
-  const out = backend.run ? await backend.run(ids, { mask: null, lens: [], targets: [] }) : await backend.forward(ids);
-  return out.logits;
+  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
 }
 
 // The live model of a view with a `source`: {describe, tokens, nCtx, logits(ids)}. The kernel if
@@ -39,7 +39,7 @@ async function startLive(model, ask, kernel, progress) {
     };
   };
   const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), progress);
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
     return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
   };
   if (kernel.answered) return inKernel();

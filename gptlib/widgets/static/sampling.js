@@ -230,6 +230,8 @@ var VENDOR = {
   ortDir: "vendor/onnxruntime-web/",
   tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
 };
+var VERSION = 2;
+var CONFIRM_ABOVE = 2e7;
 var LiveError = class extends Error {
 };
 function staticBase(doc = document) {
@@ -243,6 +245,49 @@ function fromBase64(s) {
   const b = atob(s), u = new Uint8Array(b.length);
   for (let i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
   return u;
+}
+var megabytes = (n) => `${(n / 1e6).toFixed(1)} MB`;
+function lensTops(ids, logits, lse, n, K) {
+  return [...Array(n).keys()].map((s) => ({
+    ids: Array.from(ids.slice(s * K, (s + 1) * K), Number),
+    probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
+  }));
+}
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+function plan(cached, cachedMask, window, mask) {
+  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
+  if (keep >= window.length) keep = window.length - 1;
+  return { keep, feed: window.slice(keep) };
+}
+function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
+  if (keep === P) return past;
+  const out = new Float32Array(L * 2 * G * keep * D);
+  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  return out;
+}
+function addRows(rows, attn, P, T, L, H) {
+  const S = P + T;
+  for (let lh = 0; lh < L * H; lh++) {
+    const r = rows[lh] || (rows[lh] = []);
+    r.length = P;
+    for (let t = 0; t < T; t++) {
+      const o = (lh * T + t) * S;
+      r.push(attn.slice(o, o + P + t + 1));
+    }
+  }
+  return rows;
+}
+function nestRows(rows, L, H) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
+}
+function tabMemory() {
+  const m = globalThis.performance && performance.memory;
+  if (!m || !m.usedJSHeapSize) return null;
+  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
 }
 function kernelLink(model) {
   let req = 0;
@@ -284,6 +329,7 @@ function kernelLink(model) {
 }
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
+var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
 async function fetchOk(url, what) {
   let r;
   try {
@@ -294,57 +340,162 @@ async function fetchOk(url, what) {
   if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
   return r;
 }
-async function browserBackend(source, weightsSha, progress) {
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+async function fetchInto(url, what, out, at, n, onBytes) {
+  const r = await fetchOk(url, what);
+  let got = 0;
+  if (r.body && r.body.getReader) {
+    const reader = r.body.getReader();
+    for (; ; ) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      out.set(value, at + got);
+      got += value.length;
+      onBytes(value.length);
+    }
+  } else {
+    const b = new Uint8Array(await r.arrayBuffer());
+    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+    out.set(b, at);
+    got = b.length;
+    onBytes(got);
+  }
+  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
+}
+function checkManifest(m, url) {
+  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+    throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
+  }
+  const pieces = m.onnx && m.onnx.pieces;
+  if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+  }
+  return m;
+}
+async function browserBackend(source, weightsSha, hooks) {
+  const progress = hooks.progress || (() => {
+  });
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
+  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
   const base = staticBase();
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
-  progress("reading the model's manifest");
-  const manifest = await (await fetchOk(manifestUrl, "the model's manifest")).json();
-  if (manifest.format !== "gptlib-live" || manifest.version !== 1) {
-    throw new LiveError(`${manifestUrl} is not a gptlib live-model manifest (version 1)`);
-  }
+  progress("reading the model's manifest", null);
+  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
   if (weightsSha && manifest.weights_sha256 !== weightsSha) {
     throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
   }
-  progress(`loading the model (${(manifest.onnx.bytes / 1e6).toFixed(1)} MB), onnxruntime-web and the tokenizer`);
+  const total = manifest.download_bytes;
+  if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
+    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+  }
   const file = (f) => new URL(f, manifestUrl).href;
-  const [ort, tk, tokJson, onnxBytes] = await Promise.all([
+  let onnx;
+  try {
+    onnx = new Uint8Array(manifest.onnx.bytes);
+  } catch (e) {
+    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+  }
+  let done = 0;
+  const tick = (n) => {
+    done += n;
+    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+  };
+  tick(0);
+  const pieces = [];
+  let at = 0;
+  for (const p of manifest.onnx.pieces) {
+    pieces.push([p, at]);
+    at += p.bytes;
+  }
+  const [ort, tk, tokText] = await Promise.all([
     import(base + VENDOR.ort),
     import(base + VENDOR.tokenizers),
-    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.json()),
-    fetchOk(file(manifest.onnx.file), "the model").then((r) => r.arrayBuffer())
+    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.arrayBuffer()).then((b) => {
+      tick(b.byteLength);
+      return b;
+    }),
+    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick))
   ]);
-  if (onnxBytes.byteLength !== manifest.onnx.bytes) {
-    throw new LiveError(`${manifest.onnx.file} has ${onnxBytes.byteLength} bytes, the manifest says ${manifest.onnx.bytes}`);
-  }
   if (globalThis.crypto && crypto.subtle) {
-    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", onnxBytes));
-    const hex = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
-    if (hex !== manifest.onnx.sha256) throw new LiveError(`${manifest.onnx.file} does not match its SHA-256 in the manifest`);
+    progress("checking the SHA-256 of each file", 1);
+    for (const [p, o] of pieces) {
+      if (await sha256Hex(onnx.subarray(o, o + p.bytes)) !== p.sha256) {
+        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
+      }
+    }
+    if (await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
+      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
+    }
   }
   ort.env.wasm.numThreads = 1;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web");
-  const session = await ort.InferenceSession.create(new Uint8Array(onnxBytes), { executionProviders: ["wasm"] });
-  const tokenizer = new tk.Tokenizer(tokJson, {});
-  const V = manifest.config.d_vocab;
+  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
+  let session;
+  try {
+    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+  } catch (e) {
+    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+  }
+  onnx = null;
+  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  return pageBackend(ort, session, manifest, tokenizer);
+}
+function pageBackend(ort, session, manifest, tokenizer) {
+  const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
+  const V = c.d_vocab, K = manifest.lens_top;
+  const ones = new Float32Array(L * H).fill(1);
+  let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
+  const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
+  const run = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+    const t0 = performance.now();
+    const window = ids.slice(-c.n_ctx);
+    const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
+    const { keep, feed } = plan(cached, cachedMask, window, mKey);
+    const P = keep, T = feed.length;
+    past = cropPast(past, cached.length, P, c);
+    const lensList = lens || [], tg = targets || [];
+    const out = await session.run({
+      ids: new ort.Tensor("int64", i64(feed), [1, T]),
+      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
+      head_mask: new ort.Tensor("float32", m, [L, H]),
+      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
+      targets: new ort.Tensor("int64", i64(tg), [tg.length])
+    });
+    try {
+      past = out.present.data.slice();
+      cached = window.slice();
+      cachedMask = mKey;
+      rows = addRows(rows, out.attn.data, P, T, L, H);
+      return {
+        logits: out.logits.data.slice(0, V),
+        patterns: nestRows(rows, L, H),
+        lens: lens ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K) : null,
+        direct: tg.length ? out.direct.data.slice() : null,
+        ms: performance.now() - t0,
+        fed: T
+      };
+    } finally {
+      Object.values(out).forEach((t) => t.dispose && t.dispose());
+    }
+  };
   return {
     kind: "browser",
-    describe: "the page itself (onnxruntime-web, WebAssembly, one thread)",
-    config: manifest.config,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
+    special: manifest.special || {},
+    chat: manifest.chat || null,
+    downloadBytes: manifest.download_bytes,
     encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
-    forward: async (ids) => {
-      const T = ids.length;
-      const input = new ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, T]);
-      const out = await session.run({ ids: input });
-      const r = { logits: out.logits.data.slice((T - 1) * V, T * V), patterns: out.patterns.data.slice(), lens: out.lens.data.slice() };
-      Object.values(out).forEach((t) => t.dispose && t.dispose());
-      return r;
-    }
+    memory: tabMemory,
+    run
   };
 }
 
@@ -352,8 +503,7 @@ async function browserBackend(source, weightsSha, progress) {
 var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
 var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 async function pageLogits(backend, ids) {
-  const out = backend.run ? await backend.run(ids, { mask: null, lens: [], targets: [] }) : await backend.forward(ids);
-  return out.logits;
+  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
 }
 async function startLive(model, ask, kernel, progress) {
   const inKernel = async () => {
@@ -366,7 +516,7 @@ async function startLive(model, ask, kernel, progress) {
     };
   };
   const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), progress);
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
     return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
   };
   if (kernel.answered) return inKernel();
