@@ -290,7 +290,8 @@ class Playground {
     if (full) {
       a.target = byLogit(r.logits)[0];
       const s = await live.run(window, { mask: this.mask, lens: [...Array(this.cfg.n_layers + 1).keys()], targets: [a.target] });
-      a.lens = s.lens;
+      const n = this.model.get("lens_top");
+      a.lens = s.lens.map((r) => ({ ids: r.ids.slice(0, n), probs: r.probs.slice(0, n) }));
       a.direct = s.direct;
       a.patterns = s.patterns;
       ms += s.ms;

@@ -801,7 +801,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep, T = feed.length;
     past = cropPast(past, cached.length, P, c);
-    const lensList = lens || [], tg = targets || [];
+    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
@@ -1184,7 +1184,8 @@ var Playground = class {
     if (full) {
       a.target = byLogit(r.logits)[0];
       const s = await live.run(window, { mask: this.mask, lens: [...Array(this.cfg.n_layers + 1).keys()], targets: [a.target] });
-      a.lens = s.lens;
+      const n = this.model.get("lens_top");
+      a.lens = s.lens.map((r2) => ({ ids: r2.ids.slice(0, n), probs: r2.probs.slice(0, n) }));
       a.direct = s.direct;
       a.patterns = s.patterns;
       ms += s.ms;
