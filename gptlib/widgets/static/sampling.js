@@ -459,7 +459,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep, T = feed.length;
     past = cropPast(past, cached.length, P, c);
-    const lensList = lens || [], tg = targets || [];
+    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
