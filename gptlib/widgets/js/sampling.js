@@ -124,7 +124,7 @@ function statsLine(node, d, rest, T, V) {
 // The message under the buttons: how many tokens were drawn and from what, or why the text ends.
 function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
   if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
-  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree the live model computes every distribution (${live.describe}).`;
+  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
   if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues ` +
