@@ -1,75 +1,243 @@
-"""The live model's forward pass: the exported ONNX graph under onnxruntime against PyTorch.
+"""The live models' budgets (issue 33): what a reader's browser downloads, waits and holds.
 
-    python bench/bench_live.py [--repeats 15]
+    python bench/bench_live.py [--static _build/html/_static] [--models english smollm2]
+                               [--context 200] [--steps 10] [--no-browser]
 
-The HTML book's playground runs gptlib.export's graph of the English model in onnxruntime-web
-(WebAssembly, one thread); Jupyter and Colab run gptlib.export.readout in PyTorch. This measures,
-back to back in one run on one thread, one forward pass of the English model at T = 16, 64 and 128
-tokens: the graph in onnxruntime (native CPU build: the same graph and kernels the page's
-WebAssembly build compiles), readout in PyTorch (the kernel's path: every pattern and stream read
-out), and the plain forward pass (fused attention, logits only) as the peer. It prints the medians
-and their ratios. The budgets of the page itself (first result after start, time per drawn token,
-bytes downloaded) are measured in the browser by tests/test_browser_live.py, which prints them.
+For each model the HTML book serves (``live/<name>.json`` under the book's ``_static/``, written by
+``make book``), this measures, on this machine:
+
+* natively, one thread: one step of gptlib.export's graph in onnxruntime (the CPU build: the same
+  graph and kernels the page's WebAssembly build compiles) with a cache of ``--context`` positions,
+  against gptlib.export.step in PyTorch (the kernel's path) on the same cache;
+* in Debian's Chromium (headless, Playwright), in a page that holds the model's PlaygroundView and
+  loads only the book's own files from a local server: the bytes downloaded when the reader starts
+  the model (and none before), the time from the start (for SmolLM2, from the reader's "download")
+  to the first token drawn, the time of one step with the cache at ``--context`` tokens (median of
+  ``--steps``), and the tab's memory once loaded: the JavaScript heap (performance.memory) and the
+  resident memory of the page's renderer process (ps), which includes onnxruntime's WebAssembly
+  memory.
+
+It prints the numbers and the budgets beside them; nothing is asserted (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from gptlib.export import OUTPUTS, readout, to_onnx
-from gptlib.model import GPT
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from browser_support import CHROMIUM, CHROMIUM_ARGS, serve  # noqa: E402
+
+from gptlib.export import step, step_inputs  # noqa: E402
+
+BUDGETS = {"download_mb": 120, "first_s": 10, "step_ms": 100}
+TEXT = (
+    "The river rose through the night, and by morning the old mill stood in water to its "
+    "second window. Nobody had seen it so high since 1962, when the bridge went. "
+)
+
+
+def load(name: str):
+    if name == "english":
+        from gptlib.model import GPT
+        from gptlib.tokenizers import BPETokenizer
+
+        path = ROOT / "models" / "english"
+        return GPT.load(path).eval(), BPETokenizer.load(path / "tokenizer.json")
+    from gptlib.gguf import load_smollm2
+
+    model, tok = load_smollm2()
+    return model.eval(), tok
+
+
+def context_ids(model, tok, n: int) -> list[int]:
+    encode = getattr(tok, "special_tokens", None) and (lambda t: tok.encode(t, "all"))
+    ids = (encode or tok.encode)(TEXT * 40)
+    return ids[: min(n, model.config.n_ctx - 1)]
+
+
+def native(static: Path, name: str, model, ids: list[int], steps: int) -> dict:
+    """One cached step natively: onnxruntime (one thread) and PyTorch's step, medians in ms."""
+    import onnxruntime as ort
+
+    m = json.loads((static / "live" / f"{name}.json").read_text(encoding="utf-8"))
+    graph = b"".join((static / "live" / p["file"]).read_bytes() for p in m["onnx"]["pieces"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+    past, mask, lens, targets = step_inputs(model)
+    with torch.no_grad():
+        full = step(model, torch.tensor([ids[:-1]]), past, mask, lens, targets)
+    new = torch.tensor([ids[-1:]])
+    feed = {
+        "ids": new.numpy(),
+        "past": full["present"].numpy(),
+        "head_mask": mask.numpy(),
+        "lens": lens.numpy(),
+        "targets": targets.numpy(),
+    }
+    runs = {
+        "onnx": lambda: session.run(None, feed),
+        "torch": lambda: step(model, new, full["present"], mask, lens, targets),
+    }
+    times = {k: [] for k in runs}
+    with torch.no_grad():
+        for f in runs.values():
+            f()
+        for r in range(steps):
+            for k in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                t0 = time.perf_counter()
+                runs[k]()
+                times[k].append(1000 * (time.perf_counter() - t0))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def page_html(view) -> str:
+    from ipywidgets.embed import embed_data
+
+    data = embed_data(views=[view], drop_defaults=False)
+    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
+    spec = json.dumps(data["view_specs"][0])
+    return (
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+        '<script src="_static/vendor/require.js"></script>'
+        '<script src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
+        '<body><div class="cell_output">'
+        f'<script type="application/vnd.jupyter.widget-view+json">{spec}</script></div>'
+        "</body></html>"
+    )
+
+
+def renderer_rss_mb(profile: str) -> float | None:
+    """The largest resident memory of this browser's renderer processes (ps), in MB."""
+    out = subprocess.run(["ps", "-eo", "rss=,args="], capture_output=True, text=True).stdout
+    rss = [
+        int(line.split(None, 1)[0]) / 1024
+        for line in out.splitlines()
+        if "--type=renderer" in line and profile in line
+    ]
+    return max(rss) if rss else None
+
+
+def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    from gptlib.widgets import PlaygroundView
+
+    view = PlaygroundView(
+        model, tok, "Why is the sky blue?", chat=name != "english", source=f"live/{name}.json"
+    )
+    with tempfile.TemporaryDirectory() as d, sync_playwright() as pw:
+        root = Path(d)
+        (root / "_static").symlink_to(static.resolve(), target_is_directory=True)
+        (root / "index.html").write_text(page_html(view), encoding="utf-8")
+        profile = str(root / "profile")
+        ctx = pw.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        ctx.add_init_script("window.__gptlibTest = true;")  # the views report what they draw
+        sizes: list[tuple[str, int]] = []
+        with serve(root) as url:
+            page = ctx.new_page()
+            page.on(
+                "response",
+                lambda r: sizes.append((r.url, int(r.headers.get("content-length", 0)))),
+            )
+            page.goto(url + "/index.html", wait_until="networkidle")
+            play = page.locator(".gptlib-play")
+            play.wait_for(timeout=60_000)
+            before = sum(n for _, n in sizes)
+            n = len(sizes)
+            play.locator(".gptlib-play-start").click()
+            yes = play.locator(".gptlib-play-confirm-yes")
+            t0 = time.perf_counter()
+            try:
+                yes.wait_for(timeout=10_000)
+                t0 = time.perf_counter()
+                yes.click()
+            except Exception:  # a small model starts without asking
+                pass
+            page.wait_for_function(
+                "() => { const r = document.querySelector('.gptlib-play');"
+                " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
+                timeout=300_000,
+            )
+            wall = time.perf_counter() - t0
+            error = play.get_attribute("data-error")
+            if error:
+                raise SystemExit(f"{name}: the page could not start the model: {error}")
+            first = float(play.get_attribute("data-first-ms"))
+            downloaded = sum(k for u, k in sizes[n:] if "/live/" in u)
+            times = page.evaluate(
+                "async ([ids, steps]) => {"
+                " const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+                " await b.run(ids.slice(0, -1)); const out = [];"
+                " for (let k = 0; k < steps; k++) {"
+                "   await b.run(ids.slice(0, -1));"  # back to the context less one: a crop
+                "   out.push((await b.run(ids)).ms); }"
+                " return out; }",
+                [ids, steps],
+            )
+            heap = page.evaluate(
+                "() => performance.memory ? performance.memory.usedJSHeapSize : null"
+            )
+            rss = renderer_rss_mb(profile)
+        ctx.close()
+    return {
+        "before_mb": before / 1e6,
+        "download_mb": downloaded / 1e6,
+        "first_s": first / 1000,
+        "wall_first_s": wall,
+        "step_ms": statistics.median(times),
+        "heap_mb": heap / 1e6 if heap else None,
+        "rss_mb": rss,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--static", type=Path, default=ROOT / "_build" / "html" / "_static")
+    ap.add_argument("--models", nargs="+", default=["english", "smollm2"])
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
-    import onnxruntime as ort
-
     torch.set_num_threads(1)
-    model = GPT.load(ROOT / "models" / "english").eval()
-    built = ROOT / "book_static" / "live" / "english.onnx"
-    graph = built.read_bytes() if built.is_file() else to_onnx(model)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
-    g = torch.Generator().manual_seed(0)
-    print(
-        f"English model, one thread; graph {len(graph) / 1e6:.1f} MB "
-        f"({'make book' if built.is_file() else 'exported now'})"
-    )
-    print(
-        f"{'T':>4} {'ONNX (ms)':>10} {'readout (ms)':>13} {'forward (ms)':>13} "
-        f"{'ONNX/readout':>13} {'ONNX/forward':>13}"
-    )
-    for T in (16, 64, 128):
-        ids = torch.randint(0, model.config.d_vocab, (1, T), generator=g)
-        feed = {"ids": ids.numpy()}
-        runs = {
-            "onnx": lambda: session.run(list(OUTPUTS), feed),
-            "readout": lambda: readout(model, ids),
-            "forward": lambda: model(ids),
-        }
-        times = {k: [] for k in runs}
-        with torch.no_grad():
-            for f in runs.values():  # warm up
-                f()
-            for r in range(args.repeats):
-                for k in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # alternate who goes first
-                    t0 = time.perf_counter()
-                    runs[k]()
-                    times[k].append(time.perf_counter() - t0)
-        med = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    for name in args.models:
+        if not (args.static / "live" / f"{name}.json").is_file():
+            print(f"{name}: no {args.static / 'live' / (name + '.json')} (run `make book`)")
+            continue
+        model, tok = load(name)
+        ids = context_ids(model, tok, args.context + 1)
+        t = native(args.static, name, model, ids, args.steps)
         print(
-            f"{T:>4} {med['onnx']:>10.2f} {med['readout']:>13.2f} {med['forward']:>13.2f} "
-            f"{med['onnx'] / med['readout']:>12.2f}x {med['onnx'] / med['forward']:>12.2f}x"
+            f"{name}: one step at {len(ids)} tokens of context, natively, one thread: "
+            f"onnxruntime {t['onnx']:.1f} ms, PyTorch step {t['torch']:.1f} ms"
+        )
+        if args.no_browser:
+            continue
+        b = in_browser(args.static, name, model, tok, ids, args.steps)
+        heap = f"{b['heap_mb']:.0f} MB" if b["heap_mb"] else "not given"
+        rss = f"{b['rss_mb']:.0f} MB" if b["rss_mb"] else "not found"
+        print(
+            f"{name} in Chromium: page {b['before_mb']:.2f} MB before starting; download on "
+            f"start {b['download_mb']:.1f} MB (budget {BUDGETS['download_mb']} MB); start to "
+            f"first token {b['first_s']:.1f} s in the page, {b['wall_first_s']:.1f} s seen here "
+            f"(budget {BUDGETS['first_s']} s); one step at {len(ids)} tokens with the cache "
+            f"{b['step_ms']:.0f} ms (budget {BUDGETS['step_ms']} ms); the tab's JavaScript "
+            f"heap {heap}, its renderer's resident memory {rss}"
         )
 
 

@@ -117,7 +117,7 @@ class GPT(nn.Module):
         """X_L, the residual stream after the last block, (B, T, d_model)."""
         check_cache(cache, self.config.n_layers)
         x = self.input_stream(
-            ids, 0 if cache is None else len(cache), check_ids=check_ids
+            ids, 0 if cache is None else cache.offset(0), check_ids=check_ids
         )  # (B, T, d_model)
         for blk in self.blocks:
             x = blk(x, cache)

@@ -385,7 +385,7 @@ class ModernGPT(nn.Module):
         if check_ids:
             runtime.check_ids(ids, self.config.d_vocab)
         check_cache(cache, self.config.n_layers)
-        offset = 0 if cache is None else len(cache)
+        offset = 0 if cache is None else cache.offset(0)  # len(cache), kept symbolic when traced
         if offset + ids.shape[1] > self.config.n_ctx:
             raise ValueError(
                 f"ids has {offset + ids.shape[1]} positions, more than n_ctx={self.config.n_ctx}; "

@@ -63,6 +63,8 @@ def check_positive_int(name: str, value: object) -> None:
     ...
     ValueError: d_model must be a positive int, got 0
     """
+    if isinstance(value, torch.SymInt):
+        return  # a size traced symbolically (torch.export, torch.compile): no value to check
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 

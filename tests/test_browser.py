@@ -346,6 +346,10 @@ def check_sample_step(root, tree_root: dict | None = None) -> int:
     ids = json.loads(root.get_attribute("data-ids"))
     new = root.locator(".gptlib-samp-new").count()
     root.locator(".gptlib-samp-step").click()
+    # a step that asks the live model (past a stored tree) ends when the page is no longer busy
+    root.page.wait_for_function(
+        "(r) => r.dataset.busy !== '1'", arg=root.element_handle(), timeout=120_000
+    )
     u = float(root.get_attribute("data-u"))
     after = json.loads(root.get_attribute("data-path"))
     assert after[:-1] == path and len(after) == len(path) + 1
@@ -412,10 +416,69 @@ def test_sampling_widget_matches_python(browser, site):
     p.close()
 
 
+def _chapter_table(chapter: str = "07_sampling") -> dict:
+    """The bigram table that a chapter's SamplingView.from_table stores (its nonzero counts)."""
+    from gptlib.widgets.stored import WIDGET_STATE
+
+    nb = json.loads((ROOT / "chapters" / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+    states = nb["metadata"]["widgets"][WIDGET_STATE]["state"].values()
+    tables = [s["state"]["table"] for s in states if s["state"].get("table")]
+    assert len(tables) == 1, f"{chapter} must show one SamplingView.from_table"
+    return tables[0]
+
+
+@browser_test
+def test_bigram_view_draws_forty_tokens_without_a_stop(browser, site):
+    """Chapter 7's bigram view holds the whole table: 40 draws in a row, in a few seconds, none
+    stopping; after each, the row the page computes is table_logits of the drawn token
+    (log(count + 0.01)); each draw is the inverse CDF, at the page's seeded u, of the
+    distribution shown; undo and reset."""
+    from gptlib.widgets.sampling import table_logits
+
+    table = _chapter_table()
+    p = Page(browser, site, "07_sampling")
+    root = p.page.locator(".gptlib-samp").first
+    root.wait_for(timeout=20_000)
+    assert root.get_attribute("data-from") == "table"
+    first = json.loads(root.get_attribute("data-logits"))
+    ms = root.evaluate(
+        """(r) => { const t0 = performance.now();
+                    for (let i = 0; i < 40; i++) r.querySelector('.gptlib-samp-step').click();
+                    return performance.now() - t0; }"""
+    )
+    print(f"40 draws from the bigram view in {ms:.0f} ms")
+    assert ms < 5000, f"40 draws took {ms:.0f} ms"
+    path = json.loads(root.get_attribute("data-path"))
+    assert len(path) == 40 and min(path) >= 0 and root.get_attribute("data-stuck") == "0"
+    assert root.locator(".gptlib-samp-new").count() == 40
+    assert "40 token(s) drawn" in root.locator(".gptlib-samp-msg").text_content()
+    assert root.locator(".gptlib-samp-step").is_enabled()
+    for n in range(40, 0, -1):  # undo, draw by draw: the row after each drawn token
+        assert json.loads(root.get_attribute("data-path")) == path[:n]
+        logits = torch.tensor(json.loads(root.get_attribute("data-logits")), dtype=torch.float64)
+        torch.testing.assert_close(logits, table_logits(table, path[n - 1]), atol=1e-12, rtol=0)
+        root.locator(".gptlib-samp-undo").click()
+    assert json.loads(root.get_attribute("data-logits")) == first  # the row after ' is'
+    checked = []
+    for _ in range(5):  # seeded draws, each the inverse CDF of what is shown
+        check_sampling_distribution(root, checked)
+        drawn = check_sample_step(root)
+        logits = torch.tensor(json.loads(root.get_attribute("data-logits")), dtype=torch.float64)
+        torch.testing.assert_close(logits, table_logits(table, drawn), atol=1e-12, rtol=0)
+    root.locator(".gptlib-samp-reset").click()
+    assert json.loads(root.get_attribute("data-path")) == []
+    assert json.loads(root.get_attribute("data-logits")) == first
+    assert root.locator(".gptlib-samp-new").count() == 0
+    p.screenshot("sampling_widget_bigram.png", ".gptlib-samp")
+    p.check_offline()
+    p.close()
+
+
 @browser_test
 def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
     """Chapter 7's SamplingView.from_model (three prompts, the English GPT): prompt switch, the
-    maths, and sample steps through the stored continuations."""
+    maths, sample steps through the stored continuations, and past them the live model: its
+    logits are PyTorch's after the whole text, and the draws go on."""
     p = Page(browser, site, "07_sampling")
     p.page.locator(".gptlib-samp").first.wait_for(timeout=20_000)
     multi = [
@@ -434,15 +497,35 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
     check_sampling_distribution(root, checked)
     _set_temperature(root, 0.0)
     check_sampling_distribution(root, checked)
-    for _ in range(6):  # argmax draws follow the stored tree to its end, then the page stops
+    for _ in range(6):  # argmax draws follow the stored tree to its end, then the live model
         check_sample_step(root)
-        if root.get_attribute("data-stuck") == "1":
+        if root.get_attribute("data-from") != "tree":
             break
-    assert (
-        root.get_attribute("data-stuck") == "1"
-        and "so the text ends here" in root.locator(".gptlib-samp-msg").text_content()
-    )
-    p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp")
+    msg = root.locator(".gptlib-samp-msg").text_content()
+    if not (HTML / "_static" / "live" / "english.json").is_file():  # no live model to hand to
+        assert root.get_attribute("data-stuck") == "1" and "so the text ends here" in msg
+        p.close()
+        pytest.skip("the built book has no live model (_static/live/english.json)")
+    assert root.get_attribute("data-from") == "live" and root.get_attribute("data-stuck") == "0"
+    assert "every distribution is the live model's, computed by the page itself" in msg, msg
+    from gptlib.model import GPT
+    from gptlib.tokenizers import BPETokenizer
+
+    model = GPT.load(SHIPPED).eval()
+    tok = BPETokenizer.load(SHIPPED / "tokenizer.json")
+    prompt = root.locator(".gptlib-samp-prompt option").nth(1).text_content()
+    _set_temperature(root, 1.0)
+    for step in range(6):  # each distribution is the model's after the whole text; no stop
+        path = json.loads(root.get_attribute("data-path"))
+        ids = (tok.encode(prompt) + path)[-model.config.n_ctx :]
+        with torch.no_grad():
+            y = model(torch.tensor([ids]))[0, -1].double()
+        got = torch.tensor(json.loads(root.get_attribute("data-logits")), dtype=torch.float64)
+        torch.testing.assert_close(got, y, atol=1e-4, rtol=0, msg=lambda m: f"step {step}: {m}")
+        check_sampling_distribution(root, checked)
+        check_sample_step(root)
+        assert root.get_attribute("data-stuck") == "0"
+    p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp >> nth=1")
     p.check_offline()
     p.close()
 

@@ -1,7 +1,9 @@
-"""The book's GPT for the browser (gptlib.export): the readout equals the model, the ONNX graph
-equals PyTorch under onnxruntime (the peer that the page's onnxruntime-web shares its kernels
-with), its bytes are deterministic and its weights float16, and the tokenizer.json gives
-BPETokenizer.encode's ids under Hugging Face's tokenizers."""
+"""The book's models in the browser (gptlib.export): the step equals the model (a cached step
+equals the full forward pass, a masked head equals ablate_heads, the lens equals logit_lens, the
+heads' direct contributions and the other terms add up to the logit), the ONNX graph equals the
+step under onnxruntime (the peer that the page's onnxruntime-web shares its kernels with), its
+bytes are deterministic and its weights float16, and the tokenizer.json gives BPETokenizer.encode's
+ids under Hugging Face's tokenizers."""
 
 from __future__ import annotations
 
@@ -14,24 +16,32 @@ import numpy as np
 import pytest
 import torch
 
+from gptlib.attention import KVCache
+from gptlib.circuits import ablate_heads
 from gptlib.export import (
+    INPUTS,
+    LENS_TOP,
     OUTPUTS,
     export,
     main,
     manifest,
-    readout,
+    pieces,
+    step,
+    step_inputs,
     to_onnx,
     tokenizer_json,
     weights_sha256,
 )
-from gptlib.hooks import capture
+from gptlib.hooks import capture, capture_patterns, logit_lens
 from gptlib.model import GPT
+from gptlib.modern import ModernGPT
 from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGLISH = ROOT / "models" / "english"
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Prompts that are not in the chapters: accents, emoji, digits, whitespace runs, a contraction.
 PROMPTS = [
@@ -40,12 +50,30 @@ PROMPTS = [
     "1234567890 numbers, 3.14159 and ½ of them",
     "Ünïcödé ñ 中文 العربية",
 ]
+IDS = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 3]])
 
 
 def _session(data: bytes):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def _run(session, args) -> dict[str, np.ndarray]:
+    return dict(
+        zip(OUTPUTS, session.run(list(OUTPUTS), {k: t.numpy() for k, t in zip(INPUTS, args)}))
+    )
+
+
+@pytest.fixture(scope="module", params=["gpt", "modern"])
+def tiny(request, tiny_gpt, tiny_modern):
+    """A tiny GPT (n_ctx 16) and a tiny ModernGPT (GQA: 4 query heads on 2 key-value heads)."""
+    return tiny_gpt(n_ctx=16, n_layers=3) if request.param == "gpt" else tiny_modern(n_layers=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_graph(tiny):
+    return to_onnx(tiny)
 
 
 @pytest.fixture(scope="module")
@@ -59,91 +87,211 @@ def english_onnx(exported):
     return exported[0].read_bytes()
 
 
-# --- readout ------------------------------------------------------------------------------------
+def _steps(model, ids, cuts, mask=None, lens=(), targets=()):
+    """step() over ids cut at ``cuts``: the list of outputs, each step fed the last present."""
+    past, ones, lens_t, targets_t = step_inputs(model, lens, targets)
+    mask = ones if mask is None else mask
+    outs, start = [], 0
+    for end in list(cuts) + [ids.shape[1]]:
+        outs.append(step(model, ids[:, start:end], past, mask, lens_t, targets_t))
+        past, start = outs[-1]["present"], end
+    return outs
 
 
-def test_readout_is_the_models_forward_pass(tiny_gpt):
-    model = tiny_gpt(n_ctx=16, n_layers=3)
-    ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(1))
-    out = readout(model, ids)
-    assert {k: tuple(v.shape) for k, v in out.items()} == {
-        "logits": (2, 11, 512),
-        "patterns": (2, 3, 4, 11, 11),
-        "resid": (2, 4, 11, 64),
-        "lens": (2, 4, 512),
-    }
-    torch.testing.assert_close(out["logits"], model(ids), atol=1e-5, rtol=0)
-    torch.testing.assert_close(out["patterns"], model.attention_patterns(ids), atol=1e-6, rtol=0)
-    # the residual stream: X_0 = embedding + positions, then what each block returns
-    seen = []
+# --- the step -----------------------------------------------------------------------------------
+
+
+def test_cached_steps_equal_the_full_forward_pass(tiny):
+    """Steps of 3, 1, 4 and 3 tokens: the logits after each are the full pass's at that position,
+    the attention rows the full pattern's rows, present the keys and values of KVCache."""
+    cuts = [3, 4, 8]
+    outs = _steps(tiny, IDS, cuts)
+    full_logits = tiny(IDS)[0]  # (T, V)
+    with capture_patterns(tiny) as patterns:
+        tiny(IDS)
+    full = torch.stack([p[0] for p in patterns])  # (L, H, T, T)
+    cache = KVCache(tiny.config.n_layers)
+    tiny(IDS, cache)
+    for out, start, end in zip(outs, [0] + cuts, cuts + [IDS.shape[1]]):
+        torch.testing.assert_close(out["logits"][0], full_logits[end - 1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out["attn"], full[:, :, start:end, :end], atol=1e-6, rtol=0)
+        assert tuple(out["present"].shape[3:]) == (end, tiny.blocks[0].attn.d_head)
+    present = torch.stack([torch.stack([k[0], v[0]]) for k, v in zip(cache.k, cache.v)])
+    torch.testing.assert_close(outs[-1]["present"], present, atol=1e-6, rtol=0)
+
+
+def test_a_zero_in_the_head_mask_is_ablate_heads(tiny):
+    L, H = tiny.config.n_layers, tiny.config.n_heads
+    mask = torch.ones(L, H)
+    mask[0, 1] = mask[2, 3] = 0
+    out = _steps(tiny, IDS, [5], mask=mask)[-1]
+    with torch.no_grad(), ablate_heads(tiny, [(0, 1), (2, 3)]):
+        want = tiny(IDS)[:, -1]
+    torch.testing.assert_close(out["logits"], want, atol=1e-5, rtol=0)
+    assert (out["logits"] - tiny(IDS)[:, -1]).abs().max() > 1e-3  # the heads mattered
+    # a half scales the head's output: halfway between keeping and removing it, in the first layer
+    half = torch.ones(L, H)
+    half[0, 1] = 0.5
+    with torch.no_grad():
+        W_O = tiny.blocks[0].attn.W_O
+        d = tiny.blocks[0].attn.d_head
+        kept = W_O[d : 2 * d].clone()
+        W_O[d : 2 * d] *= 0.5
+        want = tiny(IDS)[:, -1]
+        W_O[d : 2 * d] = kept
+    torch.testing.assert_close(
+        _steps(tiny, IDS, [], mask=half)[-1]["logits"], want, atol=1e-5, rtol=0
+    )
+
+
+def test_the_lens_is_logit_lens_cut_to_its_top(tiny):
+    L = tiny.config.n_layers
+    lens = [L, 0, 2, 2]
+    out = _steps(tiny, IDS, [6], lens=lens)[-1]
+    rows = logit_lens(tiny, IDS)[:, 0, -1]  # (L + 1, V)
+    assert tuple(out["lens_ids"].shape) == (4, LENS_TOP) and out["lens_ids"].dtype == torch.int64
+    for k, l in enumerate(lens):
+        order = torch.sort(rows[l], descending=True, stable=True)  # ties: the lower id first
+        assert out["lens_ids"][k].tolist() == order.indices[:LENS_TOP].tolist()
+        torch.testing.assert_close(
+            out["lens_logits"][k], order.values[:LENS_TOP], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(out["lens_lse"][k], rows[l].logsumexp(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["lens_logits"][0], out["logits"][0].topk(LENS_TOP).values)
+
+
+def test_direct_contributions_and_the_other_terms_add_up_to_the_logit(tiny):
+    """In ln_f's linear part at the last position (the normaliser frozen at X_L), the logit of t is
+    the sum of what every head, the embedding, every MLP and the biases write into the stream:
+    the heads' terms from step(), the others read from the model's own sub-layers by hooks."""
+    L, H = tiny.config.n_layers, tiny.config.n_heads
+    targets = [3, 7, 200, 7]
+    mask = torch.ones(L, H)
+    mask[1, 2], mask[2, 0] = 0.0, 0.5
+    out = _steps(tiny, IDS, [4], mask=mask, targets=targets)[-1]
+    assert tuple(out["direct"].shape) == (L, H, 4)
+    W_O = [blk.attn.W_O.detach().clone() for blk in tiny.blocks]
+    mlp_out = []
     hooks = [
-        blk.register_forward_hook(lambda m, a, o: seen.append(o.detach())) for blk in model.blocks
+        blk.mlp.register_forward_hook(lambda m, a, o: mlp_out.append(o[0, -1]))
+        for blk in tiny.blocks
     ]
     try:
-        model(ids)
+        with torch.no_grad():
+            for blk, w in zip(tiny.blocks, mask):  # the mask, as rows of W_O
+                blk.attn.W_O.mul_(w.repeat_interleave(blk.attn.d_head)[:, None])
+            with capture(tiny, "hook_resid") as streams:
+                logits = tiny(IDS)[0, -1]
     finally:
         for h in hooks:
             h.remove()
-    torch.testing.assert_close(out["resid"][:, 1:], torch.stack(seen, 1), atol=1e-6, rtol=0)
-    torch.testing.assert_close(out["resid"][:, 0], model.embed(ids) + model.pos(11), atol=0, rtol=0)
-    # the logit lens at the last position; its last row is the model's own next-token logits
-    torch.testing.assert_close(
-        out["lens"], model.unembed(model.ln_f(out["resid"][:, :, -1])), atol=0, rtol=0
-    )
-    torch.testing.assert_close(out["lens"][:, -1], out["logits"][:, -1], atol=1e-5, rtol=0)
+        with torch.no_grad():
+            for blk, w in zip(tiny.blocks, W_O):
+                blk.attn.W_O.copy_(w)
+    x_L, ln = streams[-1][0, -1], tiny.ln_f
+    if isinstance(tiny, ModernGPT):  # RMSNorm: x w / rms(X_L)
+        lin = lambda x: x * ln.w / x_L.pow(2).mean().add(ln.eps).sqrt()  # noqa: E731
+        biases = torch.zeros(())
+    else:  # LayerNorm: (x - mean x) w / sigma(X_L), then + b
+        sigma = (x_L - x_L.mean()).pow(2).mean().add(ln.eps).sqrt()
+        lin = lambda x: (x - x.mean()) * ln.w / sigma  # noqa: E731
+        biases = sum(lin(blk.attn.b_O) for blk in tiny.blocks) + ln.b
+    others = lin(streams[0][0, -1]) + sum(lin(m) for m in mlp_out) + biases  # (d_model,)
+    with torch.no_grad():
+        total = out["direct"].sum(dim=(0, 1)) + others @ tiny.W_U[:, targets]
+    torch.testing.assert_close(total, logits[targets], atol=1e-5, rtol=0)
+    assert (out["direct"][1, 2] == 0).all() and out["direct"].abs().max() > 1e-2
 
 
-def test_readout_keeps_the_mode_and_refuses_bad_ids(tiny_gpt):
-    model = tiny_gpt(n_ctx=16).train()
-    readout(model, torch.tensor([[1, 2]]))
-    assert model.training
-    for ids, match in [
-        (torch.tensor([1, 2]), "shape"),
-        (torch.zeros(1, 0, dtype=torch.long), "shape"),
-        (torch.tensor([[1, 512]]), "ids"),
-        (torch.tensor([[1.0]]), "ids"),
-        (torch.zeros(1, 17, dtype=torch.long), "n_ctx"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            readout(model, ids)
-    with pytest.raises(ValueError, match="model"):
-        readout(torch.nn.Linear(2, 2), torch.tensor([[1]]))
-
-
-def test_readout_does_not_capture_afterwards(tiny_gpt):
-    """capture_patterns restores the fused path and removes its hooks."""
+def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
     model = tiny_gpt(n_ctx=16)
-    readout(model, torch.tensor([[1, 2, 3]]))
-    assert all(blk.attn.fused for blk in model.blocks)
-    with capture(model, "hook_pattern") as seen:
-        model(torch.tensor([[1, 2, 3]]))
-    assert seen == []  # the fused path hands no pattern out
+    past, mask, lens, targets = step_inputs(model)
+    ids = torch.tensor([[1, 2]])
+    good = dict(ids=ids, past=past, head_mask=mask, lens=lens, targets=targets)
+    bad = [
+        ("ids", torch.tensor([1, 2])),
+        ("ids", torch.zeros(1, 0, dtype=torch.int64)),
+        ("ids", torch.tensor([[1, 512]])),
+        ("ids", torch.tensor([[1.0]])),
+        ("ids", torch.tensor([[1], [2]])),
+        ("past", torch.zeros(2, 2, 4, 0, 15)),
+        ("past", torch.zeros(2, 2, 4, 15, 16)),  # 15 + 2 positions > n_ctx
+        ("past", torch.full((2, 2, 4, 1, 16), float("nan"))),
+        ("head_mask", torch.ones(2, 3)),
+        ("head_mask", torch.ones(2, 4, dtype=torch.float64)),
+        ("lens", torch.tensor([3])),
+        ("lens", torch.tensor([[0]])),
+        ("targets", torch.tensor([512])),
+        ("targets", torch.tensor([-1])),
+    ]
+    for name, value in bad:
+        with pytest.raises(ValueError, match=name):
+            step(model, **{**good, name: value})
+    with pytest.raises(ValueError, match="model"):
+        step(torch.nn.Linear(2, 2), **good)
+    with pytest.raises(ValueError, match="past"):  # GQA: n_kv = 2 key-value heads, not 4
+        step(tiny_modern(), ids, torch.zeros(2, 2, 4, 0, 8), *step_inputs(tiny_modern())[1:])
+    model.train()
+    step(model, **good)
+    assert model.training  # the mode is restored
 
 
 # --- the ONNX graph -----------------------------------------------------------------------------
 
 
+def test_onnx_equals_the_step(tiny, tiny_graph):
+    """onnxruntime against step() in PyTorch, with P = 0 and P > 0, no lens or targets and some,
+    a masked and a half head; every output within 1e-5."""
+    s = _session(tiny_graph)
+    assert [i.name for i in s.get_inputs()] == list(INPUTS)
+    assert [o.name for o in s.get_outputs()] == list(OUTPUTS)
+    L, H = tiny.config.n_layers, tiny.config.n_heads
+    mask = torch.ones(L, H)
+    mask[1, 2], mask[0, 0] = 0.0, 0.5
+    for a, b, lens, targets in [
+        (0, 3, [0, 1, 3], [3, 4]),
+        (0, 1, [], []),
+        (3, 11, [2], [1]),
+        (10, 11, [], [5, 6, 7]),
+    ]:
+        past = _steps(tiny, IDS[:, :a], [])[-1]["present"] if a else step_inputs(tiny)[0]
+        args = (
+            IDS[:, a:b],
+            past,
+            mask,
+            torch.tensor(lens, dtype=torch.int64),
+            torch.tensor(targets, dtype=torch.int64),
+        )
+        want, got = step(tiny, *args), _run(s, args)
+        for k in OUTPUTS:
+            assert got[k].shape == tuple(want[k].shape) and got[k].dtype == want[k].numpy().dtype, k
+            np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
+
+
 @pytest.mark.slow
-def test_onnx_equals_pytorch_on_the_english_model(english, english_onnx):
-    """Unicode prompts, a one-token prompt and a full n_ctx window: every output within 1e-4."""
+def test_onnx_equals_the_step_on_the_english_model(english, english_onnx):
+    """Unicode prompts in one step and token by token, and a full n_ctx window."""
     model, tok = english
-    sess = _session(english_onnx)
-    assert [i.name for i in sess.get_inputs()] == ["ids"] and [
-        o.name for o in sess.get_outputs()
-    ] == list(OUTPUTS)
+    s = _session(english_onnx)
     window = torch.randint(
         0, model.config.d_vocab, (1, model.config.n_ctx), generator=torch.Generator().manual_seed(0)
     )
-    cases = [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window, window[:, :37].repeat(3, 1)]
+    lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
     worst = {}
-    for ids in cases:
-        want = readout(model, ids)
-        got = dict(zip(OUTPUTS, sess.run(None, {"ids": ids.numpy()})))
-        for k in OUTPUTS:
-            assert got[k].shape == tuple(want[k].shape) and got[k].dtype == np.float32
-            worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
-    assert worst["logits"] <= 1e-4 and worst["lens"] <= 1e-4, worst
-    assert worst["patterns"] <= 1e-5 and worst["resid"] <= 1e-4, worst
+    for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
+        past, mask, lens_t, targets_t = step_inputs(model, lens, targets)
+        cuts = (
+            [(0, ids.shape[1])]
+            if ids.shape[1] > 40
+            else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
+        )
+        for a, b in cuts:
+            args = (ids[:, a:b], past, mask, lens_t, targets_t)
+            want, got = step(model, *args), _run(s, args)
+            for k in OUTPUTS:
+                worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
+            past = want["present"]
+    assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
 
 
 def test_onnx_stores_the_weights_in_float16(english, english_onnx):
@@ -169,7 +317,15 @@ def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
     with pytest.raises(ValueError, match="model"):
         to_onnx(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="n_ctx"):
-        to_onnx(tiny_gpt(n_ctx=2))
+        to_onnx(tiny_gpt(n_ctx=3))
+
+
+def test_pieces_cut_and_join():
+    data = bytes(range(256)) * 5
+    assert b"".join(pieces(data, 300)) == data and [len(p) for p in pieces(data, 300)][-1] == 80
+    assert pieces(b"", 3) == [b""]
+    with pytest.raises(ValueError, match="size"):
+        pieces(data, 0)
 
 
 # --- the tokenizer ------------------------------------------------------------------------------
@@ -178,49 +334,11 @@ def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
 def _fuzz(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     pieces = list("abcdefghijklmnopqrstuvwxyz ABCXYZ.,;:!?'\"-()") + [
-        " ",
-        "  ",
-        "   ",
-        "\n",
-        "\n\n",
-        "\t",
-        "\r\n",
-        "0",
-        "1",
-        "42",
-        "2026",
-        "3.14",
-        "'s",
-        "'ll",
-        "'re",
-        "n't",
-        "é",
-        "ü",
-        "ñ",
-        "ß",
-        "Ω",
-        "ж",
-        "中",
-        "文",
-        "の",
-        "한",
-        "ع",
-        "½",
-        "١",
-        "😀",
-        "👍🏽",
-        "🇫🇷",
-        "\u00a0",
-        "\u2003",
-        "\u200b",
-        "\x85",
-        "\ufeff",
-        "<|endoftext|>",
-        " the",
-        " of",
-        "ing",
-        "tion",
-    ]
+        " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "1", "42", "2026", "3.14", "'s", "'ll",
+        "'re", "n't", "é", "ü", "ñ", "ß", "Ω", "ж", "中", "文", "の", "한", "ع", "½", "١", "😀",
+        "👍🏽", "🇫🇷", "\u00a0", "\u2003", "\u200b", "\x85", "\ufeff", "<|endoftext|>", " the",
+        " of", "ing", "tion",
+    ]  # fmt: skip
     return [""] + ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
@@ -261,24 +379,23 @@ def test_weights_sha256_names_the_weights(tiny_gpt):
 def test_export_writes_the_three_files(english, exported, english_onnx):
     model, tok = english
     written = exported
-    assert [p.name for p in written] == ["english.onnx", "english.tokenizer.json", "english.json"]
+    assert [p.name for p in written] == ["english.onnx.0", "english.tokenizer.json", "english.json"]
     info = json.loads(written[2].read_text(encoding="utf-8"))
-    assert info["format"] == "gptlib-live" and info["version"] == 1 and info["name"] == "english"
+    assert info["format"] == "gptlib-live" and info["version"] == 2 and info["name"] == "english"
+    assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
     assert info["config"] == {
-        "d_vocab": 4096,
-        "n_ctx": 128,
-        "d_model": 256,
-        "n_heads": 4,
-        "n_layers": 4,
-    }
-    assert info["onnx"]["bytes"] == len(english_onnx) and info["weights_sha256"] == weights_sha256(
-        model
-    )
+        "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
+        "n_kv_heads": 4, "d_head": 64,
+    }  # fmt: skip
+    assert info["onnx"]["bytes"] == len(english_onnx) == info["onnx"]["pieces"][0]["bytes"]
+    assert info["download_bytes"] == len(english_onnx) + written[1].stat().st_size
+    assert info["weights_sha256"] == weights_sha256(model)
+    assert info["special"] == {} and info["chat"] is None
     assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
     assert [base64.b64decode(b) for b in info["token_bytes"]] == [
         tok.token_bytes(i) for i in range(4096)
     ]
-    assert info == manifest(model, tok, "english", english_onnx, written[1].read_bytes())
+    assert info == manifest(model, tok, "english", [english_onnx], written[1].read_bytes())
     assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(
         p.name for p in written
     )  # no temporary file left
@@ -316,24 +433,28 @@ def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
     assert "wrote" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "t.json",
-        "t.onnx",
+        "t.onnx.0",
         "t.tokenizer.json",
     ]
-    a = (tmp_path / "out" / "t.onnx").read_bytes()
+    a = (tmp_path / "out" / "t.onnx.0").read_bytes()
     assert to_onnx(GPT.load(src)) == a
     proto = onnx.load_from_string(a)
     assert all(
         i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024
     )
-    ids = torch.tensor([[5, 1, 268, 7, 7, 7]])
-    got = _session(a).run(None, {"ids": ids.numpy()})
-    np.testing.assert_allclose(got[0], readout(model, ids)["logits"].numpy(), atol=1e-5, rtol=0)
+    args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7]))
+    got = _run(_session(a), args)
+    np.testing.assert_allclose(
+        got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
+    )
+    with pytest.raises(SystemExit):
+        main([str(src)])  # a model directory needs an output directory
 
 
 # --- a hostile caller ---------------------------------------------------------------------------
 
 
-def test_bad_arguments_are_value_errors_naming_them(tmp_path):
+def test_bad_file_arguments_are_value_errors_naming_them(tmp_path):
     """Issue 24's audit: an empty or non-str name is refused (an empty one used to fall back to the
     directory's name silently), and what is not a BPETokenizer or a model is named, not an
     AttributeError."""
@@ -361,4 +482,4 @@ def test_manifest_needs_the_models_vocabulary(english):
     model, _tok = english
     small = BPETokenizer.train("the cat sat on the mat " * 10, 268)
     with pytest.raises(ValueError, match="tokenizer has 268 tokens, the model d_vocab=4096"):
-        manifest(model, small, "english", b"", b"")
+        manifest(model, small, "english", [b""], b"")

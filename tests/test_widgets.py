@@ -34,6 +34,8 @@ from gptlib.widgets.sampling import (
     MAX_FULL_VOCAB,
     continuation_tree,
     rest_log_weights,
+    sparse_table,
+    table_logits,
     top_logits,
 )
 from gptlib.widgets.stored import WIDGET_STATE, add_code, code_size, strip_code
@@ -617,6 +619,191 @@ def test_sampling_rejects_bad_input(kwargs, name):
         SamplingView(**args)
 
 
+# --- the sampling view on a whole bigram table, and its hand-over to the live model -------------
+
+
+def _counts(V=7, seed=5) -> torch.Tensor:
+    """A table of whole counts with empty entries and one row never seen."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 4, (V, V), generator=g).float() * (
+        torch.rand(V, V, generator=g) < 0.4
+    )
+    counts[3] = 0
+    return counts  # (V, V)
+
+
+def test_sparse_table_holds_the_nonzero_counts_by_row():
+    counts = _counts()
+    t = sparse_table(counts, smoothing=0.25)
+    assert t["smoothing"] == 0.25 and len(t["indptr"]) == 8 and t["indptr"][0] == 0
+    assert len(t["indices"]) == len(t["counts"]) == int((counts > 0).sum()) == t["indptr"][-1]
+    assert all(isinstance(c, int) and c > 0 for c in t["counts"])
+    rebuilt = torch.zeros_like(counts)
+    for a in range(7):
+        lo, hi = t["indptr"][a], t["indptr"][a + 1]
+        assert t["indices"][lo:hi] == sorted(t["indices"][lo:hi])
+        rebuilt[a, t["indices"][lo:hi]] = torch.tensor(t["counts"][lo:hi], dtype=torch.float32)
+    assert torch.equal(rebuilt, counts) and t["indptr"][4] == t["indptr"][3]  # row 3 is empty
+    assert sparse_table([[0.5, 0.0], [0.0, 2.0]])["counts"] == [0.5, 2]  # fractions kept
+
+
+def test_table_logits_are_the_log_counts_plus_smoothing():
+    """Chapter 7's bigram: log(counts[a] + 0.01), in float64 here and float32 there."""
+    counts = _counts()
+    t = sparse_table(counts)
+    for a in range(7):
+        y = table_logits(t, a)
+        assert y.dtype == torch.float64 and y.shape == (7,)
+        assert torch.equal(y, torch.log(counts[a].double() + 0.01))
+        torch.testing.assert_close(y.float(), torch.log(counts[a] + 0.01))  # float32 as there
+    with pytest.raises(ValueError, match="a must"):
+        table_logits(t, 7)
+
+
+@pytest.mark.parametrize(
+    "counts, smoothing, name",
+    [
+        (torch.zeros(2, 3), 0.01, "counts"),
+        (torch.zeros(2), 0.01, "counts"),
+        (torch.tensor([[1.0, -1.0], [0.0, 0.0]]), 0.01, "counts"),
+        (torch.tensor([[1.0, math.nan], [0.0, 0.0]]), 0.01, "counts"),
+        (torch.tensor([[1.0, math.inf], [0.0, 0.0]]), 0.01, "counts"),
+        ("ab", 0.01, "counts"),
+        (torch.ones(2, 2), 0.0, "smoothing"),
+        (torch.ones(2, 2), math.inf, "smoothing"),
+        (torch.ones(2, 2), "0.1", "smoothing"),
+    ],
+)
+def test_sparse_table_rejects_bad_input(counts, smoothing, name):
+    with pytest.raises(ValueError, match=name):
+        sparse_table(counts, smoothing)
+
+
+def test_from_table_ships_the_whole_table():
+    tok = CharTokenizer.train("abcdefg")
+    counts = _counts()
+    w = SamplingView.from_table(
+        counts, tok, ["abc", "gd"], top_p=0.9, top_k=5, n_show=50, title="bigram", seed=4
+    )
+    s = _state(w)
+    assert s["table"] == sparse_table(counts)
+    assert s["prompts"] == [{"text": "abc", "ids": [0, 1, 2]}, {"text": "gd", "ids": [6, 3]}]
+    assert s["tokens"] == {str(i): c for i, c in enumerate("abcdefg")} and s["vocab_size"] == 7
+    assert (s["top_k"], s["top_p"], s["n_show"], s["seed"], s["title"]) == (5, 0.9, 7, 4, "bigram")
+    assert (s["source"], s["weights_sha256"]) == ("", "")  # nothing to hand over to
+    nonzero = int((counts > 0).sum())
+    assert repr(w) == (
+        f"SamplingView(prompts=2, vocab=7, nonzero={nonzero}, temperature=1.0, top_k=5, top_p=0.9)"
+    )
+    assert (
+        _state(
+            SamplingView.from_table(
+                counts, tok, ["abc", "gd"], top_p=0.9, top_k=5, n_show=50, title="bigram", seed=4
+            )
+        )
+        == s
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(prompts="abc"), "prompts"),
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts=[""]), "prompts"),
+        (dict(counts=torch.ones(6, 6)), "tokenizer"),
+        (dict(counts=-torch.ones(7, 7)), "counts"),
+        (dict(smoothing=0), "smoothing"),
+        (dict(top_k=8), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(seed=-1), "seed"),
+        (dict(title=3), "title"),
+    ],
+)
+def test_from_table_rejects_bad_input(kwargs, name):
+    args = (
+        dict(counts=torch.ones(7, 7), tokenizer=CharTokenizer.train("abcdefg"), prompts=["ab"])
+        | kwargs
+    )
+    with pytest.raises(ValueError, match=name):
+        SamplingView.from_table(**args)
+
+
+class _Sent(list):
+    """What a view sends to the page: (content, buffers) per message."""
+
+
+def _talk(view, content) -> tuple[dict, list]:
+    sent = _Sent()
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers or []))
+    view._answer(view, {"req": 1, **content}, [])
+    assert len(sent) == 1 and sent[0][0]["req"] == 1
+    return sent[0]
+
+
+def test_from_model_with_a_source_hands_over_to_the_kernel(tiny):
+    """Past the stored tree the page asks the kernel: its logits are the model's after the whole
+    text, cropped to n_ctx as generate does."""
+    from gptlib.export import weights_sha256
+
+    model, tok = tiny
+    w = SamplingView.from_model(
+        model, tok, ["the cat"], depth=1, branch=1, n_logits=8, source="live/english.json"
+    )
+    assert model.training  # its mode is restored
+    assert w.source == "live/english.json" and w.weights_sha256 == weights_sha256(model)
+    assert w.prompts[0]["ids"] == tok.encode("the cat")
+    assert repr(w).startswith("SamplingView(prompts=1, vocab=")
+    assert "live='live/english.json'" in repr(w)
+    assert _talk(w, {"kind": "ping"})[0]["kind"] == "pong"
+    msg, _ = _talk(w, {"kind": "start"})
+    assert msg["config"] == {"n_ctx": 16, "d_vocab": tok.vocab_size}
+    assert msg["tokens"] == [tok.decode([i]) for i in range(tok.vocab_size)]
+    ids = tok.encode("the dog sat on the log and the mat")  # longer than n_ctx = 16
+    msg, buffers = _talk(w, {"kind": "logits", "ids": ids})
+    got = torch.tensor(np.frombuffer(buffers[0], dtype=np.float32).copy())
+    model.eval()
+    with torch.no_grad():
+        want = model(torch.tensor([ids[-16:]]))[0, -1]
+    model.train()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    for bad in (
+        {"kind": "logits", "ids": [tok.vocab_size]},
+        {"kind": "logits", "ids": []},
+        {"kind": "logits", "ids": "ab"},
+        {"kind": "nonsense"},
+    ):
+        msg, _ = _talk(w, bad)
+        assert msg["kind"] == "error" and msg["message"].startswith("ValueError")
+    # without a source the view answers nothing and stores no live model
+    plain = SamplingView.from_model(model, tok, ["the cat"], depth=1, branch=1, n_logits=8)
+    assert (plain.source, plain.weights_sha256) == ("", "")
+
+
+def test_from_model_source_needs_a_model_and_a_relative_manifest(tiny):
+    model, tok = tiny
+    for source in (
+        "/live/english.json",
+        "https://x/english.json",
+        "../english.json",
+        "live/english.onnx",
+        "c:english.json",
+        3,
+    ):
+        with pytest.raises(ValueError, match="source"):
+            SamplingView.from_model(model, tok, ["the cat"], depth=1, source=source)
+    table = torch.randn(tok.vocab_size, tok.vocab_size, dtype=torch.float64)
+    with pytest.raises(ValueError, match="source"):
+        SamplingView.from_model(
+            lambda c: table[[x[-1] for x in c]],
+            tok,
+            ["the cat"],
+            depth=1,
+            source="live/english.json",
+        )
+
+
 # --- the sampling view's JavaScript against Python ---------------------------------------------
 
 SETTINGS = [
@@ -820,6 +1007,26 @@ def test_sampling_js_with_the_others_weight_is_the_models_distribution(tmp_path)
         if rest > 0:
             assert last == -1  # a draw near 1 falls among the others, which come last
     assert seen_approx and seen_rest
+
+
+def test_sampling_js_table_logits_equal_python(tmp_path):
+    """The page's row of a bigram table (tableLogits in distribution.js) is table_logits, for every
+    row: an empty one, whole and fractional counts, two smoothings."""
+    counts = _counts(V=40, seed=9)
+    counts[5, :3] = torch.tensor([0.5, 1e4, 2.25])
+    for smoothing in (0.01, 1.5):
+        t = sparse_table(counts, smoothing)
+        js = _node(
+            tmp_path,
+            f"const t = {json.dumps(t)};\n"
+            "console.log(JSON.stringify([...Array(40).keys()].map((a) => m.tableLogits(t, a))));",
+        )
+        got = torch.tensor(js, dtype=torch.float64)  # (40, 40)
+        want = torch.stack([table_logits(t, a) for a in range(40)])
+        torch.testing.assert_close(got, want, atol=1e-15, rtol=1e-15)
+        torch.testing.assert_close(
+            got, torch.log(counts.double() + smoothing), atol=1e-15, rtol=1e-15
+        )
 
 
 def test_head_scores_js_equals_python(tmp_path):
@@ -1062,8 +1269,15 @@ def bpe_tiny():
     return model, tok
 
 
+def _step(model, ids, lens=(), targets=(), mask=None):
+    from gptlib.export import step, step_inputs
+
+    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
+    return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
+
+
 def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
-    from gptlib.export import readout, weights_sha256
+    from gptlib.export import weights_sha256
     from gptlib.widgets.playground import _lens_tops
 
     model, tok = bpe_tiny
@@ -1081,24 +1295,37 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
         title="t",
         layer=1,
         head=3,
+        n_generate=12,
     )
     s = _state(w)
     ids = tok.encode(text)
     assert len(ids) > 16 and s["stored"]["ids"] == ids and s["text"] == text
-    out = readout(model, torch.tensor([ids[-16:]]))  # the window the model sees
+    out = _step(model, ids[-16:], lens=[0, 1, 2])  # the window the model sees
     torch.testing.assert_close(
-        torch.tensor(s["stored"]["logits"]), out["logits"][0, -1], atol=5e-5, rtol=0
+        torch.tensor(s["stored"]["logits"]),
+        model(torch.tensor([ids[-16:]]))[0, -1],
+        atol=5e-5,
+        rtol=0,
     )
     torch.testing.assert_close(
-        torch.tensor(s["stored"]["patterns"]), out["patterns"][0], atol=5e-5, rtol=0
+        torch.tensor(s["stored"]["patterns"]), out["attn"], atol=5e-5, rtol=0
     )
-    assert (
-        s["stored"]["lens"] == _lens_tops(out["lens"][0], 3) and len(s["stored"]["lens"]) == 3
-    )  # X_0, X_1, X_2
-    top8 = torch.sort(out["logits"][0, -1], descending=True, stable=True).indices[:8].tolist()
+    lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], 3)
+    assert s["stored"]["lens"] == lens and len(lens) == 3  # X_0, X_1, X_2
+    # the lens's probabilities are the softmax of the read-out
+    resid_last = torch.softmax(out["logits"][0].double(), -1)
+    assert lens[-1]["probs"][0] == pytest.approx(resid_last.max().item(), abs=1e-4)
+    top8 = torch.sort(out["logits"][0], descending=True, stable=True).indices[:8].tolist()
     needed = set(ids[-16:]) | set(top8) | {i for row in s["stored"]["lens"] for i in row["ids"]}
     assert s["tokens"] == {str(i): tok.token_str(i) for i in sorted(needed)}
-    assert s["config"] == {"d_vocab": tok.vocab_size, "n_ctx": 16, "n_layers": 2, "n_heads": 4}
+    assert s["config"] == {
+        "d_vocab": tok.vocab_size,
+        "n_ctx": 16,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "d_head": 16,
+    }
     assert s["weights_sha256"] == weights_sha256(model) and s["source"] == "live/english.json"
     assert (s["temperature"], s["top_k"], s["top_p"], s["n_show"], s["lens_top"], s["seed"]) == (
         0.7,
@@ -1108,7 +1335,8 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
         3,
         9,
     )
-    assert (s["layer"], s["head"]) == (1, 3)
+    assert (s["layer"], s["head"], s["n_generate"]) == (1, 3, 12)
+    assert (s["chat"], s["chat_available"]) == (False, False)  # a BPETokenizer has no template
     assert (
         repr(w) == f"PlaygroundView(layers=2, heads=4, tokens={len(ids)}, "
         "temperature=0.7, top_k=5, top_p=0.9)"
@@ -1117,9 +1345,75 @@ def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
     assert _state(PlaygroundView(model, tok, text)) == _state(PlaygroundView(model, tok, text))
 
 
+@pytest.fixture(scope="module")
+def modern_tiny():
+    """A tiny ModernGPT (GQA: 4 heads on 2 key-value heads) with a GGUFTokenizer that has a chat
+    template and special tokens, and more tokens than LARGE_VOCAB (stored as the top logits)."""
+    from gptlib.modern import ModernConfig, ModernGPT
+    from gptlib.tokenizers.bpe import bytes_to_unicode as b2u  # GPT-2's byte alphabet
+    from gptlib.tokenizers.gguf import GGUFTokenizer
+
+    alphabet = b2u()
+    tokens = [alphabet[b] for b in range(256)]
+    tokens += [f"x{i}" for i in range(8200 - 256 - 2)] + ["<|im_start|>", "<|im_end|>"]
+    types = [1] * (len(tokens) - 2) + [3, 3]
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = GGUFTokenizer(tokens, [], types, eos_id=len(tokens) - 1, chat_template=template)
+    torch.manual_seed(3)
+    cfg = ModernConfig.preset("tiny", d_vocab=len(tokens), n_ctx=64)
+    return ModernGPT(cfg).eval(), tok
+
+
+def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
+    """SmolLM2's kind of model: the chat template around the text, special tokens as one id,
+    the heads' key-value groups in the config, the top logits and the patterns as bytes."""
+    from gptlib.widgets.playground import STORED_TOP
+
+    model, tok = modern_tiny
+    w = PlaygroundView(model, tok, "hi <|im_end|>", chat=True, source="live/smollm2.json")
+    s = _state(w)
+    wrapped = "<|im_start|>user\nhi <|im_end|><|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(wrapped, allowed_special="all")
+    assert s["stored"]["ids"] == ids and ids[0] == tok.special_tokens["<|im_start|>"]
+    assert s["chat"] and s["chat_available"] and s["config"]["n_kv_heads"] == 2
+    out = _step(model, ids)
+    logits = out["logits"][0]
+    top = s["stored"]["top"]
+    order = torch.sort(logits, descending=True, stable=True).indices
+    assert top["ids"] == order[:STORED_TOP].tolist()
+    torch.testing.assert_close(
+        torch.tensor(top["logits"]), logits[order[:STORED_TOP]], atol=5e-5, rtol=0
+    )
+    # the others' weight: log sum exp(y - y_max) over the tokens not stored
+    rest = torch.logsumexp(logits[order[STORED_TOP:]].double() - logits[order[0]], 0).item()
+    assert top["rest_logz"] == pytest.approx(rest, abs=1e-6)
+    u8 = np.frombuffer(base64.b64decode(s["stored"]["patterns_u8"]), dtype=np.uint8)
+    T = len(ids)
+    r, c = torch.tril_indices(T, T)
+    want = torch.round(out["attn"][..., r, c] * 255).flatten().numpy()
+    assert np.array_equal(u8, want.astype(np.uint8))
+    sent = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))
+    w._answer(w, {"kind": "start", "req": 1}, [])
+    w._answer(w, {"kind": "encode", "req": 2, "text": "a<|im_end|>"}, [])
+    assert sent[0][0]["chat"] == {
+        "prefix": "<|im_start|>user\n",
+        "suffix": "<|im_end|>\n<|im_start|>assistant\n",
+        "stop": [tok.special_tokens["<|im_end|>"]],
+    }
+    assert sent[0][0]["special"] == tok.special_tokens
+    assert sent[1][0]["ids"] == tok.encode("a<|im_end|>", allowed_special="all")
+    with pytest.raises(ValueError, match="chat"):
+        PlaygroundView(model, tok, "hi", chat=1)
+
+
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
-    """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req."""
-    from gptlib.export import readout
+    """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
+    a step's buffers are gptlib.export.step's outputs on the whole context, under the mask."""
+    from gptlib.circuits import ablate_heads
 
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
@@ -1129,14 +1423,19 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     w._answer(w, {"kind": "start", "req": 2}, [])
     w._answer(w, {"kind": "encode", "req": 3, "text": "the dog é"}, [])
     ids = tok.encode("the log sat")
-    w._answer(w, {"kind": "forward", "req": 4, "ids": ids}, [])
+    mask = [1.0] * 8
+    mask[5] = 0.0  # layer 1, head 1
     w._answer(
-        w, {"kind": "forward", "req": 5, "ids": [0, tok.vocab_size]}, []
-    )  # an id out of range
-    w._answer(w, {"kind": "forward", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
-    w._answer(w, {"kind": "fly", "req": 7}, [])
+        w,
+        {"kind": "step", "req": 4, "ids": ids, "mask": mask, "lens": [0, 2], "targets": [3, 4]},
+        [],
+    )
+    w._answer(w, {"kind": "step", "req": 5, "ids": [0, tok.vocab_size]}, [])  # an id out of range
+    w._answer(w, {"kind": "step", "req": 6, "ids": list(range(17))}, [])  # longer than n_ctx
+    w._answer(w, {"kind": "step", "req": 7, "ids": ids, "mask": [1.0] * 7}, [])
+    w._answer(w, {"kind": "fly", "req": 8}, [])
     w._answer(w, {"kind": "ping"}, [])  # no req: not a request of the page; ignored
-    assert [c["req"] for c, _ in sent] == [1, 2, 3, 4, 5, 6, 7]
+    assert [c["req"] for c, _ in sent] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert sent[0][0]["kind"] == "pong"
     started = sent[1][0]
     V = tok.vocab_size
@@ -1146,17 +1445,22 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     assert [base64.b64decode(b) for b in started["token_bytes"]] == [
         tok.token_bytes(i) for i in range(V)
     ]
+    assert started["chat"] is None and started["lens_top"] == 10
     assert sent[2][0]["ids"] == tok.encode("the dog é")
-    out = readout(model, torch.tensor([ids]))
-    logits, patterns, lens = (np.frombuffer(b, dtype=np.float32) for b in sent[3][1])
-    assert np.array_equal(logits, out["logits"][0, -1].numpy())
-    assert np.array_equal(patterns, out["patterns"][0].numpy().ravel())
-    assert np.array_equal(lens, out["lens"][0].numpy().ravel())
-    assert [sent[k][0]["kind"] for k in (4, 5, 6)] == ["error"] * 3
+    out = _step(model, ids, [0, 2], [3, 4], torch.tensor(mask).view(2, 4))
+    names = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
+    for name, b in zip(names, sent[3][1]):
+        dtype = np.int64 if name == "lens_ids" else np.float32
+        assert np.array_equal(np.frombuffer(b, dtype=dtype), out[name].numpy().ravel()), name
+    with torch.no_grad(), ablate_heads(model, [(1, 1)]):
+        ablated = model(torch.tensor([ids]))[0, -1]
+    torch.testing.assert_close(out["logits"][0], ablated, atol=1e-5, rtol=0)
+    assert [sent[k][0]["kind"] for k in (4, 5, 6, 7)] == ["error"] * 4
     assert (
         "ids" in sent[4][0]["message"]
         and "n_ctx" in sent[5][0]["message"]
-        and "fly" in sent[6][0]["message"]
+        and "mask" in sent[6][0]["message"]
+        and "fly" in sent[7][0]["message"]
     )
 
 
@@ -1173,9 +1477,12 @@ def test_playground_refuses_bad_input(bpe_tiny):
         (dict(seed=-1), "seed"),
         (dict(n_show=0), "n_show"),
         (dict(lens_top=0), "lens_top"),
+        (dict(lens_top=11), "lens_top"),
         (dict(layer=2), "layer"),
         (dict(head=-1), "head"),
         (dict(head=1.0), "head"),
+        (dict(n_generate=0), "n_generate"),
+        (dict(chat=True), "chat"),  # a BPETokenizer has no chat template
         (dict(source="/abs/english.json"), "source"),
         (dict(source="english.onnx"), "source"),
     ]:
@@ -1197,9 +1504,116 @@ def test_playground_refuses_bad_input(bpe_tiny):
         PlaygroundView(broken, tok, "the cat")
 
 
-def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
-    from gptlib.widgets.playground import _lens_tops
+def test_live_js_cache_plan_and_rows(tmp_path):
+    """The page's cache (live.js): the longest cached prefix under the same mask is kept, the
+    last position runs again when nothing is new, a mask change recomputes everything; cropping
+    keeps the first positions of each (layer, k/v, head) row; the attention rows grow by the
+    step's rows and are cut back on undo."""
+    js = _node(
+        tmp_path,
+        """
+const out = {};
+out.plans = [
+  m.plan([1, 2, 3], "a", [1, 2, 3, 4, 5], "a"),
+  m.plan([1, 2, 3], "a", [1, 2, 3], "a"),
+  m.plan([1, 2, 3], "a", [1, 2], "a"),
+  m.plan([1, 2, 3], "a", [1, 9, 3, 4], "a"),
+  m.plan([1, 2, 3], "a", [1, 2, 3, 4], "b"),
+  m.plan([], "", [7], "a"),
+];
+const cfg = { n_layers: 1, n_kv_heads: 2, d_head: 2 };
+const past = Float32Array.from({ length: 1 * 2 * 2 * 3 * 2 }, (_, i) => i);
+out.crop = Array.from(m.cropPast(past, 3, 1, cfg));
+out.same = m.cropPast(past, 3, 3, cfg) === past;
+// one layer, one head: a first step of two positions, then one more, then undo to two
+const a1 = Float32Array.from([1, 0, 0.5, 0.5]);  // (1, 1, 2, 2)
+let rows = m.addRows([], a1, 0, 2, 1, 1);
+rows = m.addRows(rows, Float32Array.from([0.2, 0.3, 0.5]), 2, 1, 1, 1);
+out.rows3 = rows[0].map((r) => Array.from(r));
+rows = m.addRows(rows, Float32Array.from([0.6, 0.4]), 1, 1, 1, 1);
+out.rows2 = rows[0].map((r) => Array.from(r));
+out.lens = m.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
+                      Float32Array.from([1, 3]), 2, 2);
+console.log(JSON.stringify(out));
+""",
+        "live.js",
+    )
+    assert js["plans"] == [
+        {"keep": 3, "feed": [4, 5]},
+        {"keep": 2, "feed": [3]},
+        {"keep": 1, "feed": [2]},
+        {"keep": 1, "feed": [9, 3, 4]},
+        {"keep": 0, "feed": [1, 2, 3, 4]},
+        {"keep": 0, "feed": [7]},
+    ]
+    past = np.arange(24, dtype=np.float32).reshape(1, 2, 2, 3, 2)
+    assert js["crop"] == past[:, :, :, :1].ravel().tolist() and js["same"]
+    assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
+    assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
+    assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
+    assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
+    assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
 
+
+def test_live_js_checks_the_manifest(tmp_path):
+    """A version-1 manifest, or pieces that do not add up to the model's bytes, are refused."""
+    js = _node(
+        tmp_path,
+        """
+const pieces = [{ bytes: 3 }, { bytes: 2 }];
+const ok = { format: "gptlib-live", version: 2, onnx: { bytes: 5, pieces } };
+const errors = [
+  { ...ok, version: 1 },
+  { ...ok, onnx: { bytes: 6, pieces } },
+  { ...ok, onnx: { bytes: 0, pieces: [] } },
+].map((bad) => {
+  try { m.checkManifest(bad, "x.json"); return null; } catch (e) { return e.message; }
+});
+const good = m.checkManifest(ok, "x.json") === ok;
+console.log(JSON.stringify({ ok: good, errors, mb: m.megabytes(123456789) }));
+""",
+        "live.js",
+    )
+    assert js["ok"] and js["mb"] == "123.5 MB"
+    assert "version 2" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
+
+
+def test_playground_js_reads_the_stored_bytes(tmp_path, modern_tiny):
+    """The page's reading of a large vocabulary's stored analysis: the patterns' bytes back to
+    rows within 1/510 of the weights, the top logits with the others at -inf."""
+    model, tok = modern_tiny
+    w = PlaygroundView(model, tok, "hi there", chat=True)
+    s = _state(w)
+    js = _node(
+        tmp_path,
+        f"""
+const s = {json.dumps(s["stored"])}, cfg = {json.dumps(s["config"])};
+const a = m.fromStored(s, cfg);
+const ids = s.top.ids;
+console.log(JSON.stringify({{
+  patterns: a.patterns.map((l) => l.map((h) => h.map((r) => Array.from(r)))),
+  listed: ids.map((i) => a.logits[i]), finite: Array.from(a.logits).filter(Number.isFinite).length,
+  rest: a.restLogZ }}));
+""",
+        "live.js",
+    )
+    out = _step(model, s["stored"]["ids"])
+    A = out["attn"]
+    for l, layer in enumerate(js["patterns"]):
+        for h, rows in enumerate(layer):
+            for i, row in enumerate(rows):
+                assert len(row) == i + 1
+                assert np.abs(np.array(row) - A[l, h, i, : i + 1].numpy()).max() <= 1 / 510 + 1e-6
+    assert js["listed"] == pytest.approx(s["stored"]["top"]["logits"], abs=1e-6)
+    assert (
+        js["finite"] == len(s["stored"]["top"]["ids"])
+        and js["rest"] == s["stored"]["top"]["rest_logz"]
+    )
+
+
+def test_playground_js_lens_tops_equal_python(tmp_path):
+    """topTokens (live.js) is the top of a row of logits, ties to the lower id, with its
+    probabilities at temperature 1."""
     g = torch.Generator().manual_seed(8)
     lens = torch.randn(3, 50, generator=g) * 3
     lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
@@ -1209,18 +1623,16 @@ def test_playground_js_lens_tops_equal_python(tmp_path, bpe_tiny):
         "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));",
         "live.js",
     )
-    want = _lens_tops(lens, 4)
-    for got, w in zip(js, want):
-        assert got["ids"] == w["ids"]
-        assert got["probs"] == pytest.approx(w["probs"], abs=1e-4)
+    for got, row in zip(js, lens):
+        ids = torch.sort(row, descending=True, stable=True).indices[:4]
+        assert got["ids"] == ids.tolist()
+        assert got["probs"] == pytest.approx(torch.softmax(row.double(), 0)[ids].tolist(), abs=1e-4)
 
 
 def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
     """The page's side of the kernel protocol (Jupyter, Colab), against the Python side's answers:
     a fake widget model hands each request to PlaygroundView._answer and its reply back to the
     page, buffers as DataViews, as ipywidgets does."""
-    from gptlib.export import readout
-
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
     replies = {}
@@ -1234,13 +1646,14 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
         return sent[0]
 
     ids = tok.encode("the dog sat")
+    mask = [1.0, 0.0] + [1.0] * 6
     for req, content in enumerate(
         [
             {"kind": "ping"},
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
-            {"kind": "forward", "ids": ids},
-            {"kind": "forward", "ids": [-1]},
+            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
+            {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
         ],
         start=1,
     ):
@@ -1264,25 +1677,27 @@ const ask = m.kernelLink(fake);
 await ask({{ kind: "ping" }}, 1000);
 const k = await m.kernelBackend(ask);
 const ids = await k.encode("the dog sat");
-const r = await k.forward(ids);
+const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7] }});
 let error = null;
-try {{ await k.forward([-1]); }} catch (e) {{ error = e.message; }}
+try {{ await k.run([-1]); }} catch (e) {{ error = e.message; }}
 console.log(JSON.stringify({{
   kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
-  logits: Array.from(r.logits), patterns: Array.from(r.patterns), lens: Array.from(r.lens),
-  error }}));
+  logits: Array.from(r.logits),
+  patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
+  lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error }}));
 """,
         "live.js",
     )
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
-    out = readout(model, torch.tensor([ids]))
-    assert (
-        js["logits"] == out["logits"][0, -1].tolist()
-        and js["patterns"] == out["patterns"][0].flatten().tolist()
-    )
-    assert js["lens"] == out["lens"][0].flatten().tolist()
+    out = _step(model, ids, [0, 1, 2], [7], torch.tensor(mask).view(2, 4))
+    assert js["logits"] == out["logits"][0].tolist() and js["patterns"] == out["attn"].tolist()
+    assert [r["ids"] for r in js["lens"]] == out["lens_ids"].tolist()
+    want = torch.exp(out["lens_logits"].double() - out["lens_lse"].double()[:, None])
+    got = [p for r in js["lens"] for p in r["probs"]]
+    assert got == pytest.approx(want.flatten().tolist(), rel=1e-6)
+    assert js["direct"] == out["direct"].flatten().tolist() and js["chat"] is None
     assert "ids" in js["error"]
 
 

@@ -56,6 +56,32 @@ def check_title(title: Any) -> str:
     return title
 
 
+def check_source(source: Any) -> str:
+    """The live model's manifest: a relative path to a ``.json`` file under the book's
+    ``_static/`` (no absolute path, URL, drive or ``..``), as the page fetches it.
+
+    >>> check_source("live/english.json")
+    'live/english.json'
+    >>> check_source("../english.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: source must be a relative path to a .json manifest under the book's _static/, \
+got '../english.json'
+    """
+    if (
+        not isinstance(source, str)
+        or not source.endswith(".json")
+        or source.startswith(("/", "\\", "http:", "https:"))
+        or ".." in source.replace("\\", "/").split("/")
+        or ":" in source
+    ):
+        raise ValueError(
+            "source must be a relative path to a .json manifest under the book's _static/, "
+            f"got {source!r}"
+        )
+    return source
+
+
 def rounded(x: Any, ndigits: int = 6) -> Any:
     """Nested lists of floats rounded, for a compact and deterministic widget state.
 

@@ -1,23 +1,28 @@
-"""Chapters 7 and 8's live playground: the book's GPT on any text the reader types.
+"""The live playground: a GPT on any text the reader types, the book's English model (Chapters 7
+and 8) or SmolLM2-135M-Instruct with its chat template (Chapter 12).
 
-The view shows the text's tokens as the BPE splits them, the next-token distribution over the
-whole vocabulary under temperature, top-k and top-p (exactly
-:func:`gptlib.sampling.next_token_probs`,
-with the temperature-1 ghost and the cumulative mass top-p cuts), seeded sampling and greedy steps
-for as long as the reader presses (past ``n_ctx`` the window slides, as in
-:func:`gptlib.sampling.generate`), with undo and reset, a logit lens (the next token read off the
-residual stream after each block), and every head's attention pattern with its scores (the panel
-of :class:`AttentionView`).
+The view shows the text's tokens as the tokenizer splits them, the next-token distribution over
+the whole vocabulary under temperature, top-k and top-p (exactly
+:func:`gptlib.sampling.next_token_probs`, with the temperature-1 ghost and the cumulative mass
+top-p cuts), seeded sampling and greedy steps, one at a time or a run of up to ``n_generate``
+with a stop button (past ``n_ctx`` the window slides, as in :func:`gptlib.sampling.generate`),
+undo and reset, a logit lens (the next token read off the residual stream after each block),
+every head's attention pattern with its scores (the panel of :class:`AttentionView`; the heads
+that share a key-value head marked), a head mask (a click ablates a head, as
+:func:`gptlib.circuits.ablate_heads` does) and each head's direct contribution to the logit of
+the most probable token. With ``chat=True`` the text is the user's message inside the model's
+chat template, and a run stops at the template's stop token.
 
-Who computes:
+Who computes, always :func:`gptlib.export.step`:
 
-* in the HTML book, the page itself: onnxruntime-web (WebAssembly, one thread) runs the graph of
-  :func:`gptlib.export.readout` that ``make book`` writes (``source``, a path under the book's
-  ``_static/``), and @huggingface/tokenizers its BPE; both libraries are vendored from npm and
-  downloaded only when the reader starts the live model. A page that cannot load WebAssembly (a
-  file opened from disk) says so and keeps the stored analysis.
+* in the HTML book, the page itself: onnxruntime-web (WebAssembly, one thread) runs the step
+  graph that ``make book`` writes (``source``, a manifest under the book's ``_static/``), keeping
+  the keys and values of the text between steps, and @huggingface/tokenizers the tokenizer; both
+  libraries are vendored from npm, and nothing is downloaded until the reader starts the live
+  model (for SmolLM2 the page says how much first). A page that cannot load WebAssembly says so
+  and keeps the stored analysis.
 * in Jupyter or Colab, the kernel: the widget's messages reach this object, which answers with
-  PyTorch (:func:`gptlib.export.readout` on ``model``) and ``tokenizer.encode``.
+  :func:`gptlib.export.step` in PyTorch on the whole context and ``tokenizer.encode``.
 
 Until the live model starts, the page shows the analysis of ``text`` stored in the widget state
 (computed here, so the page shows something true without downloading anything).
@@ -27,39 +32,68 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import torch
 import traitlets
 
-from ..export import readout, weights_sha256
+from ..export import LENS_TOP, chat_frame, step, step_inputs, weights_sha256
 from ..model import GPT
+from ..modern import ModernGPT
 from ..runtime import check_ids, check_int
 from ._base import BookWidget, bundle, check_title, read_asset, rounded
 from .sampling import _check_settings
 
 __all__ = ["PlaygroundView"]
 
+# A large vocabulary (SmolLM2's 49,152) stores only its most probable logits and the others'
+# log-weight; its patterns as bytes (weight * 255, rounded), the lower triangle only.
+STORED_TOP = 256
+LARGE_VOCAB = 8192
 
-def _lens_tops(lens: torch.Tensor, n: int) -> list[dict]:
-    """Per residual stream: the ``n`` most probable next tokens at temperature 1 and their
-    probabilities."""
-    probs = torch.softmax(lens.double(), dim=-1)  # (n_layers + 1, d_vocab)
-    out = []
-    for row, p in zip(lens, probs):
-        ids = torch.sort(row, descending=True, stable=True).indices[:n]
-        out.append({"ids": ids.tolist(), "probs": rounded(p[ids], 4)})
-    return out
+
+def _lens_tops(lens_ids: torch.Tensor, lens_logits: torch.Tensor, lse: torch.Tensor, n: int):
+    """Per residual stream: the ``n`` most probable next tokens at temperature 1 (from
+    :func:`gptlib.export.step`'s ``lens_ids``, ``lens_logits``, ``lens_lse``) and their
+    probabilities exp(logit - lse), rounded to 4 decimals."""
+    probs = torch.exp(lens_logits.double() - lse.double()[:, None])  # (n_streams, K)
+    return [
+        {"ids": ids[:n].tolist(), "probs": rounded(p[:n], 4)} for ids, p in zip(lens_ids, probs)
+    ]
+
+
+def _pattern_bytes(attn: torch.Tensor) -> str:
+    """The lower triangles of patterns (L, H, T, T), row by row, as base64 bytes round(255 a).
+
+    >>> a = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]])
+    >>> list(base64.b64decode(_pattern_bytes(a)))
+    [255, 64, 191]
+    """
+    T = attn.shape[-1]
+    rows, cols = torch.tril_indices(T, T)
+    tri = attn[..., rows, cols]  # (L, H, T(T+1)/2)
+    u8 = torch.round(tri.clamp(0, 1) * 255).to(torch.uint8)
+    return base64.b64encode(u8.numpy().tobytes()).decode("ascii")
+
+
+def _token_bytes(tokenizer, i: int) -> bytes:
+    f = getattr(tokenizer, "token_bytes", None)
+    return f(i) if callable(f) else tokenizer.vocab[i]
 
 
 class PlaygroundView(BookWidget):
-    """The live playground for a GPT and its BPE tokenizer (``encode``, ``token_str``,
-    ``token_bytes``).
+    """The live playground for a :class:`~gptlib.model.GPT` with its :class:`BPETokenizer`, or a
+    :class:`~gptlib.modern.ModernGPT` with its :class:`GGUFTokenizer` (SmolLM2).
 
-    ``text`` is the opening text; its analysis (tokens, the last position's logits rounded to 4
-    decimals, every head's pattern rounded to 4 decimals, the lens) is stored in the state, so keep
-    it short (its patterns take n_layers * n_heads * T**2 numbers). ``source`` names the files the
-    HTML book serves for this model (``python -m gptlib.export``); the page runs them only if their
-    weights are this model's (:func:`gptlib.export.weights_sha256`). ``lens_top`` tokens are shown
-    per stream; ``layer`` and ``head`` are the head shown enlarged first. Temperature, top-k, top-p,
+    ``text`` is the opening text (with ``chat=True``, the user's message in the tokenizer's chat
+    template); its analysis (tokens, the last position's logits, every head's pattern, the lens)
+    is stored in the state, so keep it short (its patterns take n_layers * n_heads * T**2 / 2
+    numbers). A GPT stores them rounded to 4 decimals; a model of more than 8,192 tokens stores
+    its 256 most probable logits and the others' log-weight, and the patterns as bytes
+    (round(255 a)). ``source`` names the files the HTML book serves for this model
+    (``python -m gptlib.export``: ``live/english.json``, ``live/smollm2.json``); the page runs
+    them only if their weights are this model's (:func:`gptlib.export.weights_sha256`).
+    ``lens_top`` tokens (at most 10) are shown per stream; ``layer`` and ``head`` are the head
+    shown enlarged first; ``n_generate`` the length of a run. Temperature, top-k, top-p,
     ``n_show`` and ``seed`` are as in :class:`SamplingView`.
     """
 
@@ -67,10 +101,12 @@ class PlaygroundView(BookWidget):
     _css = read_asset("widgets.css")
     title = traitlets.Unicode("").tag(sync=True)
     text = traitlets.Unicode("").tag(sync=True)
+    chat = traitlets.Bool(False).tag(sync=True)
+    chat_available = traitlets.Bool(False).tag(sync=True)
     source = traitlets.Unicode("live/english.json").tag(sync=True)
     weights_sha256 = traitlets.Unicode("").tag(sync=True)
-    config = traitlets.Dict().tag(sync=True)  # d_vocab, n_ctx, n_layers, n_heads
-    stored = traitlets.Dict().tag(sync=True)  # ids, logits, patterns, lens of `text`
+    config = traitlets.Dict().tag(sync=True)  # d_vocab, n_ctx, n_layers, n_heads, n_kv_heads
+    stored = traitlets.Dict().tag(sync=True)  # ids, logits (or top), patterns, lens of `text`
     tokens = traitlets.Dict().tag(sync=True)  # {str(id): token string} for the stored analysis
     temperature = traitlets.Float(1.0).tag(sync=True)
     top_k = traitlets.Int(0).tag(sync=True)  # 0 = off
@@ -80,6 +116,7 @@ class PlaygroundView(BookWidget):
     seed = traitlets.Int(0).tag(sync=True)
     layer = traitlets.Int(0).tag(sync=True)
     head = traitlets.Int(0).tag(sync=True)
+    n_generate = traitlets.Int(40).tag(sync=True)
 
     def __init__(
         self,
@@ -87,6 +124,7 @@ class PlaygroundView(BookWidget):
         tokenizer,
         text: str,
         *,
+        chat: bool = False,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -96,16 +134,22 @@ class PlaygroundView(BookWidget):
         title: str = "",
         layer: int = 0,
         head: int = 0,
+        n_generate: int = 40,
         source: str = "live/english.json",
     ):
-        if not isinstance(model, GPT):
-            raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
-        for name in ("encode", "token_str", "token_bytes"):
+        if not isinstance(model, (GPT, ModernGPT)):
+            raise ValueError(f"model must be a gptlib GPT or ModernGPT, got {type(model).__name__}")
+        for name in ("encode", "token_str"):
             if not callable(getattr(tokenizer, name, None)):
                 raise ValueError(
-                    f"tokenizer must have a method {name}() (a BPETokenizer), got "
-                    f"{type(tokenizer).__name__}"
+                    f"tokenizer must have a method {name}() (a BPETokenizer or a GGUFTokenizer), "
+                    f"got {type(tokenizer).__name__}"
                 )
+        if not (callable(getattr(tokenizer, "token_bytes", None)) or hasattr(tokenizer, "vocab")):
+            raise ValueError(
+                f"tokenizer must give each token's bytes (token_bytes() or vocab), got "
+                f"{type(tokenizer).__name__}"
+            )
         c = model.config
         if getattr(tokenizer, "vocab_size", c.d_vocab) != c.d_vocab:
             raise ValueError(
@@ -113,9 +157,15 @@ class PlaygroundView(BookWidget):
             )
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty str")
+        if not isinstance(chat, bool):
+            raise ValueError(f"chat must be True or False, got {chat!r}")
+        frame = chat_frame(tokenizer)
+        if chat and frame is None:
+            raise ValueError("chat=True needs a tokenizer with a chat template (a GGUFTokenizer)")
         _check_settings(temperature, top_k, top_p, n_show, seed)
         check_title(title)
-        lens_top = check_int("lens_top", lens_top, 1, c.d_vocab)
+        lens_top = check_int("lens_top", lens_top, 1, min(LENS_TOP, c.d_vocab))
+        n_generate = check_int("n_generate", n_generate, 1, 1000)
         layer, head = (
             check_int("layer", layer, 0, c.n_layers - 1),
             check_int("head", head, 0, c.n_heads - 1),
@@ -131,26 +181,48 @@ class PlaygroundView(BookWidget):
                 "source must be a relative path to a .json manifest under the book's _static/, "
                 f"got {source!r}"
             )
-        self._model, self._tokenizer = model, tokenizer
-        ids = tokenizer.encode(text)
+        self._model, self._tokenizer, self._frame = model, tokenizer, frame
+        ids = self._encode(frame["prefix"] + text + frame["suffix"] if chat else text)
         if not ids:
             raise ValueError(f"text must give at least one token, got {text!r}")
-        out = self._readout(ids[-c.n_ctx :])
-        shown = torch.sort(out["logits"], descending=True, stable=True).indices[:n_show].tolist()
-        lens = _lens_tops(out["lens"], lens_top)
-        needed = set(ids[-c.n_ctx :]) | set(shown) | {i for row in lens for i in row["ids"]}
+        window = ids[-c.n_ctx :]
+        out = self._step(window, lens=list(range(c.n_layers + 1)))
+        logits = out["logits"][0]  # (d_vocab,)
+        order = torch.sort(logits, descending=True, stable=True).indices
+        shown = order[:n_show].tolist()
+        lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], lens_top)
+        if c.d_vocab > LARGE_VOCAB:
+            kept = order[:STORED_TOP]
+            rest = logits[order[STORED_TOP:]].double()
+            stored = {
+                "ids": ids,
+                "top": {
+                    "ids": kept.tolist(),
+                    "logits": rounded(logits[kept], 4),
+                    "rest_logz": round(
+                        float(torch.logsumexp(rest - logits[order[0]].double(), 0)), 6
+                    ),
+                },
+                "patterns_u8": _pattern_bytes(out["attn"]),
+                "lens": lens,
+            }
+        else:
+            stored = {
+                "ids": ids,
+                "logits": rounded(logits, 4),
+                "patterns": rounded(out["attn"], 4),
+                "lens": lens,
+            }
+        needed = set(window) | set(shown) | {i for row in lens for i in row["ids"]}
         super().__init__(
             title=title,
             text=text,
+            chat=chat,
+            chat_available=frame is not None,
             source=source,
             weights_sha256=weights_sha256(model),
-            config={k: getattr(c, k) for k in ("d_vocab", "n_ctx", "n_layers", "n_heads")},
-            stored={
-                "ids": ids,
-                "logits": rounded(out["logits"], 4),
-                "patterns": rounded(out["patterns"], 4),
-                "lens": lens,
-            },
+            config=self._config(),
+            stored=stored,
             tokens={str(i): tokenizer.token_str(i) for i in sorted(needed)},
             temperature=float(temperature),
             top_k=int(top_k or 0),
@@ -160,31 +232,54 @@ class PlaygroundView(BookWidget):
             seed=int(seed),
             layer=layer,
             head=head,
+            n_generate=n_generate,
         )
         self.on_msg(self._answer)
 
     # --- the kernel's side of the live model ---------------------------------------------------
-    def _readout(self, ids: list[int]) -> dict[str, torch.Tensor]:
-        """logits (d_vocab,) at the last position, patterns (n_layers, n_heads, T, T), lens
-        (n_layers + 1, d_vocab), float32 on the CPU; NaN or infinite outputs are an error."""
+    def _config(self) -> dict:
+        c = self._model.config
+        kv = getattr(c, "n_kv_heads", c.n_heads)
+        return {
+            "d_vocab": c.d_vocab,
+            "n_ctx": c.n_ctx,
+            "n_layers": c.n_layers,
+            "n_heads": c.n_heads,
+            "n_kv_heads": kv,
+            "d_head": getattr(c, "d_head", c.d_model // c.n_heads),
+        }
+
+    def _encode(self, text: str) -> list[int]:
+        """The tokenizer's ids; a GGUFTokenizer's special tokens (the chat template's) count as
+        special, as in the page's tokenizer.json."""
+        if isinstance(self._model, ModernGPT):
+            return self._tokenizer.encode(text, allowed_special="all")
+        return self._tokenizer.encode(text)
+
+    def _step(self, ids, mask=None, lens=(), targets=()) -> dict[str, torch.Tensor]:
+        """:func:`gptlib.export.step` on ``ids`` from an empty cache, float32 on the CPU; NaN or
+        infinite logits are an error."""
         c = self._model.config
         check_ids(ids, c.d_vocab)
         if not 1 <= len(ids) <= c.n_ctx:
             raise ValueError(f"ids must hold 1 to n_ctx={c.n_ctx} tokens, got {len(ids)}")
-        dev = next(self._model.parameters()).device
-        out = readout(self._model, torch.tensor([ids], device=dev))
-        result = {
-            "logits": out["logits"][0, -1],
-            "patterns": out["patterns"][0],
-            "lens": out["lens"][0],
-        }
-        for name, t in result.items():
-            if not torch.isfinite(t).all():
+        past, ones, lens_t, targets_t = step_inputs(self._model, lens=lens, targets=targets)
+        if mask is not None:
+            m = torch.as_tensor(np.asarray(mask, dtype=np.float32)).to(ones.device)
+            if m.numel() != ones.numel() or not torch.isfinite(m).all():
+                raise ValueError(
+                    f"mask must hold n_layers * n_heads = {ones.numel()} finite numbers"
+                )
+            ones = m.view_as(ones)
+        dev = ones.device
+        out = step(self._model, torch.tensor([ids], device=dev), past, ones, lens_t, targets_t)
+        for name in ("logits", "attn"):
+            if not torch.isfinite(out[name]).all():
                 raise ValueError(
                     f"the model gives non-finite {name} (NaN or inf) on this text; it cannot be "
                     "shown"
                 )
-        return {k: v.float().cpu() for k, v in result.items()}
+        return {k: v.cpu() for k, v in out.items()}
 
     def _answer(self, _widget, content: dict, _buffers) -> None:
         if not isinstance(content, dict) or "req" not in content:
@@ -200,24 +295,32 @@ class PlaygroundView(BookWidget):
                         "kind": "started",
                         "req": req,
                         "config": self.config,
+                        "lens_top": LENS_TOP,
                         "tokens": [tok.token_str(i) for i in range(V)],
                         "token_bytes": [
-                            base64.b64encode(tok.token_bytes(i)).decode("ascii") for i in range(V)
+                            base64.b64encode(_token_bytes(tok, i)).decode("ascii") for i in range(V)
                         ],
+                        "special": dict(sorted(getattr(tok, "special_tokens", {}).items())),
+                        "chat": self._frame,
                     }
                 )
             elif kind == "encode":
                 text = content.get("text")
                 if not isinstance(text, str):
                     raise ValueError("text must be a str")
-                self.send({"kind": "encoded", "req": req, "ids": self._tokenizer.encode(text)})
-            elif kind == "forward":
-                out = self._readout(list(content.get("ids", [])))
+                self.send({"kind": "encoded", "req": req, "ids": self._encode(text)})
+            elif kind == "step":
+                out = self._step(
+                    list(content.get("ids", [])),
+                    content.get("mask"),
+                    content.get("lens") or (),
+                    content.get("targets") or (),
+                )
                 self.send(
-                    {"kind": "forward", "req": req},
+                    {"kind": "step", "req": req},
                     buffers=[
                         out[k].contiguous().numpy().tobytes()
-                        for k in ("logits", "patterns", "lens")
+                        for k in ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
                     ],
                 )
             else:

@@ -1,10 +1,16 @@
 """Chapter 7's sampling view: the next-token distribution under temperature, top-k and top-p.
 
-Two forms. ``SamplingView(logits, tokens)`` shows one distribution. ``SamplingView.from_model``
-shows a model's distributions after several prompts, and stores for each prompt a small tree of
-continuations (:func:`continuation_tree`), so that the page can draw a few tokens in a row with no
-kernel: after each of the most probable tokens at each step it knows the model's next distribution.
-A drawn token outside the tree is reported as such; the page never makes up a distribution.
+Three forms. ``SamplingView(logits, tokens)`` shows one distribution.
+``SamplingView.from_table`` ships a whole bigram table of counts (its nonzero entries,
+:func:`sparse_table`), from which the page computes the logits after any token exactly as
+:func:`table_logits` does, so the reader draws as many tokens as they like, in the page or in a
+kernel. ``SamplingView.from_model`` shows a model's distributions after several prompts, and
+stores for each prompt a small tree of continuations (:func:`continuation_tree`), so that the page
+can draw a few tokens in a row with no kernel: after each of the most probable tokens at each step
+it knows the model's next distribution. Past the tree, a view that names the live model's files
+(``source``, as :class:`~gptlib.widgets.PlaygroundView` does) hands over to it: the page starts
+the live model (or asks the kernel) and computes every later distribution. Without a live model
+the page says where the stored tree ends; it never makes up a distribution.
 
 Where a distribution is stored only in part (its most probable tokens), the state also holds the
 total weight of the other tokens at every temperature the page offers (:func:`rest_log_weights`),
@@ -22,10 +28,27 @@ import torch
 import traitlets
 from torch import Tensor
 
+from ..export import step, step_inputs, weights_sha256
 from ..runtime import check_float, check_ids, check_int
-from ._base import BookWidget, bundle, check_strings, check_title, read_asset, rounded
+from ._base import (
+    BookWidget,
+    bundle,
+    check_source,
+    check_strings,
+    check_title,
+    read_asset,
+    rounded,
+)
 
-__all__ = ["SamplingView", "top_logits", "rest_log_weights", "continuation_tree", "TEMPERATURES"]
+__all__ = [
+    "SamplingView",
+    "top_logits",
+    "rest_log_weights",
+    "continuation_tree",
+    "sparse_table",
+    "table_logits",
+    "TEMPERATURES",
+]
 
 MAX_FULL_VOCAB = 8192
 KEPT_WHEN_LARGER = 4096
@@ -222,6 +245,64 @@ def continuation_tree(
     return root
 
 
+def sparse_table(counts, smoothing: float = 0.01) -> dict:
+    """A table of counts (d_vocab, d_vocab) as its nonzero entries, row by row (compressed sparse
+    rows), with the ``smoothing`` that :func:`table_logits` adds to every count.
+
+    Row ``a`` holds ``counts[a, b]``, how often token ``b`` follows token ``a``; its nonzero
+    entries are ``indices[indptr[a]:indptr[a + 1]]`` (columns, increasing) and the same slice of
+    ``counts`` (ints where a count is whole). Counts must be finite and >= 0, ``smoothing``
+    finite and > 0 (so that every logit is finite).
+
+    >>> n = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    >>> sparse_table(n)
+    {'indptr': [0, 2, 3, 3], 'indices': [1, 2, 0], 'counts': [2, 1, 3], 'smoothing': 0.01}
+    """
+    if not isinstance(counts, Tensor):
+        try:
+            counts = torch.as_tensor(counts, dtype=torch.float64)  # nested lists, NumPy
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"counts must be a table of numbers (d_vocab, d_vocab): {e}") from e
+    counts = counts.detach().to("cpu", torch.float64)
+    if counts.dim() != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] < 1:
+        raise ValueError(
+            f"counts must be a square table (d_vocab, d_vocab), got shape {tuple(counts.shape)}"
+        )
+    if not torch.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError("counts must be finite and >= 0")
+    smoothing = check_float("smoothing", smoothing, 0.0, lo_open=True)
+    rows, cols = counts.nonzero(as_tuple=True)  # row-major order: rows, then columns, increasing
+    values = counts[rows, cols].tolist()
+    indptr = torch.zeros(len(counts) + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=len(counts)), 0)
+    return {
+        "indptr": indptr.tolist(),
+        "indices": cols.tolist(),
+        "counts": [int(v) if v.is_integer() else v for v in values],
+        "smoothing": smoothing,
+    }
+
+
+def table_logits(table: dict, a: int) -> Tensor:
+    """The next-token logits after token ``a`` of a :func:`sparse_table`: log(n_ab + smoothing)
+    for every token b, float64, shape (d_vocab,). The page computes the same numbers
+    (``tableLogits`` in distribution.js).
+
+    >>> n = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    >>> y = table_logits(sparse_table(n, smoothing=0.5), 0)
+    >>> torch.equal(y, torch.log(n[0].double() + 0.5))
+    True
+    >>> table_logits(sparse_table(n), 2).tolist() == [math.log(0.01)] * 3  # a row never seen
+    True
+    """
+    d_vocab = len(table["indptr"]) - 1
+    check_int("a", a, 0, d_vocab - 1)
+    lo, hi = table["indptr"][a], table["indptr"][a + 1]
+    counts = torch.zeros(d_vocab, dtype=torch.float64)  # (d_vocab,)
+    counts[table["indices"][lo:hi]] = torch.tensor(table["counts"][lo:hi], dtype=torch.float64)
+    return torch.log(counts + table["smoothing"])
+
+
 def _token_strings(tokenizer) -> Callable[[int], str]:
     if hasattr(tokenizer, "token_str"):
         return tokenizer.token_str
@@ -271,8 +352,11 @@ class SamplingView(BookWidget):
     (probability 0 to 1); behind each bar is a ghost of the distribution at temperature 1; a line
     shows the cumulative mass that top-p cuts; a last bar holds all the tokens not drawn above.
     "Sample next token" draws from the shown distribution with a seeded generator (``seed``) and
-    moves on to the stored distribution after the drawn token, if there is one; where there is
-    none, the page says so and stops.
+    moves on to the distribution after the drawn token: computed from the table
+    (:meth:`from_table`), stored in the tree (:meth:`from_model`), or past the tree computed by the
+    live model when the view names one (``source``); where there is none, the page says so and
+    stops. Undo removes the last token; reset starts the text again (the seeded generator goes
+    on, so the draws differ).
 
     ``SamplingView(logits, tokens)`` shows one distribution: for vocabularies of at most 8192
     tokens the state holds every logit; above that it holds the 4096 largest and the other
@@ -301,6 +385,9 @@ class SamplingView(BookWidget):
     n_show = traitlets.Int(20).tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
     seed = traitlets.Int(0).tag(sync=True)
+    table = traitlets.Dict().tag(sync=True)  # from_table: sparse_table(counts); else {}
+    source = traitlets.Unicode("").tag(sync=True)  # the live model's manifest; "" for none
+    weights_sha256 = traitlets.Unicode("").tag(sync=True)  # of the model the live files must be
 
     def __init__(
         self,
@@ -372,6 +459,7 @@ class SamplingView(BookWidget):
         n_show: int = 20,
         title: str = "",
         seed: int = 0,
+        source: str | None = None,
     ) -> SamplingView:
         """The model's next-token distributions after each prompt, with a tree of continuations.
 
@@ -385,6 +473,13 @@ class SamplingView(BookWidget):
         ``depth`` steps deep. ``tokenizer`` needs ``encode`` and ``token_str`` (or ``decode``). A
         GPT runs once per tree level, in eval mode, without gradients; a context longer than
         ``n_ctx`` is cropped to its last ``n_ctx`` tokens, as in :func:`gptlib.sampling.generate`.
+
+        ``source`` (a GPT only) names the live model's manifest under the book's ``_static/``, as
+        in :class:`~gptlib.widgets.PlaygroundView` (``"live/english.json"``): when a draw leaves
+        the stored tree, the page starts that model, if its weights are this model's
+        (:func:`gptlib.export.weights_sha256`), or in Jupyter and Colab asks this object, which
+        answers with ``model``; from there on every distribution is computed, over the whole
+        vocabulary.
         """
         if (
             isinstance(prompts, str)
@@ -401,6 +496,13 @@ class SamplingView(BookWidget):
             )
         if is_module:
             _check_vocabulary(tokenizer, model.config.d_vocab)
+        if source is not None:
+            if not is_module:
+                raise ValueError(
+                    "source needs a model (a GPT whose weights the live files hold), not a "
+                    "function of contexts"
+                )
+            source = check_source(source)
         was_training = model.training if is_module else False
         if is_module:
             model.eval()
@@ -409,6 +511,7 @@ class SamplingView(BookWidget):
             trees = [
                 {
                     "text": p,
+                    "ids": tokenizer.encode(p),
                     "root": continuation_tree(
                         next_logits,
                         tokenizer.encode(p),
@@ -438,6 +541,10 @@ class SamplingView(BookWidget):
                     vocab.setdefault(str(i), token_str(i))
         view = cls.__new__(cls)
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
+        live = {}
+        if source is not None:
+            view._facts["live"] = source
+            live = {"source": source, "weights_sha256": weights_sha256(model)}
         view._setup(
             trees,
             dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))),
@@ -449,25 +556,120 @@ class SamplingView(BookWidget):
             n_show,
             title,
             seed,
+            **live,
+        )
+        if source is not None:
+            view._live = (model, tokenizer)
+            view.on_msg(view._answer)
+        return view
+
+    @classmethod
+    def from_table(
+        cls,
+        counts,
+        tokenizer,
+        prompts: Sequence[str],
+        *,
+        smoothing: float = 0.01,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        n_show: int = 20,
+        title: str = "",
+        seed: int = 0,
+    ) -> SamplingView:
+        """A bigram model, whole: ``counts[a, b]`` is how often token b follows token a, and the
+        logits after a text that ends with token a are log(counts[a, b] + smoothing)
+        (:func:`table_logits`).
+
+        The state holds the table's nonzero counts (:func:`sparse_table`) and every token's
+        string (``tokenizer.token_str`` or ``decode``); the page computes the row after the last
+        token of the text, in the page or in a kernel alike, so the reader draws as many tokens
+        as they like, seeded, with undo and reset. Each prompt must give at least one token.
+
+        >>> from gptlib.tokenizers import CharTokenizer
+        >>> tok = CharTokenizer.train("abc")
+        >>> n = torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+        >>> view = SamplingView.from_table(n, tok, ["ab"], top_p=0.9)
+        >>> view
+        SamplingView(prompts=1, vocab=3, nonzero=3, temperature=1.0, top_k=None, top_p=0.9)
+        >>> view.prompts, view.table["indices"]
+        ([{'text': 'ab', 'ids': [0, 1]}], [1, 2, 0])
+        """
+        if (
+            isinstance(prompts, str)
+            or not prompts
+            or not all(isinstance(p, str) and p for p in prompts)
+        ):
+            raise ValueError("prompts must be a non-empty list of non-empty strings")
+        _check_settings(temperature, top_k, top_p, n_show, seed)
+        table = sparse_table(counts, smoothing)
+        d_vocab = len(table["indptr"]) - 1
+        _check_vocabulary(tokenizer, d_vocab)
+        texts = []
+        for p in prompts:
+            ids = tokenizer.encode(p)
+            if not ids:
+                raise ValueError(f"prompts must each give at least one token, got {p!r}")
+            check_ids(ids, d_vocab, "prompts")
+            texts.append({"text": p, "ids": list(ids)})
+        token_str = _token_strings(tokenizer)
+        view = cls.__new__(cls)
+        view._facts = {"prompts": len(prompts), "vocab": d_vocab, "nonzero": len(table["counts"])}
+        view._setup(
+            texts,
+            {str(i): token_str(i) for i in range(d_vocab)},
+            d_vocab,
+            _temperatures(temperature),
+            temperature,
+            top_k,
+            top_p,
+            n_show,
+            title,
+            seed,
+            table=table,
         )
         return view
 
     def _setup(
-        self, prompts, vocab, vocab_size, temps, temperature, top_k, top_p, n_show, title, seed
+        self,
+        prompts,
+        vocab,
+        vocab_size,
+        temps,
+        temperature,
+        top_k,
+        top_p,
+        n_show,
+        title,
+        seed,
+        *,
+        table=None,
+        source="",
+        weights_sha256="",
     ) -> None:
         _check_settings(temperature, top_k, top_p, n_show, seed)
         check_title(title)
-        partial = [
-            len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None
-        ]
-        if top_k is not None and partial and top_k > min(partial):
-            raise ValueError(
-                f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution holds "
-                f"(beyond them the page cannot tell which tokens top-k keeps), got {top_k}"
-            )
-        longest = max(len(p["root"]["ids"]) for p in prompts)
+        if table is None:
+            partial = [
+                len(n["ids"]) for p in prompts for n in _nodes(p["root"]) if n["rest"] is not None
+            ]
+            if top_k is not None and partial and top_k > min(partial):
+                raise ValueError(
+                    f"top_k must be <= {min(partial)}, the fewest tokens a stored distribution "
+                    f"holds (beyond them the page cannot tell which tokens top-k keeps), got "
+                    f"{top_k}"
+                )
+            longest = max(len(p["root"]["ids"]) for p in prompts)
+        else:
+            longest = vocab_size  # every row holds every token
+        if top_k is not None and top_k > vocab_size:
+            raise ValueError(f"top_k must be <= d_vocab={vocab_size}, got {top_k}")
         BookWidget.__init__(
             self,
+            table=table or {},
+            source=source,
+            weights_sha256=weights_sha256,
             prompts=prompts,
             tokens=vocab,
             vocab_size=int(vocab_size),
@@ -480,6 +682,57 @@ class SamplingView(BookWidget):
             title=title,
             seed=int(seed),
         )
+
+    # --- the kernel's side of the live model (from_model with a source) ------------------------
+    def _logits(self, ids: list[int]) -> torch.Tensor:
+        """The model's next-token logits after ``ids`` (cropped to its last n_ctx tokens, as
+        :func:`gptlib.sampling.generate` does): :func:`gptlib.export.step`, as the page's graph
+        computes them, float32 (d_vocab,) on the CPU."""
+        model, _ = self._live
+        c = model.config
+        check_ids(ids, c.d_vocab)
+        if not ids:
+            raise ValueError("ids must hold at least one token")
+        dev = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:  # the step the page's graph computes, from an empty cache, every head kept
+            window = torch.tensor([ids[-c.n_ctx :]], device=dev)  # (1, T)
+            y = step(model, window, *step_inputs(model))["logits"][0]  # (d_vocab,)
+        finally:
+            model.train(was_training)
+        if not torch.isfinite(y).all():
+            raise ValueError("the model gives non-finite logits (NaN or inf) after this text")
+        return y.float().cpu()
+
+    def _answer(self, _widget, content: dict, _buffers) -> None:
+        """Answers the page in Jupyter and Colab: ``ping``; ``start`` (n_ctx, d_vocab and every
+        token's string); ``logits`` of ``ids`` (one float32 buffer). An error is answered with its
+        message, which the page shows."""
+        if not isinstance(content, dict) or "req" not in content:
+            return
+        req, kind = content["req"], content.get("kind")
+        try:
+            model, tokenizer = self._live
+            if kind == "ping":
+                self.send({"kind": "pong", "req": req})
+            elif kind == "start":
+                c, token_str = model.config, _token_strings(tokenizer)
+                self.send(
+                    {
+                        "kind": "started",
+                        "req": req,
+                        "config": {"n_ctx": c.n_ctx, "d_vocab": c.d_vocab},
+                        "tokens": [token_str(i) for i in range(c.d_vocab)],
+                    }
+                )
+            elif kind == "logits":
+                y = self._logits(list(content.get("ids", [])))
+                self.send({"kind": "logits", "req": req}, buffers=[y.numpy().tobytes()])
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+        except Exception as e:  # the page shows the message; nothing is silent
+            self.send({"kind": "error", "req": req, "message": f"{type(e).__name__}: {e}"})
 
     def _repr_facts(self):
         return {

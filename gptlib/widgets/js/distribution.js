@@ -74,6 +74,16 @@ export function cumulativeMass(logits, temperature, topK) {
   return distribution(logits, temperature, topK, 1).cum;
 }
 
+// The logits after token `a` of a bigram table of counts: log(n_ab + s) for every token b, from
+// the row's nonzero counts (compressed rows: indptr, indices, counts) and the smoothing s.
+// gptlib.widgets.sampling.table_logits computes the same numbers.
+export function tableLogits(table, a) {
+  const V = table.indptr.length - 1, s = table.smoothing;
+  const y = new Array(V).fill(Math.log(s));
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  return y;
+}
+
 // A seeded generator of uniform numbers in [0, 1): Marsaglia's xorshift32 (13, 17, 5).
 export function xorshift32(seed) {
   let s = ((seed >>> 0) ^ 0x9e3779b9) >>> 0 || 1;

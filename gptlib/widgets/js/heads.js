@@ -281,10 +281,26 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   return buttons;
 }
 
+// The playground's marks on the thumbnails: `groups[h]`, the key-value head that head h shares
+// (alternate groups shaded), and `mask` (n_layers * n_heads), the heads ablated (0) struck out.
+function markThumbs(buttons, { groups, mask, headLabels }) {
+  const H = headLabels.length;
+  buttons.forEach((b) => {
+    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
+    if (groups) {
+      b.dataset.kv = String(groups[h]);
+      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
+    }
+    const off = !!mask && mask[l * H + h] !== 1;
+    b.classList.toggle("ablated", off);
+    if (off) b.title += " (ablated)";
+  });
+}
+
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ` +
-    `${s.uniform.toFixed(2)} for a uniform head)`).join(", ") + ". Bold: the highest head of each score.";
+  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` +
+    (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
 }
 
 // The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
@@ -414,7 +430,8 @@ export function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, select);
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => (state.pick && state.pick(l, h)) || select(l, h));
+    markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
     words = drawText(v.text, data.tokens, focusQuery, unfocus);

@@ -1,12 +1,15 @@
-// Playground (PlaygroundView): the book's GPT on the reader's own text. Before the live model
-// starts, the page shows the analysis stored in the widget state. Started, it computes with one
-// of the two backends of live.js (the kernel, or the page itself), and draws the same way with
-// either.
+// Playground (PlaygroundView): a GPT (the book's English model, or SmolLM2 with its chat
+// template) on the reader's own text. Before the live model starts, the page shows the analysis
+// stored in the widget state. Started, it computes with one of the two backends of live.js (the
+// kernel, or the page itself), and draws the same way with either: the tokens, the next-token
+// distribution and seeded draws (one at a time, or a run of up to N with a stop button), the logit
+// lens, every head with its scores, a head mask (a click ablates a head) and each head's direct
+// contribution to the logit of the chosen token.
 import { button, lifetime, make, report, show, svg } from "./dom.js";
 import { byLogit, chartKey, chartRows, distribution, drawChart, drawIndex, entropy, samplingControls,
   xorshift32 } from "./distribution.js";
 import { attentionPanel, headScores } from "./heads.js";
-import { browserBackend, kernelBackend, kernelLink, LiveError, staticBase, topTokens } from "./live.js";
+import { browserBackend, fromStored, kernelBackend, kernelLink, largestDirect, LiveError, megabytes, staticBase } from "./live.js";
 
 // The view's elements: the text box and the live model's switch, the context's tokens and text,
 // the sampling controls and chart, the logit lens, and every head (an attention panel).
@@ -14,7 +17,10 @@ function layout(model) {
   const v = {
     root: make("div", "gptlib-widget gptlib-play"),
     box: make("textarea", "gptlib-play-text"),
+    chatBox: make("input", "gptlib-play-chat"),
     startBtn: button("gptlib-play-start", "start the live model"),
+    confirm: make("div", "gptlib-play-confirm"),
+    progress: make("progress", "gptlib-play-progress"),
     status: make("div", "gptlib-play-status"),
     tokenRow: make("div", "gptlib-play-tokens"),
     out: make("div", "gptlib-samp-text gptlib-play-out"),
@@ -24,28 +30,50 @@ function layout(model) {
     greedyBtn: button("gptlib-play-greedy", "greedy"),
     undoBtn: button("gptlib-samp-undo", "undo"),
     resetBtn: button("gptlib-samp-reset", "reset"),
+    runBtn: button("gptlib-play-run", "generate"),
+    runN: make("input", "gptlib-play-run-n"),
+    runGreedy: make("input", "gptlib-play-run-greedy"),
+    stopBtn: button("gptlib-play-stop", "stop"),
     msg: make("div", "gptlib-samp-msg"),
     stats: make("div", "gptlib-samp-stats"),
     chart: svg("svg", { class: "gptlib-samp-chart" }),
     lens: make("div", "gptlib-play-lens"),
+    ablation: make("div", "gptlib-play-ablation"),
+    ablateBox: make("input", "gptlib-play-ablate-mode"),
+    restoreBtn: button("gptlib-play-restore", "restore all heads"),
+    direct: make("div", "gptlib-play-direct"),
     heads: make("div", "gptlib-play-heads"),
   };
   v.box.rows = 3;
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
+  v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, { type: "number", min: "0", max: "4294967295", step: "1", value: String(model.get("seed")) });
+  Object.assign(v.runN, { type: "number", min: "1", max: "1000", step: "1", value: String(model.get("n_generate")) });
+  Object.assign(v.progress, { max: 1, value: 0 });
+  v.progress.style.display = "none";
+  v.stopBtn.disabled = true;
+  const label = (cls, ...parts) => { const l = make("label", cls); l.append(...parts); return l; };
+  const chatLabel = label("gptlib-play-chat-label", v.chatBox, " chat (the model's chat template around the text)");
+  chatLabel.style.display = model.get("chat_available") ? "" : "none";
+  v.chatLabel = chatLabel;
   const startRow = make("div", "gptlib-controls");
-  startRow.append(v.startBtn, v.status);
-  const seedLabel = make("label", "gptlib-play-seed-label");
-  seedLabel.append("seed ", v.seedBox);
+  startRow.append(v.startBtn, v.progress, v.status);
   const buttons = make("div", "gptlib-controls");
-  buttons.append(v.sampleBtn, v.greedyBtn, v.undoBtn, v.resetBtn, seedLabel);
+  buttons.append(v.sampleBtn, v.greedyBtn, v.undoBtn, v.resetBtn, label("gptlib-play-seed-label", "seed ", v.seedBox));
+  const runRow = make("div", "gptlib-controls");
+  runRow.append(v.runBtn, label("gptlib-play-run-label", "up to ", v.runN, " tokens"),
+                label("gptlib-play-run-greedy-label", v.runGreedy, " greedy"), v.stopBtn);
+  const ablateRow = make("div", "gptlib-controls");
+  ablateRow.append(label("gptlib-play-ablate-label", v.ablateBox, " a click on a head ablates it (its output zeroed)"),
+                   v.restoreBtn, v.ablation);
   const section = (text) => make("div", "gptlib-play-section", text);
-  v.root.append(make("div", "gptlib-title", model.get("title")), v.box, startRow, v.tokenRow, v.out,
-                section("Next token"), ...v.controls.rows, buttons, v.msg, v.stats, v.chart, chartKey(),
-                section("Logit lens: the next token read off the residual stream after each block (LN_f, then W_U; temperature 1)"), v.lens,
-                section("Every head on this text"), v.heads);
+  v.root.append(make("div", "gptlib-title", model.get("title")), v.box, chatLabel, startRow, v.confirm, v.tokenRow, v.out,
+                section("Next token"), ...v.controls.rows, buttons, runRow, v.msg, v.stats, v.chart, chartKey(),
+                section("Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)"), v.lens,
+                section("Every head on this text"), ablateRow, v.direct, v.heads);
   return v;
 }
 
@@ -59,23 +87,12 @@ function decodeBytes(bytes, ids) {
   return new TextDecoder("utf-8", { ignoreBOM: true }).decode(all);
 }
 
-// The analysis of a context from a backend's flat arrays: patterns[l][h][i] as rows of T weights,
-// and the lens as the top `lensTop` tokens after each block.
-function fromLive(window, r, { n_layers: L, n_heads: H, d_vocab: V }, lensTop) {
-  const T = window.length;
-  const patterns = [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) =>
-    [...Array(T).keys()].map((i) => r.patterns.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T))));
-  const lens = [...Array(L + 1).keys()].map((l) => topTokens(r.lens.subarray(l * V, (l + 1) * V), lensTop));
-  return { window, logits: r.logits, patterns, lens, raw: r };
-}
-
-// The analysis stored in the widget state (made by Python for the view's text).
-function fromStored(stored, nCtx) {
-  return { window: stored.ids.slice(-nCtx), logits: stored.logits, patterns: stored.patterns, lens: stored.lens, raw: null };
-}
-
 // The logit lens: one row per residual stream, its top tokens shaded by probability.
 function drawLens(box, lens, labels, tokenStr) {
+  if (!lens) {
+    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
+    return;
+  }
   box.replaceChildren(...lens.map((top, l) => {
     const r = make("div", "gptlib-play-lens-row");
     r.append(make("span", "gptlib-play-lens-label", labels[l]), ...top.ids.map((id, n) => {
@@ -94,23 +111,32 @@ class Playground {
     this.v = v;
     this.cfg = model.get("config");
     const { n_layers: L, n_heads: H } = this.cfg;
+    const G = this.cfg.n_kv_heads || H, per = H / G;
     this.storedTokens = model.get("tokens");
     this.layerLabels = [...Array(L).keys()].map((l) => `layer ${l}`);
-    this.headLabels = [...Array(H).keys()].map((h) => `head ${h}`);
+    this.headLabels = [...Array(H).keys()].map((h) => (G < H ? `head ${h} (kv ${Math.floor(h / per)})` : `head ${h}`));
+    this.groups = G < H ? [...Array(H).keys()].map((h) => Math.floor(h / per)) : null;
     this.lensLabels = ["embedding", ...[...Array(L).keys()].map((l) => `after block ${l + 1}`)];
+    this.mask = new Float32Array(L * H).fill(1);
     this.panel = attentionPanel(v.heads, {
       get: () => [model.get("layer"), model.get("head")],
       set: (layer, head) => { model.set("layer", layer); model.set("head", head); model.save_changes(); },
+      pick: (layer, head) => {
+        if (!v.ablateBox.checked || !this.live) return false;
+        this.act(() => this.toggleHead(layer, head));
+        return true;
+      },
     });
     this.live = null;  // the backend, once started
     this.starting = null;  // the promise of starting it
     this.busy = false;
+    this.running = false;  // a run of draws, which the stop button ends
+    this.stopAsked = false;
     this.startedAt = null;
     this.promptIds = model.get("stored").ids;
     this.path = [];  // the ids drawn after the prompt
     this.reseed(model.get("seed"));
-    this.current = fromStored(model.get("stored"), this.cfg.n_ctx);  // the analysis shown
-    this.cache = new Map();  // analyses by context, for undo
+    this.current = fromStored(model.get("stored"), this.cfg);  // the analysis shown
     this.ask = kernelLink(model);
     life.atEnd(() => this.ask.close());
     // Is a kernel listening? (Jupyter, Colab.) A static page never answers.
@@ -137,6 +163,12 @@ class Playground {
     if (state) report(this.v.root, { live: state });
   }
 
+  ablated() {
+    const H = this.cfg.n_heads, out = [];
+    this.mask.forEach((m, k) => { if (m !== 1) out.push([Math.floor(k / H), k % H]); });
+    return out;
+  }
+
   // --- drawing ----------------------------------------------------------------------------
   // The context's tokens (those outside the model's window dimmed) and the text they decode to.
   drawTokens() {
@@ -153,7 +185,7 @@ class Playground {
     if (live) {
       const all = decodeBytes(live.bytes, ctx), head = decodeBytes(live.bytes, promptIds);
       const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
-      v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value), make("span", "gptlib-samp-new", cont));
+      v.out.replaceChildren(make("span", "gptlib-samp-ctx", head), make("span", "gptlib-samp-new", cont));
     } else {
       v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value));
     }
@@ -165,31 +197,63 @@ class Playground {
     if (!current) return;
     const { T, k, tp } = this.settings();
     v.controls.show(T, k, tp);
-    const d = distribution(current.logits, T, k, tp), g = distribution(current.logits, 1, 0, 1);
+    const d = distribution(current.logits, T, k, tp, current.restLogZ), g = distribution(current.logits, 1, 0, 1, current.restLogZ);
     const V = current.logits.length, kept = d.p.filter((p) => p > 0).length;
-    v.stats.textContent = `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`;
+    v.stats.textContent = current.restLogZ === null
+      ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`
+      : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
     const { rows, other } = chartRows(d, g, this.model.get("n_show"), (id) => this.tokenStr(id), V);
     drawChart(v.chart, rows, other, tp);
     report(v.root, { settings: { temperature: T, top_k: k, top_p: tp } }, { probs: d.p });
   }
 
-  draw() {
+  // The heads' direct contributions to the chosen token's logit, and the heads ablated.
+  drawCircuits() {
+    const { v, current, cfg } = this;
+    const abl = this.ablated();
+    v.ablation.textContent = abl.length ? `ablated: ${abl.map(([l, h]) => `L${l}.H${h}`).join(", ")}` : "no head ablated";
+    v.restoreBtn.disabled = !abl.length || this.busy;
+    if (!current || !current.direct) {
+      v.direct.textContent = "";
+      return;
+    }
+    const top = largestDirect(current.direct, cfg.n_heads, 5);
+    v.direct.textContent = `Direct contribution of each head to the logit of "${show(this.tokenStr(current.target))}" ` +
+      "(the head's output through the final norm, its scale frozen, and W_U): largest " +
+      top.map(([d, l, h]) => `L${l}.H${h} ${d >= 0 ? "+" : ""}${d.toFixed(2)}`).join(", ") + ".";
+  }
+
+  // The heads: every pattern with its scores (and the direct contributions, when computed).
+  drawHeads() {
+    const { current, cfg } = this;
+    const { n_layers: L, n_heads: H } = cfg;
+    const scores = headScores(current.patterns, current.window);
+    if (current.direct) {
+      scores.push({ name: "direct", values: [...Array(L).keys()].map((l) => Array.from(current.direct.subarray(l * H, (l + 1) * H))),
+                    uniform: null, meaning: `to the logit of "${show(this.tokenStr(current.target))}"` });
+    }
+    this.panel.update({ tokens: current.window.map((id) => this.tokenStr(id)), patterns: current.patterns,
+                        layerLabels: this.layerLabels, headLabels: this.headLabels, scores,
+                        groups: this.groups, mask: this.mask });
+  }
+
+  draw(heads = true) {
     const { v, current } = this;
     const t0 = performance.now();
     this.drawTokens();
     if (!current) return;
     this.drawDistribution();
     drawLens(v.lens, current.lens, this.lensLabels, (id) => this.tokenStr(id));
+    this.drawCircuits();
     const t1 = performance.now();
-    this.panel.update({ tokens: current.window.map((id) => this.tokenStr(id)), patterns: current.patterns,
-                        layerLabels: this.layerLabels, headLabels: this.headLabels,
-                        scores: headScores(current.patterns, current.window) });
+    if (heads) this.drawHeads();
     report(v.root, {
       drawMs: `${(t1 - t0).toFixed(1)}+${(performance.now() - t1).toFixed(1)}`, ids: this.promptIds.concat(this.path),
-      window: current.window, path: this.path, draws: this.draws, lens: current.lens,
+      window: current.window, path: this.path, draws: this.draws, lens: current.lens, target: current.target,
+      ablated: this.ablated(),
     }, {
-      window: current.window, logits: current.logits, patterns: current.raw ? current.raw.patterns : null,
-      lensRaw: current.raw ? current.raw.lens : null, lens: current.lens,
+      window: current.window, logits: current.logits, patterns: current.patterns, lens: current.lens,
+      direct: current.direct, mask: this.mask,
     });
   }
 
@@ -197,39 +261,45 @@ class Playground {
   enable() {
     const { v, live, busy } = this;
     const ready = !!live && !busy && this.promptIds.length > 0;
-    v.sampleBtn.disabled = v.greedyBtn.disabled = !ready && !!live;
+    v.sampleBtn.disabled = v.greedyBtn.disabled = v.runBtn.disabled = !ready && !!live;
     v.undoBtn.disabled = v.resetBtn.disabled = !ready || this.path.length === 0;
+    v.stopBtn.disabled = !this.running;
+    v.restoreBtn.disabled = !ready || !this.ablated().length;
     report(v.root, { busy: busy ? "1" : "0" });
   }
 
   // --- computing --------------------------------------------------------------------------
-  // The analysis of the context (computed, or from the cache), then drawn.
-  async run() {
-    const { v } = this, ctx = this.promptIds.concat(this.path);
+  // The analysis of the context: `full` (a single action of the reader) adds the logit lens of
+  // every stream and the heads' direct contributions to the most probable token's logit, at the
+  // cost of running the last position again; a step of a run computes only what the run needs.
+  async compute(full = true) {
+    const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {  // nothing to compute on: clear what belonged to the last text
       v.msg.textContent = "Type some text: the model needs at least one token.";
       this.current = null;
-      [v.stats, v.chart, v.lens].forEach((e) => e.replaceChildren());
+      [v.stats, v.chart, v.lens, v.direct].forEach((e) => e.replaceChildren());
       v.heads.style.display = "none";
       this.drawTokens();
       return;
     }
     v.heads.style.display = "";
     const window = ctx.slice(-this.cfg.n_ctx);  // past n_ctx the window slides, as gptlib.sampling.generate does
-    const key = window.join(",");
-    let a = this.cache.get(key);
-    if (!a) {
-      const t0 = performance.now();
-      const r = await this.live.forward(window);
-      const ms = performance.now() - t0;
-      a = fromLive(window, r, this.cfg, this.model.get("lens_top"));
-      report(v.root, { ms: ms.toFixed(1) });
-      if (this.cache.size > 64) this.cache.delete(this.cache.keys().next().value);
-      this.cache.set(key, a);
-      this.setStatus(`live: ${this.live.describe}; last forward pass ${ms.toFixed(0)} ms`);
+    const r = await live.run(window, { mask: this.mask });
+    const a = { window, logits: r.logits, restLogZ: null, patterns: r.patterns, lens: null, direct: null, target: null, live: true };
+    let ms = r.ms;
+    if (full) {
+      a.target = byLogit(r.logits)[0];
+      const s = await live.run(window, { mask: this.mask, lens: [...Array(this.cfg.n_layers + 1).keys()], targets: [a.target] });
+      const n = this.model.get("lens_top");
+      a.lens = s.lens.map((r) => ({ ids: r.ids.slice(0, n), probs: r.probs.slice(0, n) }));
+      a.direct = s.direct;
+      a.patterns = s.patterns;
+      ms += s.ms;
     }
+    report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === undefined ? window.length : r.fed });
+    this.setStatus(`live: ${live.describe}; last step ${r.ms.toFixed(0)} ms` + (full ? ` (${ms.toFixed(0)} ms with the lens)` : ""));
     this.current = a;
-    this.draw();
+    this.draw(full);
     if (this.startedAt !== null) {  // the time from "start" to the first result drawn
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
       this.startedAt = null;
@@ -244,21 +314,47 @@ class Playground {
     const t0 = performance.now();
     try {
       await f();
-      report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) });  // forward pass and drawing
+      report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) });  // computing and drawing
     } catch (e) {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
       report(this.v.root, { error: e.message });
     } finally {
-      this.busy = false;
+      this.busy = this.running = false;
       this.enable();
+      this.drawCircuits();
     }
+  }
+
+  // The reader agrees to a large download (or not): a promise of true or false.
+  confirmDownload(manifest) {
+    const { v } = this;
+    return new Promise((resolve) => {
+      const yes = button("gptlib-play-confirm-yes", `download ${megabytes(manifest.download_bytes)}`);
+      const no = button("gptlib-play-confirm-no", "not now");
+      const done = (ok) => { v.confirm.replaceChildren(); resolve(ok); };
+      yes.addEventListener("click", () => {
+        this.startedAt = performance.now();  // the time to the first result counts from here
+        done(true);
+      });
+      no.addEventListener("click", () => done(false));
+      v.confirm.replaceChildren(make("span", "", `${manifest.name} runs in this page after a download of ` +
+        `${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); ` +
+        "the tab then holds its weights unpacked to 32-bit floats. "), yes, no);
+      report(v.root, { confirm: String(manifest.download_bytes) });
+    });
   }
 
   // The backend: the kernel if it answered; else the page, when it is served over http with the
   // book's files; else wait for the kernel's answer (the page's own error says why it cannot).
   async backend() {
-    const inPage = () => browserBackend(this.model.get("source"), this.model.get("weights_sha256"),
-                                        (s) => this.setStatus(`starting the live model: ${s}\u2026`));
+    const { v } = this;
+    const inPage = () => browserBackend(this.model.get("source"), this.model.get("weights_sha256"), {
+      progress: (s, f) => {
+        this.setStatus(`starting the live model: ${s}\u2026`);
+        if (f !== null && f !== undefined) { v.progress.style.display = ""; v.progress.value = f; }
+      },
+      confirm: (m) => this.confirmDownload(m),
+    });
     if (this.kernelAnswered) return kernelBackend(this.ask);
     if (staticBase() && location.protocol !== "file:") return inPage();
     return (await this.kernel) ? kernelBackend(this.ask) : inPage();
@@ -279,57 +375,119 @@ class Playground {
     this.startedAt = t0;
     try {
       this.live = await this.backend();
+      const mem = this.live.memory();
       // The tokenizer and decoder in use, for tests.
-      report(v.root, { startMs: (performance.now() - t0).toFixed(0) },
-             { encode: this.live.encode, decode: (ids) => decodeBytes(this.live.bytes, ids) });
-      v.startBtn.style.display = "none";
-      this.setStatus(`live: ${this.live.describe}`, this.live.kind);
+      report(v.root, { startMs: (performance.now() - t0).toFixed(0), memory: mem ? mem.bytes : "unknown" },
+             { encode: this.live.encode, decode: (ids) => decodeBytes(this.live.bytes, ids), backend: this.live });
+      v.startBtn.style.display = v.progress.style.display = "none";
+      v.chatLabel.style.display = this.live.chat ? "" : "none";
+      this.memoryNote = this.live.kind === "kernel" ? "" : mem
+        ? ` The tab's ${mem.what} holds ${megabytes(mem.bytes)}.`
+        : " This browser does not say how much memory the tab uses.";
+      this.setStatus(`live: ${this.live.describe}.${this.memoryNote}`, this.live.kind);
       return true;
     } catch (e) {
       this.setStatus(e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`, "failed");
       report(v.root, { error: e.message });
       v.startBtn.disabled = false;
+      v.progress.style.display = "none";
       this.starting = this.startedAt = null;
       return false;
     }
   }
 
-  // The text box's text, encoded and analysed; the drawn tokens and the seed start over.
+  // The text box's text (in the chat template when the switch is on), encoded and analysed; the
+  // drawn tokens and the seed start over.
   async retext() {
     if (!(await this.start())) return;
-    this.promptIds = await this.live.encode(this.v.box.value);
+    const chat = this.v.chatBox.checked && this.live.chat;
+    const text = chat ? chat.prefix + this.v.box.value + chat.suffix : this.v.box.value;
+    this.promptIds = await this.live.encode(text);
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
-    await this.run();
+    await this.compute();
   }
 
-  // One more token: the most probable (greedy), or a seeded draw under the sliders' settings.
+  // The next token from the analysis shown: the most probable (greedy), or a seeded draw under
+  // the sliders' settings.
+  pick(greedy) {
+    const { current } = this;
+    if (greedy) return byLogit(current.logits)[0];
+    const { T, k, tp } = this.settings();
+    const d = distribution(current.logits, T, k, tp);
+    const u = this.rng();
+    this.draws += 1;
+    report(this.v.root, { u });
+    return drawIndex(d.p, d.order, u);
+  }
+
+  // True when `id` ends the model's answer (a stop id of the chat template, with the switch on).
+  stops(id) {
+    const chat = this.v.chatBox.checked && this.live.chat;
+    return !!chat && chat.stop.includes(id);
+  }
+
+  // One more token, drawn from the live model's analysis.
   async drawNext(greedy) {
     if (!(await this.start())) return;
-    const { current } = this;
-    if (!current || !this.promptIds.length) return;
-    let id;
-    if (greedy) {
-      id = byLogit(current.logits)[0];
-    } else {
-      const { T, k, tp } = this.settings();
-      const d = distribution(current.logits, T, k, tp);
-      const u = this.rng();
-      this.draws += 1;
-      id = drawIndex(d.p, d.order, u);
-      report(this.v.root, { u });
-    }
+    if (!this.current || !this.current.live) await this.retext();  // the stored analysis is not the model's
+    if (!this.current || !this.promptIds.length) return;
+    const id = this.pick(greedy);
     this.path.push(id);
-    this.v.msg.textContent = "";
-    await this.run();
+    this.v.msg.textContent = this.stops(id) ? `The model ended its answer (${show(this.tokenStr(id))}).` : "";
+    await this.compute();
+  }
+
+  // A run of up to n draws (greedy or seeded), each step computing only the logits and the
+  // attention rows; the stop button, or a stop id in chat mode, ends it; then the lens.
+  async generate(n, greedy) {
+    if (!(await this.start())) return;
+    if (!this.current || !this.current.live) await this.retext();
+    if (!this.current || !this.promptIds.length) return;
+    this.running = true;
+    this.stopAsked = false;
+    this.enable();
+    const t0 = performance.now();
+    let steps = 0, stopped = "";
+    try {
+      while (steps < n) {
+        if (this.stopAsked) { stopped = "stopped"; break; }
+        const id = this.pick(greedy);
+        this.path.push(id);
+        steps += 1;
+        if (this.stops(id)) { stopped = `the model ended its answer (${show(this.tokenStr(id))})`; break; }
+        if (steps < n) {
+          await this.compute(false);
+          await new Promise((r) => setTimeout(r, 0));  // let the page draw and the stop button act
+        }
+      }
+    } finally {
+      this.running = false;
+      this.enable();
+    }
+    await this.compute();
+    const per = (performance.now() - t0) / Math.max(1, steps);
+    this.v.msg.textContent = `${steps} token(s) drawn` + (stopped ? `; ${stopped}` : "") + ` (${per.toFixed(0)} ms a token, drawing included).`;
+    report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
+  }
+
+  async toggleHead(layer, head) {
+    const k = layer * this.cfg.n_heads + head;
+    this.mask[k] = this.mask[k] === 1 ? 0 : 1;
+    await this.compute();
+  }
+
+  async restoreHeads() {
+    this.mask.fill(1);
+    await this.compute();
   }
 
   async restart(seed) {
     this.path = [];
     this.reseed(seed);
     this.v.msg.textContent = "";
-    if (this.live) await this.run();
+    if (this.live) await this.compute();
   }
 }
 
@@ -345,12 +503,28 @@ function listen(p, v, model, life) {
       p.act(() => p.retext());
     }, 250);
   });
+  v.chatBox.addEventListener("change", () => {
+    model.set("chat", v.chatBox.checked);
+    model.save_changes();
+    if (p.live) p.act(() => p.retext());
+  });
   const startAndRetext = () => p.act(async () => { if (await p.start()) await p.retext(); });
   v.startBtn.addEventListener("click", startAndRetext);
   v.sampleBtn.addEventListener("click", () => p.act(() => p.drawNext(false)));
   v.greedyBtn.addEventListener("click", () => p.act(() => p.drawNext(true)));
-  v.undoBtn.addEventListener("click", () => p.act(async () => { p.path.pop(); v.msg.textContent = ""; await p.run(); }));
+  v.runBtn.addEventListener("click", () => {
+    const n = Number(v.runN.value);
+    if (!Number.isInteger(n) || n < 1 || n > 1000) {
+      v.msg.textContent = "The number of tokens to generate must be a whole number from 1 to 1000.";
+      v.runN.value = String(model.get("n_generate"));
+      return;
+    }
+    p.act(() => p.generate(n, v.runGreedy.checked));
+  });
+  v.stopBtn.addEventListener("click", () => { p.stopAsked = true; });
+  v.undoBtn.addEventListener("click", () => p.act(async () => { p.path.pop(); v.msg.textContent = ""; await p.compute(); }));
   v.resetBtn.addEventListener("click", () => p.act(() => p.restart(model.get("seed"))));
+  v.restoreBtn.addEventListener("click", () => p.act(() => p.restoreHeads()));
   v.seedBox.addEventListener("change", () => {
     const s = Number(v.seedBox.value);
     if (!/^\s*\d+\s*$/.test(v.seedBox.value) || s >= 2 ** 32) { v.seedBox.value = String(model.get("seed")); v.msg.textContent = `The seed must be a whole number from 0 to 4294967295: it stays ${model.get("seed")}.`; return; }

@@ -1,14 +1,56 @@
-// Sampling view (SamplingView): stored next-token distributions under temperature, top-k and
-// top-p (distribution.js), and seeded draws that walk the stored tree of continuations.
-// A node stores the logits of the most probable tokens; where it does not store them all, `rest`
-// holds the other tokens' total weight at each temperature of the state's `temperatures`, so the
-// probabilities shown are the model's own, and the other tokens are one bar.
+// Sampling view (SamplingView): next-token distributions under temperature, top-k and top-p
+// (distribution.js), and seeded draws that extend a text, for as long as the view knows the next
+// distribution. Where it comes from:
+//   - a bigram table (from_table): the page computes the row after the last token (tableLogits),
+//     so the draws never stop;
+//   - a stored tree of continuations (from_model): a node stores the logits of the most probable
+//     tokens; where it does not store them all, `rest` holds the other tokens' total weight at each
+//     temperature of the state's `temperatures`, so the probabilities shown are the model's own,
+//     and the other tokens are one bar;
+//   - past the tree, the live model, when the view names one (`source`): the kernel in Jupyter and
+//     Colab, else the page's backend (live.js); every distribution is then computed.
 import { button, lifetime, make, report, show, svg } from "./dom.js";
-import { chartKey, chartRows, distribution, drawChart, drawIndex, entropy, samplingControls, xorshift32 } from "./distribution.js";
+import { chartKey, chartRows, distribution, drawChart, drawIndex, entropy, samplingControls, tableLogits,
+  xorshift32 } from "./distribution.js";
+import { browserBackend, kernelLink, LiveError, staticBase } from "./live.js";
+
+// A distribution over a whole vocabulary, as a node with nothing stored below it.
+const fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
+
+const f32 = (b) => (b instanceof ArrayBuffer ? new Float32Array(b.slice(0))
+  : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)));
+
+// The one use of live.js's backend here (LIVE_CONTRACT.md section 3): the next-token logits
+// after `ids`, every head kept, no lens, no direct contributions (the backend keeps its own cache
+// of the prefix).
+async function pageLogits(backend, ids) {
+  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
+}
+
+// The live model of a view with a `source`: {describe, tokens, nCtx, logits(ids)}. The kernel if
+// it answered (Jupyter, Colab: SamplingView._answer); else the page's backend, when the page is
+// served over http with the book's files; else wait for the kernel's answer.
+async function startLive(model, ask, kernel, progress) {
+  const inKernel = async () => {
+    const { msg } = await ask({ kind: "start" });
+    return {
+      describe: "PyTorch in the kernel", tokens: msg.tokens, nCtx: msg.config.n_ctx,
+      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0]),
+    };
+  };
+  const inPage = async () => {
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
+    return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
+  };
+  if (kernel.answered) return inKernel();
+  if (staticBase() && location.protocol !== "file:") return inPage();
+  return (await kernel.ping) ? inKernel() : inPage();
+}
 
 // top-k's slider: 0 (off) up to where the bars still differ, and never past the tokens a node
 // stores when it does not store them all (beyond them the page would not know which to keep).
-function topKMax(prompts, topK) {
+function topKMax(prompts, topK, V, table) {
+  if (table) return Math.max(Math.min(V, 100), topK);
   const nodes = [];
   const collect = (node) => { nodes.push(node); Object.values(node.next).forEach(collect); };
   prompts.forEach((p) => collect(p.root));
@@ -79,8 +121,10 @@ function statsLine(node, d, rest, T, V) {
     (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
 }
 
-// The message under the buttons: how many tokens were drawn, or why the text ends.
-function stopMessage({ node, stop }, path, others, tok, onePrompt) {
+// The message under the buttons: how many tokens were drawn and from what, or why the text ends.
+function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
+  if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
+  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
   if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues ` +
@@ -98,14 +142,69 @@ function render({ model, el }) {
   const life = lifetime(model);
   const prompts = model.get("prompts"), vocab = model.get("tokens");
   const temps = model.get("temperatures") || [1], V = model.get("vocab_size");
-  const tok = (id) => vocab[String(id)];
-  const v = layout(prompts, topKMax(prompts, model.get("top_k")));
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const canLive = !table && Boolean(model.get("source"));
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
   el.appendChild(v.root);
 
   const rng = xorshift32(model.get("seed"));
-  let path = [];  // the ids drawn after the prompt; -1 for "one of the tokens the page does not store"
-  const where = () => walk(prompts[model.get("prompt")].root, path);
+  let path = [];  // the ids drawn after the prompt; -1 for "one of the tokens the page does not list"
+  let live = null, starting = null, liveError = "", busy = false;
+  const liveNodes = new Map();  // distributions the live model computed, by prompt and path
+  const rows = new Map();  // the table's rows computed so far, by token
+  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
   const settings = () => ({ T: model.get("temperature"), k: model.get("top_k"), tp: model.get("top_p") });
+  const promptIds = () => prompts[model.get("prompt")].ids;
+  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
+
+  // In Jupyter and Colab a kernel answers; a static page never does.
+  let ask = null;
+  const kernel = { answered: false, ping: Promise.resolve(false) };
+  if (canLive) {
+    ask = kernelLink(model);
+    life.atEnd(() => ask.close());
+    kernel.ping = ask({ kind: "ping" }, 1500).then(() => (kernel.answered = true), () => false);
+  }
+
+  // The distribution after the prompt and `p`: {node, stop, from}; stop is the drawn token after
+  // which the view knows no distribution (null where it knows one).
+  function position(p) {
+    if (table) {
+      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
+      return { node: rows.get(a), stop: null, from: "table" };
+    }
+    const at = walk(prompts[model.get("prompt")].root, p);
+    if (at.stop === null) return { ...at, from: "tree" };
+    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
+    return { ...at, from: "tree" };
+  }
+
+  // Starts the live model once; true when it runs (else liveError says why).
+  function ensureLive() {
+    if (live) return Promise.resolve(true);
+    if (!starting) {
+      starting = startLive(model, ask, kernel, (s) => { v.msg.textContent = `starting the live model: ${s}\u2026`; })
+        .then((b) => { live = b; report(v.root, { live: "on" }); return true; })
+        .catch((e) => {
+          liveError = e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
+          report(v.root, { live: "failed", error: liveError });
+          starting = null;
+          return false;
+        });
+    }
+    return starting;
+  }
+
+  // The live model's distribution after the prompt and `p` (computed once), or null.
+  async function liveNode(p) {
+    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
+    if (!(await ensureLive())) return null;
+    const ids = [...promptIds(), ...p].slice(-live.nCtx);
+    const node = fullNode(Array.from(await live.logits(ids)));
+    liveNodes.set(key(p), node);
+    return node;
+  }
 
   function drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "\u2026");
@@ -115,7 +214,7 @@ function render({ model, el }) {
   }
 
   function draw() {
-    const at = where(), { node, stop } = at, { logits, ids } = node;
+    const at = position(path), { node, stop } = at, { logits, ids } = node;
     const { T, k, tp } = settings();
     const prompt = prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
@@ -126,43 +225,76 @@ function render({ model, el }) {
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
     // The chart: the n_show most probable tokens, then all other tokens as one row.
-    const { rows, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
-    drawChart(v.chart, rows, other, tp);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    drawChart(v.chart, bars, other, tp);
     drawText(prompt, V - ids.length);
-    v.stepBtn.disabled = stop !== null;
-    v.undoBtn.disabled = v.resetBtn.disabled = path.length === 0;
+    v.stepBtn.disabled = busy || stop !== null;
+    v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
+    v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt);
+    v.msg.textContent = (stop !== null && liveError ? liveError + " " : "") +
+      stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
     // What is drawn, to compare with Python; the others' weight used now and at temperature 1
     // (for the ghost) are "" where every token is stored.
     report(v.root, {
       probs: d.p, rest: d.rest, restAll: d.restAll, approx: d.approx ? "1" : "0", ghost: g.p,
       restLogz: rest.logZ === null ? "" : rest.logZ, restLogz1: node.rest ? rest1.logZ : "",
-      cum: d.cum.slice(0, rows.length), settings: { temperature: T, top_k: k, top_p: tp },
-      logits, ids, path, prompt: model.get("prompt"), stuck: stop !== null ? "1" : "0",
+      cum: d.cum.slice(0, bars.length), settings: { temperature: T, top_k: k, top_p: tp },
+      logits, ids, path, prompt: model.get("prompt"), stuck: stop !== null ? "1" : "0", from: at.from,
+      busy: busy ? "1" : "0",
     });
   }
 
-  // One seeded draw from the distribution shown, if the tree goes on.
-  function step() {
-    const { node, stop } = where();
-    if (stop !== null) return;
+  // One seeded draw from the distribution shown. A draw among the tokens a stored node does not
+  // list, or one the tree has no node after, goes to the live model where the view has one: the
+  // first redrawn at the same u from the whole distribution (whose most probable tokens are the
+  // listed ones), the second continued from the distribution the live model computes.
+  async function step() {
+    const at = position(path);
+    if (busy || at.stop !== null) return;
     const { T, k, tp } = settings();
-    const d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
+    let node = at.node;
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
     const u = rng();
-    const i = drawIndex(d.p, d.order, u, d.rest);
+    let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    path.push(i >= 0 ? node.ids[i] : -1);
-    draw();
+    busy = canLive;
+    if (busy) {
+      v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
+      report(v.root, { busy: "1" });
+    }
+    try {
+      if (i < 0 && canLive) {
+        v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model\u2026";
+        const whole = await liveNode(path);
+        if (whole) {
+          node = whole;
+          d = distribution(node.logits, T, k, tp, null);
+          i = drawIndex(d.p, d.order, u, 0);
+        }
+      }
+      path.push(i >= 0 ? node.ids[i] : -1);
+      if (canLive && i >= 0 && position(path).stop !== null) {
+        v.msg.textContent = "Past the stored tree: the live model computes the next distribution\u2026";
+        await liveNode(path);
+      }
+    } catch (e) {
+      liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: liveError });
+    } finally {
+      busy = false;
+      draw();
+    }
   }
 
+  const restart = () => { path = []; };  // the seeded generator goes on: a new text each time
   const set = (name, value) => { model.set(name, value); model.save_changes(); draw(); };
   v.controls.onInput(set);
-  v.promptSel.addEventListener("change", () => { path = []; set("prompt", Number(v.promptSel.value)); });
+  v.promptSel.addEventListener("change", () => { restart(); set("prompt", Number(v.promptSel.value)); });
   v.stepBtn.addEventListener("click", step);
-  v.undoBtn.addEventListener("click", () => { path.pop(); draw(); });
-  v.resetBtn.addEventListener("click", () => { path = []; draw(); });
-  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, draw));
+  v.undoBtn.addEventListener("click", () => { if (!busy) { path.pop(); draw(); } });
+  v.resetBtn.addEventListener("click", () => { if (!busy) { restart(); draw(); } });
+  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, () => { if (!busy) draw(); }));
   draw();
   return () => { life.end(); v.root.remove(); };
 }

@@ -262,9 +262,22 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   thumbs.replaceChildren(...items);
   return buttons;
 }
+function markThumbs(buttons, { groups, mask, headLabels }) {
+  const H = headLabels.length;
+  buttons.forEach((b) => {
+    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
+    if (groups) {
+      b.dataset.kv = String(groups[h]);
+      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
+    }
+    const off = !!mask && mask[l * H + h] !== 1;
+    b.classList.toggle("ablated", off);
+    if (off) b.title += " (ablated)";
+  });
+}
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ${s.uniform.toFixed(2)} for a uniform head)`).join(", ") + ". Bold: the highest head of each score.";
+  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
 }
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
@@ -388,7 +401,8 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, select);
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick && state.pick(l, h) || select(l, h));
+    markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
     words = drawText(v.text, data.tokens, focusQuery, unfocus);

@@ -471,9 +471,22 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   thumbs.replaceChildren(...items);
   return buttons;
 }
+function markThumbs(buttons, { groups, mask, headLabels }) {
+  const H = headLabels.length;
+  buttons.forEach((b) => {
+    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
+    if (groups) {
+      b.dataset.kv = String(groups[h]);
+      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
+    }
+    const off = !!mask && mask[l * H + h] !== 1;
+    b.classList.toggle("ablated", off);
+    if (off) b.title += " (ablated)";
+  });
+}
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${MEANING[s.name] || ""}; ${s.uniform.toFixed(2)} for a uniform head)`).join(", ") + ". Bold: the highest head of each score.";
+  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
 }
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
@@ -597,7 +610,8 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, select);
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick && state.pick(l, h) || select(l, h));
+    markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
     words = drawText(v.text, data.tokens, focusQuery, unfocus);
@@ -626,6 +640,8 @@ var VENDOR = {
   ortDir: "vendor/onnxruntime-web/",
   tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
 };
+var VERSION = 2;
+var CONFIRM_ABOVE = 2e7;
 var LiveError = class extends Error {
 };
 function staticBase(doc = document) {
@@ -640,22 +656,51 @@ function fromBase64(s) {
   for (let i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
   return u;
 }
-function topTokens(logits, n) {
-  let m = -Infinity;
-  for (let i = 0; i < logits.length; i++) if (logits[i] > m) m = logits[i];
-  let z = 0;
-  const top = [];
-  for (let i = 0; i < logits.length; i++) {
-    const y = logits[i];
-    z += Math.exp(y - m);
-    if (top.length < n || y > top[top.length - 1][0]) {
-      let k = top.length;
-      while (k > 0 && top[k - 1][0] < y) k--;
-      top.splice(k, 0, [y, i]);
-      if (top.length > n) top.pop();
+var megabytes = (n) => `${(n / 1e6).toFixed(1)} MB`;
+function lensTops(ids, logits, lse, n, K) {
+  return [...Array(n).keys()].map((s) => ({
+    ids: Array.from(ids.slice(s * K, (s + 1) * K), Number),
+    probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
+  }));
+}
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+function plan(cached, cachedMask, window, mask) {
+  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
+  if (keep >= window.length) keep = window.length - 1;
+  return { keep, feed: window.slice(keep) };
+}
+function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
+  if (keep === P) return past;
+  const out = new Float32Array(L * 2 * G * keep * D);
+  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  return out;
+}
+function addRows(rows, attn, P, T, L, H) {
+  const S = P + T;
+  for (let lh = 0; lh < L * H; lh++) {
+    const r = rows[lh] || (rows[lh] = []);
+    r.length = P;
+    for (let t = 0; t < T; t++) {
+      const o = (lh * T + t) * S;
+      r.push(attn.slice(o, o + P + t + 1));
     }
   }
-  return { ids: top.map(([, i]) => i), probs: top.map(([y]) => Math.exp(y - m) / z) };
+  return rows;
+}
+function nestRows(rows, L, H) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
+}
+function nestFlat(flat, L, H, T) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => [...Array(T).keys()].map((i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T))));
+}
+function tabMemory() {
+  const m = globalThis.performance && performance.memory;
+  if (!m || !m.usedJSHeapSize) return null;
+  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
 }
 function kernelLink(model) {
   let req = 0;
@@ -695,24 +740,44 @@ function kernelLink(model) {
   };
   return ask;
 }
-var f32 = (b) => new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 async function kernelBackend(ask) {
   const { msg } = await ask({ kind: "start" });
+  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
   return {
     kind: "kernel",
     describe: "PyTorch in the kernel",
-    config: msg.config,
+    config: c,
     tokens: msg.tokens,
     bytes: msg.token_bytes.map(fromBase64),
+    special: msg.special || {},
+    chat: msg.chat || null,
     encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
-    forward: async (ids) => {
-      const { buffers } = await ask({ kind: "forward", ids });
-      return { logits: f32(buffers[0]), patterns: f32(buffers[1]), lens: f32(buffers[2]) };
+    memory: () => null,
+    run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
+      const t0 = performance.now();
+      const { buffers } = await ask({ kind: "step", ids, mask: mask && Array.from(mask), lens, targets });
+      const T = ids.length;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      return {
+        logits: view(logits, Float32Array),
+        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        lens: lens ? lensTops(
+          view(lensIds, BigInt64Array),
+          view(lensLogits, Float32Array),
+          view(lensLse, Float32Array),
+          lens.length,
+          K
+        ) : null,
+        direct: targets && targets.length ? view(direct, Float32Array) : null,
+        ms: performance.now() - t0
+      };
     }
   };
 }
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
+var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
 async function fetchOk(url, what) {
   let r;
   try {
@@ -723,58 +788,190 @@ async function fetchOk(url, what) {
   if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
   return r;
 }
-async function browserBackend(source, weightsSha, progress) {
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+async function fetchInto(url, what, out, at, n, onBytes) {
+  const r = await fetchOk(url, what);
+  let got = 0;
+  if (r.body && r.body.getReader) {
+    const reader = r.body.getReader();
+    for (; ; ) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      out.set(value, at + got);
+      got += value.length;
+      onBytes(value.length);
+    }
+  } else {
+    const b = new Uint8Array(await r.arrayBuffer());
+    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+    out.set(b, at);
+    got = b.length;
+    onBytes(got);
+  }
+  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
+}
+function checkManifest(m, url) {
+  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+    throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
+  }
+  const pieces = m.onnx && m.onnx.pieces;
+  if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+  }
+  return m;
+}
+async function browserBackend(source, weightsSha, hooks) {
+  const progress = hooks.progress || (() => {
+  });
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
+  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
   const base = staticBase();
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
-  progress("reading the model's manifest");
-  const manifest = await (await fetchOk(manifestUrl, "the model's manifest")).json();
-  if (manifest.format !== "gptlib-live" || manifest.version !== 1) {
-    throw new LiveError(`${manifestUrl} is not a gptlib live-model manifest (version 1)`);
-  }
+  progress("reading the model's manifest", null);
+  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
   if (weightsSha && manifest.weights_sha256 !== weightsSha) {
     throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
   }
-  progress(`loading the model (${(manifest.onnx.bytes / 1e6).toFixed(1)} MB), onnxruntime-web and the tokenizer`);
+  const total = manifest.download_bytes;
+  if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
+    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+  }
   const file = (f) => new URL(f, manifestUrl).href;
-  const [ort, tk, tokJson, onnxBytes] = await Promise.all([
+  let onnx;
+  try {
+    onnx = new Uint8Array(manifest.onnx.bytes);
+  } catch (e) {
+    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+  }
+  let done = 0;
+  const tick = (n) => {
+    done += n;
+    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+  };
+  tick(0);
+  const pieces = [];
+  let at = 0;
+  for (const p of manifest.onnx.pieces) {
+    pieces.push([p, at]);
+    at += p.bytes;
+  }
+  const [ort, tk, tokText] = await Promise.all([
     import(base + VENDOR.ort),
     import(base + VENDOR.tokenizers),
-    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.json()),
-    fetchOk(file(manifest.onnx.file), "the model").then((r) => r.arrayBuffer())
+    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.arrayBuffer()).then((b) => {
+      tick(b.byteLength);
+      return b;
+    }),
+    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick))
   ]);
-  if (onnxBytes.byteLength !== manifest.onnx.bytes) {
-    throw new LiveError(`${manifest.onnx.file} has ${onnxBytes.byteLength} bytes, the manifest says ${manifest.onnx.bytes}`);
-  }
   if (globalThis.crypto && crypto.subtle) {
-    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", onnxBytes));
-    const hex2 = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
-    if (hex2 !== manifest.onnx.sha256) throw new LiveError(`${manifest.onnx.file} does not match its SHA-256 in the manifest`);
+    progress("checking the SHA-256 of each file", 1);
+    for (const [p, o] of pieces) {
+      if (await sha256Hex(onnx.subarray(o, o + p.bytes)) !== p.sha256) {
+        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
+      }
+    }
+    if (await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
+      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
+    }
   }
   ort.env.wasm.numThreads = 1;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web");
-  const session = await ort.InferenceSession.create(new Uint8Array(onnxBytes), { executionProviders: ["wasm"] });
-  const tokenizer = new tk.Tokenizer(tokJson, {});
-  const V = manifest.config.d_vocab;
-  return {
-    kind: "browser",
-    describe: "the page itself (onnxruntime-web, WebAssembly, one thread)",
-    config: manifest.config,
-    tokens: manifest.tokens,
-    bytes: manifest.token_bytes.map(fromBase64),
-    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
-    forward: async (ids) => {
-      const T = ids.length;
-      const input = new ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, T]);
-      const out = await session.run({ ids: input });
-      const r = { logits: out.logits.data.slice((T - 1) * V, T * V), patterns: out.patterns.data.slice(), lens: out.lens.data.slice() };
+  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
+  let session;
+  try {
+    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+  } catch (e) {
+    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+  }
+  onnx = null;
+  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  return pageBackend(ort, session, manifest, tokenizer);
+}
+function pageBackend(ort, session, manifest, tokenizer) {
+  const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
+  const V = c.d_vocab, K = manifest.lens_top;
+  const ones = new Float32Array(L * H).fill(1);
+  let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
+  const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
+  const run = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+    const t0 = performance.now();
+    const window = ids.slice(-c.n_ctx);
+    const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
+    const { keep, feed } = plan(cached, cachedMask, window, mKey);
+    const P = keep, T = feed.length;
+    past = cropPast(past, cached.length, P, c);
+    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
+    const out = await session.run({
+      ids: new ort.Tensor("int64", i64(feed), [1, T]),
+      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
+      head_mask: new ort.Tensor("float32", m, [L, H]),
+      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
+      targets: new ort.Tensor("int64", i64(tg), [tg.length])
+    });
+    try {
+      past = out.present.data.slice();
+      cached = window.slice();
+      cachedMask = mKey;
+      rows = addRows(rows, out.attn.data, P, T, L, H);
+      return {
+        logits: out.logits.data.slice(0, V),
+        patterns: nestRows(rows, L, H),
+        lens: lens ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K) : null,
+        direct: tg.length ? out.direct.data.slice() : null,
+        ms: performance.now() - t0,
+        fed: T
+      };
+    } finally {
       Object.values(out).forEach((t) => t.dispose && t.dispose());
-      return r;
     }
   };
+  return {
+    kind: "browser",
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    config: c,
+    tokens: manifest.tokens,
+    bytes: manifest.token_bytes.map(fromBase64),
+    special: manifest.special || {},
+    chat: manifest.chat || null,
+    downloadBytes: manifest.download_bytes,
+    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    memory: tabMemory,
+    run
+  };
+}
+function patternsFromBytes(b64, L, H, T) {
+  const u = fromBase64(b64), n = T * (T + 1) / 2;
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => {
+    let at = (l * H + h) * n;
+    return [...Array(T).keys()].map((i) => {
+      const row = Float32Array.from(u.subarray(at, at + i + 1), (x) => x / 255);
+      at += i + 1;
+      return row;
+    });
+  }));
+}
+function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }) {
+  let logits = stored.logits, restLogZ = null, patterns = stored.patterns;
+  const window = stored.ids.slice(-nCtx);
+  if (stored.patterns_u8) patterns = patternsFromBytes(stored.patterns_u8, L, H, window.length);
+  if (stored.top) {
+    logits = new Float64Array(V).fill(-Infinity);
+    stored.top.ids.forEach((id, n) => {
+      logits[id] = stored.top.logits[n];
+    });
+    restLogZ = stored.top.rest_logz;
+  }
+  return { window, logits, restLogZ, patterns, lens: stored.lens, direct: null, target: null };
+}
+function largestDirect(direct, H, n) {
+  return Array.from(direct, (d, k) => [d, Math.floor(k / H), k % H]).sort((a, b) => Math.abs(b[0]) - Math.abs(a[0]) || a[1] - b[1] || a[2] - b[2]).slice(0, n);
 }
 
 // gptlib/widgets/js/playground.js
@@ -782,7 +979,10 @@ function layout(model) {
   const v = {
     root: make("div", "gptlib-widget gptlib-play"),
     box: make("textarea", "gptlib-play-text"),
+    chatBox: make("input", "gptlib-play-chat"),
     startBtn: button("gptlib-play-start", "start the live model"),
+    confirm: make("div", "gptlib-play-confirm"),
+    progress: make("progress", "gptlib-play-progress"),
     status: make("div", "gptlib-play-status"),
     tokenRow: make("div", "gptlib-play-tokens"),
     out: make("div", "gptlib-samp-text gptlib-play-out"),
@@ -792,40 +992,78 @@ function layout(model) {
     greedyBtn: button("gptlib-play-greedy", "greedy"),
     undoBtn: button("gptlib-samp-undo", "undo"),
     resetBtn: button("gptlib-samp-reset", "reset"),
+    runBtn: button("gptlib-play-run", "generate"),
+    runN: make("input", "gptlib-play-run-n"),
+    runGreedy: make("input", "gptlib-play-run-greedy"),
+    stopBtn: button("gptlib-play-stop", "stop"),
     msg: make("div", "gptlib-samp-msg"),
     stats: make("div", "gptlib-samp-stats"),
     chart: svg("svg", { class: "gptlib-samp-chart" }),
     lens: make("div", "gptlib-play-lens"),
+    ablation: make("div", "gptlib-play-ablation"),
+    ablateBox: make("input", "gptlib-play-ablate-mode"),
+    restoreBtn: button("gptlib-play-restore", "restore all heads"),
+    direct: make("div", "gptlib-play-direct"),
     heads: make("div", "gptlib-play-heads")
   };
   v.box.rows = 3;
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
+  v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, { type: "number", min: "0", max: "4294967295", step: "1", value: String(model.get("seed")) });
+  Object.assign(v.runN, { type: "number", min: "1", max: "1000", step: "1", value: String(model.get("n_generate")) });
+  Object.assign(v.progress, { max: 1, value: 0 });
+  v.progress.style.display = "none";
+  v.stopBtn.disabled = true;
+  const label = (cls, ...parts) => {
+    const l = make("label", cls);
+    l.append(...parts);
+    return l;
+  };
+  const chatLabel = label("gptlib-play-chat-label", v.chatBox, " chat (the model's chat template around the text)");
+  chatLabel.style.display = model.get("chat_available") ? "" : "none";
+  v.chatLabel = chatLabel;
   const startRow = make("div", "gptlib-controls");
-  startRow.append(v.startBtn, v.status);
-  const seedLabel = make("label", "gptlib-play-seed-label");
-  seedLabel.append("seed ", v.seedBox);
+  startRow.append(v.startBtn, v.progress, v.status);
   const buttons = make("div", "gptlib-controls");
-  buttons.append(v.sampleBtn, v.greedyBtn, v.undoBtn, v.resetBtn, seedLabel);
+  buttons.append(v.sampleBtn, v.greedyBtn, v.undoBtn, v.resetBtn, label("gptlib-play-seed-label", "seed ", v.seedBox));
+  const runRow = make("div", "gptlib-controls");
+  runRow.append(
+    v.runBtn,
+    label("gptlib-play-run-label", "up to ", v.runN, " tokens"),
+    label("gptlib-play-run-greedy-label", v.runGreedy, " greedy"),
+    v.stopBtn
+  );
+  const ablateRow = make("div", "gptlib-controls");
+  ablateRow.append(
+    label("gptlib-play-ablate-label", v.ablateBox, " a click on a head ablates it (its output zeroed)"),
+    v.restoreBtn,
+    v.ablation
+  );
   const section = (text) => make("div", "gptlib-play-section", text);
   v.root.append(
     make("div", "gptlib-title", model.get("title")),
     v.box,
+    chatLabel,
     startRow,
+    v.confirm,
     v.tokenRow,
     v.out,
     section("Next token"),
     ...v.controls.rows,
     buttons,
+    runRow,
     v.msg,
     v.stats,
     v.chart,
     chartKey(),
-    section("Logit lens: the next token read off the residual stream after each block (LN_f, then W_U; temperature 1)"),
+    section("Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)"),
     v.lens,
     section("Every head on this text"),
+    ablateRow,
+    v.direct,
     v.heads
   );
   return v;
@@ -840,16 +1078,11 @@ function decodeBytes(bytes, ids) {
   });
   return new TextDecoder("utf-8", { ignoreBOM: true }).decode(all);
 }
-function fromLive(window, r, { n_layers: L, n_heads: H, d_vocab: V }, lensTop) {
-  const T = window.length;
-  const patterns = [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => [...Array(T).keys()].map((i) => r.patterns.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T))));
-  const lens = [...Array(L + 1).keys()].map((l) => topTokens(r.lens.subarray(l * V, (l + 1) * V), lensTop));
-  return { window, logits: r.logits, patterns, lens, raw: r };
-}
-function fromStored(stored, nCtx) {
-  return { window: stored.ids.slice(-nCtx), logits: stored.logits, patterns: stored.patterns, lens: stored.lens, raw: null };
-}
 function drawLens(box, lens, labels, tokenStr) {
+  if (!lens) {
+    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
+    return;
+  }
   box.replaceChildren(...lens.map((top, l) => {
     const r = make("div", "gptlib-play-lens-row");
     r.append(make("span", "gptlib-play-lens-label", labels[l]), ...top.ids.map((id, n) => {
@@ -866,27 +1099,36 @@ var Playground = class {
     this.v = v;
     this.cfg = model.get("config");
     const { n_layers: L, n_heads: H } = this.cfg;
+    const G = this.cfg.n_kv_heads || H, per = H / G;
     this.storedTokens = model.get("tokens");
     this.layerLabels = [...Array(L).keys()].map((l) => `layer ${l}`);
-    this.headLabels = [...Array(H).keys()].map((h) => `head ${h}`);
+    this.headLabels = [...Array(H).keys()].map((h) => G < H ? `head ${h} (kv ${Math.floor(h / per)})` : `head ${h}`);
+    this.groups = G < H ? [...Array(H).keys()].map((h) => Math.floor(h / per)) : null;
     this.lensLabels = ["embedding", ...[...Array(L).keys()].map((l) => `after block ${l + 1}`)];
+    this.mask = new Float32Array(L * H).fill(1);
     this.panel = attentionPanel(v.heads, {
       get: () => [model.get("layer"), model.get("head")],
       set: (layer, head) => {
         model.set("layer", layer);
         model.set("head", head);
         model.save_changes();
+      },
+      pick: (layer, head) => {
+        if (!v.ablateBox.checked || !this.live) return false;
+        this.act(() => this.toggleHead(layer, head));
+        return true;
       }
     });
     this.live = null;
     this.starting = null;
     this.busy = false;
+    this.running = false;
+    this.stopAsked = false;
     this.startedAt = null;
     this.promptIds = model.get("stored").ids;
     this.path = [];
     this.reseed(model.get("seed"));
-    this.current = fromStored(model.get("stored"), this.cfg.n_ctx);
-    this.cache = /* @__PURE__ */ new Map();
+    this.current = fromStored(model.get("stored"), this.cfg);
     this.ask = kernelLink(model);
     life.atEnd(() => this.ask.close());
     this.kernelAnswered = false;
@@ -906,6 +1148,13 @@ var Playground = class {
   setStatus(text, state) {
     this.v.status.textContent = text;
     if (state) report(this.v.root, { live: state });
+  }
+  ablated() {
+    const H = this.cfg.n_heads, out = [];
+    this.mask.forEach((m, k) => {
+      if (m !== 1) out.push([Math.floor(k / H), k % H]);
+    });
+    return out;
   }
   // --- drawing ----------------------------------------------------------------------------
   // The context's tokens (those outside the model's window dimmed) and the text they decode to.
@@ -927,7 +1176,7 @@ var Playground = class {
     if (live) {
       const all = decodeBytes(live.bytes, ctx), head = decodeBytes(live.bytes, promptIds);
       const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
-      v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value), make("span", "gptlib-samp-new", cont));
+      v.out.replaceChildren(make("span", "gptlib-samp-ctx", head), make("span", "gptlib-samp-new", cont));
     } else {
       v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value));
     }
@@ -938,79 +1187,119 @@ var Playground = class {
     if (!current) return;
     const { T, k, tp } = this.settings();
     v.controls.show(T, k, tp);
-    const d = distribution(current.logits, T, k, tp), g = distribution(current.logits, 1, 0, 1);
+    const d = distribution(current.logits, T, k, tp, current.restLogZ), g = distribution(current.logits, 1, 0, 1, current.restLogZ);
     const V = current.logits.length, kept = d.p.filter((p) => p > 0).length;
-    v.stats.textContent = `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`;
+    v.stats.textContent = current.restLogZ === null ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn` : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
     const { rows, other } = chartRows(d, g, this.model.get("n_show"), (id) => this.tokenStr(id), V);
     drawChart(v.chart, rows, other, tp);
     report(v.root, { settings: { temperature: T, top_k: k, top_p: tp } }, { probs: d.p });
   }
-  draw() {
+  // The heads' direct contributions to the chosen token's logit, and the heads ablated.
+  drawCircuits() {
+    const { v, current, cfg } = this;
+    const abl = this.ablated();
+    v.ablation.textContent = abl.length ? `ablated: ${abl.map(([l, h]) => `L${l}.H${h}`).join(", ")}` : "no head ablated";
+    v.restoreBtn.disabled = !abl.length || this.busy;
+    if (!current || !current.direct) {
+      v.direct.textContent = "";
+      return;
+    }
+    const top = largestDirect(current.direct, cfg.n_heads, 5);
+    v.direct.textContent = `Direct contribution of each head to the logit of "${show(this.tokenStr(current.target))}" (the head's output through the final norm, its scale frozen, and W_U): largest ` + top.map(([d, l, h]) => `L${l}.H${h} ${d >= 0 ? "+" : ""}${d.toFixed(2)}`).join(", ") + ".";
+  }
+  // The heads: every pattern with its scores (and the direct contributions, when computed).
+  drawHeads() {
+    const { current, cfg } = this;
+    const { n_layers: L, n_heads: H } = cfg;
+    const scores = headScores(current.patterns, current.window);
+    if (current.direct) {
+      scores.push({
+        name: "direct",
+        values: [...Array(L).keys()].map((l) => Array.from(current.direct.subarray(l * H, (l + 1) * H))),
+        uniform: null,
+        meaning: `to the logit of "${show(this.tokenStr(current.target))}"`
+      });
+    }
+    this.panel.update({
+      tokens: current.window.map((id) => this.tokenStr(id)),
+      patterns: current.patterns,
+      layerLabels: this.layerLabels,
+      headLabels: this.headLabels,
+      scores,
+      groups: this.groups,
+      mask: this.mask
+    });
+  }
+  draw(heads = true) {
     const { v, current } = this;
     const t0 = performance.now();
     this.drawTokens();
     if (!current) return;
     this.drawDistribution();
     drawLens(v.lens, current.lens, this.lensLabels, (id) => this.tokenStr(id));
+    this.drawCircuits();
     const t1 = performance.now();
-    this.panel.update({
-      tokens: current.window.map((id) => this.tokenStr(id)),
-      patterns: current.patterns,
-      layerLabels: this.layerLabels,
-      headLabels: this.headLabels,
-      scores: headScores(current.patterns, current.window)
-    });
+    if (heads) this.drawHeads();
     report(v.root, {
       drawMs: `${(t1 - t0).toFixed(1)}+${(performance.now() - t1).toFixed(1)}`,
       ids: this.promptIds.concat(this.path),
       window: current.window,
       path: this.path,
       draws: this.draws,
-      lens: current.lens
+      lens: current.lens,
+      target: current.target,
+      ablated: this.ablated()
     }, {
       window: current.window,
       logits: current.logits,
-      patterns: current.raw ? current.raw.patterns : null,
-      lensRaw: current.raw ? current.raw.lens : null,
-      lens: current.lens
+      patterns: current.patterns,
+      lens: current.lens,
+      direct: current.direct,
+      mask: this.mask
     });
   }
   // The buttons that need the live model, enabled when it is ready.
   enable() {
     const { v, live, busy } = this;
     const ready = !!live && !busy && this.promptIds.length > 0;
-    v.sampleBtn.disabled = v.greedyBtn.disabled = !ready && !!live;
+    v.sampleBtn.disabled = v.greedyBtn.disabled = v.runBtn.disabled = !ready && !!live;
     v.undoBtn.disabled = v.resetBtn.disabled = !ready || this.path.length === 0;
+    v.stopBtn.disabled = !this.running;
+    v.restoreBtn.disabled = !ready || !this.ablated().length;
     report(v.root, { busy: busy ? "1" : "0" });
   }
   // --- computing --------------------------------------------------------------------------
-  // The analysis of the context (computed, or from the cache), then drawn.
-  async run() {
-    const { v } = this, ctx = this.promptIds.concat(this.path);
+  // The analysis of the context: `full` (a single action of the reader) adds the logit lens of
+  // every stream and the heads' direct contributions to the most probable token's logit, at the
+  // cost of running the last position again; a step of a run computes only what the run needs.
+  async compute(full = true) {
+    const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {
       v.msg.textContent = "Type some text: the model needs at least one token.";
       this.current = null;
-      [v.stats, v.chart, v.lens].forEach((e) => e.replaceChildren());
+      [v.stats, v.chart, v.lens, v.direct].forEach((e) => e.replaceChildren());
       v.heads.style.display = "none";
       this.drawTokens();
       return;
     }
     v.heads.style.display = "";
     const window = ctx.slice(-this.cfg.n_ctx);
-    const key = window.join(",");
-    let a = this.cache.get(key);
-    if (!a) {
-      const t0 = performance.now();
-      const r = await this.live.forward(window);
-      const ms = performance.now() - t0;
-      a = fromLive(window, r, this.cfg, this.model.get("lens_top"));
-      report(v.root, { ms: ms.toFixed(1) });
-      if (this.cache.size > 64) this.cache.delete(this.cache.keys().next().value);
-      this.cache.set(key, a);
-      this.setStatus(`live: ${this.live.describe}; last forward pass ${ms.toFixed(0)} ms`);
+    const r = await live.run(window, { mask: this.mask });
+    const a = { window, logits: r.logits, restLogZ: null, patterns: r.patterns, lens: null, direct: null, target: null, live: true };
+    let ms = r.ms;
+    if (full) {
+      a.target = byLogit(r.logits)[0];
+      const s = await live.run(window, { mask: this.mask, lens: [...Array(this.cfg.n_layers + 1).keys()], targets: [a.target] });
+      const n = this.model.get("lens_top");
+      a.lens = s.lens.map((r2) => ({ ids: r2.ids.slice(0, n), probs: r2.probs.slice(0, n) }));
+      a.direct = s.direct;
+      a.patterns = s.patterns;
+      ms += s.ms;
     }
+    report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
+    this.setStatus(`live: ${live.describe}; last step ${r.ms.toFixed(0)} ms` + (full ? ` (${ms.toFixed(0)} ms with the lens)` : ""));
     this.current = a;
-    this.draw();
+    this.draw(full);
     if (this.startedAt !== null) {
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
       this.startedAt = null;
@@ -1029,18 +1318,44 @@ var Playground = class {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
       report(this.v.root, { error: e.message });
     } finally {
-      this.busy = false;
+      this.busy = this.running = false;
       this.enable();
+      this.drawCircuits();
     }
+  }
+  // The reader agrees to a large download (or not): a promise of true or false.
+  confirmDownload(manifest) {
+    const { v } = this;
+    return new Promise((resolve) => {
+      const yes = button("gptlib-play-confirm-yes", `download ${megabytes(manifest.download_bytes)}`);
+      const no = button("gptlib-play-confirm-no", "not now");
+      const done = (ok) => {
+        v.confirm.replaceChildren();
+        resolve(ok);
+      };
+      yes.addEventListener("click", () => {
+        this.startedAt = performance.now();
+        done(true);
+      });
+      no.addEventListener("click", () => done(false));
+      v.confirm.replaceChildren(make("span", "", `${manifest.name} runs in this page after a download of ${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); the tab then holds its weights unpacked to 32-bit floats. `), yes, no);
+      report(v.root, { confirm: String(manifest.download_bytes) });
+    });
   }
   // The backend: the kernel if it answered; else the page, when it is served over http with the
   // book's files; else wait for the kernel's answer (the page's own error says why it cannot).
   async backend() {
-    const inPage = () => browserBackend(
-      this.model.get("source"),
-      this.model.get("weights_sha256"),
-      (s) => this.setStatus(`starting the live model: ${s}…`)
-    );
+    const { v } = this;
+    const inPage = () => browserBackend(this.model.get("source"), this.model.get("weights_sha256"), {
+      progress: (s, f) => {
+        this.setStatus(`starting the live model: ${s}…`);
+        if (f !== null && f !== void 0) {
+          v.progress.style.display = "";
+          v.progress.value = f;
+        }
+      },
+      confirm: (m) => this.confirmDownload(m)
+    });
     if (this.kernelAnswered) return kernelBackend(this.ask);
     if (staticBase() && location.protocol !== "file:") return inPage();
     return await this.kernel ? kernelBackend(this.ask) : inPage();
@@ -1059,56 +1374,117 @@ var Playground = class {
     this.startedAt = t0;
     try {
       this.live = await this.backend();
+      const mem = this.live.memory();
       report(
         v.root,
-        { startMs: (performance.now() - t0).toFixed(0) },
-        { encode: this.live.encode, decode: (ids) => decodeBytes(this.live.bytes, ids) }
+        { startMs: (performance.now() - t0).toFixed(0), memory: mem ? mem.bytes : "unknown" },
+        { encode: this.live.encode, decode: (ids) => decodeBytes(this.live.bytes, ids), backend: this.live }
       );
-      v.startBtn.style.display = "none";
-      this.setStatus(`live: ${this.live.describe}`, this.live.kind);
+      v.startBtn.style.display = v.progress.style.display = "none";
+      v.chatLabel.style.display = this.live.chat ? "" : "none";
+      this.memoryNote = this.live.kind === "kernel" ? "" : mem ? ` The tab's ${mem.what} holds ${megabytes(mem.bytes)}.` : " This browser does not say how much memory the tab uses.";
+      this.setStatus(`live: ${this.live.describe}.${this.memoryNote}`, this.live.kind);
       return true;
     } catch (e) {
       this.setStatus(e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`, "failed");
       report(v.root, { error: e.message });
       v.startBtn.disabled = false;
+      v.progress.style.display = "none";
       this.starting = this.startedAt = null;
       return false;
     }
   }
-  // The text box's text, encoded and analysed; the drawn tokens and the seed start over.
+  // The text box's text (in the chat template when the switch is on), encoded and analysed; the
+  // drawn tokens and the seed start over.
   async retext() {
     if (!await this.start()) return;
-    this.promptIds = await this.live.encode(this.v.box.value);
+    const chat = this.v.chatBox.checked && this.live.chat;
+    const text = chat ? chat.prefix + this.v.box.value + chat.suffix : this.v.box.value;
+    this.promptIds = await this.live.encode(text);
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
-    await this.run();
+    await this.compute();
   }
-  // One more token: the most probable (greedy), or a seeded draw under the sliders' settings.
+  // The next token from the analysis shown: the most probable (greedy), or a seeded draw under
+  // the sliders' settings.
+  pick(greedy) {
+    const { current } = this;
+    if (greedy) return byLogit(current.logits)[0];
+    const { T, k, tp } = this.settings();
+    const d = distribution(current.logits, T, k, tp);
+    const u = this.rng();
+    this.draws += 1;
+    report(this.v.root, { u });
+    return drawIndex(d.p, d.order, u);
+  }
+  // True when `id` ends the model's answer (a stop id of the chat template, with the switch on).
+  stops(id) {
+    const chat = this.v.chatBox.checked && this.live.chat;
+    return !!chat && chat.stop.includes(id);
+  }
+  // One more token, drawn from the live model's analysis.
   async drawNext(greedy) {
     if (!await this.start()) return;
-    const { current } = this;
-    if (!current || !this.promptIds.length) return;
-    let id;
-    if (greedy) {
-      id = byLogit(current.logits)[0];
-    } else {
-      const { T, k, tp } = this.settings();
-      const d = distribution(current.logits, T, k, tp);
-      const u = this.rng();
-      this.draws += 1;
-      id = drawIndex(d.p, d.order, u);
-      report(this.v.root, { u });
-    }
+    if (!this.current || !this.current.live) await this.retext();
+    if (!this.current || !this.promptIds.length) return;
+    const id = this.pick(greedy);
     this.path.push(id);
-    this.v.msg.textContent = "";
-    await this.run();
+    this.v.msg.textContent = this.stops(id) ? `The model ended its answer (${show(this.tokenStr(id))}).` : "";
+    await this.compute();
+  }
+  // A run of up to n draws (greedy or seeded), each step computing only the logits and the
+  // attention rows; the stop button, or a stop id in chat mode, ends it; then the lens.
+  async generate(n, greedy) {
+    if (!await this.start()) return;
+    if (!this.current || !this.current.live) await this.retext();
+    if (!this.current || !this.promptIds.length) return;
+    this.running = true;
+    this.stopAsked = false;
+    this.enable();
+    const t0 = performance.now();
+    let steps = 0, stopped = "";
+    try {
+      while (steps < n) {
+        if (this.stopAsked) {
+          stopped = "stopped";
+          break;
+        }
+        const id = this.pick(greedy);
+        this.path.push(id);
+        steps += 1;
+        if (this.stops(id)) {
+          stopped = `the model ended its answer (${show(this.tokenStr(id))})`;
+          break;
+        }
+        if (steps < n) {
+          await this.compute(false);
+          await new Promise((r) => setTimeout(r, 0));
+        }
+      }
+    } finally {
+      this.running = false;
+      this.enable();
+    }
+    await this.compute();
+    const per = (performance.now() - t0) / Math.max(1, steps);
+    this.v.msg.textContent = `${steps} token(s) drawn` + (stopped ? `; ${stopped}` : "") + ` (${per.toFixed(0)} ms a token, drawing included).`;
+    report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
+  }
+  async toggleHead(layer, head) {
+    const k = layer * this.cfg.n_heads + head;
+    this.mask[k] = this.mask[k] === 1 ? 0 : 1;
+    await this.compute();
+  }
+  async restoreHeads() {
+    this.mask.fill(1);
+    await this.compute();
   }
   async restart(seed) {
     this.path = [];
     this.reseed(seed);
     this.v.msg.textContent = "";
-    if (this.live) await this.run();
+    if (this.live) await this.compute();
   }
 };
 function listen(p, v, model, life) {
@@ -1122,18 +1498,36 @@ function listen(p, v, model, life) {
       p.act(() => p.retext());
     }, 250);
   });
+  v.chatBox.addEventListener("change", () => {
+    model.set("chat", v.chatBox.checked);
+    model.save_changes();
+    if (p.live) p.act(() => p.retext());
+  });
   const startAndRetext = () => p.act(async () => {
     if (await p.start()) await p.retext();
   });
   v.startBtn.addEventListener("click", startAndRetext);
   v.sampleBtn.addEventListener("click", () => p.act(() => p.drawNext(false)));
   v.greedyBtn.addEventListener("click", () => p.act(() => p.drawNext(true)));
+  v.runBtn.addEventListener("click", () => {
+    const n = Number(v.runN.value);
+    if (!Number.isInteger(n) || n < 1 || n > 1e3) {
+      v.msg.textContent = "The number of tokens to generate must be a whole number from 1 to 1000.";
+      v.runN.value = String(model.get("n_generate"));
+      return;
+    }
+    p.act(() => p.generate(n, v.runGreedy.checked));
+  });
+  v.stopBtn.addEventListener("click", () => {
+    p.stopAsked = true;
+  });
   v.undoBtn.addEventListener("click", () => p.act(async () => {
     p.path.pop();
     v.msg.textContent = "";
-    await p.run();
+    await p.compute();
   }));
   v.resetBtn.addEventListener("click", () => p.act(() => p.restart(model.get("seed"))));
+  v.restoreBtn.addEventListener("click", () => p.act(() => p.restoreHeads()));
   v.seedBox.addEventListener("change", () => {
     const s = Number(v.seedBox.value);
     if (!/^\s*\d+\s*$/.test(v.seedBox.value) || s >= 2 ** 32) {

@@ -99,6 +99,12 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
   }
   return { p, rest, restAll, cum, order, approx };
 }
+function tableLogits(table, a) {
+  const V = table.indptr.length - 1, s = table.smoothing;
+  const y = new Array(V).fill(Math.log(s));
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  return y;
+}
 function xorshift32(seed) {
   let s = (seed >>> 0 ^ 2654435769) >>> 0 || 1;
   return () => {
@@ -220,8 +226,307 @@ function chartRows(d, g, n, label, V) {
   return { rows, other };
 }
 
+// gptlib/widgets/js/live.js
+var VENDOR = {
+  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
+  ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
+};
+var VERSION = 2;
+var CONFIRM_ABOVE = 2e7;
+var LiveError = class extends Error {
+};
+function staticBase(doc = document) {
+  for (const s of doc.querySelectorAll("script[src]")) {
+    const i = s.src.lastIndexOf("/_static/");
+    if (i >= 0) return s.src.slice(0, i + "/_static/".length);
+  }
+  return null;
+}
+function fromBase64(s) {
+  const b = atob(s), u = new Uint8Array(b.length);
+  for (let i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
+  return u;
+}
+var megabytes = (n) => `${(n / 1e6).toFixed(1)} MB`;
+function lensTops(ids, logits, lse, n, K) {
+  return [...Array(n).keys()].map((s) => ({
+    ids: Array.from(ids.slice(s * K, (s + 1) * K), Number),
+    probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
+  }));
+}
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+function plan(cached, cachedMask, window, mask) {
+  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
+  if (keep >= window.length) keep = window.length - 1;
+  return { keep, feed: window.slice(keep) };
+}
+function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
+  if (keep === P) return past;
+  const out = new Float32Array(L * 2 * G * keep * D);
+  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  return out;
+}
+function addRows(rows, attn, P, T, L, H) {
+  const S = P + T;
+  for (let lh = 0; lh < L * H; lh++) {
+    const r = rows[lh] || (rows[lh] = []);
+    r.length = P;
+    for (let t = 0; t < T; t++) {
+      const o = (lh * T + t) * S;
+      r.push(attn.slice(o, o + P + t + 1));
+    }
+  }
+  return rows;
+}
+function nestRows(rows, L, H) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
+}
+function tabMemory() {
+  const m = globalThis.performance && performance.memory;
+  if (!m || !m.usedJSHeapSize) return null;
+  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
+}
+function kernelLink(model) {
+  let req = 0;
+  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
+  const listener = (msg, buffers) => {
+    const w = msg && waiting.get(msg.req);
+    if (!w) return;
+    waiting.delete(msg.req);
+    if (msg.kind === "error") w.reject(new LiveError(msg.message));
+    else w.resolve({ msg, buffers: buffers || [] });
+  };
+  model.on("msg:custom", listener);
+  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
+    const id = ++req;
+    waiting.set(id, { resolve, reject });
+    try {
+      model.send({ ...content, req: id });
+    } catch (e) {
+      waiting.delete(id);
+      reject(e);
+      return;
+    }
+    if (timeoutMs) {
+      const t = setTimeout(() => {
+        timers.delete(t);
+        if (waiting.delete(id)) reject(new LiveError("no answer"));
+      }, timeoutMs);
+      timers.add(t);
+    }
+  });
+  ask.close = () => {
+    model.off("msg:custom", listener);
+    timers.forEach(clearTimeout);
+    timers.clear();
+    waiting.forEach((w) => w.reject(new LiveError("the view was closed")));
+    waiting.clear();
+  };
+  return ask;
+}
+var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
+var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
+var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
+async function fetchOk(url, what) {
+  let r;
+  try {
+    r = await fetch(url);
+  } catch (e) {
+    throw new LiveError(`could not fetch ${what} (${url}): ${e.message}`);
+  }
+  if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
+  return r;
+}
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+async function fetchInto(url, what, out, at, n, onBytes) {
+  const r = await fetchOk(url, what);
+  let got = 0;
+  if (r.body && r.body.getReader) {
+    const reader = r.body.getReader();
+    for (; ; ) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      out.set(value, at + got);
+      got += value.length;
+      onBytes(value.length);
+    }
+  } else {
+    const b = new Uint8Array(await r.arrayBuffer());
+    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+    out.set(b, at);
+    got = b.length;
+    onBytes(got);
+  }
+  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
+}
+function checkManifest(m, url) {
+  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+    throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
+  }
+  const pieces = m.onnx && m.onnx.pieces;
+  if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+  }
+  return m;
+}
+async function browserBackend(source, weightsSha, hooks) {
+  const progress = hooks.progress || (() => {
+  });
+  if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
+  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
+  const base = staticBase();
+  if (!base) throw new LiveError(NO_HOST);
+  const manifestUrl = new URL(source, base).href;
+  progress("reading the model's manifest", null);
+  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
+  if (weightsSha && manifest.weights_sha256 !== weightsSha) {
+    throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
+  }
+  const total = manifest.download_bytes;
+  if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
+    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+  }
+  const file = (f) => new URL(f, manifestUrl).href;
+  let onnx;
+  try {
+    onnx = new Uint8Array(manifest.onnx.bytes);
+  } catch (e) {
+    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+  }
+  let done = 0;
+  const tick = (n) => {
+    done += n;
+    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+  };
+  tick(0);
+  const pieces = [];
+  let at = 0;
+  for (const p of manifest.onnx.pieces) {
+    pieces.push([p, at]);
+    at += p.bytes;
+  }
+  const [ort, tk, tokText] = await Promise.all([
+    import(base + VENDOR.ort),
+    import(base + VENDOR.tokenizers),
+    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.arrayBuffer()).then((b) => {
+      tick(b.byteLength);
+      return b;
+    }),
+    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick))
+  ]);
+  if (globalThis.crypto && crypto.subtle) {
+    progress("checking the SHA-256 of each file", 1);
+    for (const [p, o] of pieces) {
+      if (await sha256Hex(onnx.subarray(o, o + p.bytes)) !== p.sha256) {
+        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
+      }
+    }
+    if (await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
+      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
+    }
+  }
+  ort.env.wasm.numThreads = 1;
+  ort.env.wasm.proxy = false;
+  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
+  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
+  let session;
+  try {
+    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+  } catch (e) {
+    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+  }
+  onnx = null;
+  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  return pageBackend(ort, session, manifest, tokenizer);
+}
+function pageBackend(ort, session, manifest, tokenizer) {
+  const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
+  const V = c.d_vocab, K = manifest.lens_top;
+  const ones = new Float32Array(L * H).fill(1);
+  let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
+  const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
+  const run = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+    const t0 = performance.now();
+    const window = ids.slice(-c.n_ctx);
+    const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
+    const { keep, feed } = plan(cached, cachedMask, window, mKey);
+    const P = keep, T = feed.length;
+    past = cropPast(past, cached.length, P, c);
+    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
+    const out = await session.run({
+      ids: new ort.Tensor("int64", i64(feed), [1, T]),
+      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
+      head_mask: new ort.Tensor("float32", m, [L, H]),
+      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
+      targets: new ort.Tensor("int64", i64(tg), [tg.length])
+    });
+    try {
+      past = out.present.data.slice();
+      cached = window.slice();
+      cachedMask = mKey;
+      rows = addRows(rows, out.attn.data, P, T, L, H);
+      return {
+        logits: out.logits.data.slice(0, V),
+        patterns: nestRows(rows, L, H),
+        lens: lens ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K) : null,
+        direct: tg.length ? out.direct.data.slice() : null,
+        ms: performance.now() - t0,
+        fed: T
+      };
+    } finally {
+      Object.values(out).forEach((t) => t.dispose && t.dispose());
+    }
+  };
+  return {
+    kind: "browser",
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    config: c,
+    tokens: manifest.tokens,
+    bytes: manifest.token_bytes.map(fromBase64),
+    special: manifest.special || {},
+    chat: manifest.chat || null,
+    downloadBytes: manifest.download_bytes,
+    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    memory: tabMemory,
+    run
+  };
+}
+
 // gptlib/widgets/js/sampling.js
-function topKMax(prompts, topK) {
+var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
+var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function pageLogits(backend, ids) {
+  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
+}
+async function startLive(model, ask, kernel, progress) {
+  const inKernel = async () => {
+    const { msg } = await ask({ kind: "start" });
+    return {
+      describe: "PyTorch in the kernel",
+      tokens: msg.tokens,
+      nCtx: msg.config.n_ctx,
+      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0])
+    };
+  };
+  const inPage = async () => {
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
+    return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
+  };
+  if (kernel.answered) return inKernel();
+  if (staticBase() && location.protocol !== "file:") return inPage();
+  return await kernel.ping ? inKernel() : inPage();
+}
+function topKMax(prompts, topK, V, table) {
+  if (table) return Math.max(Math.min(V, 100), topK);
   const nodes = [];
   const collect = (node) => {
     nodes.push(node);
@@ -284,7 +589,9 @@ function statsLine(node, d, rest, T, V) {
   if (!node.rest) return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
   return `The page stores the ${n} most probable of the ${V} tokens here (${(100 * node.mass).toFixed(1)}% of the probability at temperature 1) and the total weight of the other ${V - n}: ${kept} stored tokens can be sampled` + (d.rest > 0 ? `, and the others, ${d.rest.toFixed(4)} together.` : ".") + (d.approx ? " Top-p reaches past the stored tokens: the page keeps the others' mass up to top-p, the model whole tokens (a little more: less than one of those tokens' probability)." : "") + (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
 }
-function stopMessage({ node, stop }, path, others, tok, onePrompt) {
+function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
+  if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
+  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
   if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues with one of them, and the page cannot say which. Undo or reset to draw again.`;
@@ -296,19 +603,69 @@ function render({ model, el }) {
   const life = lifetime(model);
   const prompts = model.get("prompts"), vocab = model.get("tokens");
   const temps = model.get("temperatures") || [1], V = model.get("vocab_size");
-  const tok = (id) => vocab[String(id)];
-  const v = layout(prompts, topKMax(prompts, model.get("top_k")));
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const canLive = !table && Boolean(model.get("source"));
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
   el.appendChild(v.root);
   const rng = xorshift32(model.get("seed"));
   let path = [];
-  const where = () => walk(prompts[model.get("prompt")].root, path);
+  let live = null, starting = null, liveError = "", busy = false;
+  const liveNodes = /* @__PURE__ */ new Map();
+  const rows = /* @__PURE__ */ new Map();
+  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
   const settings = () => ({ T: model.get("temperature"), k: model.get("top_k"), tp: model.get("top_p") });
+  const promptIds = () => prompts[model.get("prompt")].ids;
+  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
+  let ask = null;
+  const kernel = { answered: false, ping: Promise.resolve(false) };
+  if (canLive) {
+    ask = kernelLink(model);
+    life.atEnd(() => ask.close());
+    kernel.ping = ask({ kind: "ping" }, 1500).then(() => kernel.answered = true, () => false);
+  }
+  function position(p) {
+    if (table) {
+      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
+      return { node: rows.get(a), stop: null, from: "table" };
+    }
+    const at = walk(prompts[model.get("prompt")].root, p);
+    if (at.stop === null) return { ...at, from: "tree" };
+    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
+    return { ...at, from: "tree" };
+  }
+  function ensureLive() {
+    if (live) return Promise.resolve(true);
+    if (!starting) {
+      starting = startLive(model, ask, kernel, (s) => {
+        v.msg.textContent = `starting the live model: ${s}…`;
+      }).then((b) => {
+        live = b;
+        report(v.root, { live: "on" });
+        return true;
+      }).catch((e) => {
+        liveError = e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
+        report(v.root, { live: "failed", error: liveError });
+        starting = null;
+        return false;
+      });
+    }
+    return starting;
+  }
+  async function liveNode(p) {
+    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
+    if (!await ensureLive()) return null;
+    const ids = [...promptIds(), ...p].slice(-live.nCtx);
+    const node = fullNode(Array.from(await live.logits(ids)));
+    liveNodes.set(key(p), node);
+    return node;
+  }
   function drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "…");
     v.text.replaceChildren(ctx, ...path.map((id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make("span", "gptlib-samp-new gptlib-samp-unknown", `⟨one of the ${others} other tokens⟩`)));
   }
   function draw() {
-    const at = where(), { node, stop } = at, { logits, ids } = node;
+    const at = position(path), { node, stop } = at, { logits, ids } = node;
     const { T, k, tp } = settings();
     const prompt = prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
@@ -318,13 +675,14 @@ function render({ model, el }) {
     const d = distribution(logits, T, k, tp, rest.logZ);
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
-    const { rows, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
-    drawChart(v.chart, rows, other, tp);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    drawChart(v.chart, bars, other, tp);
     drawText(prompt, V - ids.length);
-    v.stepBtn.disabled = stop !== null;
-    v.undoBtn.disabled = v.resetBtn.disabled = path.length === 0;
+    v.stepBtn.disabled = busy || stop !== null;
+    v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
+    v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt);
+    v.msg.textContent = (stop !== null && liveError ? liveError + " " : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
     report(v.root, {
       probs: d.p,
       rest: d.rest,
@@ -333,26 +691,57 @@ function render({ model, el }) {
       ghost: g.p,
       restLogz: rest.logZ === null ? "" : rest.logZ,
       restLogz1: node.rest ? rest1.logZ : "",
-      cum: d.cum.slice(0, rows.length),
+      cum: d.cum.slice(0, bars.length),
       settings: { temperature: T, top_k: k, top_p: tp },
       logits,
       ids,
       path,
       prompt: model.get("prompt"),
-      stuck: stop !== null ? "1" : "0"
+      stuck: stop !== null ? "1" : "0",
+      from: at.from,
+      busy: busy ? "1" : "0"
     });
   }
-  function step() {
-    const { node, stop } = where();
-    if (stop !== null) return;
+  async function step() {
+    const at = position(path);
+    if (busy || at.stop !== null) return;
     const { T, k, tp } = settings();
-    const d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
+    let node = at.node;
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
     const u = rng();
-    const i = drawIndex(d.p, d.order, u, d.rest);
+    let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    path.push(i >= 0 ? node.ids[i] : -1);
-    draw();
+    busy = canLive;
+    if (busy) {
+      v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
+      report(v.root, { busy: "1" });
+    }
+    try {
+      if (i < 0 && canLive) {
+        v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model…";
+        const whole = await liveNode(path);
+        if (whole) {
+          node = whole;
+          d = distribution(node.logits, T, k, tp, null);
+          i = drawIndex(d.p, d.order, u, 0);
+        }
+      }
+      path.push(i >= 0 ? node.ids[i] : -1);
+      if (canLive && i >= 0 && position(path).stop !== null) {
+        v.msg.textContent = "Past the stored tree: the live model computes the next distribution…";
+        await liveNode(path);
+      }
+    } catch (e) {
+      liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: liveError });
+    } finally {
+      busy = false;
+      draw();
+    }
   }
+  const restart = () => {
+    path = [];
+  };
   const set = (name, value) => {
     model.set(name, value);
     model.save_changes();
@@ -360,19 +749,25 @@ function render({ model, el }) {
   };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => {
-    path = [];
+    restart();
     set("prompt", Number(v.promptSel.value));
   });
   v.stepBtn.addEventListener("click", step);
   v.undoBtn.addEventListener("click", () => {
-    path.pop();
-    draw();
+    if (!busy) {
+      path.pop();
+      draw();
+    }
   });
   v.resetBtn.addEventListener("click", () => {
-    path = [];
-    draw();
+    if (!busy) {
+      restart();
+      draw();
+    }
   });
-  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, draw));
+  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, () => {
+    if (!busy) draw();
+  }));
   draw();
   return () => {
     life.end();
