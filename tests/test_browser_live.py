@@ -310,7 +310,10 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
     shown = json.loads(page.play.locator(".gptlib-attn").get_attribute("data-pattern"))
     for i, row in enumerate(shown):
         torch.testing.assert_close(
-            torch.tensor(row[: i + 1]), want["attn"][l, h, i, : i + 1], atol=1e-5, rtol=0
+            torch.tensor(row[: i + 1], dtype=torch.float32),
+            want["attn"][l, h, i, : i + 1],
+            atol=1e-5,
+            rtol=0,
         )
     return diff
 
