@@ -608,3 +608,97 @@ def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
         ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
     ):
         store_gguf_blocks(graph, source, path)
+
+
+# --- SmolLM2 as `make book` writes it (book_static/live) ------------------------------------------
+LIVE = ROOT / "book_static" / "live"
+built = pytest.mark.skipif(
+    not (LIVE / "smollm2.json").is_file(), reason="no book_static/live/smollm2.json: run make book"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from gptlib.gguf import load_smollm2
+
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def smollm2_files():
+    """The manifest and the graph's bytes (its pieces joined) that make book wrote."""
+    info = json.loads((LIVE / "smollm2.json").read_text("utf-8"))
+    return info, b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
+    import hashlib
+
+    model, tok = smollm2
+    info, data = smollm2_files
+    assert info["version"] == 2 and info["family"] == "modern" and info["lens_top"] == LENS_TOP
+    assert info["config"] == {
+        "d_vocab": 49152, "n_ctx": 8192, "d_model": 576, "n_layers": 30, "n_heads": 9,
+        "n_kv_heads": 3, "d_head": 64,
+    }  # fmt: skip
+    assert all(p["bytes"] <= 95_000_000 for p in info["onnx"]["pieces"])
+    assert (
+        len(data) == info["onnx"]["bytes"]
+        and hashlib.sha256(data).hexdigest() == info["onnx"]["sha256"]
+    )
+    assert info["download_bytes"] <= 120_000_000
+    assert info["weights_sha256"] == weights_sha256(model)
+    assert info["special"]["<|im_start|>"] == 1 and info["chat"]["stop"] == [2]
+    text = info["chat"]["prefix"] + "Hi" + info["chat"]["suffix"]
+    assert text == tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_graph_unpacks_the_cached_weights_bit_for_bit(smollm2, smollm2_files, tmp_path):
+    _check_unpacked_and_folded(smollm2_files[1], smollm2[0], tmp_path)
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_graph_equals_the_step(smollm2, smollm2_files):
+    """The chat frame around a question, then five greedy tokens one step at a time: onnxruntime
+    against step() in PyTorch on the dequantized model, the same greedy tokens."""
+    model, tok = smollm2
+    info, data = smollm2_files
+    s = _session(data)
+    ids = torch.tensor(
+        [
+            tok.encode(
+                info["chat"]["prefix"] + "What is the capital of France?" + info["chat"]["suffix"],
+                allowed_special="all",
+            )
+        ]
+    )
+    past, mask, lens, targets = step_inputs(model, [0, 15, 30], [5, 1000])
+    mask[3, 4] = 0.0
+    worst = {}
+    for _ in range(6):
+        args = (ids, past, mask, lens, targets)
+        want, got = step(model, *args), _run(s, args)
+        for k in OUTPUTS:
+            worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
+        assert int(got["logits"].argmax()) == int(want["logits"].argmax())
+        past, ids = want["present"], want["logits"].argmax(-1, keepdim=True)
+    print(f"SmolLM2 graph vs step, max |difference|: {worst}")
+    assert worst["logits"] <= 1e-3 and worst["attn"] <= 1e-4 and worst["present"] <= 1e-3, worst
+
+
+@pytest.mark.browser
+@built
+@node
+def test_the_pages_tokenizer_gives_gguf_ids_for_smollm2(smollm2, tmp_path):
+    _, tok = smollm2
+    chat = tok.apply_chat_template([{"role": "user", "content": "Écris 12345 fois « bonjour » 😀"}])
+    extra = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n<|im_start|>assistant\n", "user"]
+    texts = _varied(200, 3, extra) + PROMPTS + [chat, "x\x04y", "<|im_start|>user\nHi<|im_end|>"]
+    tokenizer = json.loads((LIVE / "smollm2.tokenizer.json").read_text("utf-8"))
+    got = _js_ids(tokenizer, texts, tmp_path)
+    assert got == [tok.encode(t, allowed_special="all") for t in texts]
