@@ -28,9 +28,8 @@ def unpack_q4_1(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_1 bytes (..., n_blocks * 20) -> (nibbles (N, 16) uint8, d (N, 1) float16, m (N, 1)
     float16) for the N blocks in order.
 
-    >>> raw = np.zeros(20, np.uint8)
-    >>> raw[:2] = np.float16(0.5).view(np.uint8); raw[2:4] = np.float16(-1).view(np.uint8)
-    >>> raw[4] = 0x21  # number 0: 1, number 16: 2
+    >>> dm = np.array([0.5, -1.0], np.float16).view(np.uint8)  # d = 0.5, m = -1
+    >>> raw = np.concatenate([dm, [0x21], np.zeros(15, np.uint8)])  # numbers 0: 1 and 16: 2
     >>> q, d, m = unpack_q4_1(raw)
     >>> (d * (q[:, :1] & 15) + m).item(), (d * (q[:, :1] >> 4) + m).item()
     (-0.5, 0.0)
