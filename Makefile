@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 WHEELHOUSE := .cache/wheelhouse
 VENDOR := book_static/vendor
 LIVE := book_static/live
+GPTLIB_CACHE := $(or $(GPTLIB_CACHE_DIR),$(HOME)/.cache/gptlib)
+SMOLLM2_CACHE := $(GPTLIB_CACHE)/smollm2-135m-instruct.safetensors
 NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
@@ -49,7 +51,7 @@ tools:
 	    echo "note: /usr/bin/chromium is missing; make test installs it with apt-get when run as root,"; \
 	    echo "      and otherwise skips the browser tests (saying so at the end)."; fi
 
-book: install widgets $(VENDOR)/.done $(LIVE)/english.json
+book: install widgets $(VENDOR)/.done $(LIVE)/english.json $(LIVE)/smollm2.json
 	@mkdir -p _build
 	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going . > _build/book.log 2>&1 \
 	    || { tail -n 40 _build/book.log; exit 1; }
@@ -124,6 +126,15 @@ $(VENDOR)/.done: $(NODE_MODULES) $(STAMP)
 # (python -m gptlib.export), rebuilt when the model or gptlib's code changes; never committed.
 $(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib/tokenizers/*.py) $(STAMP)
 	$(PY) -m gptlib.export models/english $(LIVE)
+
+# SmolLM2-135M-Instruct for the live playground (Chapter 12): the step graph with the GGUF's own
+# Q4_1/Q8_0 blocks in pieces of at most 95 MB, its tokenizer.json and manifest, from the cache that
+# `make smollm2` fills; rebuilt when the cached model or gptlib's code changes; never committed.
+$(SMOLLM2_CACHE): | install
+	$(MAKE) --no-print-directory smollm2
+
+$(LIVE)/smollm2.json: $(SMOLLM2_CACHE) $(wildcard gptlib/*.py gptlib/tokenizers/*.py) $(STAMP)
+	$(PY) -m gptlib.export --smollm2 $(LIVE)
 
 browser: chromium
 	@if [ -x /usr/bin/chromium ]; then \

@@ -1,29 +1,33 @@
-"""The live models' budgets (issue 33): what a reader's browser downloads, waits and holds.
+"""The live models' budgets (issue 33): the step graph natively, and what a reader's browser
+downloads, waits and holds.
 
-    python bench/bench_live.py [--static _build/html/_static] [--models english smollm2]
-                               [--context 200] [--steps 10] [--no-browser]
+    python bench/bench_live.py [--models english smollm2] [--repeats 15]
+                               [--static _build/html/_static] [--context 200] [--no-browser]
 
-For each model the HTML book serves (``live/<name>.json`` under the book's ``_static/``, written by
-``make book``), this measures, on this machine:
+Natively (`bench`): the HTML book's playground runs gptlib.export's step graph in onnxruntime-web
+(WebAssembly, one thread); Jupyter and Colab run gptlib.export.step in PyTorch. This measures,
+back to back in one run on one thread, the time of one new token with a cache of P = 16 and
+P = 200 positions, with no logit lens (n = 0) and with the lens on n = L + 1 streams: the graph in
+onnxruntime (its native CPU build: the same graph and kernels the page's WebAssembly build
+compiles) and step() in PyTorch, their medians and ratio; and the session's creation time
+(onnxruntime unpacks SmolLM2's 4-bit blocks then) and the process's peak memory after it. The
+graphs are those `make book` wrote into book_static/live, or exported now.
 
-* natively, one thread: one step of gptlib.export's graph in onnxruntime (the CPU build: the same
-  graph and kernels the page's WebAssembly build compiles) with a cache of ``--context`` positions,
-  against gptlib.export.step in PyTorch (the kernel's path) on the same cache;
-* in Debian's Chromium (headless, Playwright), in a page that holds the model's PlaygroundView and
-  loads only the book's own files from a local server: the bytes downloaded when the reader starts
-  the model (and none before), the time from the start (for SmolLM2, from the reader's "download")
-  to the first token drawn, the time of one step with the cache at ``--context`` tokens (median of
-  ``--steps``), and the tab's memory once loaded: the JavaScript heap (performance.memory) and the
-  resident memory of the page's renderer process (ps), which includes onnxruntime's WebAssembly
-  memory.
-
-It prints the numbers and the budgets beside them; nothing is asserted (the machine is shared).
+In Debian's Chromium (`in_browser`; headless, Playwright), in a page that holds the model's
+PlaygroundView and loads only the built book's own files (``--static``) from a local server: the
+bytes downloaded when the reader starts the model (and none before), the time from the start (for
+SmolLM2, from the reader's "download") to the first token drawn, the time of one step with the
+cache at ``--context`` tokens (median of ``--repeats``), and the tab's memory once loaded: the
+JavaScript heap (performance.memory) and the resident memory of the page's renderer process (ps),
+which includes onnxruntime's WebAssembly memory. tests/test_browser_live.py prints the same
+budgets. Nothing is asserted (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,17 +37,78 @@ from pathlib import Path
 
 import torch
 
+from gptlib.export import INPUTS, OUTPUTS, export, export_smollm2, step, step_inputs
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from browser_support import CHROMIUM, CHROMIUM_ARGS, serve  # noqa: E402
-
-from gptlib.export import step, step_inputs  # noqa: E402
-
+LIVE = ROOT / "book_static" / "live"
 BUDGETS = {"download_mb": 120, "first_s": 10, "step_ms": 100}
 TEXT = (
     "The river rose through the night, and by morning the old mill stood in water to its "
     "second window. Nobody had seen it so high since 1962, when the bridge went. "
 )
+
+
+def _graph(name: str) -> bytes:
+    if not (LIVE / f"{name}.json").is_file():
+        print(f"{name}: no graph in {LIVE}; exporting it now")
+        (export(ROOT / "models" / "english", LIVE) if name == "english" else export_smollm2(LIVE))
+    info = json.loads((LIVE / f"{name}.json").read_text("utf-8"))
+    return b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+
+
+def _model(name: str):
+    if name == "english":
+        from gptlib.model import GPT
+
+        return GPT.load(ROOT / "models" / "english").eval()
+    from gptlib.gguf import load_smollm2
+
+    return load_smollm2()[0]
+
+
+def bench(name: str, repeats: int) -> None:
+    import onnxruntime as ort
+
+    model, data = _model(name), _graph(name)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    t0 = time.perf_counter()
+    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    created = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"{name}: graph {len(data) / 1e6:.1f} MB, session created in {created:.2f} s, "
+        f"peak RSS {rss:.0f} MB (the PyTorch model included)"
+    )
+    L, V = model.config.n_layers, model.config.d_vocab
+    g = torch.Generator().manual_seed(0)
+    print(f"{'P':>5} {'lens n':>7} {'ONNX (ms)':>10} {'step (ms)':>10} {'ONNX/step':>10}")
+    for P in (16, 200):
+        if P + 1 > model.config.n_ctx:
+            continue
+        prefix = torch.randint(0, V, (1, P), generator=g)
+        past = step(model, prefix, *step_inputs(model))["present"]
+        for n in (0, L + 1):
+            _, mask, lens, targets = step_inputs(model, range(n), [])
+            args = (torch.randint(0, V, (1, 1), generator=g), past, mask, lens, targets)
+            feed = {k: t.numpy() for k, t in zip(INPUTS, args)}
+            runs = {
+                "onnx": lambda: session.run(list(OUTPUTS), feed),
+                "step": lambda: step(model, *args),
+            }
+            times = {k: [] for k in runs}
+            for f in runs.values():  # warm up
+                f()
+            for r in range(repeats):
+                for k in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # alternate who goes first
+                    t0 = time.perf_counter()
+                    runs[k]()
+                    times[k].append(time.perf_counter() - t0)
+            med = {k: 1000 * statistics.median(v) for k, v in times.items()}
+            print(
+                f"{P:>5} {n:>7} {med['onnx']:>10.2f} {med['step']:>10.2f} "
+                f"{med['onnx'] / med['step']:>9.2f}x"
+            )
 
 
 def load(name: str):
@@ -63,42 +128,6 @@ def context_ids(model, tok, n: int) -> list[int]:
     encode = getattr(tok, "special_tokens", None) and (lambda t: tok.encode(t, "all"))
     ids = (encode or tok.encode)(TEXT * 40)
     return ids[: min(n, model.config.n_ctx - 1)]
-
-
-def native(static: Path, name: str, model, ids: list[int], steps: int) -> dict:
-    """One cached step natively: onnxruntime (one thread) and PyTorch's step, medians in ms."""
-    import onnxruntime as ort
-
-    m = json.loads((static / "live" / f"{name}.json").read_text(encoding="utf-8"))
-    graph = b"".join((static / "live" / p["file"]).read_bytes() for p in m["onnx"]["pieces"])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
-    past, mask, lens, targets = step_inputs(model)
-    with torch.no_grad():
-        full = step(model, torch.tensor([ids[:-1]]), past, mask, lens, targets)
-    new = torch.tensor([ids[-1:]])
-    feed = {
-        "ids": new.numpy(),
-        "past": full["present"].numpy(),
-        "head_mask": mask.numpy(),
-        "lens": lens.numpy(),
-        "targets": targets.numpy(),
-    }
-    runs = {
-        "onnx": lambda: session.run(None, feed),
-        "torch": lambda: step(model, new, full["present"], mask, lens, targets),
-    }
-    times = {k: [] for k in runs}
-    with torch.no_grad():
-        for f in runs.values():
-            f()
-        for r in range(steps):
-            for k in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-                t0 = time.perf_counter()
-                runs[k]()
-                times[k].append(1000 * (time.perf_counter() - t0))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def page_html(view) -> str:
@@ -133,6 +162,9 @@ def renderer_rss_mb(profile: str) -> float | None:
 
 def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) -> dict:
     from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from browser_support import CHROMIUM, CHROMIUM_ARGS, serve
 
     from gptlib.widgets import PlaygroundView
 
@@ -208,27 +240,23 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--static", type=Path, default=ROOT / "_build" / "html" / "_static")
     ap.add_argument("--models", nargs="+", default=["english", "smollm2"])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--static", type=Path, default=ROOT / "_build" / "html" / "_static")
     ap.add_argument("--context", type=int, default=200)
-    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name in args.models:
+        bench(name, args.repeats)
+        if args.no_browser:
+            continue
         if not (args.static / "live" / f"{name}.json").is_file():
-            print(f"{name}: no {args.static / 'live' / (name + '.json')} (run `make book`)")
+            print(f"{name} in Chromium: no {args.static / 'live' / (name + '.json')} (make book)")
             continue
         model, tok = load(name)
         ids = context_ids(model, tok, args.context + 1)
-        t = native(args.static, name, model, ids, args.steps)
-        print(
-            f"{name}: one step at {len(ids)} tokens of context, natively, one thread: "
-            f"onnxruntime {t['onnx']:.1f} ms, PyTorch step {t['torch']:.1f} ms"
-        )
-        if args.no_browser:
-            continue
-        b = in_browser(args.static, name, model, tok, ids, args.steps)
+        b = in_browser(args.static, name, model, tok, ids, args.repeats)
         heap = f"{b['heap_mb']:.0f} MB" if b["heap_mb"] else "not given"
         rss = f"{b['rss_mb']:.0f} MB" if b["rss_mb"] else "not found"
         print(

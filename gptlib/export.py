@@ -449,23 +449,24 @@ def _export_proto(model: nn.Module):
     return proto
 
 
-def to_onnx(model: GPT | ModernGPT, weights=None) -> bytes:
+def to_onnx(model: GPT | ModernGPT, gguf: str | Path | None = None) -> bytes:
     """The ONNX graph (serialized) of :func:`step` for ``model``: inputs :data:`INPUTS`, outputs
     :data:`OUTPUTS`, with T, P, n and m dynamic (P, n and m may be 0). Deterministic bytes for a
-    given model. The weights are stored as float16 where float16 holds them exactly; with
-    ``weights``, a :class:`gptlib.gguf.GGUFContents` of the model's GGUF (SmolLM2), as that file's
-    own quantized blocks (:func:`gptlib.export_q4.store_gguf_blocks`)."""
+    given model. The weights are stored as float16 where float16 holds them exactly; with ``gguf``,
+    the path of the GGUF file the model was read from (SmolLM2), as that file's own quantized
+    blocks (:func:`gptlib.export_q4.store_gguf_blocks`, which checks that they are the model's
+    weights bit for bit)."""
     import onnx  # a build-time dependency (requirements.txt), not needed to read the book
 
     _check_model(model)
     _check_finite_weights(model)  # a graph of NaN weights would show NaN as probabilities
     proto = _export_proto(model)
-    if weights is None:
+    if gguf is None:
         _store_float16(proto.graph)
     else:
         from .export_q4 import store_gguf_blocks
 
-        store_gguf_blocks(proto.graph, model, weights)
+        store_gguf_blocks(proto.graph, model, gguf)
     onnx.checker.check_model(proto)
     return proto.SerializeToString(deterministic=True)
 
@@ -577,15 +578,15 @@ def gguf_tokenizer_json(tokenizer) -> dict:
     digit a piece of its own (a ``Split`` on ``\p{N}``), GPT-2's split pattern, GPT-2's byte
     alphabet, and a ``BPE`` with the file's vocabulary and merges in rank order.
 
-    >>> from gptlib.tokenizers import GGUFTokenizer
+    >>> from gptlib.tokenizers.gguf import GGUFTokenizer
     >>> tokens = [chr(0x100 + b) if b < 33 else chr(b) for b in range(33, 40)] + ["#$", "<|x|>"]
     >>> tok = GGUFTokenizer(tokens, ["# $"], [1] * 8 + [3])
     >>> d = gguf_tokenizer_json(tok)
     >>> d["added_tokens"][0]["content"], d["added_tokens"][0]["id"], d["model"]["merges"]
     ('<|x|>', 8, [['#', '$']])
     """
-    from .tokenizers import GGUFTokenizer
     from .tokenizers.bpe import GPT2_SPLIT_PATTERN
+    from .tokenizers.gguf import GGUFTokenizer
 
     if not isinstance(tokenizer, GGUFTokenizer):
         raise ValueError(f"tokenizer must be a GGUFTokenizer, got {type(tokenizer).__name__}")
@@ -767,12 +768,11 @@ def export_smollm2(out_dir: str | Path, name: str = "smollm2") -> list[Path]:
     SmolLM2-135M-Instruct from the cache that ``make smollm2`` fills: the model of
     :func:`gptlib.gguf.load_smollm2`, its weights in the graph as the GGUF's own blocks."""
     from .assets import asset_path
-    from .gguf import ASSET, load_smollm2, read_gguf
+    from .gguf import ASSET, load_smollm2
 
     name = _check_name(name)
     model, tokenizer = load_smollm2()
-    contents = read_gguf(asset_path(ASSET), tensors=False)
-    onnx_bytes = to_onnx(model, weights=contents)
+    onnx_bytes = to_onnx(model, gguf=asset_path(ASSET))
     return _write(Path(out_dir), name, model, tokenizer, onnx_bytes, gguf_tokenizer_json(tokenizer))
 
 

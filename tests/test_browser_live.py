@@ -310,7 +310,10 @@ def check_model_numbers(page, model, ids: list[int]) -> dict:
     shown = json.loads(page.play.locator(".gptlib-attn").get_attribute("data-pattern"))
     for i, row in enumerate(shown):
         torch.testing.assert_close(
-            torch.tensor(row[: i + 1]), want["attn"][l, h, i, : i + 1], atol=1e-5, rtol=0
+            torch.tensor(row[: i + 1], dtype=torch.float32),
+            want["attn"][l, h, i, : i + 1],
+            atol=1e-5,
+            rtol=0,
         )
     return diff
 
@@ -915,7 +918,8 @@ def test_smollm2_starts_on_demand_within_its_budgets(smol_page, smollm2, summary
     assert all(p["bytes"] <= 95_000_000 for p in manifest["onnx"]["pieces"])
     summary(
         "SmolLM2 in the page",
-        f"\n[smollm2 budget] download on start: {facts['downloaded'] / 1e6:.1f} MB (announced "
+        f"\n[smollm2 budget] download on start: {facts['downloaded'] / 1e6:.1f} MB (the page "
+        "announced the model and tokenizer's "
         f"{facts['announced'] / 1e6:.1f} MB; budget 120 MB; the page before it: "
         f"{facts['before'] / 1e6:.2f} MB); start (after the reader agrees) to the first token: "
         f"{facts['first_ms']:.0f} ms in the page, {facts['wall_first_s']:.1f} s seen by the test "
@@ -992,7 +996,9 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
         f"\n[smollm2] greedy answer ({len(path)} tokens) equals PyTorch's: {tok.decode(path)!r}; "
         f"max |page - PyTorch|: logits {worst_y:.1e}, probabilities {worst_p:.1e}",
     )
-    assert worst_p <= 1e-3, worst_p
+    # the page and PyTorch sum in different orders over 30 layers (measured here: logits within
+    # 6.9e-5, probabilities within 3.0e-6); the bounds leave an order of magnitude
+    assert worst_y <= 1e-3 and worst_p <= 1e-4, (worst_y, worst_p)
 
 
 def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary):
@@ -1053,13 +1059,15 @@ def test_smollm2_ablation_and_direct_contributions_equal_pytorch(smol_page, smol
         f"\n[smollm2] ablating {heads}: max |page - ablate_heads| logits {dy:.1e}; "
         f"direct contributions {dd:.1e}",
     )
-    assert dy <= 2e-3 and dd <= 2e-3
+    assert dy <= 1e-3 and dd <= 1e-3, (dy, dd)  # measured: 3.9e-5 and 1.8e-6
     # a click on a thumbnail in ablation mode ablates that head in the view
     page.play.locator(".gptlib-play-ablate-mode").check()
     page.play.locator('.gptlib-attn-thumb[data-layer="2"][data-head="4"]').click()
     page.wait_idle()
     assert json.loads(page.play.get_attribute("data-ablated")) == [[2, 4]]
     assert page.play.locator(".gptlib-attn-thumb.ablated").count() == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.screenshot(path=str(ARTIFACTS / "smollm2_live.png"), full_page=True)
     page.play.locator(".gptlib-play-restore").click()
     page.wait_idle()
     assert json.loads(page.play.get_attribute("data-ablated")) == []

@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import random
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -365,6 +367,43 @@ def test_tokenizer_json_of_a_freshly_trained_bpe():
         assert hf.encode(t).ids == tok.encode(t), repr(t)
 
 
+NODE_TOKENIZERS = ROOT / "node_modules" / "@huggingface" / "tokenizers" / "package.json"
+node = pytest.mark.skipif(
+    not (shutil.which("node") and NODE_TOKENIZERS.is_file()),
+    reason="node or node_modules/@huggingface/tokenizers is missing (make installs it)",
+)
+
+
+def _js_ids(tokenizer: dict, texts: list[str], tmp_path) -> list[list[int]]:
+    """The ids the page's tokenizer (@huggingface/tokenizers under node) gives for ``texts``."""
+    (tmp_path / "tok.json").write_text(json.dumps(tokenizer, ensure_ascii=False), "utf-8")
+    (tmp_path / "texts.json").write_text(json.dumps(texts, ensure_ascii=False), "utf-8")
+    done = subprocess.run(
+        ["node", str(ROOT / "tests" / "tokenizer_ids.mjs"), "tok.json", "texts.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def _varied(n: int, seed: int, extra: list[str]) -> list[str]:
+    """Strings of unicode, emoji, digit runs, whitespace runs, newlines and ``extra`` pieces."""
+    rng = random.Random(seed)
+    parts = list("abcXYZ.,;:!?'\"-()") + [
+        " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "1", "42", "2026", "3.14", "12345678",
+        "'s", "'ll", "n't", "é", "ß", "Ω", "ж", "中", "の", "한", "ع", "½", "١", "٣", "😀", "👍🏽",
+        "🇫🇷", "\u00a0", "\u2003", "\u200b", "\x85", "\ufeff", "\x04", " the", "ing",
+    ] + extra  # fmt: skip
+    return [""] + ["".join(rng.choice(parts) for _ in range(rng.randint(1, 30))) for _ in range(n)]
+
+
+@pytest.mark.slow
+@node
+def test_the_pages_tokenizer_gives_bpe_ids_for_the_english_model(english, tmp_path):
+    _, tok = english
+    texts = _varied(200, 2, ["<|endoftext|>"]) + PROMPTS
+    assert _js_ids(tokenizer_json(tok), texts, tmp_path) == [tok.encode(t) for t in texts]
+
+
 # --- the files ----------------------------------------------------------------------------------
 
 
@@ -483,3 +522,183 @@ def test_manifest_needs_the_models_vocabulary(english):
     small = BPETokenizer.train("the cat sat on the mat " * 10, 268)
     with pytest.raises(ValueError, match="tokenizer has 268 tokens, the model d_vocab=4096"):
         manifest(model, small, "english", [b""], b"")
+
+
+# --- SmolLM2: the GGUF's own blocks in the graph ---------------------------------------------
+
+
+def _unpacked_weights(proto) -> dict[str, np.ndarray]:
+    """The float32 weights the graph's unpacking nodes compute, evaluated by onnxruntime: a graph
+    of those nodes alone (named after the weight they make), whose outputs are the weights."""
+    from onnx import TensorProto, helper
+
+    names = [i.name[:-3] for i in proto.graph.initializer if i.name.endswith((".q4", ".q8"))]
+    mine = lambda x: any(x == n or x.startswith(n + ".") for n in names)  # noqa: E731
+    nodes = [n for n in proto.graph.node if mine(n.output[0])]
+    inputs = {x for n in nodes for x in n.input}
+    graph = helper.make_graph(
+        nodes,
+        "unpack",
+        [],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+        initializer=[i for i in proto.graph.initializer if i.name in inputs],
+    )
+    model = helper.make_model(graph, opset_imports=proto.opset_import)
+    return dict(zip(names, _session(model.SerializeToString()).run(names, {})))
+
+
+def _folded(data: bytes, tmp_path):
+    """The graph after onnxruntime's basic optimisations (constant folding among them)."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(tmp_path / "folded.onnx")
+    ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    return onnx.load(str(tmp_path / "folded.onnx"))
+
+
+def _check_unpacked_and_folded(data: bytes, model, tmp_path) -> None:
+    """The weights the graph unpacks are the model's, bit for bit, and onnxruntime folds the
+    unpacking when it creates the session: no packed initializer or Floor node is left."""
+    from onnx import TensorProto
+
+    proto = onnx.load_from_string(data)
+    state = model.state_dict()
+    unpacked = _unpacked_weights(proto)
+    assert unpacked
+    for name, w in unpacked.items():
+        assert np.array_equal(w, state[name.removeprefix("model.")].numpy()), name
+    folded = _folded(data, tmp_path)
+    assert not any(n.op_type == "Floor" for n in folded.graph.node)
+    small = (TensorProto.UINT8, TensorProto.INT8)
+    assert not any(i.data_type in small for i in folded.graph.initializer)
+
+
+@pytest.mark.slow
+def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
+    """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
+    (the cached SmolLM2's path): the graph's unpacked weights are the model's, bit for bit; the
+    graph equals step(); onnxruntime folds the unpacking away."""
+    from onnx import TensorProto, helper, numpy_helper
+    from test_gguf import write_gguf
+
+    from gptlib.export_q4 import store_gguf_blocks
+    from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
+
+    source = tiny_modern(d_mlp=64)
+    names = _gguf_names(source.config)
+    quantize = {t: "Q4_1" for t, tr in names.values() if tr} | {"token_embd.weight": "Q8_0"}
+    path = write_gguf(tmp_path / "t.gguf", source, quantize=quantize)
+    contents = read_gguf(path)
+    assert {t: contents.types[t] for t in quantize} == quantize
+    model = ModernGPT.from_state(*state_from_gguf(contents), source=str(path))
+    data = to_onnx(model, gguf=path)
+    types = {i.name: i.data_type for i in onnx.load_from_string(data).graph.initializer}
+    assert types["model.blocks.0.attn.W_Q.q4"] == TensorProto.UINT8
+    assert types["model.W_E.q8"] == TensorProto.INT8 and "model.W_E" not in types
+    _check_unpacked_and_folded(data, model, tmp_path)
+    args = (IDS, *step_inputs(model, [0, 2], [5]))
+    got, want = _run(_session(data), args), step(model, *args)
+    for k in OUTPUTS:
+        np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
+    # the float32 model the file was written from is not what its blocks hold
+    graph = helper.make_graph([], "g", [], [], initializer=[
+        numpy_helper.from_array(v.numpy(), f"model.{k}") for k, v in source.state_dict().items()
+    ])  # fmt: skip
+    with pytest.raises(
+        ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
+    ):
+        store_gguf_blocks(graph, source, path)
+
+
+# --- SmolLM2 as `make book` writes it (book_static/live) ------------------------------------------
+LIVE = ROOT / "book_static" / "live"
+built = pytest.mark.skipif(
+    not (LIVE / "smollm2.json").is_file(), reason="no book_static/live/smollm2.json: run make book"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from gptlib.gguf import load_smollm2
+
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def smollm2_files():
+    """The manifest and the graph's bytes (its pieces joined) that make book wrote."""
+    info = json.loads((LIVE / "smollm2.json").read_text("utf-8"))
+    return info, b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
+    import hashlib
+
+    model, tok = smollm2
+    info, data = smollm2_files
+    assert info["version"] == 2 and info["family"] == "modern" and info["lens_top"] == LENS_TOP
+    assert info["config"] == {
+        "d_vocab": 49152, "n_ctx": 8192, "d_model": 576, "n_layers": 30, "n_heads": 9,
+        "n_kv_heads": 3, "d_head": 64,
+    }  # fmt: skip
+    assert all(p["bytes"] <= 95_000_000 for p in info["onnx"]["pieces"])
+    assert (
+        len(data) == info["onnx"]["bytes"]
+        and hashlib.sha256(data).hexdigest() == info["onnx"]["sha256"]
+    )
+    assert info["download_bytes"] <= 120_000_000
+    assert info["weights_sha256"] == weights_sha256(model)
+    assert info["special"]["<|im_start|>"] == 1 and info["chat"]["stop"] == [2]
+    text = info["chat"]["prefix"] + "Hi" + info["chat"]["suffix"]
+    assert text == tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_graph_unpacks_the_cached_weights_bit_for_bit(smollm2, smollm2_files, tmp_path):
+    _check_unpacked_and_folded(smollm2_files[1], smollm2[0], tmp_path)
+
+
+@pytest.mark.browser
+@built
+def test_smollm2_graph_equals_the_step(smollm2, smollm2_files):
+    """The chat frame around a question, then five greedy tokens one step at a time: onnxruntime
+    against step() in PyTorch on the dequantized model, the same greedy tokens."""
+    model, tok = smollm2
+    info, data = smollm2_files
+    s = _session(data)
+    ids = torch.tensor(
+        [
+            tok.encode(
+                info["chat"]["prefix"] + "What is the capital of France?" + info["chat"]["suffix"],
+                allowed_special="all",
+            )
+        ]
+    )
+    past, mask, lens, targets = step_inputs(model, [0, 15, 30], [5, 1000])
+    mask[3, 4] = 0.0
+    worst = {}
+    for _ in range(6):
+        args = (ids, past, mask, lens, targets)
+        want, got = step(model, *args), _run(s, args)
+        for k in OUTPUTS:
+            worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
+        assert int(got["logits"].argmax()) == int(want["logits"].argmax())
+        past, ids = want["present"], want["logits"].argmax(-1, keepdim=True)
+    print(f"SmolLM2 graph vs step, max |difference|: {worst}")
+    assert worst["logits"] <= 1e-3 and worst["attn"] <= 1e-4 and worst["present"] <= 1e-3, worst
+
+
+@pytest.mark.browser
+@built
+@node
+def test_the_pages_tokenizer_gives_gguf_ids_for_smollm2(smollm2, tmp_path):
+    _, tok = smollm2
+    chat = tok.apply_chat_template([{"role": "user", "content": "Écris 12345 fois « bonjour » 😀"}])
+    extra = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n<|im_start|>assistant\n", "user"]
+    texts = _varied(200, 3, extra) + PROMPTS + [chat, "x\x04y", "<|im_start|>user\nHi<|im_end|>"]
+    tokenizer = json.loads((LIVE / "smollm2.tokenizer.json").read_text("utf-8"))
+    got = _js_ids(tokenizer, texts, tmp_path)
+    assert got == [tok.encode(t, allowed_special="all") for t in texts]

@@ -51,7 +51,8 @@ def tiny_vocab(d_vocab=300):
 def write_gguf(
     path, model, *, quantize=(), drop=(), reshape=None, arch="llama", tokens=None, skip_key=None
 ):
-    """Write ``model`` as llama.cpp would: matrices (d_out, d_in), the given names quantized."""
+    """Write ``model`` as llama.cpp would: matrices (d_out, d_in), the given names quantized
+    (``quantize``: names for Q4_1, or a dict name -> "Q4_1" or "Q8_0")."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     keys = {
@@ -85,9 +86,10 @@ def write_gguf(
         a = np.ascontiguousarray(a.T if transpose else a, dtype=np.float32)
         if reshape and theirs == reshape:
             a = a[:, :-2].copy() if a.ndim == 2 else a[:-1].copy()
-        if theirs in quantize:
-            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q4_1)
-            w.add_tensor(theirs, q, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+        if theirs in quantize:  # a name -> type dict, or names for Q4_1
+            kind = quantize[theirs] if isinstance(quantize, dict) else "Q4_1"
+            kind = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(theirs, gguf.quants.quantize(a, kind), raw_dtype=kind)
         else:
             w.add_tensor(theirs, a)
     w.write_header_to_file()
