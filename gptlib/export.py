@@ -675,7 +675,10 @@ def manifest(
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={V}")
     whole = b"".join(onnx_pieces)
     digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
-    token_bytes = getattr(tokenizer, "token_bytes", None) or (lambda i: tokenizer.vocab[i])
+    from .tokenizers.gguf import GGUFTokenizer
+
+    modern_tok = isinstance(tokenizer, GGUFTokenizer)
+    token_bytes = (lambda i: tokenizer.vocab[i]) if modern_tok else tokenizer.token_bytes
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -708,7 +711,9 @@ def manifest(
         "weights_sha256": weights_sha256(model),
         "tokens": [tokenizer.token_str(i) for i in range(V)],
         "token_bytes": [base64.b64encode(token_bytes(i)).decode("ascii") for i in range(V)],
-        "special": dict(sorted(getattr(tokenizer, "special_tokens", {}).items())),
+        # the tokens the page's tokenizer.json encodes as special (none for a BPETokenizer, whose
+        # encode() reads special-token text as ordinary text)
+        "special": dict(sorted(tokenizer.special_tokens.items())) if modern_tok else {},
         "chat": chat_frame(tokenizer),
     }
 

@@ -293,6 +293,7 @@ def test_onnx_equals_the_step_on_the_english_model(english, english_onnx):
             for k in OUTPUTS:
                 worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
             past = want["present"]
+    print(f"English graph vs step, max |difference|: {worst}")
     assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
 
 
