@@ -54,7 +54,6 @@ __all__ = [
     "LENS_TOP",
     "PIECE_BYTES",
     "step",
-    "readout",
     "step_inputs",
     "to_onnx",
     "pieces",
@@ -260,57 +259,6 @@ def step(
     model.eval()
     try:
         return _step(model, *args)
-    finally:
-        model.train(was_training)
-
-
-@torch.no_grad()
-def readout(model: GPT, ids: Tensor) -> dict[str, Tensor]:
-    """The whole-window read-out that the playground used before :func:`step` (kept until
-    :mod:`gptlib.widgets.playground` calls :func:`step`). One forward pass of ``model`` in eval
-    mode, read out (float32, on the model's device):
-
-    * ``logits`` (B, T, d_vocab): ``model(ids)``;
-    * ``patterns`` (B, n_layers, n_heads, T, T): every head's attention pattern;
-    * ``resid`` (B, n_layers + 1, T, d_model): the residual stream X_0 = embedding + positions,
-      then X_l after block l;
-    * ``lens`` (B, n_layers + 1, d_vocab): the logit lens at the last position,
-      LN_f(X_l[:, -1]) W_U; its last row is ``logits[:, -1]``.
-
-    >>> from gptlib.model import GPTConfig
-    >>> _ = torch.manual_seed(0)
-    >>> model = GPT(GPTConfig.preset("tiny", n_ctx=8)).eval()
-    >>> out = readout(model, torch.tensor([[1, 2, 3]]))
-    >>> {k: tuple(v.shape) for k, v in out.items()}  # doctest: +NORMALIZE_WHITESPACE
-    {'logits': (1, 3, 512), 'patterns': (1, 2, 4, 3, 3), 'resid': (1, 3, 3, 64),
-     'lens': (1, 3, 512)}
-    >>> torch.allclose(out["logits"], model(torch.tensor([[1, 2, 3]])), atol=1e-5)
-    True
-    """
-    if not isinstance(model, GPT):
-        raise ValueError(f"model must be a gptlib GPT, got {type(model).__name__}")
-    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(
-            f"ids must be a tensor of shape (B, T) with T >= 1, got {getattr(ids, 'shape', ids)!r}"
-        )
-    check_ids(ids, model.config.d_vocab)
-    T = ids.shape[1]
-    if T > model.config.n_ctx:
-        raise ValueError(
-            f"ids has {T} positions, more than n_ctx={model.config.n_ctx}; crop the context first"
-        )
-    was_training = model.training
-    model.eval()
-    try:
-        with capture(model, "hook_resid") as streams, capture_patterns(model) as patterns:
-            logits = model(ids, check_ids=False)  # (B, T, d_vocab); ids checked above
-        resid = torch.stack(streams, dim=1)  # (B, n_layers + 1, T, d_model): X_0, ..., X_L
-        return {
-            "logits": logits,
-            "patterns": torch.stack(patterns, dim=1),  # (B, n_layers, n_heads, T, T)
-            "resid": resid,
-            "lens": model.read_out(resid[:, :, -1]),  # (B, n_layers + 1, d_vocab)
-        }
     finally:
         model.train(was_training)
 
