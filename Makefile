@@ -9,7 +9,7 @@ VENDOR := book_static/vendor
 LIVE := book_static/live
 NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
