@@ -11,7 +11,7 @@ GPTLIB_CACHE := $(or $(GPTLIB_CACHE_DIR),$(HOME)/.cache/gptlib)
 SMOLLM2_CACHE := $(GPTLIB_CACHE)/smollm2-135m-instruct.safetensors
 NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
@@ -20,19 +20,21 @@ LINTED := gptlib tests scripts bench book_ext chapters
 UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 
 # Everything, on a fresh clone: the tools it needs beyond Python, ruff, the unit tests with the
-# doctests of gptlib and of the scripts' helpers (the slow ones included); the chapters under
+# doctests of gptlib and of the scripts' helpers (the slow ones included; two workers, each test
+# module on one of them, so that a module's fixtures, the English model's ONNX export, the
+# distributed runs, are made once); the chapters under
 # strict nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that
 # the longest (the later ones) start first, one torch thread per kernel unless a chapter sets its
 # own (their outputs do not depend on it); then the book and the browser tests.
 test: tools install assets lint $(NODE_MODULES)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not browser" $(UNIT)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser" $(UNIT)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
 	$(MAKE) --no-print-directory browser
 
 # The fast loop: unit tests and doctests, without those marked slow, the notebooks or a browser;
 # two workers, one torch thread each (under 90 s on a 2-core CPU).
 check: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not browser and not slow" $(UNIT)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser and not slow" $(UNIT)
 
 # ruff's lint and format check (pyproject.toml's [tool.ruff]; the notebooks natively, at the
 # page's 88 columns: chapters/ruff.toml). `ruff format $(LINTED)` applies the format.

@@ -2,16 +2,15 @@
 the JSON).
 
 The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English
-model
-without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward model)
-and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for each
-beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
+model without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward
+model) and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for
+each beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
 ``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the
-chapter does (the judged score and ``gptlib.rlhf.kl_to``
-on the evaluation prompts). It sets two torch threads, as the chapter does, so it computes exactly
-what the page computes: the page runs PPO (both baselines) at beta = 0.1 with seed 5 and DPO at
-beta = 0.1 with seed 6 itself, checks that each equals the stored run step by step, and plots the
-stored beta = 0 run of seed 5.
+chapter does (the judged score and ``gptlib.rlhf.kl_to`` on the evaluation prompts). It sets one
+torch thread, as the chapter does, so it computes exactly what the page computes (the stored runs
+were computed with two threads; the runs the page repeats give the same histories with one): the
+page runs PPO (GRPO's baseline) at beta = 0.1 with seed 5 and DPO at beta = 0.1 with seed 6 itself,
+checks that each equals the stored run step by step, and plots the stored beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
     python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out
@@ -41,7 +40,7 @@ ENGLISH = ROOT / "models" / "english"
 
 def chapter_setup() -> dict:
     """The SFT policy, the reward model and the task, made as chapters/09_rlhf.ipynb makes them."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     shipped = GPT.load(ENGLISH)
     base = GPT(dataclasses.replace(shipped.config, dropout=0.0))
     base.load_state_dict(shipped.state_dict())

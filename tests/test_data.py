@@ -170,7 +170,7 @@ def test_english_split_names_the_held_out_samples_and_genres():
 @pytest.mark.slow
 def test_shipped_english_model_matches_its_log(one_thread):
     """models/english: the files agree with train_log.json, whose validation figure is
-    recomputed."""
+    recomputed, window by window as models/english_heldout.json stores it."""
     import json
     from pathlib import Path
 
@@ -197,14 +197,35 @@ def test_shipped_english_model_matches_its_log(one_thread):
     )  # every validation window, as the log's figure scores them
     with torch.no_grad():
         first = float(F.cross_entropy(model(x[:8]).flatten(0, 1), y[:8].flatten()))
+        nats = torch.cat(
+            [
+                F.cross_entropy(model(xb).flatten(0, 1), yb.flatten(), reduction="none")
+                .view(len(xb), -1)
+                .sum(dim=1)
+                for xb, yb in zip(x.split(32), y.split(32))
+            ]
+        )  # (n,): each window's summed loss, in nats
     assert first < math.log(model.config.d_vocab) - 3  # far below a uniform guess (8.3 nats)
+    # Chapter 8 reads every window's loss from models/english_heldout.json and recomputes 32
+    held = json.loads((directory.parent / "english_heldout.json").read_text())
+    assert len(held["nats"]) == len(x)
+    torch.testing.assert_close(
+        nats.double(), torch.tensor(held["nats"], dtype=torch.float64), rtol=1e-5, atol=0.0
+    )
+    lengths = token_byte_lengths(tok)
+    assert held["window_bytes"] == lengths[y].sum(dim=1).tolist()
+    # windows_loss on some windows is their summed loss over their tokens and bytes
+    r8 = windows_loss(model, x[:8], y[:8], lengths)
+    assert r8.nats_per_token * r8.tokens == pytest.approx(float(nats[:8].sum()), rel=1e-5)
     # the log was made on the CPU in float32, as this run is (one_thread: one summation order)
-    r = windows_loss(model, x, y, token_byte_lengths(tok))
     final = log["final_val"]
-    assert (r.tokens, r.bytes) == (final["tokens"], final["bytes"])
+    n_bytes = int(lengths[y].sum())
+    nats_per_token = float(nats.double().sum()) / y.numel()
+    assert (y.numel(), n_bytes) == (final["tokens"], final["bytes"])
     # the log rounds to 4 decimals; the float32 sums agree far below that
-    assert abs(r.nats_per_token - final["nats_per_token"]) <= 5e-5 + 1e-5
-    assert abs(r.bits_per_byte - final["bits_per_byte"]) <= 5e-5 + 1e-5
+    assert abs(nats_per_token - final["nats_per_token"]) <= 5e-5 + 1e-5
+    bpb = nats_per_token * y.numel() / (math.log(2) * n_bytes)
+    assert abs(bpb - final["bits_per_byte"]) <= 5e-5 + 1e-5
     assert final["bits_per_byte"] == pytest.approx(
         bits_per_byte(final["nats_per_token"], final["tokens"], final["bytes"]), abs=5e-5
     )

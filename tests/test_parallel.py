@@ -53,7 +53,7 @@ def _full_grads(model, ids, targets):
 
 
 # --------------------------------------------------------------------------------------------
-# workers used only by the tests (module level, so spawned processes can import them)
+# workers used only by the tests (module level, so the ranks' processes can import them)
 # --------------------------------------------------------------------------------------------
 
 
@@ -74,6 +74,10 @@ def _failing_worker(rank, world_size, pid_dir):
 
 def _sleeping_worker(rank, world_size):
     time.sleep(600)
+
+
+def _parent_worker(rank, world_size):
+    return os.getppid()
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,11 +107,20 @@ def test_run_distributed_failure_cleans_up_then_the_port_works_again(tmp_path):
 
 
 def test_run_distributed_timeout_stops_workers():
+    P.run_distributed(_rank_worker, 1.0)  # the forkserver's start (its imports) is not timed
     t0 = time.monotonic()
     with pytest.raises(P.DistributedError, match="timed out"):
         P.run_distributed(_sleeping_worker, timeout=4)
     assert time.monotonic() - t0 < 30
     assert multiprocessing.active_children() == []
+
+
+def test_ranks_are_forked_from_one_server():
+    # Not spawned (a fresh interpreter importing PyTorch per rank): every rank of every call is a
+    # child of the same forkserver, not of this process.
+    assert P.launch.START_METHOD == "forkserver"
+    parents = P.run_distributed(_parent_worker) + P.run_distributed(_parent_worker)
+    assert len(set(parents)) == 1 and parents[0] != os.getpid()
 
 
 def test_run_distributed_rejects_bad_arguments():

@@ -3,7 +3,7 @@
 Every piece runs on PyTorch's own distributed engine (gloo between CPU processes, nccl between
 GPUs); nothing is a home-made message layer.
 
-    launch.py    run_distributed: spawn the ranks, join a process group, always clean up
+    launch.py    run_distributed: start the ranks, join a process group, always clean up
     data.py      data parallel: each rank a slice of the batch, gradients all-reduced (DDP, FSDP)
     tensor.py    tensor parallel (Megatron-LM): MLP:  phi(X W_in^r + b_in^r) W_out^r summed over r
                                                attn: heads split across ranks, sum_r z^r W_O^r
@@ -14,7 +14,7 @@ GPUs); nothing is a home-made message layer.
     experts.py   Chapter 11: expert parallelism, tokens routed to their experts by all-to-all
 
 The FLOP arithmetic of training is :mod:`gptlib.flops`. Worker functions (``*_worker``) are
-module-level so that spawned processes can import them; they compute on the CPU (gloo). Under
+module-level so that the ranks' processes can import them; they compute on the CPU (gloo). Under
 nccl each process would move its model and tensors to its GPU.
 """
 

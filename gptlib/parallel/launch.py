@@ -1,13 +1,18 @@
 """Starting and stopping the processes of a distributed job (Chapter 10's infrastructure).
 
-:func:`run_distributed` spawns ``world_size`` processes with ``torch.multiprocessing``, makes each
+:func:`run_distributed` starts ``world_size`` processes with ``torch.multiprocessing``, makes each
 join a ``torch.distributed`` process group on 127.0.0.1 (gloo between CPU processes, nccl between
 GPUs), calls a worker function in each and returns their results in rank order. Whatever happens,
 every process is reaped and every process group destroyed before it returns: a failing rank's
-traceback comes back as :class:`DistributedError`, the others are terminated. Starting the
-processes (each imports PyTorch) costs far more than the small workers of the book, so
-:func:`run_together` runs several workers one after another in a single process group. The workers
-of :mod:`gptlib.parallel` build their model with :func:`worker_model` and score it with
+traceback comes back as :class:`DistributedError`, the others are terminated.
+
+A fresh Python process spends seconds importing PyTorch, far longer than the small workers of the
+book run. So the ranks are forked from a server process (multiprocessing's ``forkserver``) that
+imports :mod:`gptlib.parallel`, and with it PyTorch, once, on the first call, and serves every later
+call of the same program; where there is no ``fork`` (Windows) each rank is spawned and imports them
+itself. The server computes nothing (no thread pool, no CUDA) before it forks. :func:`run_together`
+runs several workers one after another in a single process group. The workers of
+:mod:`gptlib.parallel` build their model with :func:`worker_model` and score it with
 :func:`lm_loss`.
 """
 
@@ -44,6 +49,11 @@ __all__ = [
 ]
 
 
+# How the ranks start: forked from a server that has imported gptlib.parallel (see above).
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+_PRELOAD = ["gptlib.parallel"]  # what the server imports before it forks the first rank
+
+
 class DistributedError(RuntimeError):
     """A worker of :func:`run_distributed` failed (its traceback is in the message) or timed out."""
 
@@ -67,7 +77,7 @@ def _loopback_interface() -> str | None:
 def _entry(
     rank: int, fn: Callable, args: tuple, world_size: int, backend: str, port: int, out_dir: str
 ) -> None:
-    """What each spawned process runs: join the group, call ``fn``, save its result, leave."""
+    """What each rank's process runs: join the group, call ``fn``, save its result, leave."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -115,7 +125,7 @@ def _stop(processes: list) -> None:
 
 
 def _check_importable(fn: Callable, name: str) -> None:
-    """Raise ValueError unless a spawned process can import ``fn`` (a module-level function)."""
+    """Raise ValueError unless a new process can import ``fn`` (a module-level function)."""
     if not callable(fn):
         raise ValueError(f"{name} must be callable, got {type(fn).__name__}")
     qualname = getattr(fn, "__qualname__", "")
@@ -138,7 +148,7 @@ def run_distributed(
     timeout: float = 300.0,
     port: int | None = None,
 ) -> list:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; return their
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their
     results.
 
     Each process joins a ``torch.distributed`` process group (``backend`` gloo on CPUs, nccl on
@@ -150,8 +160,9 @@ def run_distributed(
     If a worker raises, the others are terminated and :class:`DistributedError` is raised with
     the worker's traceback; after ``timeout`` seconds likewise. In every case all processes are
     reaped and the process groups destroyed before this function returns.
-    ``fn`` must be importable by the spawned processes: a module-level function, not a lambda
-    or a function defined in a notebook.
+    ``fn`` must be importable by the new processes: a module-level function, not a lambda
+    or a function defined in a notebook. The processes start with :data:`START_METHOD`; under
+    ``forkserver`` they inherit the environment variables of the first call (the server's).
     """
     _check_importable(fn, "fn")
     check_int("world_size", world_size, lo=1)
@@ -161,13 +172,15 @@ def run_distributed(
         raise ValueError("backend='nccl' needs CUDA, and torch.cuda.is_available() is False")
     check_float("timeout", timeout, 0.0, lo_open=True)
     port = free_port() if port is None else check_int("port", port, 1, 65535)
+    if START_METHOD == "forkserver":  # no effect once the server runs
+        mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory(prefix="gptlib-dist-") as out_dir:
         ctx = mp.start_processes(
             _entry,
             args=(fn, args, world_size, backend, port, out_dir),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method=START_METHOD,
         )
         processes = list(ctx.processes)
         failed = None
