@@ -85,7 +85,7 @@ export function headScores(patterns, keys) {
   }));
 }
 
-const SHORT = { "previous token": "prev", "first token": "first", induction: "induct" };
+const SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 const CANVAS_FROM = 48;  // texts longer than this draw the enlarged head on a canvas
 const MEANING = {
   "previous token": "mean weight on key i\u22121",
@@ -252,8 +252,11 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
 // The thumbnails, one button per head with its scores (the best of each score in bold).
 // onPick(layer, head) is called on a click. Returns the buttons.
 function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  // Each head's column as wide as its thumbnail; a longer header wraps within it.
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(76px, max-content))`;
+  // Each head's column as wide as its thumbnail; a longer header wraps within it. Seven heads or
+  // more (SmolLM2's nine) get smaller thumbnails, so that a layer fits a 736 px column.
+  const dense = headLabels.length > 6;
+  thumbs.classList.toggle("dense", dense);
+  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
   const best = scores.map((s) => Math.max(...s.values.flat()));
   const buttons = [];
   const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];

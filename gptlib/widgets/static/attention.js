@@ -84,7 +84,7 @@ function palette(stops) {
     ink: (a) => luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"
   };
 }
-var SHORT = { "previous token": "prev", "first token": "first", induction: "induct" };
+var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 var CANVAS_FROM = 48;
 var MEANING = {
   "previous token": "mean weight on key i−1",
@@ -235,7 +235,9 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   return { rows, band };
 }
 function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(76px, max-content))`;
+  const dense = headLabels.length > 6;
+  thumbs.classList.toggle("dense", dense);
+  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
   const best = scores.map((s) => Math.max(...s.values.flat()));
   const buttons = [];
   const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];
