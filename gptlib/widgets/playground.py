@@ -40,7 +40,7 @@ from ..export import LENS_TOP, chat_frame, step, step_inputs, weights_sha256
 from ..model import GPT
 from ..modern import ModernGPT
 from ..runtime import check_ids, check_int
-from ._base import BookWidget, bundle, check_title, read_asset, rounded
+from ._base import BookWidget, bundle, check_source, check_title, read_asset, rounded
 from .sampling import _check_settings
 
 __all__ = ["PlaygroundView"]
@@ -170,17 +170,7 @@ class PlaygroundView(BookWidget):
             check_int("layer", layer, 0, c.n_layers - 1),
             check_int("head", head, 0, c.n_heads - 1),
         )
-        if (
-            not isinstance(source, str)
-            or not source.endswith(".json")
-            or source.startswith(("/", "\\", "http:", "https:"))
-            or ".." in source.replace("\\", "/").split("/")
-            or ":" in source
-        ):
-            raise ValueError(
-                "source must be a relative path to a .json manifest under the book's _static/, "
-                f"got {source!r}"
-            )
+        source = check_source(source)
         self._model, self._tokenizer, self._frame = model, tokenizer, frame
         ids = self._encode(frame["prefix"] + text + frame["suffix"] if chat else text)
         if not ids:
