@@ -14,17 +14,24 @@ stride 64 on the Brown training split, its tokenizer), shortened to ``--attn-ste
 on
 evenly spaced validation windows.
 
+Truncation (``--truncation``, added to an existing output): each full run is repeated, and its
+update of every adapted matrix is cut to its best rank-k approximation (k of ``TRUNCATION_RANKS``,
+the other parameters as fine-tuned); each cut model is scored as above. The repeated run must score
+as the stored one, so the cut models are those of the stored runs.
+
 Each part runs in a process of its own with one torch thread (the LoRA runs one process per seed),
 as the chapter, which re-runs the first steps of the LoRA run of rank 4 and
 seed 0 and checks them against the stored losses.
 
     nice -n 10 python scripts/lora_mla_sweep.py        # writes models/lora_mla_sweep.json
     python scripts/lora_mla_sweep.py --ranks 4 --seeds 0 --steps 5 --attn-steps 5 --out /tmp/s.json
+    nice -n 10 python scripts/lora_mla_sweep.py --truncation   # adds the cut full updates
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import multiprocessing
 import time
@@ -51,6 +58,8 @@ from gptlib.training import make_windows, windows_loss
 ROOT = Path(__file__).resolve().parent.parent
 ENGLISH = ROOT / "models" / "english"
 N_EVAL = 64  # windows per held-out score
+TRUNCATION_RANKS = (0, 16, 64)  # ranks the full fine-tuning's updates are cut to
+ADAPTED = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_out")  # LoRA's targets, by kind
 
 
 def spaced(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +84,29 @@ def cumulative_energy(delta: torch.Tensor) -> list[float]:
     """
     s2 = torch.linalg.svdvals(delta.double()) ** 2
     return (s2.cumsum(0) / s2.sum()).tolist()
+
+
+def truncate(delta: torch.Tensor, k: int) -> torch.Tensor:
+    """The best rank-k approximation of ``delta`` in the Frobenius norm (Eckart-Young).
+
+    >>> truncate(torch.diag(torch.tensor([3.0, 2.0, 1.0])), 2).diag().tolist()
+    [3.0, 2.0, 0.0]
+    """
+    U, S, Vh = torch.linalg.svd(delta.double(), full_matrices=False)
+    return ((U[:, :k] * S[:k]) @ Vh[:k]).to(delta.dtype)
+
+
+def truncated_models(base, full, ranks=TRUNCATION_RANKS):
+    """For each k of ``ranks``: a copy of the fully fine-tuned ``full`` whose update of every
+    adapted matrix (W_full - W_base) is cut to rank k, the other parameters as fine-tuned."""
+    before = dict(base.named_parameters())
+    for k in ranks:
+        cut = copy.deepcopy(full)
+        with torch.no_grad():
+            for name, W in cut.named_parameters():
+                if name.split(".")[-1] in ADAPTED:
+                    W.copy_(before[name] + truncate(W - before[name], k))
+        yield k, cut
 
 
 def _rounded(value):
@@ -154,6 +186,34 @@ def lora_sweep(args, seeds: list[int]) -> dict:
     return _keep(args, f"lora-{'-'.join(map(str, seeds))}", result)
 
 
+def truncation_sweep(args, seed: int, stored: dict) -> dict:
+    """Repeat the full run of ``seed``, check it scores as ``stored``, score its cut updates."""
+    torch.set_num_threads(1)
+    tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
+    base = english_without_dropout(ENGLISH)
+    train_text, genre_val, other_val = genre_texts(FINE_TUNE["genre"])
+    n_ctx = FINE_TUNE["n_ctx"]
+    train = make_windows(torch.tensor(tok.encode(train_text)), n_ctx, n_ctx)
+    evals = {
+        name: spaced(*make_windows(torch.tensor(tok.encode(text)), n_ctx, n_ctx), N_EVAL)
+        for name, text in (("genre", genre_val), ("other", other_val))
+    }
+
+    def scores(model) -> dict:
+        return {
+            name: round(windows_loss(model, x, y).nats_per_token, 4)
+            for name, (x, y) in evals.items()
+        }
+
+    full, _ = fine_tune(base, train, None, seed, steps=args.steps)
+    again = scores(full)
+    if again != {k: stored[k] for k in again}:
+        raise ValueError(f"the full run of seed {seed} scores {again}, stored {stored}")
+    out = {str(k): scores(cut) for k, cut in truncated_models(base, full)}
+    print(f"full seed={seed}: cut to rank k: {out}", flush=True)
+    return out
+
+
 def attention_sweep(args) -> dict:
     torch.set_num_threads(1)
     tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
@@ -226,9 +286,26 @@ def main() -> None:
         "--attn-eval", type=int, default=64, help="validation windows of the attention runs"
     )
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "lora_mla_sweep.json")
+    ap.add_argument(
+        "--truncation",
+        action="store_true",
+        help="add the full runs' updates cut to low rank to the existing --out",
+    )
     args = ap.parse_args()
     if min(args.ranks) < 1:
         raise ValueError(f"ranks must be >= 1, got {args.ranks}")
+    if args.truncation:
+        result = json.loads(args.out.read_text())
+        full = [run for run in result["lora"]["runs"] if run["r"] is None]
+        with ProcessPoolExecutor(
+            len(full), mp_context=multiprocessing.get_context("spawn")
+        ) as pool:
+            cuts = [pool.submit(truncation_sweep, args, run["seed"], run) for run in full]
+            for run, cut in zip(full, cuts):
+                run["truncated"] = cut.result()
+        atomic_write(args.out, json.dumps(_rounded(result), indent=1) + "\n")
+        print(f"added the truncated updates to {args.out}")
+        return
     t0 = time.time()
     result = {
         "what": "Chapter 14's LoRA and full fine-tuning runs per rank and seed, "

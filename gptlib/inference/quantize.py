@@ -172,13 +172,14 @@ def product_noise_variance(X: Tensor, step: Tensor) -> Tensor:
 
 def quantized_bytes(numel: int, rows: int, method: str, bits: int, block: int = 32) -> int:
     """Bytes a matrix of ``numel`` numbers in ``rows`` rows takes: ``"absmax"`` b bits per number
-    and a float16 scale per row; ``"blockwise"`` b bits per number and two float16 per block.
+    and a float32 scale per row (the delta :func:`absmax_quantize` computes with);
+    ``"blockwise"`` b bits per number and two float16 per block (GGUF's Q4_1 at b = 4).
 
     >>> quantized_bytes(576 * 576, 576, "blockwise", 4)  # Q4_1: 20 bytes per 32 numbers
     207360
     """
     if method == "absmax":
-        return (numel * bits + 7) // 8 + 2 * rows
+        return (numel * bits + 7) // 8 + 4 * rows
     if method == "blockwise":
         return (numel * bits + 7) // 8 + 4 * (numel // block)
     raise ValueError(f"method must be 'absmax' or 'blockwise', got {method!r}")
