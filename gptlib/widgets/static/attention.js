@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function collapse(items, { head = 40, tail = 20, limit = 80, open = false, onOpen } = {}) {
   if (open || items.length <= Math.max(limit, head + tail + 1)) return items;
   const more = button("gptlib-more", `… ${items.length - head - tail} more`);
@@ -37,20 +41,27 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
 
 // gptlib/widgets/js/heads.js
-var STOPS = [[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+var STOPS = [
+  [255, 255, 255],
+  [198, 219, 239],
+  [107, 174, 214],
+  [33, 113, 181],
+  [8, 48, 107]
+];
 function scaleOn(bg) {
   const dark = luminance(bg) < 0.35;
   return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
@@ -76,7 +87,10 @@ function backgroundOf(el) {
   return [255, 255, 255];
 }
 function palette(stops) {
-  const lut = Uint8ClampedArray.from({ length: 256 * 3 }, (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]);
+  const lut = Uint8ClampedArray.from(
+    { length: 256 * 3 },
+    (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
+  );
   return {
     stops,
     lut,
@@ -132,7 +146,10 @@ function scroller(content) {
     const more = box.scrollWidth > box.clientWidth + 1;
     cue.style.display = more ? "" : "none";
     box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle("gptlib-more-right", more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
   };
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };
@@ -148,7 +165,11 @@ function panelLayout(root) {
     grid: make("div", "gptlib-attn-grid"),
     legend: legend(),
     text: make("div", "gptlib-attn-text"),
-    focus: make("div", "gptlib-attn-focus", "hover a token of the text, or a query row, to see where it looks")
+    focus: make(
+      "div",
+      "gptlib-attn-focus",
+      "hover a token of the text, or a query row, to see where it looks"
+    )
   };
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
@@ -170,11 +191,13 @@ function panelLayout(root) {
   return v;
 }
 function setOptions(sel, labels) {
-  sel.replaceChildren(...labels.map((lab, i) => {
-    const o = make("option", "", lab);
-    o.value = String(i);
-    return o;
-  }));
+  sel.replaceChildren(
+    ...labels.map((lab, i) => {
+      const o = make("option", "", lab);
+      o.value = String(i);
+      return o;
+    })
+  );
 }
 var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
@@ -197,13 +220,16 @@ function cellHeatmap(grid, tokens, A, cell, keys, pal) {
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto";
   grid.style.gridAutoRows = `${cell}px`;
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k), ...tokens.map((_, j) => {
-    const c = make("div", "gptlib-attn-cell" + (j > i ? " masked" : ""));
-    c.dataset.i = String(i);
-    if (j <= i) c.style.background = pal.heat(A[i][j]);
-    c.title = cellTitle(tokens, A, i, j);
-    return c;
-  })]);
+  const rows = tokens.map((_t, i) => [
+    queryLabel(tokens, i, k),
+    ...tokens.map((_, j) => {
+      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
+      c.dataset.i = String(i);
+      if (j <= i) c.style.background = pal.heat(A[i][j]);
+      c.title = cellTitle(tokens, A, i, j);
+      return c;
+    })
+  ]);
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
@@ -215,7 +241,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -240,7 +266,10 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
   const best = scores.map((s) => Math.max(...s.values.flat()));
   const buttons = [];
-  const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];
+  const items = [
+    make("div", ""),
+    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
+  ];
   patterns.forEach((layerPatterns, l) => {
     items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
     layerPatterns.forEach((P, h) => {
@@ -252,7 +281,11 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];
-        const line = make("div", "gptlib-attn-score" + (v === best[n] ? " best" : ""), `${SHORT[s.name] || s.name} ${v.toFixed(2)}`);
+        const line = make(
+          "div",
+          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
+          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
+        );
         report(line, { name: s.name, value: v });
         b.append(line);
       });
@@ -279,7 +312,9 @@ function markThumbs(buttons, { groups, mask, headLabels }) {
 }
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
+  return `Scores on the text below: ${scores.map(
+    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
+  ).join(", ")}. Bold: the highest head of each score.`;
 }
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
@@ -357,15 +392,18 @@ function attentionPanel(root, state) {
     A = patterns[layer][head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    buttons.forEach((b) => b.classList.toggle("selected", b.dataset.layer === String(layer) && b.dataset.head === String(head)));
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? ": " + scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ") : "");
+    for (const b of buttons) {
+      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
+      b.classList.toggle("selected", on);
+    }
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
     const room = v.gridScroll.box.clientWidth || 640;
     const budget = Math.min(528, Math.max(160, room - 110));
     const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
     cellPx = cell;
     const k = labelEvery(cell);
     v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-    keys = tokens.map((t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+    keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
     band = null;
     focused = null;
     if (T > CANVAS_FROM) {
@@ -377,7 +415,10 @@ function attentionPanel(root, state) {
     }
     drawnWidth = room;
     requestAnimationFrame(v.gridScroll.check);
-    report(root, { view: `${layer}/${head}:` + A.map((r, i) => r[i].toFixed(3)).join(","), pattern: A.map((r) => Array.from(r)) });
+    report(root, {
+      view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
+      pattern: A.map((r) => Array.from(r))
+    });
   }
   function select(layer, head) {
     state.set(layer, head);
@@ -403,7 +444,7 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick && state.pick(l, h) || select(l, h));
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
     markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
@@ -422,7 +463,10 @@ function attentionPanel(root, state) {
       if (!root.isConnected) watch.disconnect();
       else if (data) update(data);
     });
-    watch.observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme", "class"] });
+    watch.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
   }
   return { update, select, redraw: drawHead };
 }

@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function collapse(items, { head = 40, tail = 20, limit = 80, open = false, onOpen } = {}) {
   if (open || items.length <= Math.max(limit, head + tail + 1)) return items;
   const more = button("gptlib-more", `… ${items.length - head - tail} more`);
@@ -28,7 +32,7 @@ function button(cls, text) {
 }
 function svg(tag, attrs, text) {
   const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
   if (text !== void 0) e.textContent = text;
   return e;
 }
@@ -43,14 +47,15 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
@@ -78,9 +83,10 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
   const restAll = rest;
   let approx = false;
   if (topK > 0) {
-    if (topK < n) order.slice(topK).forEach((i) => {
-      p[i] = 0;
-    });
+    if (topK < n)
+      order.slice(topK).forEach((i) => {
+        p[i] = 0;
+      });
     if (topK <= n) rest = 0;
     else if (rest > 0) approx = true;
     const zk = p.reduce((s, v) => s + v, 0) + rest;
@@ -143,37 +149,102 @@ function drawChart(chart, rows, other, topP) {
   chart.style.maxWidth = `${width}px`;
   const parts = [];
   [0, 0.25, 0.5, 0.75, 1].forEach((t) => {
-    parts.push(svg("line", { class: "gptlib-samp-grid", x1: x0 + W * t, x2: x0 + W * t, y1: top - 4, y2: top + h * n }));
-    parts.push(svg("text", { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" }, String(t)));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-grid",
+        x1: x0 + W * t,
+        x2: x0 + W * t,
+        y1: top - 4,
+        y2: top + h * n
+      })
+    );
+    parts.push(
+      svg(
+        "text",
+        { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" },
+        String(t)
+      )
+    );
   });
-  const clip = (t) => t.length > 14 ? t.slice(0, 13) + "…" : t;
+  const clip = (t) => t.length > 14 ? `${t.slice(0, 13)}…` : t;
   rows.forEach((r, k) => {
     const y = top + h * k;
-    const g = svg("g", { class: "gptlib-samp-row" + (r.p > 0 ? "" : " removed") });
+    const g = svg("g", { class: `gptlib-samp-row${r.p > 0 ? "" : " removed"}` });
     g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, clip(show(r.label))),
-      svg("rect", { class: "gptlib-samp-ghost", x: x0, y: y + 2, width: (W * r.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-bar", x: x0, y: y + 4, width: (W * r.p).toFixed(2), height: h - 8 }),
+      svg(
+        "text",
+        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
+        clip(show(r.label))
+      ),
+      svg("rect", {
+        class: "gptlib-samp-ghost",
+        x: x0,
+        y: y + 2,
+        width: (W * r.ghost).toFixed(2),
+        height: h - 4
+      }),
+      svg("rect", {
+        class: "gptlib-samp-bar",
+        x: x0,
+        y: y + 4,
+        width: (W * r.p).toFixed(2),
+        height: h - 8
+      }),
       svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4))
     );
     parts.push(g);
   });
   if (other) {
     const y = top + h * rows.length;
-    const g = svg("g", { class: "gptlib-samp-row gptlib-samp-other" + (other.p > 0 ? "" : " removed") });
+    const g = svg("g", {
+      class: `gptlib-samp-row gptlib-samp-other${other.p > 0 ? "" : " removed"}`
+    });
     g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, other.label),
-      svg("rect", { class: "gptlib-samp-other-ghost", x: x0, y: y + 2, width: (W * other.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-other-bar", x: x0, y: y + 4, width: (W * other.p).toFixed(2), height: h - 8 }),
+      svg(
+        "text",
+        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
+        other.label
+      ),
+      svg("rect", {
+        class: "gptlib-samp-other-ghost",
+        x: x0,
+        y: y + 2,
+        width: (W * other.ghost).toFixed(2),
+        height: h - 4
+      }),
+      svg("rect", {
+        class: "gptlib-samp-other-bar",
+        x: x0,
+        y: y + 4,
+        width: (W * other.p).toFixed(2),
+        height: h - 8
+      }),
       svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4))
     );
     parts.push(g);
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
-  rows.forEach((r, k) => parts.push(svg("circle", { class: "gptlib-samp-cum-dot", cx: x0 + W * r.cum, cy: top + h * k + h / 2, r: 2 })));
+  rows.forEach((r, k) => {
+    parts.push(
+      svg("circle", {
+        class: "gptlib-samp-cum-dot",
+        cx: x0 + W * r.cum,
+        cy: top + h * k + h / 2,
+        r: 2
+      })
+    );
+  });
   if (topP < 1) {
-    parts.push(svg("line", { class: "gptlib-samp-pline", x1: x0 + W * topP, x2: x0 + W * topP, y1: top - 4, y2: top + h * n }));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-pline",
+        x1: x0 + W * topP,
+        x2: x0 + W * topP,
+        y1: top - 4,
+        y2: top + h * n
+      })
+    );
   }
   chart.replaceChildren(...parts);
 }
@@ -181,7 +252,7 @@ function chartKey() {
   const key = make("div", "gptlib-samp-key");
   const item = (cls, text) => {
     const s = make("span", "gptlib-samp-key-item");
-    s.append(make("span", "gptlib-samp-sw " + cls), text);
+    s.append(make("span", `gptlib-samp-sw ${cls}`), text);
     return s;
   };
   key.append(
@@ -219,7 +290,9 @@ function samplingControls(kMax) {
     labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
   }
   function onInput(set) {
-    ["temperature", "top_k", "top_p"].forEach((trait, i) => sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value))));
+    ["temperature", "top_k", "top_p"].forEach((trait, i) => {
+      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value)));
+    });
   }
   return { rows, show: show2, onInput };
 }
@@ -232,7 +305,13 @@ function chartRows(d, g, n, label, V) {
 }
 
 // gptlib/widgets/js/heads.js
-var STOPS = [[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+var STOPS = [
+  [255, 255, 255],
+  [198, 219, 239],
+  [107, 174, 214],
+  [33, 113, 181],
+  [8, 48, 107]
+];
 function scaleOn(bg) {
   const dark = luminance(bg) < 0.35;
   return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
@@ -258,7 +337,10 @@ function backgroundOf(el) {
   return [255, 255, 255];
 }
 function palette(stops) {
-  const lut = Uint8ClampedArray.from({ length: 256 * 3 }, (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]);
+  const lut = Uint8ClampedArray.from(
+    { length: 256 * 3 },
+    (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
+  );
   return {
     stops,
     lut,
@@ -341,7 +423,10 @@ function scroller(content) {
     const more = box.scrollWidth > box.clientWidth + 1;
     cue.style.display = more ? "" : "none";
     box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle("gptlib-more-right", more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
   };
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };
@@ -357,7 +442,11 @@ function panelLayout(root) {
     grid: make("div", "gptlib-attn-grid"),
     legend: legend(),
     text: make("div", "gptlib-attn-text"),
-    focus: make("div", "gptlib-attn-focus", "hover a token of the text, or a query row, to see where it looks")
+    focus: make(
+      "div",
+      "gptlib-attn-focus",
+      "hover a token of the text, or a query row, to see where it looks"
+    )
   };
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
@@ -379,11 +468,13 @@ function panelLayout(root) {
   return v;
 }
 function setOptions(sel, labels) {
-  sel.replaceChildren(...labels.map((lab, i) => {
-    const o = make("option", "", lab);
-    o.value = String(i);
-    return o;
-  }));
+  sel.replaceChildren(
+    ...labels.map((lab, i) => {
+      const o = make("option", "", lab);
+      o.value = String(i);
+      return o;
+    })
+  );
 }
 var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
@@ -406,13 +497,16 @@ function cellHeatmap(grid, tokens, A, cell, keys, pal) {
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto";
   grid.style.gridAutoRows = `${cell}px`;
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k), ...tokens.map((_, j) => {
-    const c = make("div", "gptlib-attn-cell" + (j > i ? " masked" : ""));
-    c.dataset.i = String(i);
-    if (j <= i) c.style.background = pal.heat(A[i][j]);
-    c.title = cellTitle(tokens, A, i, j);
-    return c;
-  })]);
+  const rows = tokens.map((_t, i) => [
+    queryLabel(tokens, i, k),
+    ...tokens.map((_, j) => {
+      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
+      c.dataset.i = String(i);
+      if (j <= i) c.style.background = pal.heat(A[i][j]);
+      c.title = cellTitle(tokens, A, i, j);
+      return c;
+    })
+  ]);
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
@@ -424,7 +518,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -449,7 +543,10 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
   const best = scores.map((s) => Math.max(...s.values.flat()));
   const buttons = [];
-  const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];
+  const items = [
+    make("div", ""),
+    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
+  ];
   patterns.forEach((layerPatterns, l) => {
     items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
     layerPatterns.forEach((P, h) => {
@@ -461,7 +558,11 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];
-        const line = make("div", "gptlib-attn-score" + (v === best[n] ? " best" : ""), `${SHORT[s.name] || s.name} ${v.toFixed(2)}`);
+        const line = make(
+          "div",
+          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
+          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
+        );
         report(line, { name: s.name, value: v });
         b.append(line);
       });
@@ -488,7 +589,9 @@ function markThumbs(buttons, { groups, mask, headLabels }) {
 }
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
+  return `Scores on the text below: ${scores.map(
+    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
+  ).join(", ")}. Bold: the highest head of each score.`;
 }
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
@@ -566,15 +669,18 @@ function attentionPanel(root, state) {
     A = patterns[layer][head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    buttons.forEach((b) => b.classList.toggle("selected", b.dataset.layer === String(layer) && b.dataset.head === String(head)));
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? ": " + scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ") : "");
+    for (const b of buttons) {
+      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
+      b.classList.toggle("selected", on);
+    }
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
     const room = v.gridScroll.box.clientWidth || 640;
     const budget = Math.min(528, Math.max(160, room - 110));
     const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
     cellPx = cell;
     const k = labelEvery(cell);
     v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-    keys = tokens.map((t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+    keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
     band = null;
     focused = null;
     if (T > CANVAS_FROM) {
@@ -586,7 +692,10 @@ function attentionPanel(root, state) {
     }
     drawnWidth = room;
     requestAnimationFrame(v.gridScroll.check);
-    report(root, { view: `${layer}/${head}:` + A.map((r, i) => r[i].toFixed(3)).join(","), pattern: A.map((r) => Array.from(r)) });
+    report(root, {
+      view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
+      pattern: A.map((r) => Array.from(r))
+    });
   }
   function select(layer, head) {
     state.set(layer, head);
@@ -612,7 +721,7 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick && state.pick(l, h) || select(l, h));
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
     markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
@@ -631,7 +740,10 @@ function attentionPanel(root, state) {
       if (!root.isConnected) watch.disconnect();
       else if (data) update(data);
     });
-    watch.observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme", "class"] });
+    watch.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
   }
   return { update, select, redraw: drawHead };
 }
@@ -678,13 +790,15 @@ function plan(cached, cachedMask, window, mask) {
 function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
   if (keep === P) return past;
   const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  for (let r = 0; r < L * 2 * G; r++)
+    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
   return out;
 }
 function addRows(rows, attn, P, T, L, H) {
   const S = P + T;
   for (let lh = 0; lh < L * H; lh++) {
-    const r = rows[lh] || (rows[lh] = []);
+    if (!rows[lh]) rows[lh] = [];
+    const r = rows[lh];
     r.length = P;
     for (let t = 0; t < T; t++) {
       const o = (lh * T + t) * S;
@@ -697,12 +811,22 @@ function nestRows(rows, L, H) {
   return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
 }
 function nestFlat(flat, L, H, T) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => [...Array(T).keys()].map((i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T))));
+  return [...Array(L).keys()].map(
+    (l) => [...Array(H).keys()].map(
+      (h) => [...Array(T).keys()].map(
+        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
+      )
+    )
+  );
 }
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
-  if (!m || !m.usedJSHeapSize) return null;
-  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
+  if (!m?.usedJSHeapSize) return null;
+  return {
+    bytes: m.usedJSHeapSize,
+    limit: m.jsHeapSizeLimit,
+    what: "the JavaScript heap (performance.memory)"
+  };
 }
 function kernelLink(model) {
   let req = 0;
@@ -737,7 +861,7 @@ function kernelLink(model) {
     model.off("msg:custom", listener);
     timers.forEach(clearTimeout);
     timers.clear();
-    waiting.forEach((w) => w.reject(new LiveError("the view was closed")));
+    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
     waiting.clear();
   };
   return ask;
@@ -758,7 +882,13 @@ async function kernelBackend(ask) {
     memory: () => null,
     run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
       const t0 = performance.now();
-      const { buffers } = await ask({ kind: "step", ids, mask: mask && Array.from(mask), lens, targets });
+      const { buffers } = await ask({
+        kind: "step",
+        ids,
+        mask: mask && Array.from(mask),
+        lens,
+        targets
+      });
       const T = ids.length;
       const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
       return {
@@ -771,7 +901,7 @@ async function kernelBackend(ask) {
           lens.length,
           K
         ) : null,
-        direct: targets && targets.length ? view(direct, Float32Array) : null,
+        direct: targets?.length ? view(direct, Float32Array) : null,
         ms: performance.now() - t0
       };
     }
@@ -797,12 +927,13 @@ async function sha256Hex(bytes) {
 async function fetchInto(url, what, out, at, n, onBytes) {
   const r = await fetchOk(url, what);
   let got = 0;
-  if (r.body && r.body.getReader) {
+  if (r.body?.getReader) {
     const reader = r.body.getReader();
     for (; ; ) {
       const { done, value } = await reader.read();
       if (done) break;
-      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      if (got + value.length > n)
+        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
       out.set(value, at + got);
       got += value.length;
       onBytes(value.length);
@@ -817,12 +948,12 @@ async function fetchInto(url, what, out, at, n, onBytes) {
   if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
 }
 function checkManifest(m, url) {
-  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+  if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx && m.onnx.pieces;
+  const pieces = m.onnx?.pieces;
   if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
-    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
   return m;
 }
@@ -835,25 +966,37 @@ async function browserBackend(source, weightsSha, hooks) {
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
   progress("reading the model's manifest", null);
-  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
+  const manifest = checkManifest(
+    await (await fetchOk(manifestUrl, "the model's manifest")).json(),
+    manifestUrl
+  );
   if (weightsSha && manifest.weights_sha256 !== weightsSha) {
-    throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
+    throw new LiveError(
+      `the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`
+    );
   }
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
-    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`
+    );
   }
   const file = (f) => new URL(f, manifestUrl).href;
   let onnx;
   try {
     onnx = new Uint8Array(manifest.onnx.bytes);
   } catch (e) {
-    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`
+    );
   }
   let done = 0;
   const tick = (n) => {
     done += n;
-    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+    progress(
+      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
+      done / total
+    );
   };
   tick(0);
   const pieces = [];
@@ -888,9 +1031,14 @@ async function browserBackend(source, weightsSha, hooks) {
   progress("starting onnxruntime-web (it unpacks the weights once)", 1);
   let session;
   try {
-    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+    session = await ort.InferenceSession.create(onnx, {
+      executionProviders: ["wasm"],
+      graphOptimizationLevel: "all"
+    });
   } catch (e) {
-    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`
+    );
   }
   onnx = null;
   const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
@@ -909,7 +1057,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep, T = feed.length;
     past = cropPast(past, cached.length, P, c);
-    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
+    const lensList = lens?.length ? lens : [c.n_layers], tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
@@ -931,7 +1079,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
         fed: T
       };
     } finally {
-      Object.values(out).forEach((t) => t.dispose && t.dispose());
+      for (const t of Object.values(out)) t.dispose?.();
     }
   };
   return {
@@ -950,14 +1098,16 @@ function pageBackend(ort, session, manifest, tokenizer) {
 }
 function patternsFromBytes(b64, L, H, T) {
   const u = fromBase64(b64), n = T * (T + 1) / 2;
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => {
-    let at = (l * H + h) * n;
-    return [...Array(T).keys()].map((i) => {
-      const row = Float32Array.from(u.subarray(at, at + i + 1), (x) => x / 255);
-      at += i + 1;
-      return row;
-    });
-  }));
+  return [...Array(L).keys()].map(
+    (l) => [...Array(H).keys()].map((h) => {
+      let at = (l * H + h) * n;
+      return [...Array(T).keys()].map((i) => {
+        const row = Float32Array.from(u.subarray(at, at + i + 1), (x) => x / 255);
+        at += i + 1;
+        return row;
+      });
+    })
+  );
 }
 function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }) {
   let logits = stored.logits, restLogZ = null, patterns = stored.patterns;
@@ -1014,8 +1164,20 @@ function layout(model) {
   v.box.setAttribute("aria-label", "text for the model");
   v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
   v.chatBox.checked = model.get("chat");
-  Object.assign(v.seedBox, { type: "number", min: "0", max: "4294967295", step: "1", value: String(model.get("seed")) });
-  Object.assign(v.runN, { type: "number", min: "1", max: "1000", step: "1", value: String(model.get("n_generate")) });
+  Object.assign(v.seedBox, {
+    type: "number",
+    min: "0",
+    max: "4294967295",
+    step: "1",
+    value: String(model.get("seed"))
+  });
+  Object.assign(v.runN, {
+    type: "number",
+    min: "1",
+    max: "1000",
+    step: "1",
+    value: String(model.get("n_generate"))
+  });
   Object.assign(v.progress, { max: 1, value: 0 });
   v.progress.style.display = "none";
   v.stopBtn.disabled = true;
@@ -1024,13 +1186,23 @@ function layout(model) {
     l.append(...parts);
     return l;
   };
-  const chatLabel = label("gptlib-play-chat-label", v.chatBox, " chat (the model's chat template around the text)");
+  const chatLabel = label(
+    "gptlib-play-chat-label",
+    v.chatBox,
+    " chat (the model's chat template around the text)"
+  );
   chatLabel.style.display = model.get("chat_available") ? "" : "none";
   v.chatLabel = chatLabel;
   const startRow = make("div", "gptlib-controls");
   startRow.append(v.startBtn, v.progress, v.status);
   const buttons = make("div", "gptlib-controls");
-  buttons.append(v.sampleBtn, v.greedyBtn, v.undoBtn, v.resetBtn, label("gptlib-play-seed-label", "seed ", v.seedBox));
+  buttons.append(
+    v.sampleBtn,
+    v.greedyBtn,
+    v.undoBtn,
+    v.resetBtn,
+    label("gptlib-play-seed-label", "seed ", v.seedBox)
+  );
   const runRow = make("div", "gptlib-controls");
   runRow.append(
     v.runBtn,
@@ -1040,7 +1212,11 @@ function layout(model) {
   );
   const ablateRow = make("div", "gptlib-controls");
   ablateRow.append(
-    label("gptlib-play-ablate-label", v.ablateBox, " a click on a head ablates it (its output zeroed)"),
+    label(
+      "gptlib-play-ablate-label",
+      v.ablateBox,
+      " a click on a head ablates it (its output zeroed)"
+    ),
     v.restoreBtn,
     v.ablation
   );
@@ -1061,7 +1237,9 @@ function layout(model) {
     v.stats,
     v.chart,
     chartKey(),
-    section("Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)"),
+    section(
+      "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)"
+    ),
     v.lens,
     section("Every head on this text"),
     ablateRow,
@@ -1085,15 +1263,24 @@ function drawLens(box, lens, labels, tokenStr) {
     box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
     return;
   }
-  box.replaceChildren(...lens.map((top, l) => {
-    const r = make("div", "gptlib-play-lens-row");
-    r.append(make("span", "gptlib-play-lens-label", labels[l]), ...top.ids.map((id, n) => {
-      const c = make("span", "gptlib-play-lens-tok", `${show(tokenStr(id))} ${top.probs[n].toFixed(2)}`);
-      c.style.setProperty("--p", String(top.probs[n]));
-      return c;
-    }));
-    return r;
-  }));
+  box.replaceChildren(
+    ...lens.map((top, l) => {
+      const r = make("div", "gptlib-play-lens-row");
+      r.append(
+        make("span", "gptlib-play-lens-label", labels[l]),
+        ...top.ids.map((id, n) => {
+          const c = make(
+            "span",
+            "gptlib-play-lens-tok",
+            `${show(tokenStr(id))} ${top.probs[n].toFixed(2)}`
+          );
+          c.style.setProperty("--p", String(top.probs[n]));
+          return c;
+        })
+      );
+      return r;
+    })
+  );
 }
 var Playground = class {
   constructor(model, v, life) {
@@ -1104,7 +1291,9 @@ var Playground = class {
     const G = this.cfg.n_kv_heads || H, per = H / G;
     this.storedTokens = model.get("tokens");
     this.layerLabels = [...Array(L).keys()].map((l) => `layer ${l}`);
-    this.headLabels = [...Array(H).keys()].map((h) => G < H ? `head ${h} (kv ${Math.floor(h / per)})` : `head ${h}`);
+    this.headLabels = [...Array(H).keys()].map(
+      (h) => G < H ? `head ${h} (kv ${Math.floor(h / per)})` : `head ${h}`
+    );
     this.groups = G < H ? [...Array(H).keys()].map((h) => Math.floor(h / per)) : null;
     this.lensLabels = ["embedding", ...[...Array(L).keys()].map((l) => `after block ${l + 1}`)];
     this.mask = new Float32Array(L * H).fill(1);
@@ -1134,7 +1323,10 @@ var Playground = class {
     this.ask = kernelLink(model);
     life.atEnd(() => this.ask.close());
     this.kernelAnswered = false;
-    this.kernel = this.ask({ kind: "ping" }, 1500).then(() => this.kernelAnswered = true, () => false);
+    this.kernel = this.ask({ kind: "ping" }, 1500).then(
+      () => this.kernelAnswered = true,
+      () => false
+    );
   }
   reseed(seed) {
     this.rng = xorshift32(seed);
@@ -1167,10 +1359,14 @@ var Playground = class {
       make(
         "span",
         "gptlib-play-count",
-        `${promptIds.length} token(s)` + (path.length ? ` + ${path.length} drawn` : "") + (first ? `; the model sees the last ${nCtx}` : "") + ": "
+        `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `
       ),
       ...ctx.map((id, i) => {
-        const s = make("span", "gptlib-play-tok" + (i >= promptIds.length ? " new" : "") + (i < first ? " out" : ""), show(this.tokenStr(id)));
+        const s = make(
+          "span",
+          `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
+          show(this.tokenStr(id))
+        );
         s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") + (i < first ? " (outside the model's window)" : "");
         return s;
       })
@@ -1178,7 +1374,10 @@ var Playground = class {
     if (live) {
       const all = decodeBytes(live.bytes, ctx), head = decodeBytes(live.bytes, promptIds);
       const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
-      v.out.replaceChildren(make("span", "gptlib-samp-ctx", head), make("span", "gptlib-samp-new", cont));
+      v.out.replaceChildren(
+        make("span", "gptlib-samp-ctx", head),
+        make("span", "gptlib-samp-new", cont)
+      );
     } else {
       v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value));
     }
@@ -1202,7 +1401,7 @@ var Playground = class {
     const abl = this.ablated();
     v.ablation.textContent = abl.length ? `ablated: ${abl.map(([l, h]) => `L${l}.H${h}`).join(", ")}` : "no head ablated";
     v.restoreBtn.disabled = !abl.length || this.busy;
-    if (!current || !current.direct) {
+    if (!current?.direct) {
       v.direct.textContent = "";
       return;
     }
@@ -1217,7 +1416,9 @@ var Playground = class {
     if (current.direct) {
       scores.push({
         name: "direct",
-        values: [...Array(L).keys()].map((l) => Array.from(current.direct.subarray(l * H, (l + 1) * H))),
+        values: [...Array(L).keys()].map(
+          (l) => Array.from(current.direct.subarray(l * H, (l + 1) * H))
+        ),
         uniform: null,
         meaning: `to the logit of "${show(this.tokenStr(current.target))}"`
       });
@@ -1242,23 +1443,27 @@ var Playground = class {
     this.drawCircuits();
     const t1 = performance.now();
     if (heads) this.drawHeads();
-    report(v.root, {
-      drawMs: `${(t1 - t0).toFixed(1)}+${(performance.now() - t1).toFixed(1)}`,
-      ids: this.promptIds.concat(this.path),
-      window: current.window,
-      path: this.path,
-      draws: this.draws,
-      lens: current.lens,
-      target: current.target,
-      ablated: this.ablated()
-    }, {
-      window: current.window,
-      logits: current.logits,
-      patterns: current.patterns,
-      lens: current.lens,
-      direct: current.direct,
-      mask: this.mask
-    });
+    report(
+      v.root,
+      {
+        drawMs: `${(t1 - t0).toFixed(1)}+${(performance.now() - t1).toFixed(1)}`,
+        ids: this.promptIds.concat(this.path),
+        window: current.window,
+        path: this.path,
+        draws: this.draws,
+        lens: current.lens,
+        target: current.target,
+        ablated: this.ablated()
+      },
+      {
+        window: current.window,
+        logits: current.logits,
+        patterns: current.patterns,
+        lens: current.lens,
+        direct: current.direct,
+        mask: this.mask
+      }
+    );
   }
   // The buttons that need the live model, enabled when it is ready.
   enable() {
@@ -1279,7 +1484,7 @@ var Playground = class {
     if (!ctx.length) {
       v.msg.textContent = "Type some text: the model needs at least one token.";
       this.current = null;
-      [v.stats, v.chart, v.lens, v.direct].forEach((e) => e.replaceChildren());
+      for (const e of [v.stats, v.chart, v.lens, v.direct]) e.replaceChildren();
       v.heads.style.display = "none";
       this.drawTokens();
       return;
@@ -1287,11 +1492,24 @@ var Playground = class {
     v.heads.style.display = "";
     const window = ctx.slice(-this.cfg.n_ctx);
     const r = await live.run(window, { mask: this.mask });
-    const a = { window, logits: r.logits, restLogZ: null, patterns: r.patterns, lens: null, direct: null, target: null, live: true };
+    const a = {
+      window,
+      logits: r.logits,
+      restLogZ: null,
+      patterns: r.patterns,
+      lens: null,
+      direct: null,
+      target: null,
+      live: true
+    };
     let ms = r.ms;
     if (full) {
       a.target = byLogit(r.logits)[0];
-      const s = await live.run(window, { mask: this.mask, lens: [...Array(this.cfg.n_layers + 1).keys()], targets: [a.target] });
+      const s = await live.run(window, {
+        mask: this.mask,
+        lens: [...Array(this.cfg.n_layers + 1).keys()],
+        targets: [a.target]
+      });
       const n = this.model.get("lens_top");
       a.lens = s.lens.map((r2) => ({ ids: r2.ids.slice(0, n), probs: r2.probs.slice(0, n) }));
       a.direct = s.direct;
@@ -1299,7 +1517,9 @@ var Playground = class {
       ms += s.ms;
     }
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
-    this.setStatus(`live: ${live.describe}; last step ${r.ms.toFixed(0)} ms` + (full ? ` (${ms.toFixed(0)} ms with the lens)` : ""));
+    this.setStatus(
+      `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms${full ? ` (${ms.toFixed(0)} ms with the lens)` : ""}`
+    );
     this.current = a;
     this.draw(full);
     if (this.startedAt !== null) {
@@ -1329,7 +1549,10 @@ var Playground = class {
   confirmDownload(manifest) {
     const { v } = this;
     return new Promise((resolve) => {
-      const yes = button("gptlib-play-confirm-yes", `download ${megabytes(manifest.download_bytes)}`);
+      const yes = button(
+        "gptlib-play-confirm-yes",
+        `download ${megabytes(manifest.download_bytes)}`
+      );
       const no = button("gptlib-play-confirm-no", "not now");
       const done = (ok) => {
         v.confirm.replaceChildren();
@@ -1340,7 +1563,15 @@ var Playground = class {
         done(true);
       });
       no.addEventListener("click", () => done(false));
-      v.confirm.replaceChildren(make("span", "", `${manifest.name} runs in this page after a download of ${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); the tab then holds its weights unpacked to 32-bit floats. `), yes, no);
+      v.confirm.replaceChildren(
+        make(
+          "span",
+          "",
+          `${manifest.name} runs in this page after a download of ${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); the tab then holds its weights unpacked to 32-bit floats. `
+        ),
+        yes,
+        no
+      );
       report(v.root, { confirm: String(manifest.download_bytes) });
     });
   }
@@ -1380,7 +1611,11 @@ var Playground = class {
       report(
         v.root,
         { startMs: (performance.now() - t0).toFixed(0), memory: mem ? mem.bytes : "unknown" },
-        { encode: this.live.encode, decode: (ids) => decodeBytes(this.live.bytes, ids), backend: this.live }
+        {
+          encode: this.live.encode,
+          decode: (ids) => decodeBytes(this.live.bytes, ids),
+          backend: this.live
+        }
       );
       v.startBtn.style.display = v.progress.style.display = "none";
       v.chatLabel.style.display = this.live.chat ? "" : "none";
@@ -1388,7 +1623,10 @@ var Playground = class {
       this.setStatus(`live: ${this.live.describe}.${this.memoryNote}`, this.live.kind);
       return true;
     } catch (e) {
-      this.setStatus(e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`, "failed");
+      this.setStatus(
+        e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`,
+        "failed"
+      );
       report(v.root, { error: e.message });
       v.startBtn.disabled = false;
       v.progress.style.display = "none";
@@ -1428,7 +1666,7 @@ var Playground = class {
   // One more token, drawn from the live model's analysis.
   async drawNext(greedy) {
     if (!await this.start()) return;
-    if (!this.current || !this.current.live) await this.retext();
+    if (!this.current?.live) await this.retext();
     if (!this.current || !this.promptIds.length) return;
     const id = this.pick(greedy);
     this.path.push(id);
@@ -1439,7 +1677,7 @@ var Playground = class {
   // attention rows; the stop button, or a stop id in chat mode, ends it; then the lens.
   async generate(n, greedy) {
     if (!await this.start()) return;
-    if (!this.current || !this.current.live) await this.retext();
+    if (!this.current?.live) await this.retext();
     if (!this.current || !this.promptIds.length) return;
     this.running = true;
     this.stopAsked = false;
@@ -1470,7 +1708,7 @@ var Playground = class {
     }
     await this.compute();
     const per = (performance.now() - t0) / Math.max(1, steps);
-    this.v.msg.textContent = `${steps} token(s) drawn` + (stopped ? `; ${stopped}` : "") + ` (${per.toFixed(0)} ms a token, drawing included).`;
+    this.v.msg.textContent = `${steps} token(s) drawn${stopped ? `; ${stopped}` : ""} (${per.toFixed(0)} ms a token, drawing included).`;
     report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
   }
   async toggleHead(layer, head) {
@@ -1523,11 +1761,14 @@ function listen(p, v, model, life) {
   v.stopBtn.addEventListener("click", () => {
     p.stopAsked = true;
   });
-  v.undoBtn.addEventListener("click", () => p.act(async () => {
-    p.path.pop();
-    v.msg.textContent = "";
-    await p.compute();
-  }));
+  v.undoBtn.addEventListener(
+    "click",
+    () => p.act(async () => {
+      p.path.pop();
+      v.msg.textContent = "";
+      await p.compute();
+    })
+  );
   v.resetBtn.addEventListener("click", () => p.act(() => p.restart(model.get("seed"))));
   v.restoreBtn.addEventListener("click", () => p.act(() => p.restoreHeads()));
   v.seedBox.addEventListener("change", () => {
@@ -1546,7 +1787,9 @@ function listen(p, v, model, life) {
     model.save_changes();
     p.drawDistribution();
   });
-  ["temperature", "top_k", "top_p", "n_show"].forEach((n) => life.on(`change:${n}`, () => p.drawDistribution()));
+  for (const n of ["temperature", "top_k", "top_p", "n_show"]) {
+    life.on(`change:${n}`, () => p.drawDistribution());
+  }
   life.on("change:layer", p.panel.redraw);
   life.on("change:head", p.panel.redraw);
   life.on("change:text", () => {
@@ -1562,7 +1805,10 @@ function render({ model, el }) {
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
   const startAndRetext = listen(p, v, model, life);
-  p.setStatus("This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).", "off");
+  p.setStatus(
+    "This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
+    "off"
+  );
   p.draw();
   p.enable();
   let closed = false;

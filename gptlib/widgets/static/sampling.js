@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function make(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
@@ -17,7 +21,7 @@ function button(cls, text) {
 }
 function svg(tag, attrs, text) {
   const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
   if (text !== void 0) e.textContent = text;
   return e;
 }
@@ -32,14 +36,15 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
@@ -67,9 +72,10 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
   const restAll = rest;
   let approx = false;
   if (topK > 0) {
-    if (topK < n) order.slice(topK).forEach((i) => {
-      p[i] = 0;
-    });
+    if (topK < n)
+      order.slice(topK).forEach((i) => {
+        p[i] = 0;
+      });
     if (topK <= n) rest = 0;
     else if (rest > 0) approx = true;
     const zk = p.reduce((s, v) => s + v, 0) + rest;
@@ -102,7 +108,8 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
 function tableLogits(table, a) {
   const V = table.indptr.length - 1, s = table.smoothing;
   const y = new Array(V).fill(Math.log(s));
-  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++)
+    y[table.indices[k]] = Math.log(table.counts[k] + s);
   return y;
 }
 function xorshift32(seed) {
@@ -138,37 +145,102 @@ function drawChart(chart, rows, other, topP) {
   chart.style.maxWidth = `${width}px`;
   const parts = [];
   [0, 0.25, 0.5, 0.75, 1].forEach((t) => {
-    parts.push(svg("line", { class: "gptlib-samp-grid", x1: x0 + W * t, x2: x0 + W * t, y1: top - 4, y2: top + h * n }));
-    parts.push(svg("text", { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" }, String(t)));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-grid",
+        x1: x0 + W * t,
+        x2: x0 + W * t,
+        y1: top - 4,
+        y2: top + h * n
+      })
+    );
+    parts.push(
+      svg(
+        "text",
+        { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" },
+        String(t)
+      )
+    );
   });
-  const clip = (t) => t.length > 14 ? t.slice(0, 13) + "…" : t;
+  const clip = (t) => t.length > 14 ? `${t.slice(0, 13)}…` : t;
   rows.forEach((r, k) => {
     const y = top + h * k;
-    const g = svg("g", { class: "gptlib-samp-row" + (r.p > 0 ? "" : " removed") });
+    const g = svg("g", { class: `gptlib-samp-row${r.p > 0 ? "" : " removed"}` });
     g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, clip(show(r.label))),
-      svg("rect", { class: "gptlib-samp-ghost", x: x0, y: y + 2, width: (W * r.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-bar", x: x0, y: y + 4, width: (W * r.p).toFixed(2), height: h - 8 }),
+      svg(
+        "text",
+        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
+        clip(show(r.label))
+      ),
+      svg("rect", {
+        class: "gptlib-samp-ghost",
+        x: x0,
+        y: y + 2,
+        width: (W * r.ghost).toFixed(2),
+        height: h - 4
+      }),
+      svg("rect", {
+        class: "gptlib-samp-bar",
+        x: x0,
+        y: y + 4,
+        width: (W * r.p).toFixed(2),
+        height: h - 8
+      }),
       svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4))
     );
     parts.push(g);
   });
   if (other) {
     const y = top + h * rows.length;
-    const g = svg("g", { class: "gptlib-samp-row gptlib-samp-other" + (other.p > 0 ? "" : " removed") });
+    const g = svg("g", {
+      class: `gptlib-samp-row gptlib-samp-other${other.p > 0 ? "" : " removed"}`
+    });
     g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, other.label),
-      svg("rect", { class: "gptlib-samp-other-ghost", x: x0, y: y + 2, width: (W * other.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-other-bar", x: x0, y: y + 4, width: (W * other.p).toFixed(2), height: h - 8 }),
+      svg(
+        "text",
+        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
+        other.label
+      ),
+      svg("rect", {
+        class: "gptlib-samp-other-ghost",
+        x: x0,
+        y: y + 2,
+        width: (W * other.ghost).toFixed(2),
+        height: h - 4
+      }),
+      svg("rect", {
+        class: "gptlib-samp-other-bar",
+        x: x0,
+        y: y + 4,
+        width: (W * other.p).toFixed(2),
+        height: h - 8
+      }),
       svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4))
     );
     parts.push(g);
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
-  rows.forEach((r, k) => parts.push(svg("circle", { class: "gptlib-samp-cum-dot", cx: x0 + W * r.cum, cy: top + h * k + h / 2, r: 2 })));
+  rows.forEach((r, k) => {
+    parts.push(
+      svg("circle", {
+        class: "gptlib-samp-cum-dot",
+        cx: x0 + W * r.cum,
+        cy: top + h * k + h / 2,
+        r: 2
+      })
+    );
+  });
   if (topP < 1) {
-    parts.push(svg("line", { class: "gptlib-samp-pline", x1: x0 + W * topP, x2: x0 + W * topP, y1: top - 4, y2: top + h * n }));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-pline",
+        x1: x0 + W * topP,
+        x2: x0 + W * topP,
+        y1: top - 4,
+        y2: top + h * n
+      })
+    );
   }
   chart.replaceChildren(...parts);
 }
@@ -176,7 +248,7 @@ function chartKey() {
   const key = make("div", "gptlib-samp-key");
   const item = (cls, text) => {
     const s = make("span", "gptlib-samp-key-item");
-    s.append(make("span", "gptlib-samp-sw " + cls), text);
+    s.append(make("span", `gptlib-samp-sw ${cls}`), text);
     return s;
   };
   key.append(
@@ -214,7 +286,9 @@ function samplingControls(kMax) {
     labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
   }
   function onInput(set) {
-    ["temperature", "top_k", "top_p"].forEach((trait, i) => sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value))));
+    ["temperature", "top_k", "top_p"].forEach((trait, i) => {
+      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value)));
+    });
   }
   return { rows, show: show2, onInput };
 }
@@ -268,13 +342,15 @@ function plan(cached, cachedMask, window, mask) {
 function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
   if (keep === P) return past;
   const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  for (let r = 0; r < L * 2 * G; r++)
+    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
   return out;
 }
 function addRows(rows, attn, P, T, L, H) {
   const S = P + T;
   for (let lh = 0; lh < L * H; lh++) {
-    const r = rows[lh] || (rows[lh] = []);
+    if (!rows[lh]) rows[lh] = [];
+    const r = rows[lh];
     r.length = P;
     for (let t = 0; t < T; t++) {
       const o = (lh * T + t) * S;
@@ -288,8 +364,12 @@ function nestRows(rows, L, H) {
 }
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
-  if (!m || !m.usedJSHeapSize) return null;
-  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
+  if (!m?.usedJSHeapSize) return null;
+  return {
+    bytes: m.usedJSHeapSize,
+    limit: m.jsHeapSizeLimit,
+    what: "the JavaScript heap (performance.memory)"
+  };
 }
 function kernelLink(model) {
   let req = 0;
@@ -324,7 +404,7 @@ function kernelLink(model) {
     model.off("msg:custom", listener);
     timers.forEach(clearTimeout);
     timers.clear();
-    waiting.forEach((w) => w.reject(new LiveError("the view was closed")));
+    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
     waiting.clear();
   };
   return ask;
@@ -349,12 +429,13 @@ async function sha256Hex(bytes) {
 async function fetchInto(url, what, out, at, n, onBytes) {
   const r = await fetchOk(url, what);
   let got = 0;
-  if (r.body && r.body.getReader) {
+  if (r.body?.getReader) {
     const reader = r.body.getReader();
     for (; ; ) {
       const { done, value } = await reader.read();
       if (done) break;
-      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      if (got + value.length > n)
+        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
       out.set(value, at + got);
       got += value.length;
       onBytes(value.length);
@@ -369,12 +450,12 @@ async function fetchInto(url, what, out, at, n, onBytes) {
   if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
 }
 function checkManifest(m, url) {
-  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+  if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx && m.onnx.pieces;
+  const pieces = m.onnx?.pieces;
   if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
-    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
   return m;
 }
@@ -387,25 +468,37 @@ async function browserBackend(source, weightsSha, hooks) {
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
   progress("reading the model's manifest", null);
-  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
+  const manifest = checkManifest(
+    await (await fetchOk(manifestUrl, "the model's manifest")).json(),
+    manifestUrl
+  );
   if (weightsSha && manifest.weights_sha256 !== weightsSha) {
-    throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
+    throw new LiveError(
+      `the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`
+    );
   }
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
-    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`
+    );
   }
   const file = (f) => new URL(f, manifestUrl).href;
   let onnx;
   try {
     onnx = new Uint8Array(manifest.onnx.bytes);
   } catch (e) {
-    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`
+    );
   }
   let done = 0;
   const tick = (n) => {
     done += n;
-    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+    progress(
+      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
+      done / total
+    );
   };
   tick(0);
   const pieces = [];
@@ -440,9 +533,14 @@ async function browserBackend(source, weightsSha, hooks) {
   progress("starting onnxruntime-web (it unpacks the weights once)", 1);
   let session;
   try {
-    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+    session = await ort.InferenceSession.create(onnx, {
+      executionProviders: ["wasm"],
+      graphOptimizationLevel: "all"
+    });
   } catch (e) {
-    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`
+    );
   }
   onnx = null;
   const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
@@ -461,7 +559,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep, T = feed.length;
     past = cropPast(past, cached.length, P, c);
-    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
+    const lensList = lens?.length ? lens : [c.n_layers], tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
@@ -483,7 +581,7 @@ function pageBackend(ort, session, manifest, tokenizer) {
         fed: T
       };
     } finally {
-      Object.values(out).forEach((t) => t.dispose && t.dispose());
+      for (const t of Object.values(out)) t.dispose?.();
     }
   };
   return {
@@ -502,7 +600,13 @@ function pageBackend(ort, session, manifest, tokenizer) {
 }
 
 // gptlib/widgets/js/sampling.js
-var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
+var fullNode = (logits) => ({
+  ids: [...Array(logits.length).keys()],
+  logits,
+  mass: 1,
+  rest: null,
+  next: {}
+});
 var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 async function pageLogits(backend, ids) {
   return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
@@ -518,8 +622,15 @@ async function startLive(model, ask, kernel, progress) {
     };
   };
   const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
-    return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
+    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), {
+      progress
+    });
+    return {
+      describe: backend.describe,
+      tokens: backend.tokens,
+      nCtx: backend.config.n_ctx,
+      logits: (ids) => pageLogits(backend, ids)
+    };
   };
   if (kernel.answered) return inKernel();
   if (staticBase() && location.protocol !== "file:") return inPage();
@@ -532,7 +643,7 @@ function topKMax(prompts, topK, V, table) {
     nodes.push(node);
     Object.values(node.next).forEach(collect);
   };
-  prompts.forEach((p) => collect(p.root));
+  for (const p of prompts) collect(p.root);
   const longest = Math.max(...nodes.map((n) => n.ids.length));
   const partial = nodes.filter((n) => n.rest).map((n) => n.ids.length);
   return Math.max(Math.min(longest, 100, ...partial), topK);
@@ -551,17 +662,29 @@ function layout(prompts, kMax) {
     resetBtn: button("gptlib-samp-reset", "reset"),
     msg: make("div", "gptlib-samp-msg")
   };
-  v.promptSel.replaceChildren(...prompts.map((p, i) => {
-    const o = make("option", "", p.text || "(the given distribution)");
-    o.value = String(i);
-    return o;
-  }));
+  v.promptSel.replaceChildren(
+    ...prompts.map((p, i) => {
+      const o = make("option", "", p.text || "(the given distribution)");
+      o.value = String(i);
+      return o;
+    })
+  );
   const promptRow = make("label", "gptlib-controls");
   promptRow.append("prompt ", v.promptSel);
   if (prompts.length < 2) promptRow.style.display = "none";
   const buttons = make("div", "gptlib-controls");
   buttons.append(v.stepBtn, v.undoBtn, v.resetBtn);
-  v.root.append(v.title, promptRow, ...v.controls.rows, v.stats, v.chart, chartKey(), v.text, buttons, v.msg);
+  v.root.append(
+    v.title,
+    promptRow,
+    ...v.controls.rows,
+    v.stats,
+    v.chart,
+    chartKey(),
+    v.text,
+    buttons,
+    v.msg
+  );
   return v;
 }
 function walk(root, path) {
@@ -586,13 +709,17 @@ function restAt(node, T, temps) {
 }
 function statsLine(node, d, rest, T, V) {
   const n = node.ids.length, kept = d.p.filter((p) => p > 0).length;
-  if (!node.rest) return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
+  if (!node.rest)
+    return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
   return `The page stores the ${n} most probable of the ${V} tokens here (${(100 * node.mass).toFixed(1)}% of the probability at temperature 1) and the total weight of the other ${V - n}: ${kept} stored tokens can be sampled` + (d.rest > 0 ? `, and the others, ${d.rest.toFixed(4)} together.` : ".") + (d.approx ? " Top-p reaches past the stored tokens: the page keeps the others' mass up to top-p, the model whole tokens (a little more: less than one of those tokens' probability)." : "") + (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
 }
 function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
-  if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
-  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
-  if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
+  if (from === "table")
+    return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
+  if (from === "live")
+    return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
+  if (stop === null)
+    return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues with one of them, and the page cannot say which. Undo or reset to draw again.`;
   }
@@ -613,7 +740,11 @@ function render({ model, el }) {
   const liveNodes = /* @__PURE__ */ new Map();
   const rows = /* @__PURE__ */ new Map();
   const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
-  const settings = () => ({ T: model.get("temperature"), k: model.get("top_k"), tp: model.get("top_p") });
+  const settings = () => ({
+    T: model.get("temperature"),
+    k: model.get("top_k"),
+    tp: model.get("top_p")
+  });
   const promptIds = () => prompts[model.get("prompt")].ids;
   const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
   let ask = null;
@@ -621,7 +752,10 @@ function render({ model, el }) {
   if (canLive) {
     ask = kernelLink(model);
     life.atEnd(() => ask.close());
-    kernel.ping = ask({ kind: "ping" }, 1500).then(() => kernel.answered = true, () => false);
+    kernel.ping = ask({ kind: "ping" }, 1500).then(
+      () => kernel.answered = true,
+      () => false
+    );
   }
   function position(p) {
     if (table) {
@@ -662,7 +796,16 @@ function render({ model, el }) {
   }
   function drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "…");
-    v.text.replaceChildren(ctx, ...path.map((id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make("span", "gptlib-samp-new gptlib-samp-unknown", `⟨one of the ${others} other tokens⟩`)));
+    v.text.replaceChildren(
+      ctx,
+      ...path.map(
+        (id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make(
+          "span",
+          "gptlib-samp-new gptlib-samp-unknown",
+          `⟨one of the ${others} other tokens⟩`
+        )
+      )
+    );
   }
   function draw() {
     const at = position(path), { node, stop } = at, { logits, ids } = node;
@@ -682,7 +825,7 @@ function render({ model, el }) {
     v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
     v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = (stop !== null && liveError ? liveError + " " : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
+    v.msg.textContent = (stop !== null && liveError ? `${liveError} ` : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
     report(v.root, {
       probs: d.p,
       rest: d.rest,
@@ -765,9 +908,11 @@ function render({ model, el }) {
       draw();
     }
   });
-  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, () => {
-    if (!busy) draw();
-  }));
+  for (const n of ["temperature", "top_k", "top_p", "prompt"]) {
+    life.on(`change:${n}`, () => {
+      if (!busy) draw();
+    });
+  }
   draw();
   return () => {
     life.end();
