@@ -29,6 +29,7 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
 from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, PlaygroundView, SamplingView
+from gptlib.widgets.live import STEP_BUFFERS
 from gptlib.widgets.sampling import (
     KEPT_WHEN_LARGER,
     MAX_FULL_VOCAB,
@@ -757,22 +758,25 @@ def test_from_model_with_a_source_hands_over_to_the_kernel(tiny):
     assert repr(w).startswith("SamplingView(prompts=1, vocab=")
     assert "live='live/english.json'" in repr(w)
     assert _talk(w, {"kind": "ping"})[0]["kind"] == "pong"
-    msg, _ = _talk(w, {"kind": "start"})
-    assert msg["config"] == {"n_ctx": 16, "d_vocab": tok.vocab_size}
+    msg, _ = _talk(w, {"kind": "start"})  # the protocol PlaygroundView speaks (widgets/live.py)
+    assert msg["config"]["n_ctx"] == 16 and msg["config"]["d_vocab"] == tok.vocab_size
     assert msg["tokens"] == [tok.decode([i]) for i in range(tok.vocab_size)]
-    ids = tok.encode("the dog sat on the log and the mat")  # longer than n_ctx = 16
-    msg, buffers = _talk(w, {"kind": "logits", "ids": ids})
+    assert [base64.b64decode(b).decode() for b in msg["token_bytes"]] == msg["tokens"]
+    ids = tok.encode("the dog sat on the log and the mat")[-16:]  # the page crops to n_ctx
+    msg, buffers = _talk(w, {"kind": "step", "ids": ids})
     got = torch.tensor(np.frombuffer(buffers[0], dtype=np.float32).copy())
     model.eval()
     with torch.no_grad():
-        want = model(torch.tensor([ids[-16:]]))[0, -1]
+        want = model(torch.tensor([ids]))[0, -1]
     model.train()
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert model.training  # the step leaves the model's mode as it was
     for bad in (
-        {"kind": "logits", "ids": [tok.vocab_size]},
-        {"kind": "logits", "ids": []},
-        {"kind": "logits", "ids": "ab"},
-        {"kind": "nonsense"},
+        {"kind": "step", "ids": [tok.vocab_size]},
+        {"kind": "step", "ids": []},
+        {"kind": "step", "ids": "ab"},
+        {"kind": "step", "ids": list(range(17))},  # more than n_ctx
+        {"kind": "logits", "ids": ids},  # the old request: one protocol now
     ):
         msg, _ = _talk(w, bad)
         assert msg["kind"] == "error" and msg["message"].startswith("ValueError")
@@ -1410,10 +1414,46 @@ def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
         PlaygroundView(model, tok, "hi", chat=1)
 
 
+def _plain_forward(model, ids, off=()):
+    """The model's own forward pass on ``ids`` (the readable attention path, no step, no cache):
+    the last position's logits, every head's pattern (L, H, T, T) and the residual streams
+    X_0 .. X_L, the heads ``off`` (layer, head) removed by zeroing their pattern, so that their
+    z_h, and with it their output, is 0 (their pattern is still recorded)."""
+    from gptlib.hooks import capture
+
+    patterns = []
+
+    def hook(layer):
+        def f(_module, _inputs, out):
+            patterns.append(out[0].clone())  # (H, T, T)
+            out = out.clone()
+            for ell, h in off:
+                if ell == layer:
+                    out[:, h] = 0
+            return out
+
+        return f
+
+    attns = [b.attn for b in model.blocks]
+    fused = [a.fused for a in attns]
+    handles = [a.hook_pattern.register_forward_hook(hook(ell)) for ell, a in enumerate(attns)]
+    try:
+        for a in attns:
+            a.fused = False
+        with torch.no_grad(), capture(model, "hook_resid") as streams:
+            logits = model(torch.tensor([ids]))[0, -1]
+    finally:
+        for a, was in zip(attns, fused):
+            a.fused = was
+        for handle in handles:
+            handle.remove()
+    return logits, torch.stack(patterns), streams
+
+
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
-    a step's buffers are gptlib.export.step's outputs on the whole context, under the mask."""
-    from gptlib.circuits import ablate_heads
+    a step's buffers are the model's logits, patterns and logit lens on the whole context, under
+    the mask (against the model's own forward pass, not gptlib.export.step)."""
 
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
@@ -1447,14 +1487,28 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     ]
     assert started["chat"] is None and started["lens_top"] == 10
     assert sent[2][0]["ids"] == tok.encode("the dog é")
-    out = _step(model, ids, [0, 2], [3, 4], torch.tensor(mask).view(2, 4))
-    names = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
-    for name, b in zip(names, sent[3][1]):
-        dtype = np.int64 if name == "lens_ids" else np.float32
-        assert np.array_equal(np.frombuffer(b, dtype=dtype), out[name].numpy().ravel()), name
-    with torch.no_grad(), ablate_heads(model, [(1, 1)]):
-        ablated = model(torch.tensor([ids]))[0, -1]
-    torch.testing.assert_close(out["logits"][0], ablated, atol=1e-5, rtol=0)
+    # the buffers against the model's own forward pass (no step, no cache), head (1, 1) removed
+    # by zeroing its pattern (so z_h = 0), not by the mask's W_O rows
+    logits, patterns, streams = _plain_forward(model, ids, off=[(1, 1)])
+    got = dict(zip(STEP_BUFFERS, sent[3][1]))
+    f32 = {k: torch.from_numpy(np.frombuffer(b, dtype=np.float32).copy()) for k, b in got.items()}
+    torch.testing.assert_close(f32["logits"], logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(f32["attn"].view(patterns.shape), patterns, atol=1e-6, rtol=0)
+    lens_ids = np.frombuffer(got["lens_ids"], dtype=np.int64).reshape(2, 10)
+    for n, s in enumerate([0, 2]):  # the lens: ln_f(X_s) W_U at the last position, its top 10
+        row = model.read_out(streams[s][:, -1:])[0, 0].double()  # (d_vocab,)
+        want = torch.sort(row, descending=True, stable=True)
+        assert lens_ids[n].tolist() == want.indices[:10].tolist()
+        torch.testing.assert_close(
+            f32["lens_logits"][n * 10 : n * 10 + 10].double(), want.values[:10], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            f32["lens_lse"][n].double(), torch.logsumexp(row, 0), atol=1e-5, rtol=0
+        )
+    direct = f32["direct"].view(
+        2, 4, 2
+    )  # (L, H, targets); checked against the logit in test_export
+    assert (direct[1, 1] == 0).all() and direct.abs().max() > 0
     assert [sent[k][0]["kind"] for k in (4, 5, 6, 7)] == ["error"] * 4
     assert (
         "ids" in sent[4][0]["message"]
