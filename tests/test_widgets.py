@@ -829,19 +829,21 @@ SETTINGS = [
 ]
 
 
-def _node(tmp_path, script_body: str, module: str = "distribution.js"):
+def _node(tmp_path, script_body: str, module: str = "distribution.js", also: str | None = None):
     """Run an ES module snippet with node that imports the named exports of one of the widgets'
-    source modules (gptlib/widgets/js/, from which their bundles are built) as ``m``."""
+    source modules (gptlib/widgets/js/, from which their bundles are built) as ``m`` (and of a
+    second one, ``also``, as ``n``)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
     target = (WIDGETS / "js" / module).as_uri()
+    second = f"import * as n from {json.dumps((WIDGETS / 'js' / also).as_uri())};\n" if also else ""
     out = subprocess.run(
         [
             node,
             "--input-type=module",
             "-e",
-            f"import * as m from {json.dumps(target)};\n" + script_body,
+            f"import * as m from {json.dumps(target)};\n" + second + script_body,
         ],
         capture_output=True,
         text=True,
@@ -1559,7 +1561,7 @@ def test_playground_refuses_bad_input(bpe_tiny):
 
 
 def test_live_js_cache_plan_and_rows(tmp_path):
-    """The page's cache (live.js): the longest cached prefix under the same mask is kept, the
+    """The page's cache (page.js): the longest cached prefix under the same mask is kept, the
     last position runs again when nothing is new, a mask change recomputes everything; cropping
     keeps the first positions of each (layer, k/v, head) row; the attention rows grow by the
     step's rows and are cut back on undo."""
@@ -1586,11 +1588,15 @@ rows = m.addRows(rows, Float32Array.from([0.2, 0.3, 0.5]), 2, 1, 1, 1);
 out.rows3 = rows[0].map((r) => Array.from(r));
 rows = m.addRows(rows, Float32Array.from([0.6, 0.4]), 1, 1, 1, 1);
 out.rows2 = rows[0].map((r) => Array.from(r));
-out.lens = m.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
+const nested = m.nestRows(rows, 1, 1);  // copies: a later step changes the cache's rows
+rows = m.addRows(rows, Float32Array.from([1]), 0, 1, 1, 1);
+out.nested = nested[0][0].length;
+out.lens = n.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
                       Float32Array.from([1, 3]), 2, 2);
 console.log(JSON.stringify(out));
 """,
-        "live.js",
+        "page.js",
+        "backend.js",
     )
     assert js["plans"] == [
         {"keep": 3, "feed": [4, 5]},
@@ -1604,6 +1610,7 @@ console.log(JSON.stringify(out));
     assert js["crop"] == past[:, :, :, :1].ravel().tolist() and js["same"]
     assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
     assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
+    assert js["nested"] == 2  # what a step returned is not cut back by the next one
     assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
     assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
     assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
@@ -1624,8 +1631,9 @@ const errors = [
   try { m.checkManifest(bad, "x.json"); return null; } catch (e) { return e.message; }
 });
 const good = m.checkManifest(ok, "x.json") === ok;
-console.log(JSON.stringify({ ok: good, errors, mb: m.megabytes(123456789) }));
+console.log(JSON.stringify({ ok: good, errors, mb: n.megabytes(123456789) }));
 """,
+        "page.js",
         "live.js",
     )
     assert js["ok"] and js["mb"] == "123.5 MB"
@@ -1649,7 +1657,7 @@ console.log(JSON.stringify({{
   listed: ids.map((i) => a.logits[i]), finite: Array.from(a.logits).filter(Number.isFinite).length,
   rest: a.restLogZ }}));
 """,
-        "live.js",
+        "analysis.js",
     )
     out = _step(model, s["stored"]["ids"])
     A = out["attn"]
@@ -1665,93 +1673,85 @@ console.log(JSON.stringify({{
     )
 
 
-def test_playground_js_lens_tops_equal_python(tmp_path):
-    """topTokens (live.js) is the top of a row of logits, ties to the lower id, with its
-    probabilities at temperature 1."""
-    g = torch.Generator().manual_seed(8)
-    lens = torch.randn(3, 50, generator=g) * 3
-    lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
-    js = _node(
-        tmp_path,
-        f"const rows = {json.dumps(lens.tolist())};\n"
-        "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));",
-        "live.js",
-    )
-    for got, row in zip(js, lens):
-        ids = torch.sort(row, descending=True, stable=True).indices[:4]
-        assert got["ids"] == ids.tolist()
-        assert got["probs"] == pytest.approx(torch.softmax(row.double(), 0)[ids].tolist(), abs=1e-4)
-
-
 def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
-    """The page's side of the kernel protocol (Jupyter, Colab), against the Python side's answers:
-    a fake widget model hands each request to PlaygroundView._answer and its reply back to the
-    page, buffers as DataViews, as ipywidgets does."""
+    """The page's side of the kernel protocol (Jupyter, Colab; kernel.js), against the Python
+    side's answers (LiveKernel): a fake widget model hands each request's answer back to the page,
+    buffers as DataViews, as ipywidgets does. The first ping is lost (a comm still opening): the
+    page pings again rather than concluding that no kernel listens."""
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
-    replies = {}
 
     def answer(content):
         sent = []
         w.send = lambda c, buffers=None: sent.append(
             (c, [base64.b64encode(b).decode() for b in buffers or []])
         )
-        w._answer(w, content, [])
+        w._answer(w, content | {"req": 0}, [])
         return sent[0]
 
     ids = tok.encode("the dog sat")
     mask = [1.0, 0.0] + [1.0] * 6
-    for req, content in enumerate(
-        [
-            {"kind": "ping"},
+    replies = [
+        answer(content)
+        for content in [
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
             {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
             {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
-        ],
-        start=1,
-    ):
-        replies[req] = answer(content | {"req": req})
+        ]
+    ]
     js = _node(
         tmp_path,
         f"""
 const replies = {json.dumps(replies)};
-let listener = null;
+let listener = null, pings = 0, next = 0;
 const fake = {{
   on: (name, f) => {{ listener = f; }},
+  off: () => {{}},
   send: (content) => setTimeout(() => {{
-    const [msg, bufs] = replies[content.req];
-    listener(msg, bufs.map((b) => {{
+    if (content.kind === "ping") {{
+      if (pings++ > 0) listener({{ kind: "pong", req: content.req }}, []);
+      return;
+    }}
+    const [msg, bufs] = replies[next++];
+    listener({{ ...msg, req: content.req }}, bufs.map((b) => {{
       const u = Uint8Array.from(Buffer.from(b, "base64"));
       return new DataView(u.buffer);
     }}));
   }}, 1),
 }};
 const ask = m.kernelLink(fake);
-await ask({{ kind: "ping" }}, 1000);
+const pinged = await m.pingKernel(ask, 3, 100);
 const k = await m.kernelBackend(ask);
 const ids = await k.encode("the dog sat");
 const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7] }});
 let error = null;
 try {{ await k.run([-1]); }} catch (e) {{ error = e.message; }}
+ask.close();
+const silent = m.kernelLink({{ on: () => {{}}, off: () => {{}}, send: () => {{}} }});
+const alone = await m.pingKernel(silent, 2, 20);  // a static page: nobody answers
 console.log(JSON.stringify({{
-  kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
-  logits: Array.from(r.logits),
+  pinged, pings, alone, kind: k.kind, config: k.config, tokens: k.tokens,
+  bytes: k.bytes.map((b) => Array.from(b)), ids, logits: Array.from(r.logits),
   patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
   lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error }}));
 """,
-        "live.js",
+        "kernel.js",
     )
+    assert js["pinged"] and js["pings"] == 2 and not js["alone"]
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
-    out = _step(model, ids, [0, 1, 2], [7], torch.tensor(mask).view(2, 4))
-    assert js["logits"] == out["logits"][0].tolist() and js["patterns"] == out["attn"].tolist()
-    assert [r["ids"] for r in js["lens"]] == out["lens_ids"].tolist()
-    want = torch.exp(out["lens_logits"].double() - out["lens_lse"].double()[:, None])
-    got = [p for r in js["lens"] for p in r["probs"]]
-    assert got == pytest.approx(want.flatten().tolist(), rel=1e-6)
-    assert js["direct"] == out["direct"].flatten().tolist() and js["chat"] is None
+    # what the page reads is what the model computes (its own forward pass, head (0, 1) removed)
+    logits, patterns, streams = _plain_forward(model, ids, off=[(0, 1)])
+    assert js["logits"] == pytest.approx(logits.tolist(), abs=1e-5)
+    np.testing.assert_allclose(np.array(js["patterns"]), patterns.numpy(), atol=1e-6, rtol=0)
+    for r, s in zip(js["lens"], streams):
+        p = torch.softmax(model.read_out(s[:, -1:])[0, 0].double(), -1)
+        top = torch.sort(p, descending=True, stable=True)
+        assert r["ids"] == top.indices[:10].tolist()
+        assert r["probs"] == pytest.approx(top.values[:10].tolist(), abs=1e-6)
+    assert len(js["direct"]) == 8 and js["direct"][1] == 0 and js["chat"] is None
     assert "ids" in js["error"]
 
 

@@ -129,6 +129,25 @@ export function entropy(p) {
 // as a line, the top-p threshold, and a last row for all other tokens together.
 // rows: [{label, p, ghost, cum}], other: {label, p, ghost} or null, topP: 1 = no line.
 export const CHART = { x0: 120, W: 320, top: 20, h: 18, right: 70 };
+// One row of the chart at height y: the label, the ghost (temperature 1) behind the bar, and p.
+function barRow(y, { label, p, ghost }, [rowClass, ghostClass, barClass]) {
+  const { x0, W, h } = CHART;
+  const g = svg("g", { class: `${rowClass}${p > 0 ? "" : " removed"}` });
+  g.append(
+    svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, label),
+    svg("rect", {
+      class: ghostClass,
+      x: x0,
+      y: y + 2,
+      width: (W * ghost).toFixed(2),
+      height: h - 4,
+    }),
+    svg("rect", { class: barClass, x: x0, y: y + 4, width: (W * p).toFixed(2), height: h - 8 }),
+    svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, p.toFixed(4)),
+  );
+  return g;
+}
+
 export function drawChart(chart, rows, other, topP) {
   const { x0, W, top, h, right } = CHART;
   const n = rows.length + (other ? 1 : 0);
@@ -160,60 +179,18 @@ export function drawChart(chart, rows, other, topP) {
   });
   const clip = (t) => (t.length > 14 ? `${t.slice(0, 13)}\u2026` : t); // a label that fits its column
   rows.forEach((r, k) => {
-    const y = top + h * k;
-    const g = svg("g", { class: `gptlib-samp-row${r.p > 0 ? "" : " removed"}` });
-    g.append(
-      svg(
-        "text",
-        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
-        clip(show(r.label)),
-      ),
-      svg("rect", {
-        class: "gptlib-samp-ghost",
-        x: x0,
-        y: y + 2,
-        width: (W * r.ghost).toFixed(2),
-        height: h - 4,
-      }),
-      svg("rect", {
-        class: "gptlib-samp-bar",
-        x: x0,
-        y: y + 4,
-        width: (W * r.p).toFixed(2),
-        height: h - 8,
-      }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4)),
+    const row = { ...r, label: clip(show(r.label)) };
+    parts.push(
+      barRow(top + h * k, row, ["gptlib-samp-row", "gptlib-samp-ghost", "gptlib-samp-bar"]),
     );
-    parts.push(g);
   });
   if (other) {
-    const y = top + h * rows.length;
-    const g = svg("g", {
-      class: `gptlib-samp-row gptlib-samp-other${other.p > 0 ? "" : " removed"}`,
-    });
-    g.append(
-      svg(
-        "text",
-        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
-        other.label,
-      ),
-      svg("rect", {
-        class: "gptlib-samp-other-ghost",
-        x: x0,
-        y: y + 2,
-        width: (W * other.ghost).toFixed(2),
-        height: h - 4,
-      }),
-      svg("rect", {
-        class: "gptlib-samp-other-bar",
-        x: x0,
-        y: y + 4,
-        width: (W * other.p).toFixed(2),
-        height: h - 8,
-      }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4)),
-    );
-    parts.push(g);
+    const classes = [
+      "gptlib-samp-row gptlib-samp-other",
+      "gptlib-samp-other-ghost",
+      "gptlib-samp-other-bar",
+    ];
+    parts.push(barRow(top + h * rows.length, other, classes));
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));

@@ -5,192 +5,20 @@
 // distribution and seeded draws (one at a time, or a run of up to N with a stop button), the logit
 // lens, every head with its scores, a head mask (a click ablates a head) and each head's direct
 // contribution to the logit of the chosen token.
-import { button, lifetime, make, report, show, svg } from "./dom.js";
+import { fromStored } from "./analysis.js";
+import { button, lifetime, make, parseSeed, report, show } from "./dom.js";
+import { byLogit, distribution, drawIndex, xorshift32 } from "./distribution.js";
+import { attentionPanel } from "./heads.js";
+import { connect, megabytes, startError } from "./live.js";
 import {
-  byLogit,
-  chartKey,
-  chartRows,
-  distribution,
-  drawChart,
-  drawIndex,
-  entropy,
-  samplingControls,
-  xorshift32,
-} from "./distribution.js";
-import { attentionPanel, headScores } from "./heads.js";
-import {
-  browserBackend,
-  fromStored,
-  kernelBackend,
-  kernelLink,
-  largestDirect,
-  LiveError,
-  megabytes,
-  staticBase,
-} from "./live.js";
-
-// The view's elements: the text box and the live model's switch, the context's tokens and text,
-// the sampling controls and chart, the logit lens, and every head (an attention panel).
-function layout(model) {
-  const v = {
-    root: make("div", "gptlib-widget gptlib-play"),
-    box: make("textarea", "gptlib-play-text"),
-    chatBox: make("input", "gptlib-play-chat"),
-    startBtn: button("gptlib-play-start", "start the live model"),
-    confirm: make("div", "gptlib-play-confirm"),
-    progress: make("progress", "gptlib-play-progress"),
-    status: make("div", "gptlib-play-status"),
-    tokenRow: make("div", "gptlib-play-tokens"),
-    out: make("div", "gptlib-samp-text gptlib-play-out"),
-    controls: samplingControls(Math.max(100, model.get("top_k"))),
-    seedBox: make("input", "gptlib-play-seed"),
-    sampleBtn: button("gptlib-samp-step", "sample next token"),
-    greedyBtn: button("gptlib-play-greedy", "greedy"),
-    undoBtn: button("gptlib-samp-undo", "undo"),
-    resetBtn: button("gptlib-samp-reset", "reset"),
-    runBtn: button("gptlib-play-run", "generate"),
-    runN: make("input", "gptlib-play-run-n"),
-    runGreedy: make("input", "gptlib-play-run-greedy"),
-    stopBtn: button("gptlib-play-stop", "stop"),
-    msg: make("div", "gptlib-samp-msg"),
-    stats: make("div", "gptlib-samp-stats"),
-    chart: svg("svg", { class: "gptlib-samp-chart" }),
-    lens: make("div", "gptlib-play-lens"),
-    ablation: make("div", "gptlib-play-ablation"),
-    ablateBox: make("input", "gptlib-play-ablate-mode"),
-    restoreBtn: button("gptlib-play-restore", "restore all heads"),
-    direct: make("div", "gptlib-play-direct"),
-    heads: make("div", "gptlib-play-heads"),
-  };
-  v.box.rows = 3;
-  v.box.spellcheck = false;
-  v.box.value = model.get("text");
-  v.box.setAttribute("aria-label", "text for the model");
-  v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
-  v.chatBox.checked = model.get("chat");
-  Object.assign(v.seedBox, {
-    type: "number",
-    min: "0",
-    max: "4294967295",
-    step: "1",
-    value: String(model.get("seed")),
-  });
-  Object.assign(v.runN, {
-    type: "number",
-    min: "1",
-    max: "1000",
-    step: "1",
-    value: String(model.get("n_generate")),
-  });
-  Object.assign(v.progress, { max: 1, value: 0 });
-  v.progress.style.display = "none";
-  v.stopBtn.disabled = true;
-  const label = (cls, ...parts) => {
-    const l = make("label", cls);
-    l.append(...parts);
-    return l;
-  };
-  const chatLabel = label(
-    "gptlib-play-chat-label",
-    v.chatBox,
-    " chat (the model's chat template around the text)",
-  );
-  chatLabel.style.display = model.get("chat_available") ? "" : "none";
-  v.chatLabel = chatLabel;
-  const startRow = make("div", "gptlib-controls");
-  startRow.append(v.startBtn, v.progress, v.status);
-  const buttons = make("div", "gptlib-controls");
-  buttons.append(
-    v.sampleBtn,
-    v.greedyBtn,
-    v.undoBtn,
-    v.resetBtn,
-    label("gptlib-play-seed-label", "seed ", v.seedBox),
-  );
-  const runRow = make("div", "gptlib-controls");
-  runRow.append(
-    v.runBtn,
-    label("gptlib-play-run-label", "up to ", v.runN, " tokens"),
-    label("gptlib-play-run-greedy-label", v.runGreedy, " greedy"),
-    v.stopBtn,
-  );
-  const ablateRow = make("div", "gptlib-controls");
-  ablateRow.append(
-    label(
-      "gptlib-play-ablate-label",
-      v.ablateBox,
-      " a click on a head ablates it (its output zeroed)",
-    ),
-    v.restoreBtn,
-    v.ablation,
-  );
-  const section = (text) => make("div", "gptlib-play-section", text);
-  v.root.append(
-    make("div", "gptlib-title", model.get("title")),
-    v.box,
-    chatLabel,
-    startRow,
-    v.confirm,
-    v.tokenRow,
-    v.out,
-    section("Next token"),
-    ...v.controls.rows,
-    buttons,
-    runRow,
-    v.msg,
-    v.stats,
-    v.chart,
-    chartKey(),
-    section(
-      "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
-    ),
-    v.lens,
-    section("Every head on this text"),
-    ablateRow,
-    v.direct,
-    v.heads,
-  );
-  return v;
-}
-
-// The text of token ids from their bytes: invalid bytes become U+FFFD, as in
-// BPETokenizer.decode; a leading U+FEFF is text, not a mark.
-function decodeBytes(bytes, ids) {
-  const parts = ids.map((i) => bytes[i]);
-  const all = new Uint8Array(parts.reduce((s, b) => s + b.length, 0));
-  let at = 0;
-  parts.forEach((b) => {
-    all.set(b, at);
-    at += b.length;
-  });
-  return new TextDecoder("utf-8", { ignoreBOM: true }).decode(all);
-}
-
-// The logit lens: one row per residual stream, its top tokens shaded by probability.
-function drawLens(box, lens, labels, tokenStr) {
-  if (!lens) {
-    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
-    return;
-  }
-  box.replaceChildren(
-    ...lens.map((top, l) => {
-      const r = make("div", "gptlib-play-lens-row");
-      r.append(
-        make("span", "gptlib-play-lens-label", labels[l]),
-        ...top.ids.map((id, n) => {
-          const c = make(
-            "span",
-            "gptlib-play-lens-tok",
-            `${show(tokenStr(id))} ${top.probs[n].toFixed(2)}`,
-          );
-          c.style.setProperty("--p", String(top.probs[n]));
-          return c;
-        }),
-      );
-      return r;
-    }),
-  );
-}
+  decodeBytes,
+  draw,
+  drawCircuits,
+  drawDistribution,
+  drawTokens,
+  enable,
+  layout,
+} from "./playground_draw.js";
 
 // The view's state and what it does: what is shown, the live model, drawing and computing.
 class Playground {
@@ -232,14 +60,8 @@ class Playground {
     this.path = []; // the ids drawn after the prompt
     this.reseed(model.get("seed"));
     this.current = fromStored(model.get("stored"), this.cfg); // the analysis shown
-    this.ask = kernelLink(model);
-    life.atEnd(() => this.ask.close());
-    // Is a kernel listening? (Jupyter, Colab.) A static page never answers.
-    this.kernelAnswered = false;
-    this.kernel = this.ask({ kind: "ping" }, 1500).then(
-      () => (this.kernelAnswered = true),
-      () => false,
-    );
+    this.link = connect(model); // the live model: the kernel's, or the page's (shared)
+    life.atEnd(() => this.link.close());
   }
 
   reseed(seed) {
@@ -270,156 +92,6 @@ class Playground {
     return out;
   }
 
-  // --- drawing ----------------------------------------------------------------------------
-  // The context's tokens (those outside the model's window dimmed) and the text they decode to.
-  drawTokens() {
-    const { v, live, promptIds, path } = this,
-      nCtx = this.cfg.n_ctx;
-    const ctx = promptIds.concat(path),
-      first = ctx.length - Math.min(ctx.length, nCtx);
-    v.tokenRow.replaceChildren(
-      make(
-        "span",
-        "gptlib-play-count",
-        `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `,
-      ),
-      ...ctx.map((id, i) => {
-        const s = make(
-          "span",
-          `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
-          show(this.tokenStr(id)),
-        );
-        s.title =
-          `token ${i}: id ${id}` +
-          (live
-            ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}`
-            : "") +
-          (i < first ? " (outside the model's window)" : "");
-        return s;
-      }),
-    );
-    if (live) {
-      const all = decodeBytes(live.bytes, ctx),
-        head = decodeBytes(live.bytes, promptIds);
-      const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
-      v.out.replaceChildren(
-        make("span", "gptlib-samp-ctx", head),
-        make("span", "gptlib-samp-new", cont),
-      );
-    } else {
-      v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value));
-    }
-  }
-
-  // The next-token distribution under the sliders' settings.
-  drawDistribution() {
-    const { v, current } = this;
-    if (!current) return;
-    const { T, k, tp } = this.settings();
-    v.controls.show(T, k, tp);
-    const d = distribution(current.logits, T, k, tp, current.restLogZ),
-      g = distribution(current.logits, 1, 0, 1, current.restLogZ);
-    const V = current.logits.length,
-      kept = d.p.filter((p) => p > 0).length;
-    v.stats.textContent =
-      current.restLogZ === null
-        ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`
-        : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
-    const { rows, other } = chartRows(d, g, this.model.get("n_show"), (id) => this.tokenStr(id), V);
-    drawChart(v.chart, rows, other, tp);
-    report(v.root, { settings: { temperature: T, top_k: k, top_p: tp } }, { probs: d.p });
-  }
-
-  // The heads' direct contributions to the chosen token's logit, and the heads ablated.
-  drawCircuits() {
-    const { v, current, cfg } = this;
-    const abl = this.ablated();
-    v.ablation.textContent = abl.length
-      ? `ablated: ${abl.map(([l, h]) => `L${l}.H${h}`).join(", ")}`
-      : "no head ablated";
-    v.restoreBtn.disabled = !abl.length || this.busy;
-    if (!current?.direct) {
-      v.direct.textContent = "";
-      return;
-    }
-    const top = largestDirect(current.direct, cfg.n_heads, 5);
-    v.direct.textContent =
-      `Direct contribution of each head to the logit of "${show(this.tokenStr(current.target))}" ` +
-      "(the head's output through the final norm, its scale frozen, and W_U): largest " +
-      top.map(([d, l, h]) => `L${l}.H${h} ${d >= 0 ? "+" : ""}${d.toFixed(2)}`).join(", ") +
-      ".";
-  }
-
-  // The heads: every pattern with its scores (and the direct contributions, when computed).
-  drawHeads() {
-    const { current, cfg } = this;
-    const { n_layers: L, n_heads: H } = cfg;
-    const scores = headScores(current.patterns, current.window);
-    if (current.direct) {
-      scores.push({
-        name: "direct",
-        values: [...Array(L).keys()].map((l) =>
-          Array.from(current.direct.subarray(l * H, (l + 1) * H)),
-        ),
-        uniform: null,
-        meaning: `to the logit of "${show(this.tokenStr(current.target))}"`,
-      });
-    }
-    this.panel.update({
-      tokens: current.window.map((id) => this.tokenStr(id)),
-      patterns: current.patterns,
-      layerLabels: this.layerLabels,
-      headLabels: this.headLabels,
-      scores,
-      groups: this.groups,
-      mask: this.mask,
-    });
-  }
-
-  draw(heads = true) {
-    const { v, current } = this;
-    const t0 = performance.now();
-    this.drawTokens();
-    if (!current) return;
-    this.drawDistribution();
-    drawLens(v.lens, current.lens, this.lensLabels, (id) => this.tokenStr(id));
-    this.drawCircuits();
-    const t1 = performance.now();
-    if (heads) this.drawHeads();
-    report(
-      v.root,
-      {
-        drawMs: `${(t1 - t0).toFixed(1)}+${(performance.now() - t1).toFixed(1)}`,
-        ids: this.promptIds.concat(this.path),
-        window: current.window,
-        path: this.path,
-        draws: this.draws,
-        lens: current.lens,
-        target: current.target,
-        ablated: this.ablated(),
-      },
-      {
-        window: current.window,
-        logits: current.logits,
-        patterns: current.patterns,
-        lens: current.lens,
-        direct: current.direct,
-        mask: this.mask,
-      },
-    );
-  }
-
-  // The buttons that need the live model, enabled when it is ready.
-  enable() {
-    const { v, live, busy } = this;
-    const ready = !!live && !busy && this.promptIds.length > 0;
-    v.sampleBtn.disabled = v.greedyBtn.disabled = v.runBtn.disabled = !ready && !!live;
-    v.undoBtn.disabled = v.resetBtn.disabled = !ready || this.path.length === 0;
-    v.stopBtn.disabled = !this.running;
-    v.restoreBtn.disabled = !ready || !this.ablated().length;
-    report(v.root, { busy: busy ? "1" : "0" });
-  }
-
   // --- computing --------------------------------------------------------------------------
   // The analysis of the context: `full` (a single action of the reader) adds the logit lens of
   // every stream and the heads' direct contributions to the most probable token's logit, at the
@@ -433,7 +105,7 @@ class Playground {
       this.current = null;
       for (const e of [v.stats, v.chart, v.lens, v.direct]) e.replaceChildren();
       v.heads.style.display = "none";
-      this.drawTokens();
+      drawTokens(this);
       return;
     }
     v.heads.style.display = "";
@@ -468,7 +140,7 @@ class Playground {
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms${full ? ` (${ms.toFixed(0)} ms with the lens)` : ""}`,
     );
     this.current = a;
-    this.draw(full);
+    draw(this, full);
     if (this.startedAt !== null) {
       // the time from "start" to the first result drawn
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
@@ -480,7 +152,7 @@ class Playground {
   async act(f) {
     if (this.busy) return;
     this.busy = true;
-    this.enable();
+    enable(this);
     const t0 = performance.now();
     try {
       await f();
@@ -490,8 +162,8 @@ class Playground {
       report(this.v.root, { error: e.message });
     } finally {
       this.busy = this.running = false;
-      this.enable();
-      this.drawCircuits();
+      enable(this);
+      drawCircuits(this);
     }
   }
 
@@ -528,24 +200,19 @@ class Playground {
     });
   }
 
-  // The backend: the kernel if it answered; else the page, when it is served over http with the
-  // book's files; else wait for the kernel's answer (the page's own error says why it cannot).
-  async backend() {
+  // The backend (live.js's connect): the page's progress and the reader's consent go to this view.
+  backend() {
     const { v } = this;
-    const inPage = () =>
-      browserBackend(this.model.get("source"), this.model.get("weights_sha256"), {
-        progress: (s, f) => {
-          this.setStatus(`starting the live model: ${s}\u2026`);
-          if (f !== null && f !== undefined) {
-            v.progress.style.display = "";
-            v.progress.value = f;
-          }
-        },
-        confirm: (m) => this.confirmDownload(m),
-      });
-    if (this.kernelAnswered) return kernelBackend(this.ask);
-    if (staticBase() && location.protocol !== "file:") return inPage();
-    return (await this.kernel) ? kernelBackend(this.ask) : inPage();
+    return this.link.backend({
+      progress: (s, f) => {
+        this.setStatus(`starting the live model: ${s}\u2026`);
+        if (f !== null && f !== undefined) {
+          v.progress.style.display = "";
+          v.progress.value = f;
+        }
+      },
+      confirm: (m) => this.confirmDownload(m),
+    });
   }
 
   // Starts the live model once; true when it runs.
@@ -585,10 +252,7 @@ class Playground {
       this.setStatus(`live: ${this.live.describe}.${this.memoryNote}`, this.live.kind);
       return true;
     } catch (e) {
-      this.setStatus(
-        e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`,
-        "failed",
-      );
+      this.setStatus(startError(e), "failed");
       report(v.root, { error: e.message });
       v.startBtn.disabled = false;
       v.progress.style.display = "none";
@@ -650,7 +314,7 @@ class Playground {
     if (!this.current || !this.promptIds.length) return;
     this.running = true;
     this.stopAsked = false;
-    this.enable();
+    enable(this);
     const t0 = performance.now();
     let steps = 0,
       stopped = "";
@@ -674,7 +338,7 @@ class Playground {
       }
     } finally {
       this.running = false;
-      this.enable();
+      enable(this);
     }
     await this.compute();
     const per = (performance.now() - t0) / Math.max(1, steps);
@@ -747,8 +411,8 @@ function listen(p, v, model, life) {
   v.resetBtn.addEventListener("click", () => p.act(() => p.restart(model.get("seed"))));
   v.restoreBtn.addEventListener("click", () => p.act(() => p.restoreHeads()));
   v.seedBox.addEventListener("change", () => {
-    const s = Number(v.seedBox.value);
-    if (!/^\s*\d+\s*$/.test(v.seedBox.value) || s >= 2 ** 32) {
+    const s = parseSeed(v.seedBox.value);
+    if (s === null) {
       v.seedBox.value = String(model.get("seed"));
       v.msg.textContent = `The seed must be a whole number from 0 to 4294967295: it stays ${model.get("seed")}.`;
       return;
@@ -760,10 +424,10 @@ function listen(p, v, model, life) {
   v.controls.onInput((name, value) => {
     model.set(name, value);
     model.save_changes();
-    p.drawDistribution();
+    drawDistribution(p);
   });
   for (const n of ["temperature", "top_k", "top_p", "n_show"]) {
-    life.on(`change:${n}`, () => p.drawDistribution());
+    life.on(`change:${n}`, () => drawDistribution(p));
   }
   life.on("change:layer", p.panel.redraw);
   life.on("change:head", p.panel.redraw);
@@ -788,13 +452,13 @@ function render({ model, el }) {
       "the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
     "off",
   );
-  p.draw();
-  p.enable();
+  draw(p);
+  enable(p);
   let closed = false;
   life.atEnd(() => {
     closed = true;
   });
-  p.kernel.then((yes) => {
+  p.link.kernel.then((yes) => {
     if (yes && !closed) startAndRetext();
   });
   return () => {

@@ -7,8 +7,9 @@
 //     tokens; where it does not store them all, `rest` holds the other tokens' total weight at each
 //     temperature of the state's `temperatures`, so the probabilities shown are the model's own,
 //     and the other tokens are one bar;
-//   - past the tree, the live model, when the view names one (`source`): the kernel in Jupyter and
-//     Colab, else the page's backend (live.js); every distribution is then computed.
+//   - past the tree, the live model, when the view names one (`source`): live.js's connect, the
+//     kernel in Jupyter and Colab, else the page's backend (shared with every other view of that
+//     model on the page); every distribution is then computed.
 import { button, lifetime, make, report, show, svg } from "./dom.js";
 import {
   chartKey,
@@ -21,7 +22,7 @@ import {
   tableLogits,
   xorshift32,
 } from "./distribution.js";
-import { browserBackend, kernelLink, LiveError, staticBase } from "./live.js";
+import { connect, startError } from "./live.js";
 
 // A distribution over a whole vocabulary, as a node with nothing stored below it.
 const fullNode = (logits) => ({
@@ -31,47 +32,6 @@ const fullNode = (logits) => ({
   rest: null,
   next: {},
 });
-
-const f32 = (b) =>
-  b instanceof ArrayBuffer
-    ? new Float32Array(b.slice(0))
-    : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-
-// The one use of live.js's backend here (LIVE_CONTRACT.md section 3): the next-token logits
-// after `ids`, every head kept, no lens, no direct contributions (the backend keeps its own cache
-// of the prefix).
-async function pageLogits(backend, ids) {
-  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
-}
-
-// The live model of a view with a `source`: {describe, tokens, nCtx, logits(ids)}. The kernel if
-// it answered (Jupyter, Colab: SamplingView._answer); else the page's backend, when the page is
-// served over http with the book's files; else wait for the kernel's answer.
-async function startLive(model, ask, kernel, progress) {
-  const inKernel = async () => {
-    const { msg } = await ask({ kind: "start" });
-    return {
-      describe: "PyTorch in the kernel",
-      tokens: msg.tokens,
-      nCtx: msg.config.n_ctx,
-      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0]),
-    };
-  };
-  const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), {
-      progress,
-    });
-    return {
-      describe: backend.describe,
-      tokens: backend.tokens,
-      nCtx: backend.config.n_ctx,
-      logits: (ids) => pageLogits(backend, ids),
-    };
-  };
-  if (kernel.answered) return inKernel();
-  if (staticBase() && location.protocol !== "file:") return inPage();
-  return (await kernel.ping) ? inKernel() : inPage();
-}
 
 // top-k's slider: 0 (off) up to where the bars still differ, and never past the tokens a node
 // stores when it does not store them all (beyond them the page would not know which to keep).
@@ -205,115 +165,116 @@ function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
   );
 }
 
-function render({ model, el }) {
-  const life = lifetime(model);
-  const prompts = model.get("prompts"),
-    vocab = model.get("tokens");
-  const temps = model.get("temperatures") || [1],
-    V = model.get("vocab_size");
-  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
-  const canLive = !table && Boolean(model.get("source"));
-  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
-  el.appendChild(v.root);
+// The view's state and what it does: the text drawn so far, where its distribution comes from
+// (the table, the stored tree, the live model), drawing it, and one seeded draw.
+class Sampler {
+  constructor(model, v, life) {
+    this.model = model;
+    this.v = v;
+    this.prompts = model.get("prompts");
+    this.vocab = model.get("tokens");
+    this.temps = model.get("temperatures") || [1];
+    this.V = model.get("vocab_size");
+    this.table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+    this.canLive = !this.table && Boolean(model.get("source"));
+    this.rng = xorshift32(model.get("seed"));
+    this.path = []; // the ids drawn after the prompt; -1 for "one of the tokens the page does not list"
+    this.live = null; // the backend, once started
+    this.liveError = "";
+    this.busy = false;
+    this.liveNodes = new Map(); // distributions the live model computed, by prompt and path
+    this.rows = new Map(); // the table's rows computed so far, by token
+    this.link = null;
+    if (this.canLive) {
+      this.link = connect(model); // the kernel's (Jupyter, Colab) or the page's backend
+      life.atEnd(() => this.link.close());
+    }
+  }
 
-  const rng = xorshift32(model.get("seed"));
-  let path = []; // the ids drawn after the prompt; -1 for "one of the tokens the page does not list"
-  let live = null,
-    starting = null,
-    liveError = "",
-    busy = false;
-  const liveNodes = new Map(); // distributions the live model computed, by prompt and path
-  const rows = new Map(); // the table's rows computed so far, by token
-  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
-  const settings = () => ({
-    T: model.get("temperature"),
-    k: model.get("top_k"),
-    tp: model.get("top_p"),
-  });
-  const promptIds = () => prompts[model.get("prompt")].ids;
-  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
+  tok(id) {
+    return this.vocab[String(id)] ?? (this.live ? this.live.tokens[id] : `#${id}`);
+  }
 
-  // In Jupyter and Colab a kernel answers; a static page never does.
-  let ask = null;
-  const kernel = { answered: false, ping: Promise.resolve(false) };
-  if (canLive) {
-    ask = kernelLink(model);
-    life.atEnd(() => ask.close());
-    kernel.ping = ask({ kind: "ping" }, 1500).then(
-      () => (kernel.answered = true),
-      () => false,
-    );
+  settings() {
+    const m = this.model;
+    return { T: m.get("temperature"), k: m.get("top_k"), tp: m.get("top_p") };
+  }
+
+  promptIds() {
+    return this.prompts[this.model.get("prompt")].ids;
+  }
+
+  key(p) {
+    return `${this.model.get("prompt")}:${p.join(",")}`;
   }
 
   // The distribution after the prompt and `p`: {node, stop, from}; stop is the drawn token after
   // which the view knows no distribution (null where it knows one).
-  function position(p) {
+  position(p) {
+    const { table, rows } = this;
     if (table) {
-      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      const ids = this.promptIds();
+      const a = p.length ? p[p.length - 1] : ids[ids.length - 1];
       if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
       return { node: rows.get(a), stop: null, from: "table" };
     }
-    const at = walk(prompts[model.get("prompt")].root, p);
+    const at = walk(this.prompts[this.model.get("prompt")].root, p);
     if (at.stop === null) return { ...at, from: "tree" };
-    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
-    return { ...at, from: "tree" };
+    const known = this.liveNodes.get(this.key(p));
+    return known ? { node: known, stop: null, from: "live" } : { ...at, from: "tree" };
   }
 
   // Starts the live model once; true when it runs (else liveError says why).
-  function ensureLive() {
-    if (live) return Promise.resolve(true);
-    if (!starting) {
-      starting = startLive(model, ask, kernel, (s) => {
-        v.msg.textContent = `starting the live model: ${s}\u2026`;
-      })
-        .then((b) => {
-          live = b;
-          report(v.root, { live: "on" });
-          return true;
-        })
-        .catch((e) => {
-          liveError =
-            e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
-          report(v.root, { live: "failed", error: liveError });
-          starting = null;
-          return false;
-        });
+  async ensureLive() {
+    if (this.live) return true;
+    const progress = (s) => {
+      this.v.msg.textContent = `starting the live model: ${s}\u2026`;
+    };
+    try {
+      this.live = await this.link.backend({ progress });
+      report(this.v.root, { live: "on" });
+      return true;
+    } catch (e) {
+      this.liveError = startError(e);
+      report(this.v.root, { live: "failed", error: this.liveError });
+      return false;
     }
-    return starting;
   }
 
-  // The live model's distribution after the prompt and `p` (computed once), or null.
-  async function liveNode(p) {
-    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
-    if (!(await ensureLive())) return null;
-    const ids = [...promptIds(), ...p].slice(-live.nCtx);
-    const node = fullNode(Array.from(await live.logits(ids)));
-    liveNodes.set(key(p), node);
+  // The live model's distribution after the prompt and `p` (computed once), or null: the
+  // next-token logits, every head kept, no lens, no direct contributions.
+  async liveNode(p) {
+    const key = this.key(p);
+    if (this.liveNodes.has(key)) return this.liveNodes.get(key);
+    if (!(await this.ensureLive())) return null;
+    const ids = [...this.promptIds(), ...p].slice(-this.live.config.n_ctx);
+    const { logits } = await this.live.run(ids, { mask: null, lens: null, targets: null });
+    const node = fullNode(Array.from(logits));
+    this.liveNodes.set(key, node);
     return node;
   }
 
-  function drawText(prompt, others) {
+  drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "\u2026");
-    v.text.replaceChildren(
-      ctx,
-      ...path.map((id) =>
-        id >= 0
-          ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "\u21b5\n"))
-          : make(
-              "span",
-              "gptlib-samp-new gptlib-samp-unknown",
-              `\u27e8one of the ${others} other tokens\u27e9`,
-            ),
-      ),
+    const drawn = this.path.map((id) =>
+      id >= 0
+        ? make("span", "gptlib-samp-new", this.tok(id).replace(/\n/g, "\u21b5\n"))
+        : make(
+            "span",
+            "gptlib-samp-new gptlib-samp-unknown",
+            `\u27e8one of the ${others} other tokens\u27e9`,
+          ),
     );
+    this.v.text.replaceChildren(ctx, ...drawn);
   }
 
-  function draw() {
-    const at = position(path),
+  draw() {
+    const { model, v, V, path, busy, temps } = this;
+    const at = this.position(path),
       { node, stop } = at,
       { logits, ids } = node;
-    const { T, k, tp } = settings();
-    const prompt = prompts[model.get("prompt")].text;
+    const { T, k, tp } = this.settings();
+    const prompt = this.prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
     v.promptSel.value = String(model.get("prompt"));
     v.controls.show(T, k, tp);
@@ -323,16 +284,18 @@ function render({ model, el }) {
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
     // The chart: the n_show most probable tokens, then all other tokens as one row.
-    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    const label = (i) => this.tok(ids[i]);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), label, V);
     drawChart(v.chart, bars, other, tp);
-    drawText(prompt, V - ids.length);
+    this.drawText(prompt, V - ids.length);
     v.stepBtn.disabled = busy || stop !== null;
     v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
     v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
+    const onePrompt = this.prompts.length === 1 && !prompt;
     v.msg.textContent =
-      (stop !== null && liveError ? `${liveError} ` : "") +
-      stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
+      (stop !== null && this.liveError ? `${this.liveError} ` : "") +
+      stopMessage(at, path, V - ids.length, (id) => this.tok(id), onePrompt, this.live);
     // What is drawn, to compare with Python; the others' weight used now and at temperature 1
     // (for the ghost) are "" where every token is stored.
     report(v.root, {
@@ -359,17 +322,18 @@ function render({ model, el }) {
   // list, or one the tree has no node after, goes to the live model where the view has one: the
   // first redrawn at the same u from the whole distribution (whose most probable tokens are the
   // listed ones), the second continued from the distribution the live model computes.
-  async function step() {
-    const at = position(path);
-    if (busy || at.stop !== null) return;
-    const { T, k, tp } = settings();
+  async step() {
+    const { v, path, canLive } = this;
+    const at = this.position(path);
+    if (this.busy || at.stop !== null) return;
+    const { T, k, tp } = this.settings();
     let node = at.node;
-    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
-    const u = rng();
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, this.temps).logZ);
+    const u = this.rng();
     let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    busy = canLive;
-    if (busy) {
+    this.busy = canLive;
+    if (this.busy) {
       v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
       report(v.root, { busy: "1" });
     }
@@ -377,7 +341,7 @@ function render({ model, el }) {
       if (i < 0 && canLive) {
         v.msg.textContent =
           "The draw fell among the tokens the page does not store here: asking the live model\u2026";
-        const whole = await liveNode(path);
+        const whole = await this.liveNode(path);
         if (whole) {
           node = whole;
           d = distribution(node.logits, T, k, tp, null);
@@ -385,52 +349,56 @@ function render({ model, el }) {
         }
       }
       path.push(i >= 0 ? node.ids[i] : -1);
-      if (canLive && i >= 0 && position(path).stop !== null) {
+      if (canLive && i >= 0 && this.position(path).stop !== null) {
         v.msg.textContent =
           "Past the stored tree: the live model computes the next distribution\u2026";
-        await liveNode(path);
+        await this.liveNode(path);
       }
     } catch (e) {
-      liveError = `The live model failed: ${e.message}`;
-      report(v.root, { error: liveError });
+      this.liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: this.liveError });
     } finally {
-      busy = false;
-      draw();
+      this.busy = false;
+      this.draw();
     }
   }
+}
 
+function render({ model, el }) {
+  const life = lifetime(model);
+  const prompts = model.get("prompts");
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), model.get("vocab_size"), table));
+  el.appendChild(v.root);
+  const s = new Sampler(model, v, life);
+  const redraw = () => {
+    if (!s.busy) s.draw();
+  };
+  // the seeded generator goes on after a reset: a new text each time
   const restart = () => {
-    path = [];
-  }; // the seeded generator goes on: a new text each time
+    s.path = [];
+  };
   const set = (name, value) => {
     model.set(name, value);
     model.save_changes();
-    draw();
+    s.draw();
   };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => {
     restart();
     set("prompt", Number(v.promptSel.value));
   });
-  v.stepBtn.addEventListener("click", step);
+  v.stepBtn.addEventListener("click", () => s.step());
   v.undoBtn.addEventListener("click", () => {
-    if (!busy) {
-      path.pop();
-      draw();
-    }
+    if (!s.busy) s.path.pop();
+    redraw();
   });
   v.resetBtn.addEventListener("click", () => {
-    if (!busy) {
-      restart();
-      draw();
-    }
+    if (!s.busy) restart();
+    redraw();
   });
-  for (const n of ["temperature", "top_k", "top_p", "prompt"]) {
-    life.on(`change:${n}`, () => {
-      if (!busy) draw();
-    });
-  }
-  draw();
+  for (const n of ["temperature", "top_k", "top_p", "prompt"]) life.on(`change:${n}`, redraw);
+  s.draw();
   return () => {
     life.end();
     v.root.remove();

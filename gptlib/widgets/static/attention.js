@@ -54,6 +54,157 @@ function report(root, facts, objects) {
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
 
+// gptlib/widgets/js/heatmap.js
+var CANVAS_FROM = 48;
+function thumbnail(P, T, LUT) {
+  const canvas = document.createElement("canvas");
+  canvas.width = T;
+  canvas.height = T;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(T, T);
+  const d = img.data;
+  for (let i = 0; i < T; i++) {
+    const row = P[i];
+    for (let j = 0; j <= i; j++) {
+      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255), o = 4 * (i * T + j);
+      d[o] = LUT[k];
+      d[o + 1] = LUT[k + 1];
+      d[o + 2] = LUT[k + 2];
+      d[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
+function labelEvery(cell) {
+  return cell >= 11 ? 1 : Math.ceil(13 / cell);
+}
+function axisLabel(cls, tokens, i, k, what) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
+  e.title = `${what} ${named(tokens, i)}`;
+  return e;
+}
+function queryLabel(tokens, i, k) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+  q.dataset.i = String(i);
+  return q;
+}
+var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+  const T = tokens.length, k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
+  grid.style.gridTemplateRows = "auto";
+  grid.style.gridAutoRows = `${cell}px`;
+  const rows = tokens.map((_t, i) => [
+    queryLabel(tokens, i, k),
+    ...tokens.map((_, j) => {
+      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
+      c.dataset.i = String(i);
+      if (j <= i) c.style.background = pal.heat(A[i][j]);
+      c.title = cellTitle(tokens, A, i, j);
+      return c;
+    })
+  ]);
+  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
+  return rows;
+}
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+  const T = tokens.length, k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+  grid.style.gridTemplateRows = "";
+  grid.style.gridAutoRows = "auto";
+  const keyRow = make("div", "gptlib-attn-keys");
+  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+  keyRow.append(...keys);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const queries = make("div", "gptlib-attn-queries");
+  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+  queries.append(...rows.map((r) => r[0]));
+  const canvas = thumbnail(A, T, pal.lut);
+  canvas.style.width = canvas.style.height = `${T * cell}px`;
+  const band = make("div", "gptlib-attn-band");
+  band.style.height = `${cell}px`;
+  const box = make("div", "gptlib-attn-canvas");
+  box.append(canvas, band);
+  canvas.addEventListener("mousemove", (e) => {
+    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+    canvas.title = cellTitle(tokens, A, i, j);
+    onQuery(i);
+  });
+  grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  return { rows, band };
+}
+function heatmapState() {
+  return {
+    tokens: [],
+    words: [],
+    keys: [],
+    rows: [],
+    A: null,
+    band: null,
+    cellPx: 0,
+    focused: null
+  };
+}
+function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+  const T = tokens.length;
+  const room = v.gridScroll.box.clientWidth || 640;
+  const budget = Math.min(528, Math.max(160, room - 110));
+  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const k = labelEvery(cell);
+  v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
+  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  if (T > CANVAS_FROM) {
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+  } else {
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+  }
+  return room;
+}
+function focus(d, i, pal) {
+  const { A, tokens } = d;
+  clearFocus(d);
+  for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
+  d.rows[i][0].style.fontWeight = "bold";
+  if (d.band) {
+    d.band.style.top = `${i * d.cellPx}px`;
+    d.band.style.display = "block";
+  }
+  d.keys.forEach((k, j) => {
+    k.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    k.style.color = j <= i ? pal.ink(A[i][j]) : "";
+  });
+  d.words.forEach((w, j) => {
+    w.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    w.style.color = j <= i ? pal.ink(A[i][j]) : "var(--gptlib-muted)";
+  });
+  d.words[i].classList.add("gptlib-attn-hot");
+  d.focused = i;
+  const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
+  return `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
+}
+function clearFocus(d) {
+  d.focused = null;
+  for (const r of d.rows) {
+    for (const c of r) c.style.outline = "";
+    r[0].style.fontWeight = "";
+  }
+  if (d.band) d.band.style.display = "none";
+  for (const k of d.keys) {
+    k.style.background = "";
+    k.style.color = "";
+  }
+  for (const w of d.words) {
+    w.style.background = "";
+    w.style.color = "";
+    w.classList.remove("gptlib-attn-hot");
+  }
+}
+
 // gptlib/widgets/js/heads.js
 var STOPS = [
   [255, 255, 255],
@@ -99,32 +250,11 @@ function palette(stops) {
   };
 }
 var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
-var CANVAS_FROM = 48;
 var MEANING = {
   "previous token": "mean weight on key i−1",
   "first token": "mean weight on key 0",
   induction: "mean weight on the token that followed the last occurrence of the query's token"
 };
-function thumbnail(P, T, LUT) {
-  const canvas = document.createElement("canvas");
-  canvas.width = T;
-  canvas.height = T;
-  const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(T, T);
-  const d = img.data;
-  for (let i = 0; i < T; i++) {
-    const row = P[i];
-    for (let j = 0; j <= i; j++) {
-      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255), o = 4 * (i * T + j);
-      d[o] = LUT[k];
-      d[o + 1] = LUT[k + 1];
-      d[o + 2] = LUT[k + 2];
-      d[o + 3] = 255;
-    }
-  }
-  ctx.putImageData(img, 0, 0);
-  return canvas;
-}
 function legend() {
   const bar = make("div", "gptlib-attn-legend-bar");
   const ticks = make("div", "gptlib-attn-legend-ticks");
@@ -198,67 +328,6 @@ function setOptions(sel, labels) {
       return o;
     })
   );
-}
-var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
-function labelEvery(cell) {
-  return cell >= 11 ? 1 : Math.ceil(13 / cell);
-}
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
-  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
-  return e;
-}
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
-  q.dataset.i = String(i);
-  return q;
-}
-var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
-  const T = tokens.length, k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
-  grid.style.gridTemplateRows = "auto";
-  grid.style.gridAutoRows = `${cell}px`;
-  const rows = tokens.map((_t, i) => [
-    queryLabel(tokens, i, k),
-    ...tokens.map((_, j) => {
-      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
-      c.dataset.i = String(i);
-      if (j <= i) c.style.background = pal.heat(A[i][j]);
-      c.title = cellTitle(tokens, A, i, j);
-      return c;
-    })
-  ]);
-  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
-  return rows;
-}
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
-  const T = tokens.length, k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
-  grid.style.gridTemplateRows = "";
-  grid.style.gridAutoRows = "auto";
-  const keyRow = make("div", "gptlib-attn-keys");
-  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
-  keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
-  const queries = make("div", "gptlib-attn-queries");
-  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
-  queries.append(...rows.map((r) => r[0]));
-  const canvas = thumbnail(A, T, pal.lut);
-  canvas.style.width = canvas.style.height = `${T * cell}px`;
-  const band = make("div", "gptlib-attn-band");
-  band.style.height = `${cell}px`;
-  const box = make("div", "gptlib-attn-canvas");
-  box.append(canvas, band);
-  canvas.addEventListener("mousemove", (e) => {
-    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
-    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
-    onQuery(i);
-  });
-  grid.replaceChildren(make("div", ""), keyRow, queries, box);
-  return { rows, band };
 }
 function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
   const dense = headLabels.length > 6;
@@ -337,59 +406,19 @@ function drawText(box, tokens, onEnter, onLeave) {
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
   const v = panelLayout(root);
-  let data = null, buttons = [], words = [], keys = [], rows = [], A = null, band = null, focused = null, cellPx = 0;
+  let data = null, buttons = [];
   let pal = palette(STOPS);
   let drawnWidth = 0;
-  function focusQuery(i) {
-    unfocus();
-    rows[i].forEach((c) => {
-      c.style.outline = "1px solid #c00";
-    });
-    rows[i][0].style.fontWeight = "bold";
-    if (band) {
-      band.style.top = `${i * cellPx}px`;
-      band.style.display = "block";
-    }
-    keys.forEach((k, j) => {
-      k.style.background = j <= i ? pal.heat(A[i][j]) : "";
-      k.style.color = j <= i ? pal.ink(A[i][j]) : "";
-    });
-    words.forEach((w, j) => {
-      w.style.background = j <= i ? pal.heat(A[i][j]) : "";
-      w.style.color = j <= i ? pal.ink(A[i][j]) : "var(--gptlib-muted)";
-    });
-    words[i].classList.add("gptlib-attn-hot");
-    const tokens = data.tokens;
-    const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
-    v.focus.textContent = `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
-    focused = i;
+  const drawn = heatmapState();
+  const focusQuery = (i) => {
+    v.focus.textContent = focus(drawn, i, pal);
     report(root, { focus: i });
-  }
-  function unfocus() {
-    focused = null;
-    rows.forEach((r) => {
-      r.forEach((c) => {
-        c.style.outline = "";
-      });
-      r[0].style.fontWeight = "";
-    });
-    if (band) band.style.display = "none";
-    keys.forEach((k) => {
-      k.style.background = "";
-      k.style.color = "";
-    });
-    words.forEach((w) => {
-      w.style.background = "";
-      w.style.color = "";
-      w.classList.remove("gptlib-attn-hot");
-    });
-  }
+  };
+  const unfocus = () => clearFocus(drawn);
   function drawHead() {
     if (!data) return;
     const [layer, head] = state.get();
-    const { tokens, patterns, layerLabels, headLabels, scores } = data;
-    const T = tokens.length;
-    A = patterns[layer][head];
+    const { layerLabels, headLabels, scores } = data;
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
     for (const b of buttons) {
@@ -397,23 +426,10 @@ function attentionPanel(root, state) {
       b.classList.toggle("selected", on);
     }
     v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
-    const room = v.gridScroll.box.clientWidth || 640;
-    const budget = Math.min(528, Math.max(160, room - 110));
-    const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
-    cellPx = cell;
-    const k = labelEvery(cell);
-    v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-    keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
-    band = null;
-    focused = null;
-    if (T > CANVAS_FROM) {
-      ({ rows, band } = canvasHeatmap(v.grid, tokens, A, cell, keys, pal, (i) => {
-        if (focused !== i || band.style.display !== "block") focusQuery(i);
-      }));
-    } else {
-      rows = cellHeatmap(v.grid, tokens, A, cell, keys, pal);
-    }
-    drawnWidth = room;
+    const A = data.patterns[layer][head];
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+      if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
+    });
     requestAnimationFrame(v.gridScroll.check);
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
@@ -448,7 +464,7 @@ function attentionPanel(root, state) {
     markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
-    words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
     drawHead();
   }
   if (typeof ResizeObserver !== "undefined") {

@@ -135,6 +135,23 @@ function entropy(p) {
   return -p.reduce((s, v) => s + (v > 0 ? v * Math.log(v) : 0), 0);
 }
 var CHART = { x0: 120, W: 320, top: 20, h: 18, right: 70 };
+function barRow(y, { label, p, ghost }, [rowClass, ghostClass, barClass]) {
+  const { x0, W, h } = CHART;
+  const g = svg("g", { class: `${rowClass}${p > 0 ? "" : " removed"}` });
+  g.append(
+    svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, label),
+    svg("rect", {
+      class: ghostClass,
+      x: x0,
+      y: y + 2,
+      width: (W * ghost).toFixed(2),
+      height: h - 4
+    }),
+    svg("rect", { class: barClass, x: x0, y: y + 4, width: (W * p).toFixed(2), height: h - 8 }),
+    svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, p.toFixed(4))
+  );
+  return g;
+}
 function drawChart(chart, rows, other, topP) {
   const { x0, W, top, h, right } = CHART;
   const n = rows.length + (other ? 1 : 0);
@@ -164,60 +181,18 @@ function drawChart(chart, rows, other, topP) {
   });
   const clip = (t) => t.length > 14 ? `${t.slice(0, 13)}…` : t;
   rows.forEach((r, k) => {
-    const y = top + h * k;
-    const g = svg("g", { class: `gptlib-samp-row${r.p > 0 ? "" : " removed"}` });
-    g.append(
-      svg(
-        "text",
-        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
-        clip(show(r.label))
-      ),
-      svg("rect", {
-        class: "gptlib-samp-ghost",
-        x: x0,
-        y: y + 2,
-        width: (W * r.ghost).toFixed(2),
-        height: h - 4
-      }),
-      svg("rect", {
-        class: "gptlib-samp-bar",
-        x: x0,
-        y: y + 4,
-        width: (W * r.p).toFixed(2),
-        height: h - 8
-      }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4))
+    const row = { ...r, label: clip(show(r.label)) };
+    parts.push(
+      barRow(top + h * k, row, ["gptlib-samp-row", "gptlib-samp-ghost", "gptlib-samp-bar"])
     );
-    parts.push(g);
   });
   if (other) {
-    const y = top + h * rows.length;
-    const g = svg("g", {
-      class: `gptlib-samp-row gptlib-samp-other${other.p > 0 ? "" : " removed"}`
-    });
-    g.append(
-      svg(
-        "text",
-        { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" },
-        other.label
-      ),
-      svg("rect", {
-        class: "gptlib-samp-other-ghost",
-        x: x0,
-        y: y + 2,
-        width: (W * other.ghost).toFixed(2),
-        height: h - 4
-      }),
-      svg("rect", {
-        class: "gptlib-samp-other-bar",
-        x: x0,
-        y: y + 4,
-        width: (W * other.p).toFixed(2),
-        height: h - 8
-      }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4))
-    );
-    parts.push(g);
+    const classes = [
+      "gptlib-samp-row gptlib-samp-other",
+      "gptlib-samp-other-ghost",
+      "gptlib-samp-other-bar"
+    ];
+    parts.push(barRow(top + h * rows.length, other, classes));
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
@@ -300,14 +275,7 @@ function chartRows(d, g, n, label, V) {
   return { rows, other };
 }
 
-// gptlib/widgets/js/live.js
-var VENDOR = {
-  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
-  ortDir: "vendor/onnxruntime-web/",
-  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
-};
-var VERSION = 2;
-var CONFIRM_ABOVE = 2e7;
+// gptlib/widgets/js/backend.js
 var LiveError = class extends Error {
 };
 function staticBase(doc = document) {
@@ -329,38 +297,14 @@ function lensTops(ids, logits, lse, n, K) {
     probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
   }));
 }
-function sharedPrefix(a, b) {
-  let n = 0;
-  while (n < a.length && n < b.length && a[n] === b[n]) n++;
-  return n;
-}
-function plan(cached, cachedMask, window, mask) {
-  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
-  if (keep >= window.length) keep = window.length - 1;
-  return { keep, feed: window.slice(keep) };
-}
-function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
-  if (keep === P) return past;
-  const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++)
-    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
-  return out;
-}
-function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    if (!rows[lh]) rows[lh] = [];
-    const r = rows[lh];
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
+function nestFlat(flat, L, H, T) {
+  return [...Array(L).keys()].map(
+    (l) => [...Array(H).keys()].map(
+      (h) => [...Array(T).keys()].map(
+        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
+      )
+    )
+  );
 }
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
@@ -371,6 +315,8 @@ function tabMemory() {
     what: "the JavaScript heap (performance.memory)"
   };
 }
+
+// gptlib/widgets/js/kernel.js
 function kernelLink(model) {
   let req = 0;
   const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
@@ -409,6 +355,67 @@ function kernelLink(model) {
   };
   return ask;
 }
+async function pingKernel(ask, tries = 3, timeoutMs = 1e3) {
+  for (let i = 0; i < tries; i++) {
+    try {
+      await ask({ kind: "ping" }, timeoutMs);
+      return true;
+    } catch (e) {
+      if (e instanceof LiveError && e.message !== "no answer") return false;
+    }
+  }
+  return false;
+}
+var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function kernelBackend(ask) {
+  const { msg } = await ask({ kind: "start" });
+  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
+  return {
+    kind: "kernel",
+    describe: "PyTorch in the kernel",
+    config: c,
+    tokens: msg.tokens,
+    bytes: msg.token_bytes.map(fromBase64),
+    special: msg.special || {},
+    chat: msg.chat || null,
+    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
+    memory: () => null,
+    run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
+      const t0 = performance.now();
+      const { buffers } = await ask({
+        kind: "step",
+        ids,
+        mask: mask && Array.from(mask),
+        lens,
+        targets
+      });
+      const T = ids.length;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      return {
+        logits: view(logits, Float32Array),
+        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        lens: lens ? lensTops(
+          view(lensIds, BigInt64Array),
+          view(lensLogits, Float32Array),
+          view(lensLse, Float32Array),
+          lens.length,
+          K
+        ) : null,
+        direct: targets?.length ? view(direct, Float32Array) : null,
+        ms: performance.now() - t0
+      };
+    }
+  };
+}
+
+// gptlib/widgets/js/page.js
+var VENDOR = {
+  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
+  ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
+};
+var VERSION = 2;
+var CONFIRM_ABOVE = 2e7;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
@@ -546,13 +553,46 @@ async function browserBackend(source, weightsSha, hooks) {
   const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
   return pageBackend(ort, session, manifest, tokenizer);
 }
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+function plan(cached, cachedMask, window, mask) {
+  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
+  if (keep >= window.length) keep = window.length - 1;
+  return { keep, feed: window.slice(keep) };
+}
+function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
+  if (keep === P) return past;
+  const out = new Float32Array(L * 2 * G * keep * D);
+  for (let r = 0; r < L * 2 * G; r++)
+    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  return out;
+}
+function addRows(rows, attn, P, T, L, H) {
+  const S = P + T;
+  for (let lh = 0; lh < L * H; lh++) {
+    if (!rows[lh]) rows[lh] = [];
+    const r = rows[lh];
+    r.length = P;
+    for (let t = 0; t < T; t++) {
+      const o = (lh * T + t) * S;
+      r.push(attn.slice(o, o + P + t + 1));
+    }
+  }
+  return rows;
+}
+function nestRows(rows, L, H) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
+}
 function pageBackend(ort, session, manifest, tokenizer) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
   const V = c.d_vocab, K = manifest.lens_top;
   const ones = new Float32Array(L * H).fill(1);
   let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  const run = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+  const step = async (ids, { mask = null, lens = null, targets = null } = {}) => {
     const t0 = performance.now();
     const window = ids.slice(-c.n_ctx);
     const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
@@ -584,6 +624,13 @@ function pageBackend(ort, session, manifest, tokenizer) {
       for (const t of Object.values(out)) t.dispose?.();
     }
   };
+  let last = Promise.resolve();
+  const run = (ids, options) => {
+    const result = last.then(() => step(ids, options));
+    last = result.catch(() => {
+    });
+    return result;
+  };
   return {
     kind: "browser",
     describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
@@ -598,6 +645,47 @@ function pageBackend(ort, session, manifest, tokenizer) {
     run
   };
 }
+function sharedPageBackend(source, weightsSha, hooks) {
+  if (!globalThis.__gptlibPageBackends) globalThis.__gptlibPageBackends = /* @__PURE__ */ new Map();
+  const started = globalThis.__gptlibPageBackends, key = `${source} ${weightsSha || ""}`;
+  if (!started.has(key)) {
+    const promise = browserBackend(source, weightsSha, hooks);
+    started.set(key, promise);
+    promise.catch(() => started.delete(key));
+  }
+  return started.get(key);
+}
+
+// gptlib/widgets/js/live.js
+function connect(model) {
+  const ask = kernelLink(model);
+  let answered = false;
+  const kernel = pingKernel(ask).then((yes) => {
+    answered = yes;
+    return yes;
+  });
+  const inPage = (hooks) => sharedPageBackend(model.get("source"), model.get("weights_sha256"), hooks);
+  const start = async (hooks) => {
+    if (answered) return kernelBackend(ask);
+    if (staticBase() && location.protocol !== "file:") return inPage(hooks);
+    return await kernel ? kernelBackend(ask) : inPage(hooks);
+  };
+  let backend = null;
+  return {
+    kernel,
+    backend(hooks = {}) {
+      if (!backend) {
+        backend = start(hooks);
+        backend.catch(() => {
+          backend = null;
+        });
+      }
+      return backend;
+    },
+    close: () => ask.close()
+  };
+}
+var startError = (e) => e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
 
 // gptlib/widgets/js/sampling.js
 var fullNode = (logits) => ({
@@ -607,35 +695,6 @@ var fullNode = (logits) => ({
   rest: null,
   next: {}
 });
-var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-async function pageLogits(backend, ids) {
-  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
-}
-async function startLive(model, ask, kernel, progress) {
-  const inKernel = async () => {
-    const { msg } = await ask({ kind: "start" });
-    return {
-      describe: "PyTorch in the kernel",
-      tokens: msg.tokens,
-      nCtx: msg.config.n_ctx,
-      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0])
-    };
-  };
-  const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), {
-      progress
-    });
-    return {
-      describe: backend.describe,
-      tokens: backend.tokens,
-      nCtx: backend.config.n_ctx,
-      logits: (ids) => pageLogits(backend, ids)
-    };
-  };
-  if (kernel.answered) return inKernel();
-  if (staticBase() && location.protocol !== "file:") return inPage();
-  return await kernel.ping ? inKernel() : inPage();
-}
 function topKMax(prompts, topK, V, table) {
   if (table) return Math.max(Math.min(V, 100), topK);
   const nodes = [];
@@ -726,91 +785,101 @@ function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
   const known = Object.keys(node.next).map((id) => `«${show(tok(id))}»`);
   return `«${show(tok(stop))}» was drawn. ` + (known.length ? `After this text the page stores the model's next distribution only after ${known.join(", ")}, so the text ends here.` : onePrompt && path.length === 1 ? "This view shows one distribution, so the text ends here." : `The page stores the model's distributions for up to ${path.length - 1} drawn token(s), so the text ends here.`) + " Undo or reset to draw again.";
 }
-function render({ model, el }) {
-  const life = lifetime(model);
-  const prompts = model.get("prompts"), vocab = model.get("tokens");
-  const temps = model.get("temperatures") || [1], V = model.get("vocab_size");
-  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
-  const canLive = !table && Boolean(model.get("source"));
-  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
-  el.appendChild(v.root);
-  const rng = xorshift32(model.get("seed"));
-  let path = [];
-  let live = null, starting = null, liveError = "", busy = false;
-  const liveNodes = /* @__PURE__ */ new Map();
-  const rows = /* @__PURE__ */ new Map();
-  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
-  const settings = () => ({
-    T: model.get("temperature"),
-    k: model.get("top_k"),
-    tp: model.get("top_p")
-  });
-  const promptIds = () => prompts[model.get("prompt")].ids;
-  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
-  let ask = null;
-  const kernel = { answered: false, ping: Promise.resolve(false) };
-  if (canLive) {
-    ask = kernelLink(model);
-    life.atEnd(() => ask.close());
-    kernel.ping = ask({ kind: "ping" }, 1500).then(
-      () => kernel.answered = true,
-      () => false
-    );
+var Sampler = class {
+  constructor(model, v, life) {
+    this.model = model;
+    this.v = v;
+    this.prompts = model.get("prompts");
+    this.vocab = model.get("tokens");
+    this.temps = model.get("temperatures") || [1];
+    this.V = model.get("vocab_size");
+    this.table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+    this.canLive = !this.table && Boolean(model.get("source"));
+    this.rng = xorshift32(model.get("seed"));
+    this.path = [];
+    this.live = null;
+    this.liveError = "";
+    this.busy = false;
+    this.liveNodes = /* @__PURE__ */ new Map();
+    this.rows = /* @__PURE__ */ new Map();
+    this.link = null;
+    if (this.canLive) {
+      this.link = connect(model);
+      life.atEnd(() => this.link.close());
+    }
   }
-  function position(p) {
+  tok(id) {
+    return this.vocab[String(id)] ?? (this.live ? this.live.tokens[id] : `#${id}`);
+  }
+  settings() {
+    const m = this.model;
+    return { T: m.get("temperature"), k: m.get("top_k"), tp: m.get("top_p") };
+  }
+  promptIds() {
+    return this.prompts[this.model.get("prompt")].ids;
+  }
+  key(p) {
+    return `${this.model.get("prompt")}:${p.join(",")}`;
+  }
+  // The distribution after the prompt and `p`: {node, stop, from}; stop is the drawn token after
+  // which the view knows no distribution (null where it knows one).
+  position(p) {
+    const { table, rows } = this;
     if (table) {
-      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      const ids = this.promptIds();
+      const a = p.length ? p[p.length - 1] : ids[ids.length - 1];
       if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
       return { node: rows.get(a), stop: null, from: "table" };
     }
-    const at = walk(prompts[model.get("prompt")].root, p);
+    const at = walk(this.prompts[this.model.get("prompt")].root, p);
     if (at.stop === null) return { ...at, from: "tree" };
-    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
-    return { ...at, from: "tree" };
+    const known = this.liveNodes.get(this.key(p));
+    return known ? { node: known, stop: null, from: "live" } : { ...at, from: "tree" };
   }
-  function ensureLive() {
-    if (live) return Promise.resolve(true);
-    if (!starting) {
-      starting = startLive(model, ask, kernel, (s) => {
-        v.msg.textContent = `starting the live model: ${s}…`;
-      }).then((b) => {
-        live = b;
-        report(v.root, { live: "on" });
-        return true;
-      }).catch((e) => {
-        liveError = e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
-        report(v.root, { live: "failed", error: liveError });
-        starting = null;
-        return false;
-      });
+  // Starts the live model once; true when it runs (else liveError says why).
+  async ensureLive() {
+    if (this.live) return true;
+    const progress = (s) => {
+      this.v.msg.textContent = `starting the live model: ${s}…`;
+    };
+    try {
+      this.live = await this.link.backend({ progress });
+      report(this.v.root, { live: "on" });
+      return true;
+    } catch (e) {
+      this.liveError = startError(e);
+      report(this.v.root, { live: "failed", error: this.liveError });
+      return false;
     }
-    return starting;
   }
-  async function liveNode(p) {
-    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
-    if (!await ensureLive()) return null;
-    const ids = [...promptIds(), ...p].slice(-live.nCtx);
-    const node = fullNode(Array.from(await live.logits(ids)));
-    liveNodes.set(key(p), node);
+  // The live model's distribution after the prompt and `p` (computed once), or null: the
+  // next-token logits, every head kept, no lens, no direct contributions.
+  async liveNode(p) {
+    const key = this.key(p);
+    if (this.liveNodes.has(key)) return this.liveNodes.get(key);
+    if (!await this.ensureLive()) return null;
+    const ids = [...this.promptIds(), ...p].slice(-this.live.config.n_ctx);
+    const { logits } = await this.live.run(ids, { mask: null, lens: null, targets: null });
+    const node = fullNode(Array.from(logits));
+    this.liveNodes.set(key, node);
     return node;
   }
-  function drawText(prompt, others) {
+  drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "…");
-    v.text.replaceChildren(
-      ctx,
-      ...path.map(
-        (id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make(
-          "span",
-          "gptlib-samp-new gptlib-samp-unknown",
-          `⟨one of the ${others} other tokens⟩`
-        )
+    const drawn = this.path.map(
+      (id) => id >= 0 ? make("span", "gptlib-samp-new", this.tok(id).replace(/\n/g, "↵\n")) : make(
+        "span",
+        "gptlib-samp-new gptlib-samp-unknown",
+        `⟨one of the ${others} other tokens⟩`
       )
     );
+    this.v.text.replaceChildren(ctx, ...drawn);
   }
-  function draw() {
-    const at = position(path), { node, stop } = at, { logits, ids } = node;
-    const { T, k, tp } = settings();
-    const prompt = prompts[model.get("prompt")].text;
+  draw() {
+    const { model, v, V, path, busy, temps } = this;
+    const at = this.position(path), { node, stop } = at, { logits, ids } = node;
+    const { T, k, tp } = this.settings();
+    const prompt = this.prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
     v.promptSel.value = String(model.get("prompt"));
     v.controls.show(T, k, tp);
@@ -818,14 +887,16 @@ function render({ model, el }) {
     const d = distribution(logits, T, k, tp, rest.logZ);
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
-    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    const label = (i) => this.tok(ids[i]);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), label, V);
     drawChart(v.chart, bars, other, tp);
-    drawText(prompt, V - ids.length);
+    this.drawText(prompt, V - ids.length);
     v.stepBtn.disabled = busy || stop !== null;
     v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
     v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = (stop !== null && liveError ? `${liveError} ` : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
+    const onePrompt = this.prompts.length === 1 && !prompt;
+    v.msg.textContent = (stop !== null && this.liveError ? `${this.liveError} ` : "") + stopMessage(at, path, V - ids.length, (id) => this.tok(id), onePrompt, this.live);
     report(v.root, {
       probs: d.p,
       rest: d.rest,
@@ -845,24 +916,29 @@ function render({ model, el }) {
       busy: busy ? "1" : "0"
     });
   }
-  async function step() {
-    const at = position(path);
-    if (busy || at.stop !== null) return;
-    const { T, k, tp } = settings();
+  // One seeded draw from the distribution shown. A draw among the tokens a stored node does not
+  // list, or one the tree has no node after, goes to the live model where the view has one: the
+  // first redrawn at the same u from the whole distribution (whose most probable tokens are the
+  // listed ones), the second continued from the distribution the live model computes.
+  async step() {
+    const { v, path, canLive } = this;
+    const at = this.position(path);
+    if (this.busy || at.stop !== null) return;
+    const { T, k, tp } = this.settings();
     let node = at.node;
-    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
-    const u = rng();
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, this.temps).logZ);
+    const u = this.rng();
     let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    busy = canLive;
-    if (busy) {
+    this.busy = canLive;
+    if (this.busy) {
       v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
       report(v.root, { busy: "1" });
     }
     try {
       if (i < 0 && canLive) {
         v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model…";
-        const whole = await liveNode(path);
+        const whole = await this.liveNode(path);
         if (whole) {
           node = whole;
           d = distribution(node.logits, T, k, tp, null);
@@ -870,50 +946,53 @@ function render({ model, el }) {
         }
       }
       path.push(i >= 0 ? node.ids[i] : -1);
-      if (canLive && i >= 0 && position(path).stop !== null) {
+      if (canLive && i >= 0 && this.position(path).stop !== null) {
         v.msg.textContent = "Past the stored tree: the live model computes the next distribution…";
-        await liveNode(path);
+        await this.liveNode(path);
       }
     } catch (e) {
-      liveError = `The live model failed: ${e.message}`;
-      report(v.root, { error: liveError });
+      this.liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: this.liveError });
     } finally {
-      busy = false;
-      draw();
+      this.busy = false;
+      this.draw();
     }
   }
+};
+function render({ model, el }) {
+  const life = lifetime(model);
+  const prompts = model.get("prompts");
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), model.get("vocab_size"), table));
+  el.appendChild(v.root);
+  const s = new Sampler(model, v, life);
+  const redraw = () => {
+    if (!s.busy) s.draw();
+  };
   const restart = () => {
-    path = [];
+    s.path = [];
   };
   const set = (name, value) => {
     model.set(name, value);
     model.save_changes();
-    draw();
+    s.draw();
   };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => {
     restart();
     set("prompt", Number(v.promptSel.value));
   });
-  v.stepBtn.addEventListener("click", step);
+  v.stepBtn.addEventListener("click", () => s.step());
   v.undoBtn.addEventListener("click", () => {
-    if (!busy) {
-      path.pop();
-      draw();
-    }
+    if (!s.busy) s.path.pop();
+    redraw();
   });
   v.resetBtn.addEventListener("click", () => {
-    if (!busy) {
-      restart();
-      draw();
-    }
+    if (!s.busy) restart();
+    redraw();
   });
-  for (const n of ["temperature", "top_k", "top_p", "prompt"]) {
-    life.on(`change:${n}`, () => {
-      if (!busy) draw();
-    });
-  }
-  draw();
+  for (const n of ["temperature", "top_k", "top_p", "prompt"]) life.on(`change:${n}`, redraw);
+  s.draw();
   return () => {
     life.end();
     v.root.remove();
