@@ -1673,6 +1673,70 @@ console.log(JSON.stringify({{
     )
 
 
+def test_live_js_one_page_backend_per_model(tmp_path):
+    """page.js's sharedPageBackend: every view of one model (manifest and weights) on a page gets
+    the first view's backend, started once; another model gets its own; a start that fails (the
+    reader said "not now") is forgotten, so the next view starts again."""
+    js = _node(
+        tmp_path,
+        """
+const starts = [];
+const start = async (source, sha, hooks) => {
+  starts.push([source, sha, hooks.name]);
+  if (hooks.fail) throw new Error("declined");
+  return { source, sha, by: hooks.name };
+};
+const a = await m.sharedPageBackend("live/english.json", "s1", { name: "sampling" }, start);
+const b = await m.sharedPageBackend("live/english.json", "s1", { name: "playground" }, start);
+const c = await m.sharedPageBackend("live/smollm2.json", "s2", { name: "smol" }, start);
+let failed = null;
+try {
+  await m.sharedPageBackend("live/other.json", "", { name: "x", fail: true }, start);
+} catch (e) { failed = e.message; }
+const again = await m.sharedPageBackend("live/other.json", "", { name: "y" }, start);
+console.log(JSON.stringify({ same: a === b, by: b.by, other: c !== a, failed, again: again.by,
+                             starts }));
+""",
+        "page.js",
+    )
+    assert js["same"] and js["by"] == "sampling" and js["other"]
+    assert js["failed"] == "declined" and js["again"] == "y"
+    assert [s[2] for s in js["starts"]] == ["sampling", "smol", "x", "y"]
+
+
+def test_live_js_connect_uses_the_kernel_that_answers(tmp_path):
+    """live.js's connect in Jupyter or Colab: the kernel answers its ping, and every call of
+    backend() gives the one kernel backend of the view (started once: one start request)."""
+    js = _node(
+        tmp_path,
+        """
+const sent = [];
+let listener = null;
+const fake = {
+  on: (name, f) => { listener = f; },
+  off: () => {},
+  get: () => "",
+  send: (content) => {
+    sent.push(content.kind);
+    const reply = content.kind === "ping" ? { kind: "pong" }
+      : { kind: "started", config: { n_layers: 1, n_heads: 1 }, lens_top: 10, tokens: ["a"],
+          token_bytes: ["YQ=="] };
+    setTimeout(() => listener({ ...reply, req: content.req }, []), 1);
+  },
+};
+const link = m.connect(fake);
+const kernel = await link.kernel;
+const [b1, b2] = await Promise.all([link.backend(), link.backend()]);
+link.close();
+console.log(JSON.stringify({ kernel, kind: b1.kind, same: b1 === b2, sent,
+                             bytes: Array.from(b1.bytes[0]) }));
+""",
+        "live.js",
+    )
+    assert js["kernel"] and js["kind"] == "kernel" and js["same"]
+    assert js["sent"] == ["ping", "start"] and js["bytes"] == [97]
+
+
 def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
     """The page's side of the kernel protocol (Jupyter, Colab; kernel.js), against the Python
     side's answers (LiveKernel): a fake widget model hands each request's answer back to the page,

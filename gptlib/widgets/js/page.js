@@ -304,13 +304,14 @@ export function pageBackend(ort, session, manifest, tokenizer) {
 // One page backend per model per page: every view that names the same manifest (and weights)
 // shares the first one's download and session; hooks are those of the view that starts it. A
 // start that fails (or that the reader declines) is forgotten, so that a later one tries again.
-// The table lives on globalThis: each view's bundle has its own copy of this module.
-export function sharedPageBackend(source, weightsSha, hooks) {
+// The table lives on globalThis: each view's bundle has its own copy of this module. (`start`
+// is browserBackend; a test gives its own.)
+export function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
   if (!globalThis.__gptlibPageBackends) globalThis.__gptlibPageBackends = new Map();
   const started = globalThis.__gptlibPageBackends,
     key = `${source} ${weightsSha || ""}`;
   if (!started.has(key)) {
-    const promise = browserBackend(source, weightsSha, hooks);
+    const promise = start(source, weightsSha, hooks);
     started.set(key, promise);
     promise.catch(() => started.delete(key));
   }

@@ -1146,11 +1146,11 @@ function pageBackend(ort, session, manifest, tokenizer) {
     run
   };
 }
-function sharedPageBackend(source, weightsSha, hooks) {
+function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
   if (!globalThis.__gptlibPageBackends) globalThis.__gptlibPageBackends = /* @__PURE__ */ new Map();
   const started = globalThis.__gptlibPageBackends, key = `${source} ${weightsSha || ""}`;
   if (!started.has(key)) {
-    const promise = browserBackend(source, weightsSha, hooks);
+    const promise = start(source, weightsSha, hooks);
     started.set(key, promise);
     promise.catch(() => started.delete(key));
   }
