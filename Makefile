@@ -37,10 +37,13 @@ check: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser and not slow" $(UNIT)
 
 # ruff's lint and format check (pyproject.toml's [tool.ruff]; the notebooks natively, at the
-# page's 88 columns: chapters/ruff.toml). `ruff format $(LINTED)` applies the format.
-lint: install
+# page's 88 columns: chapters/ruff.toml). `ruff format $(LINTED)` applies the format. Then Biome's
+# lint and format check of the widgets' JavaScript sources (biome.json: its recommended rules, 100
+# columns; not the bundles esbuild writes); `node_modules/.bin/biome check --write` applies them.
+lint: install $(NODE_MODULES)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+	node_modules/.bin/biome check gptlib/widgets/js
 
 # node and npm build and test the widgets' JavaScript; Chromium runs the browser tests.
 tools:

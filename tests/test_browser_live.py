@@ -1001,9 +1001,23 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
     assert worst_y <= 1e-3 and worst_p <= 1e-4, (worst_y, worst_p)
 
 
+def _xorshift32(seed: int):
+    """The page's seeded generator (xorshift32 in distribution.js): u in [0, 1), one per draw."""
+    s = ((seed & 0xFFFFFFFF) ^ 0x9E3779B9) or 1
+    while True:
+        s ^= (s << 13) & 0xFFFFFFFF
+        s ^= s >> 17
+        s ^= (s << 5) & 0xFFFFFFFF
+        yield s / 4294967296
+
+
 def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary):
+    """A run of 40 seeded draws: each drawn token is the inverse CDF, at the page's u, of
+    PyTorch's next_token_probs for the same prefix under the page's settings (most probable
+    first); the page's and PyTorch's logits differ by up to about 1e-4, so a draw may differ only
+    where u lies within 1e-4 of a boundary of PyTorch's cumulative mass."""
     page, _, _ = smol_page
-    _, tok = smollm2
+    model, tok = smollm2
     page.play.locator(".gptlib-play-chat").uncheck()  # no stop token: 40 draws
     page.wait_idle()
     page.play.locator(".gptlib-play-run-n").fill("40")
@@ -1018,6 +1032,31 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     assert int(page.play.get_attribute("data-run-steps")) == 40
     assert page.play.get_attribute("data-error") is None
     forty = float(page.play.get_attribute("data-run-ms"))
+    ids, path = (json.loads(page.play.get_attribute(a)) for a in ("data-ids", "data-path"))
+    draws = int(page.play.get_attribute("data-draws"))  # since the seed (0) was set
+    us = [u for _, u in zip(range(draws), _xorshift32(0))][-40:]
+    s = _settings(page)
+    assert len(path) == 40 and draws >= 40
+    past, mask, lens, targets = step_inputs(model)
+    x, near = torch.tensor([ids[:-40]]), 0
+    for k, (u, drawn) in enumerate(zip(us, path)):
+        out = step(model, x, past, mask, lens, targets)
+        past, y = out["present"], out["logits"][0].double()
+        p = next_token_probs(
+            y,
+            temperature=s["temperature"],
+            top_k=s["top_k"] or None,
+            top_p=s["top_p"] if s["top_p"] < 1 else None,
+        )
+        order = torch.sort(y, descending=True, stable=True).indices
+        cum = torch.cumsum(p[order], 0)
+        want = int(order[min(int((cum <= u).sum()), len(order) - 1)])
+        if drawn != want:  # only where u is on a boundary, within the logits' difference
+            assert float((cum - u).abs().min()) < 1e-4, (k, u, drawn, want)
+            near += 1
+        assert p[drawn] > 0, (k, drawn)
+        x = torch.tensor([[drawn]])
+    assert near <= 2, near
     # 200 tokens of context, then one token at a time through the cache
     text = " ".join(SMOL_TEXTS[:2] + SMOL_TEXTS[3:]) * 3
     ids = tok.encode(text, allowed_special="all")[:200]

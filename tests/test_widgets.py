@@ -29,6 +29,7 @@ from gptlib.model import GPT, GPTConfig
 from gptlib.sampling import next_token_probs
 from gptlib.tokenizers import CharTokenizer
 from gptlib.widgets import AttentionView, BPEMergeView, PlaygroundView, SamplingView
+from gptlib.widgets.live import STEP_BUFFERS
 from gptlib.widgets.sampling import (
     KEPT_WHEN_LARGER,
     MAX_FULL_VOCAB,
@@ -757,22 +758,25 @@ def test_from_model_with_a_source_hands_over_to_the_kernel(tiny):
     assert repr(w).startswith("SamplingView(prompts=1, vocab=")
     assert "live='live/english.json'" in repr(w)
     assert _talk(w, {"kind": "ping"})[0]["kind"] == "pong"
-    msg, _ = _talk(w, {"kind": "start"})
-    assert msg["config"] == {"n_ctx": 16, "d_vocab": tok.vocab_size}
+    msg, _ = _talk(w, {"kind": "start"})  # the protocol PlaygroundView speaks (widgets/live.py)
+    assert msg["config"]["n_ctx"] == 16 and msg["config"]["d_vocab"] == tok.vocab_size
     assert msg["tokens"] == [tok.decode([i]) for i in range(tok.vocab_size)]
-    ids = tok.encode("the dog sat on the log and the mat")  # longer than n_ctx = 16
-    msg, buffers = _talk(w, {"kind": "logits", "ids": ids})
+    assert [base64.b64decode(b).decode() for b in msg["token_bytes"]] == msg["tokens"]
+    ids = tok.encode("the dog sat on the log and the mat")[-16:]  # the page crops to n_ctx
+    msg, buffers = _talk(w, {"kind": "step", "ids": ids})
     got = torch.tensor(np.frombuffer(buffers[0], dtype=np.float32).copy())
     model.eval()
     with torch.no_grad():
-        want = model(torch.tensor([ids[-16:]]))[0, -1]
+        want = model(torch.tensor([ids]))[0, -1]
     model.train()
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert model.training  # the step leaves the model's mode as it was
     for bad in (
-        {"kind": "logits", "ids": [tok.vocab_size]},
-        {"kind": "logits", "ids": []},
-        {"kind": "logits", "ids": "ab"},
-        {"kind": "nonsense"},
+        {"kind": "step", "ids": [tok.vocab_size]},
+        {"kind": "step", "ids": []},
+        {"kind": "step", "ids": "ab"},
+        {"kind": "step", "ids": list(range(17))},  # more than n_ctx
+        {"kind": "logits", "ids": ids},  # the old request: one protocol now
     ):
         msg, _ = _talk(w, bad)
         assert msg["kind"] == "error" and msg["message"].startswith("ValueError")
@@ -825,19 +829,21 @@ SETTINGS = [
 ]
 
 
-def _node(tmp_path, script_body: str, module: str = "distribution.js"):
+def _node(tmp_path, script_body: str, module: str = "distribution.js", also: str | None = None):
     """Run an ES module snippet with node that imports the named exports of one of the widgets'
-    source modules (gptlib/widgets/js/, from which their bundles are built) as ``m``."""
+    source modules (gptlib/widgets/js/, from which their bundles are built) as ``m`` (and of a
+    second one, ``also``, as ``n``)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the browser test still compares the two")
     target = (WIDGETS / "js" / module).as_uri()
+    second = f"import * as n from {json.dumps((WIDGETS / 'js' / also).as_uri())};\n" if also else ""
     out = subprocess.run(
         [
             node,
             "--input-type=module",
             "-e",
-            f"import * as m from {json.dumps(target)};\n" + script_body,
+            f"import * as m from {json.dumps(target)};\n" + second + script_body,
         ],
         capture_output=True,
         text=True,
@@ -1410,10 +1416,46 @@ def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
         PlaygroundView(model, tok, "hi", chat=1)
 
 
+def _plain_forward(model, ids, off=()):
+    """The model's own forward pass on ``ids`` (the readable attention path, no step, no cache):
+    the last position's logits, every head's pattern (L, H, T, T) and the residual streams
+    X_0 .. X_L, the heads ``off`` (layer, head) removed by zeroing their pattern, so that their
+    z_h, and with it their output, is 0 (their pattern is still recorded)."""
+    from gptlib.hooks import capture
+
+    patterns = []
+
+    def hook(layer):
+        def f(_module, _inputs, out):
+            patterns.append(out[0].clone())  # (H, T, T)
+            out = out.clone()
+            for ell, h in off:
+                if ell == layer:
+                    out[:, h] = 0
+            return out
+
+        return f
+
+    attns = [b.attn for b in model.blocks]
+    fused = [a.fused for a in attns]
+    handles = [a.hook_pattern.register_forward_hook(hook(ell)) for ell, a in enumerate(attns)]
+    try:
+        for a in attns:
+            a.fused = False
+        with torch.no_grad(), capture(model, "hook_resid") as streams:
+            logits = model(torch.tensor([ids]))[0, -1]
+    finally:
+        for a, was in zip(attns, fused):
+            a.fused = was
+        for handle in handles:
+            handle.remove()
+    return logits, torch.stack(patterns), streams
+
+
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
-    a step's buffers are gptlib.export.step's outputs on the whole context, under the mask."""
-    from gptlib.circuits import ablate_heads
+    a step's buffers are the model's logits, patterns and logit lens on the whole context, under
+    the mask (against the model's own forward pass, not gptlib.export.step)."""
 
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
@@ -1447,14 +1489,28 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     ]
     assert started["chat"] is None and started["lens_top"] == 10
     assert sent[2][0]["ids"] == tok.encode("the dog é")
-    out = _step(model, ids, [0, 2], [3, 4], torch.tensor(mask).view(2, 4))
-    names = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
-    for name, b in zip(names, sent[3][1]):
-        dtype = np.int64 if name == "lens_ids" else np.float32
-        assert np.array_equal(np.frombuffer(b, dtype=dtype), out[name].numpy().ravel()), name
-    with torch.no_grad(), ablate_heads(model, [(1, 1)]):
-        ablated = model(torch.tensor([ids]))[0, -1]
-    torch.testing.assert_close(out["logits"][0], ablated, atol=1e-5, rtol=0)
+    # the buffers against the model's own forward pass (no step, no cache), head (1, 1) removed
+    # by zeroing its pattern (so z_h = 0), not by the mask's W_O rows
+    logits, patterns, streams = _plain_forward(model, ids, off=[(1, 1)])
+    got = dict(zip(STEP_BUFFERS, sent[3][1]))
+    f32 = {k: torch.from_numpy(np.frombuffer(b, dtype=np.float32).copy()) for k, b in got.items()}
+    torch.testing.assert_close(f32["logits"], logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(f32["attn"].view(patterns.shape), patterns, atol=1e-6, rtol=0)
+    lens_ids = np.frombuffer(got["lens_ids"], dtype=np.int64).reshape(2, 10)
+    for n, s in enumerate([0, 2]):  # the lens: ln_f(X_s) W_U at the last position, its top 10
+        row = model.read_out(streams[s][:, -1:])[0, 0].double()  # (d_vocab,)
+        want = torch.sort(row, descending=True, stable=True)
+        assert lens_ids[n].tolist() == want.indices[:10].tolist()
+        torch.testing.assert_close(
+            f32["lens_logits"][n * 10 : n * 10 + 10].double(), want.values[:10], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            f32["lens_lse"][n].double(), torch.logsumexp(row, 0), atol=1e-5, rtol=0
+        )
+    direct = f32["direct"].view(
+        2, 4, 2
+    )  # (L, H, targets); checked against the logit in test_export
+    assert (direct[1, 1] == 0).all() and direct.abs().max() > 0
     assert [sent[k][0]["kind"] for k in (4, 5, 6, 7)] == ["error"] * 4
     assert (
         "ids" in sent[4][0]["message"]
@@ -1505,7 +1561,7 @@ def test_playground_refuses_bad_input(bpe_tiny):
 
 
 def test_live_js_cache_plan_and_rows(tmp_path):
-    """The page's cache (live.js): the longest cached prefix under the same mask is kept, the
+    """The page's cache (page.js): the longest cached prefix under the same mask is kept, the
     last position runs again when nothing is new, a mask change recomputes everything; cropping
     keeps the first positions of each (layer, k/v, head) row; the attention rows grow by the
     step's rows and are cut back on undo."""
@@ -1532,11 +1588,15 @@ rows = m.addRows(rows, Float32Array.from([0.2, 0.3, 0.5]), 2, 1, 1, 1);
 out.rows3 = rows[0].map((r) => Array.from(r));
 rows = m.addRows(rows, Float32Array.from([0.6, 0.4]), 1, 1, 1, 1);
 out.rows2 = rows[0].map((r) => Array.from(r));
-out.lens = m.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
+const nested = m.nestRows(rows, 1, 1);  // copies: a later step changes the cache's rows
+rows = m.addRows(rows, Float32Array.from([1]), 0, 1, 1, 1);
+out.nested = nested[0][0].length;
+out.lens = n.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
                       Float32Array.from([1, 3]), 2, 2);
 console.log(JSON.stringify(out));
 """,
-        "live.js",
+        "page.js",
+        "backend.js",
     )
     assert js["plans"] == [
         {"keep": 3, "feed": [4, 5]},
@@ -1550,6 +1610,7 @@ console.log(JSON.stringify(out));
     assert js["crop"] == past[:, :, :, :1].ravel().tolist() and js["same"]
     assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
     assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
+    assert js["nested"] == 2  # what a step returned is not cut back by the next one
     assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
     assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
     assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
@@ -1570,8 +1631,9 @@ const errors = [
   try { m.checkManifest(bad, "x.json"); return null; } catch (e) { return e.message; }
 });
 const good = m.checkManifest(ok, "x.json") === ok;
-console.log(JSON.stringify({ ok: good, errors, mb: m.megabytes(123456789) }));
+console.log(JSON.stringify({ ok: good, errors, mb: n.megabytes(123456789) }));
 """,
+        "page.js",
         "live.js",
     )
     assert js["ok"] and js["mb"] == "123.5 MB"
@@ -1595,7 +1657,7 @@ console.log(JSON.stringify({{
   listed: ids.map((i) => a.logits[i]), finite: Array.from(a.logits).filter(Number.isFinite).length,
   rest: a.restLogZ }}));
 """,
-        "live.js",
+        "analysis.js",
     )
     out = _step(model, s["stored"]["ids"])
     A = out["attn"]
@@ -1611,93 +1673,149 @@ console.log(JSON.stringify({{
     )
 
 
-def test_playground_js_lens_tops_equal_python(tmp_path):
-    """topTokens (live.js) is the top of a row of logits, ties to the lower id, with its
-    probabilities at temperature 1."""
-    g = torch.Generator().manual_seed(8)
-    lens = torch.randn(3, 50, generator=g) * 3
-    lens[1, 7] = lens[1, 9] = lens[1].max() + 1  # a tie: the lower id first
+def test_live_js_one_page_backend_per_model(tmp_path):
+    """page.js's sharedPageBackend: every view of one model (manifest and weights) on a page gets
+    the first view's backend, started once; another model gets its own; a start that fails (the
+    reader said "not now") is forgotten, so the next view starts again."""
     js = _node(
         tmp_path,
-        f"const rows = {json.dumps(lens.tolist())};\n"
-        "console.log(JSON.stringify(rows.map((r) => m.topTokens(Float32Array.from(r), 4))));",
+        """
+const starts = [];
+const start = async (source, sha, hooks) => {
+  starts.push([source, sha, hooks.name]);
+  if (hooks.fail) throw new Error("declined");
+  return { source, sha, by: hooks.name };
+};
+const a = await m.sharedPageBackend("live/english.json", "s1", { name: "sampling" }, start);
+const b = await m.sharedPageBackend("live/english.json", "s1", { name: "playground" }, start);
+const c = await m.sharedPageBackend("live/smollm2.json", "s2", { name: "smol" }, start);
+let failed = null;
+try {
+  await m.sharedPageBackend("live/other.json", "", { name: "x", fail: true }, start);
+} catch (e) { failed = e.message; }
+const again = await m.sharedPageBackend("live/other.json", "", { name: "y" }, start);
+console.log(JSON.stringify({ same: a === b, by: b.by, other: c !== a, failed, again: again.by,
+                             starts }));
+""",
+        "page.js",
+    )
+    assert js["same"] and js["by"] == "sampling" and js["other"]
+    assert js["failed"] == "declined" and js["again"] == "y"
+    assert [s[2] for s in js["starts"]] == ["sampling", "smol", "x", "y"]
+
+
+def test_live_js_connect_uses_the_kernel_that_answers(tmp_path):
+    """live.js's connect in Jupyter or Colab: the kernel answers its ping, and every call of
+    backend() gives the one kernel backend of the view (started once: one start request)."""
+    js = _node(
+        tmp_path,
+        """
+const sent = [];
+let listener = null;
+const fake = {
+  on: (name, f) => { listener = f; },
+  off: () => {},
+  get: () => "",
+  send: (content) => {
+    sent.push(content.kind);
+    const reply = content.kind === "ping" ? { kind: "pong" }
+      : { kind: "started", config: { n_layers: 1, n_heads: 1 }, lens_top: 10, tokens: ["a"],
+          token_bytes: ["YQ=="] };
+    setTimeout(() => listener({ ...reply, req: content.req }, []), 1);
+  },
+};
+const link = m.connect(fake);
+const kernel = await link.kernel;
+const [b1, b2] = await Promise.all([link.backend(), link.backend()]);
+link.close();
+console.log(JSON.stringify({ kernel, kind: b1.kind, same: b1 === b2, sent,
+                             bytes: Array.from(b1.bytes[0]) }));
+""",
         "live.js",
     )
-    for got, row in zip(js, lens):
-        ids = torch.sort(row, descending=True, stable=True).indices[:4]
-        assert got["ids"] == ids.tolist()
-        assert got["probs"] == pytest.approx(torch.softmax(row.double(), 0)[ids].tolist(), abs=1e-4)
+    assert js["kernel"] and js["kind"] == "kernel" and js["same"]
+    assert js["sent"] == ["ping", "start"] and js["bytes"] == [97]
 
 
 def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
-    """The page's side of the kernel protocol (Jupyter, Colab), against the Python side's answers:
-    a fake widget model hands each request to PlaygroundView._answer and its reply back to the
-    page, buffers as DataViews, as ipywidgets does."""
+    """The page's side of the kernel protocol (Jupyter, Colab; kernel.js), against the Python
+    side's answers (LiveKernel): a fake widget model hands each request's answer back to the page,
+    buffers as DataViews, as ipywidgets does. The first ping is lost (a comm still opening): the
+    page pings again rather than concluding that no kernel listens."""
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
-    replies = {}
 
     def answer(content):
         sent = []
         w.send = lambda c, buffers=None: sent.append(
             (c, [base64.b64encode(b).decode() for b in buffers or []])
         )
-        w._answer(w, content, [])
+        w._answer(w, content | {"req": 0}, [])
         return sent[0]
 
     ids = tok.encode("the dog sat")
     mask = [1.0, 0.0] + [1.0] * 6
-    for req, content in enumerate(
-        [
-            {"kind": "ping"},
+    replies = [
+        answer(content)
+        for content in [
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
             {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
             {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
-        ],
-        start=1,
-    ):
-        replies[req] = answer(content | {"req": req})
+        ]
+    ]
     js = _node(
         tmp_path,
         f"""
 const replies = {json.dumps(replies)};
-let listener = null;
+let listener = null, pings = 0, next = 0;
 const fake = {{
   on: (name, f) => {{ listener = f; }},
+  off: () => {{}},
   send: (content) => setTimeout(() => {{
-    const [msg, bufs] = replies[content.req];
-    listener(msg, bufs.map((b) => {{
+    if (content.kind === "ping") {{
+      if (pings++ > 0) listener({{ kind: "pong", req: content.req }}, []);
+      return;
+    }}
+    const [msg, bufs] = replies[next++];
+    listener({{ ...msg, req: content.req }}, bufs.map((b) => {{
       const u = Uint8Array.from(Buffer.from(b, "base64"));
       return new DataView(u.buffer);
     }}));
   }}, 1),
 }};
 const ask = m.kernelLink(fake);
-await ask({{ kind: "ping" }}, 1000);
+const pinged = await m.pingKernel(ask, 3, 100);
 const k = await m.kernelBackend(ask);
 const ids = await k.encode("the dog sat");
 const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7] }});
 let error = null;
 try {{ await k.run([-1]); }} catch (e) {{ error = e.message; }}
+ask.close();
+const silent = m.kernelLink({{ on: () => {{}}, off: () => {{}}, send: () => {{}} }});
+const alone = await m.pingKernel(silent, 2, 20);  // a static page: nobody answers
 console.log(JSON.stringify({{
-  kind: k.kind, config: k.config, tokens: k.tokens, bytes: k.bytes.map((b) => Array.from(b)), ids,
-  logits: Array.from(r.logits),
+  pinged, pings, alone, kind: k.kind, config: k.config, tokens: k.tokens,
+  bytes: k.bytes.map((b) => Array.from(b)), ids, logits: Array.from(r.logits),
   patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
   lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error }}));
 """,
-        "live.js",
+        "kernel.js",
     )
+    assert js["pinged"] and js["pings"] == 2 and not js["alone"]
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
-    out = _step(model, ids, [0, 1, 2], [7], torch.tensor(mask).view(2, 4))
-    assert js["logits"] == out["logits"][0].tolist() and js["patterns"] == out["attn"].tolist()
-    assert [r["ids"] for r in js["lens"]] == out["lens_ids"].tolist()
-    want = torch.exp(out["lens_logits"].double() - out["lens_lse"].double()[:, None])
-    got = [p for r in js["lens"] for p in r["probs"]]
-    assert got == pytest.approx(want.flatten().tolist(), rel=1e-6)
-    assert js["direct"] == out["direct"].flatten().tolist() and js["chat"] is None
+    # what the page reads is what the model computes (its own forward pass, head (0, 1) removed)
+    logits, patterns, streams = _plain_forward(model, ids, off=[(0, 1)])
+    assert js["logits"] == pytest.approx(logits.tolist(), abs=1e-5)
+    np.testing.assert_allclose(np.array(js["patterns"]), patterns.numpy(), atol=1e-6, rtol=0)
+    for r, s in zip(js["lens"], streams):
+        p = torch.softmax(model.read_out(s[:, -1:])[0, 0].double(), -1)
+        top = torch.sort(p, descending=True, stable=True)
+        assert r["ids"] == top.indices[:10].tolist()
+        assert r["probs"] == pytest.approx(top.values[:10].tolist(), abs=1e-6)
+    assert len(js["direct"]) == 8 and js["direct"][1] == 0 and js["chat"] is None
     assert "ids" in js["error"]
 
 

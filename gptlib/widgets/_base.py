@@ -7,7 +7,7 @@ notebook's stored outputs do not change between runs (strict nbval).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,13 @@ got '../english.json'
             f"got {source!r}"
         )
     return source
+
+
+def token_strings(tokenizer) -> Callable[[int], str]:
+    """How a view names token ``i``: the tokenizer's ``token_str``, else its ``decode([i])``."""
+    if hasattr(tokenizer, "token_str"):
+        return tokenizer.token_str
+    return lambda i: tokenizer.decode([i])
 
 
 def rounded(x: Any, ndigits: int = 6) -> Any:

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import base64
 
-import numpy as np
 import torch
 import traitlets
 
-from ..export import LENS_TOP, chat_frame, step, step_inputs, weights_sha256
 from ..model import GPT
 from ..modern import ModernGPT
-from ..runtime import check_ids, check_int
+from ..runtime import check_int
 from ._base import BookWidget, bundle, check_source, check_title, read_asset, rounded
+from .live import LENS_TOP, LiveKernel, chat_frame, live_config, weights_sha256
 from .sampling import _check_settings
 
 __all__ = ["PlaygroundView"]
@@ -75,12 +74,54 @@ def _pattern_bytes(attn: torch.Tensor) -> str:
     return base64.b64encode(u8.numpy().tobytes()).decode("ascii")
 
 
-def _token_bytes(tokenizer, i: int) -> bytes:
-    f = getattr(tokenizer, "token_bytes", None)
-    return f(i) if callable(f) else tokenizer.vocab[i]
+def _check_tokenizer(tokenizer, d_vocab: int) -> None:
+    """A BPETokenizer or a GGUFTokenizer of the model's vocabulary: encode, token_str, bytes."""
+    for name in ("encode", "token_str"):
+        if not callable(getattr(tokenizer, name, None)):
+            raise ValueError(
+                f"tokenizer must have a method {name}() (a BPETokenizer or a GGUFTokenizer), "
+                f"got {type(tokenizer).__name__}"
+            )
+    if not (callable(getattr(tokenizer, "token_bytes", None)) or hasattr(tokenizer, "vocab")):
+        raise ValueError(
+            f"tokenizer must give each token's bytes (token_bytes() or vocab), got "
+            f"{type(tokenizer).__name__}"
+        )
+    if getattr(tokenizer, "vocab_size", d_vocab) != d_vocab:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={d_vocab}"
+        )
 
 
-class PlaygroundView(BookWidget):
+def _stored_analysis(ids: list[int], out: dict, lens_top: int) -> dict:
+    """What the state stores of a step's outputs ``out`` on the text ``ids``: the last position's
+    logits (a large vocabulary: the top STORED_TOP and the others' log-weight), every head's
+    pattern (a large vocabulary: as bytes) and the lens' top ``lens_top`` tokens per stream."""
+    logits = out["logits"][0]  # (d_vocab,)
+    lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], lens_top)
+    if len(logits) <= LARGE_VOCAB:
+        return {
+            "ids": ids,
+            "logits": rounded(logits, 4),
+            "patterns": rounded(out["attn"], 4),
+            "lens": lens,
+        }
+    order = torch.sort(logits, descending=True, stable=True).indices
+    kept, rest = order[:STORED_TOP], logits[order[STORED_TOP:]].double()
+    rest_logz = float(torch.logsumexp(rest - logits[order[0]].double(), 0))
+    return {
+        "ids": ids,
+        "top": {
+            "ids": kept.tolist(),
+            "logits": rounded(logits[kept], 4),
+            "rest_logz": round(rest_logz, 6),
+        },
+        "patterns_u8": _pattern_bytes(out["attn"]),
+        "lens": lens,
+    }
+
+
+class PlaygroundView(LiveKernel, BookWidget):
     """The live playground for a :class:`~gptlib.model.GPT` with its :class:`BPETokenizer`, or a
     :class:`~gptlib.modern.ModernGPT` with its :class:`GGUFTokenizer` (SmolLM2).
 
@@ -139,22 +180,8 @@ class PlaygroundView(BookWidget):
     ):
         if not isinstance(model, (GPT, ModernGPT)):
             raise ValueError(f"model must be a gptlib GPT or ModernGPT, got {type(model).__name__}")
-        for name in ("encode", "token_str"):
-            if not callable(getattr(tokenizer, name, None)):
-                raise ValueError(
-                    f"tokenizer must have a method {name}() (a BPETokenizer or a GGUFTokenizer), "
-                    f"got {type(tokenizer).__name__}"
-                )
-        if not (callable(getattr(tokenizer, "token_bytes", None)) or hasattr(tokenizer, "vocab")):
-            raise ValueError(
-                f"tokenizer must give each token's bytes (token_bytes() or vocab), got "
-                f"{type(tokenizer).__name__}"
-            )
         c = model.config
-        if getattr(tokenizer, "vocab_size", c.d_vocab) != c.d_vocab:
-            raise ValueError(
-                f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={c.d_vocab}"
-            )
+        _check_tokenizer(tokenizer, c.d_vocab)
         if not isinstance(text, str) or not text:
             raise ValueError("text must be a non-empty str")
         if not isinstance(chat, bool):
@@ -171,39 +198,15 @@ class PlaygroundView(BookWidget):
             check_int("head", head, 0, c.n_heads - 1),
         )
         source = check_source(source)
-        self._model, self._tokenizer, self._frame = model, tokenizer, frame
+        self._model, self._tokenizer = model, tokenizer  # LiveKernel's, before _serve
         ids = self._encode(frame["prefix"] + text + frame["suffix"] if chat else text)
         if not ids:
             raise ValueError(f"text must give at least one token, got {text!r}")
         window = ids[-c.n_ctx :]
         out = self._step(window, lens=list(range(c.n_layers + 1)))
-        logits = out["logits"][0]  # (d_vocab,)
-        order = torch.sort(logits, descending=True, stable=True).indices
-        shown = order[:n_show].tolist()
-        lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], lens_top)
-        if c.d_vocab > LARGE_VOCAB:
-            kept = order[:STORED_TOP]
-            rest = logits[order[STORED_TOP:]].double()
-            stored = {
-                "ids": ids,
-                "top": {
-                    "ids": kept.tolist(),
-                    "logits": rounded(logits[kept], 4),
-                    "rest_logz": round(
-                        float(torch.logsumexp(rest - logits[order[0]].double(), 0)), 6
-                    ),
-                },
-                "patterns_u8": _pattern_bytes(out["attn"]),
-                "lens": lens,
-            }
-        else:
-            stored = {
-                "ids": ids,
-                "logits": rounded(logits, 4),
-                "patterns": rounded(out["attn"], 4),
-                "lens": lens,
-            }
-        needed = set(window) | set(shown) | {i for row in lens for i in row["ids"]}
+        stored = _stored_analysis(ids, out, lens_top)
+        shown = torch.sort(out["logits"][0], descending=True, stable=True).indices[:n_show]
+        needed = set(window) | set(shown.tolist()) | {i for r in stored["lens"] for i in r["ids"]}
         super().__init__(
             title=title,
             text=text,
@@ -211,7 +214,7 @@ class PlaygroundView(BookWidget):
             chat_available=frame is not None,
             source=source,
             weights_sha256=weights_sha256(model),
-            config=self._config(),
+            config=live_config(model),
             stored=stored,
             tokens={str(i): tokenizer.token_str(i) for i in sorted(needed)},
             temperature=float(temperature),
@@ -224,99 +227,7 @@ class PlaygroundView(BookWidget):
             head=head,
             n_generate=n_generate,
         )
-        self.on_msg(self._answer)
-
-    # --- the kernel's side of the live model ---------------------------------------------------
-    def _config(self) -> dict:
-        c = self._model.config
-        kv = getattr(c, "n_kv_heads", c.n_heads)
-        return {
-            "d_vocab": c.d_vocab,
-            "n_ctx": c.n_ctx,
-            "n_layers": c.n_layers,
-            "n_heads": c.n_heads,
-            "n_kv_heads": kv,
-            "d_head": getattr(c, "d_head", c.d_model // c.n_heads),
-        }
-
-    def _encode(self, text: str) -> list[int]:
-        """The tokenizer's ids; a GGUFTokenizer's special tokens (the chat template's) count as
-        special, as in the page's tokenizer.json."""
-        if isinstance(self._model, ModernGPT):
-            return self._tokenizer.encode(text, allowed_special="all")
-        return self._tokenizer.encode(text)
-
-    def _step(self, ids, mask=None, lens=(), targets=()) -> dict[str, torch.Tensor]:
-        """:func:`gptlib.export.step` on ``ids`` from an empty cache, float32 on the CPU; NaN or
-        infinite logits are an error."""
-        c = self._model.config
-        check_ids(ids, c.d_vocab)
-        if not 1 <= len(ids) <= c.n_ctx:
-            raise ValueError(f"ids must hold 1 to n_ctx={c.n_ctx} tokens, got {len(ids)}")
-        past, ones, lens_t, targets_t = step_inputs(self._model, lens=lens, targets=targets)
-        if mask is not None:
-            m = torch.as_tensor(np.asarray(mask, dtype=np.float32)).to(ones.device)
-            if m.numel() != ones.numel() or not torch.isfinite(m).all():
-                raise ValueError(
-                    f"mask must hold n_layers * n_heads = {ones.numel()} finite numbers"
-                )
-            ones = m.view_as(ones)
-        dev = ones.device
-        out = step(self._model, torch.tensor([ids], device=dev), past, ones, lens_t, targets_t)
-        for name in ("logits", "attn"):
-            if not torch.isfinite(out[name]).all():
-                raise ValueError(
-                    f"the model gives non-finite {name} (NaN or inf) on this text; it cannot be "
-                    "shown"
-                )
-        return {k: v.cpu() for k, v in out.items()}
-
-    def _answer(self, _widget, content: dict, _buffers) -> None:
-        if not isinstance(content, dict) or "req" not in content:
-            return
-        req, kind = content["req"], content.get("kind")
-        try:
-            if kind == "ping":
-                self.send({"kind": "pong", "req": req})
-            elif kind == "start":
-                tok, V = self._tokenizer, self._model.config.d_vocab
-                self.send(
-                    {
-                        "kind": "started",
-                        "req": req,
-                        "config": self.config,
-                        "lens_top": LENS_TOP,
-                        "tokens": [tok.token_str(i) for i in range(V)],
-                        "token_bytes": [
-                            base64.b64encode(_token_bytes(tok, i)).decode("ascii") for i in range(V)
-                        ],
-                        "special": dict(sorted(getattr(tok, "special_tokens", {}).items())),
-                        "chat": self._frame,
-                    }
-                )
-            elif kind == "encode":
-                text = content.get("text")
-                if not isinstance(text, str):
-                    raise ValueError("text must be a str")
-                self.send({"kind": "encoded", "req": req, "ids": self._encode(text)})
-            elif kind == "step":
-                out = self._step(
-                    list(content.get("ids", [])),
-                    content.get("mask"),
-                    content.get("lens") or (),
-                    content.get("targets") or (),
-                )
-                self.send(
-                    {"kind": "step", "req": req},
-                    buffers=[
-                        out[k].contiguous().numpy().tobytes()
-                        for k in ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
-                    ],
-                )
-            else:
-                raise ValueError(f"unknown request {kind!r}")
-        except Exception as e:  # the page shows the message; nothing is silent
-            self.send({"kind": "error", "req": req, "message": f"{type(e).__name__}: {e}"})
+        self._serve(model, tokenizer)  # the kernel's side of the live model (LiveKernel)
 
     def _repr_facts(self):
         c = self.config

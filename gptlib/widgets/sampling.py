@@ -22,13 +22,11 @@ of this: it computes every distribution.)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import traitlets
-from torch import Tensor
 
-from ..export import step, step_inputs, weights_sha256
 from ..runtime import check_float, check_ids, check_int
 from ._base import (
     BookWidget,
@@ -38,7 +36,21 @@ from ._base import (
     check_title,
     read_asset,
     rounded,
+    token_strings,
 )
+from .continuations import (
+    TEMPERATURES,
+    _check_logits,
+    _nodes,
+    _temperatures,
+    continuation_tree,
+    model_next_logits,
+    rest_log_weights,
+    sparse_table,
+    table_logits,
+    top_logits,
+)
+from .live import LiveKernel, weights_sha256
 
 __all__ = [
     "SamplingView",
@@ -53,272 +65,6 @@ __all__ = [
 MAX_FULL_VOCAB = 8192
 KEPT_WHEN_LARGER = 4096
 MASKED_LOGIT = -1e30  # stands for -inf in the (JSON) widget state
-# The temperatures the page's slider offers (0.05 to 3 in steps of 0.05; 0 needs no weights).
-TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(1, 61))
-
-
-def _temperatures(temperature: float) -> list[float]:
-    """The slider's temperatures, and the view's own if it is not one of them (and not 0)."""
-    extra = (
-        [float(temperature)]
-        if temperature > 0 and all(abs(t - temperature) > 1e-9 for t in TEMPERATURES)
-        else []
-    )
-    return sorted([*TEMPERATURES, *extra])
-
-
-def top_logits(logits: Tensor, n: int) -> tuple[list[int], list[float], float]:
-    """The ids and values of the ``n`` largest logits, largest first (ties: the lower id first),
-    and the probability mass those tokens hold at temperature 1.
-
-    >>> ids, values, mass = top_logits(torch.tensor([1.0, 3.0, 2.0, 3.0]), 2)
-    >>> ids, values, round(mass, 4)
-    ([1, 3], [3.0, 3.0], 0.799)
-    """
-    _check_vector(logits)
-    check_int("n", n, lo=1)
-    _check_logits(logits)
-    order = torch.sort(logits, descending=True, stable=True).indices[:n]  # (n,)
-    mass = float(torch.softmax(logits.double(), dim=-1)[order].sum())
-    return order.tolist(), logits[order].double().tolist(), mass
-
-
-def _check_vector(logits: object) -> None:
-    if not isinstance(logits, Tensor) or logits.dim() != 1:
-        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a tensor of shape (d_vocab,), got {shape}")
-
-
-def _check_temperatures(temperatures: Sequence[float]) -> list[float]:
-    return [check_float("temperatures", t, 0.0, lo_open=True) for t in temperatures]
-
-
-def _check_logits(logits: Tensor) -> None:
-    if torch.isnan(logits).any():
-        raise ValueError("logits must not contain NaN")
-    if (logits == math.inf).any() or not (logits > -math.inf).any():
-        raise ValueError(
-            "logits must be finite, apart from -inf for tokens that can never be drawn"
-        )
-
-
-def rest_log_weights(
-    logits: Tensor,
-    stored: Sequence[int],
-    temperatures: Sequence[float] = TEMPERATURES,
-    ndigits: int = 4,
-    reference: float | None = None,
-) -> list[float | None] | None:
-    """For the tokens *not* in ``stored``: log sum exp((y_i - m) / t) at each temperature t, m the
-    largest logit (or ``reference``: the largest logit as the page stores it, rounded); ``None``
-    for a temperature where they have no weight (all -inf), and ``None`` instead of the list when
-    ``stored`` holds every token. With it the page knows the true probability of each stored
-    token, p_i = exp((y_i - m)/t) / (sum over stored + exp(rest)). Rounded to ``ndigits`` decimals,
-    the others' weight is right to a relative 5e-5 (for 4 decimals).
-
-    >>> y = torch.tensor([2.0, 1.0, 0.0, 0.0])
-    >>> rest = rest_log_weights(y, [0, 1], [1.0])  # two tokens at 0, two below the max
-    >>> rest, round(math.log(2 * math.exp(-2.0)), 4)
-    ([-1.3069], -1.3069)
-    >>> rest_log_weights(y, [0, 1, 2, 3]) is None
-    True
-    """
-    _check_vector(logits)
-    logits = logits.detach().to("cpu").double()
-    _check_logits(logits)
-    stored = list(stored)
-    check_ids(
-        stored, logits.shape[-1], "stored"
-    )  # a negative id would wrap around to the last tokens
-    temperatures = _check_temperatures(temperatures)
-    check_int("ndigits", ndigits, lo=0)
-    if reference is not None:
-        reference = check_float("reference", reference)
-    others = torch.ones(logits.shape[-1], dtype=torch.bool)
-    others[stored] = False
-    if not others.any():
-        return None
-    tail, m = (
-        logits[others],
-        (logits.max() if reference is None else torch.tensor(reference, dtype=torch.float64)),
-    )
-    out: list[float | None] = []
-    for t in temperatures:
-        v = float(torch.logsumexp((tail - m) / float(t), dim=0))
-        out.append(None if v == -math.inf else round(v, ndigits))
-    return out
-
-
-def continuation_tree(
-    next_logits: Callable[[list[list[int]]], Tensor],
-    context: Sequence[int],
-    depth: int = 3,
-    branch: int = 3,
-    n_logits: int = 256,
-    n_logits_deep: int = 64,
-    ndigits: int = 4,
-    temperatures: Sequence[float] = TEMPERATURES,
-) -> dict:
-    """The next-token distributions after ``context`` and after each of its ``branch`` most
-    probable continuations, step after step, ``depth`` tokens deep.
-
-    ``next_logits`` maps a list of contexts (lists of ids, all of one length) to their next-token
-    logits, shape (B, d_vocab). A node is ``{"ids", "logits", "mass", "rest", "next"}``: the ids of
-    its stored logits, largest first (``n_logits`` at the root, ``n_logits_deep`` below), the
-    logits rounded to ``ndigits``, the probability mass the stored tokens hold at temperature 1,
-    the other tokens' weight at each of ``temperatures`` (:func:`rest_log_weights`; ``None`` when
-    every token is stored), and ``next``, the child node of each of the ``branch`` most probable
-    ids (keys are ids as strings, as in JSON). A tree has 1 + branch + ... + branch**depth nodes.
-    NaN or +inf logits are an error.
-
-    >>> table = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # a bigram model
-    >>> bigram = lambda contexts: table[[c[-1] for c in contexts]]
-    >>> tree = continuation_tree(bigram, [0], depth=2, branch=1, n_logits=2, n_logits_deep=3)
-    >>> tree["ids"], tree["logits"], round(tree["mass"], 4), list(tree["next"])
-    ([1, 2], [2.0, 1.0], 0.91, ['1'])
-    >>> child = tree["next"]["1"]  # after 0, 1: the distribution table[1]
-    >>> child["ids"], list(child["next"]), child["next"]["0"]["next"]
-    ([0, 1, 2], ['0'], {})
-    """
-    for name, value, low in (
-        ("depth", depth, 0),
-        ("branch", branch, 1),
-        ("n_logits", n_logits, 1),
-        ("n_logits_deep", n_logits_deep, 1),
-    ):
-        check_int(name, value, lo=low)
-    if branch > n_logits or (depth >= 2 and branch > n_logits_deep):
-        raise ValueError(
-            f"branch ({branch}) must not exceed n_logits ({n_logits}) and n_logits_deep "
-            f"({n_logits_deep})"
-        )
-    check_int("ndigits", ndigits, lo=0)
-    temperatures = _check_temperatures(temperatures)
-    check_ids(context, 2**63 - 1, "context")  # ints >= 0 (bools, floats and strings refused)
-    context = [int(t) for t in context]
-    if not context:
-        raise ValueError("context must hold at least one token id")
-    root: dict = {}
-    frontier = [(root, context)]
-    root_vocab = None  # the root's d_vocab, which every level must keep
-    for level in range(depth + 1):
-        logits = next_logits([c for _, c in frontier])  # (B, d_vocab)
-        if (
-            not isinstance(logits, Tensor)
-            or logits.dim() != 2
-            or len(logits) != len(frontier)
-            or logits.shape[1] < 1
-        ):
-            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ValueError(
-                f"next_logits must return a tensor ({len(frontier)}, d_vocab) for "
-                f"{len(frontier)} contexts, got {got}"
-            )
-        if root_vocab is None:
-            root_vocab = logits.shape[1]
-        elif logits.shape[1] != root_vocab:
-            raise ValueError(
-                f"next_logits returned {logits.shape[1]} logits per context at depth {level}, "
-                f"{root_vocab} at the root"
-            )
-        grown = []
-        for (node, c), row in zip(frontier, logits):
-            row = row.detach().to("cpu").double()
-            if torch.isnan(row).any() or (row == math.inf).any():
-                raise ValueError(
-                    f"next_logits gave NaN or +inf logits after the context {c[-8:]} (last 8 ids)"
-                )
-            ids, values, mass = top_logits(row, n_logits if level == 0 else n_logits_deep)
-            values = rounded(values, ndigits)
-            node.update(
-                ids=ids,
-                logits=values,
-                mass=round(mass, 4),
-                rest=rest_log_weights(row, ids, temperatures, reference=values[0]),
-                next={},
-            )
-            if level < depth:
-                for t in ids[:branch]:
-                    node["next"][str(t)] = {}
-                    grown.append((node["next"][str(t)], c + [t]))
-        frontier = grown
-    return root
-
-
-def sparse_table(counts, smoothing: float = 0.01) -> dict:
-    """A table of counts (d_vocab, d_vocab) as its nonzero entries, row by row (compressed sparse
-    rows), with the ``smoothing`` that :func:`table_logits` adds to every count.
-
-    Row ``a`` holds ``counts[a, b]``, how often token ``b`` follows token ``a``; its nonzero
-    entries are ``indices[indptr[a]:indptr[a + 1]]`` (columns, increasing) and the same slice of
-    ``counts`` (ints where a count is whole). Counts must be finite and >= 0, ``smoothing``
-    finite and > 0 (so that every logit is finite).
-
-    >>> n = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    >>> sparse_table(n)
-    {'indptr': [0, 2, 3, 3], 'indices': [1, 2, 0], 'counts': [2, 1, 3], 'smoothing': 0.01}
-    """
-    if not isinstance(counts, Tensor):
-        try:
-            counts = torch.as_tensor(counts, dtype=torch.float64)  # nested lists, NumPy
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"counts must be a table of numbers (d_vocab, d_vocab): {e}") from e
-    counts = counts.detach().to("cpu", torch.float64)
-    if counts.dim() != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] < 1:
-        raise ValueError(
-            f"counts must be a square table (d_vocab, d_vocab), got shape {tuple(counts.shape)}"
-        )
-    if not torch.isfinite(counts).all() or (counts < 0).any():
-        raise ValueError("counts must be finite and >= 0")
-    smoothing = check_float("smoothing", smoothing, 0.0, lo_open=True)
-    rows, cols = counts.nonzero(as_tuple=True)  # row-major order: rows, then columns, increasing
-    values = counts[rows, cols].tolist()
-    indptr = torch.zeros(len(counts) + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=len(counts)), 0)
-    return {
-        "indptr": indptr.tolist(),
-        "indices": cols.tolist(),
-        "counts": [int(v) if v.is_integer() else v for v in values],
-        "smoothing": smoothing,
-    }
-
-
-def table_logits(table: dict, a: int) -> Tensor:
-    """The next-token logits after token ``a`` of a :func:`sparse_table`: log(n_ab + smoothing)
-    for every token b, float64, shape (d_vocab,). The page computes the same numbers
-    (``tableLogits`` in distribution.js).
-
-    >>> n = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    >>> y = table_logits(sparse_table(n, smoothing=0.5), 0)
-    >>> torch.equal(y, torch.log(n[0].double() + 0.5))
-    True
-    >>> table_logits(sparse_table(n), 2).tolist() == [math.log(0.01)] * 3  # a row never seen
-    True
-    """
-    d_vocab = len(table["indptr"]) - 1
-    check_int("a", a, 0, d_vocab - 1)
-    lo, hi = table["indptr"][a], table["indptr"][a + 1]
-    counts = torch.zeros(d_vocab, dtype=torch.float64)  # (d_vocab,)
-    counts[table["indices"][lo:hi]] = torch.tensor(table["counts"][lo:hi], dtype=torch.float64)
-    return torch.log(counts + table["smoothing"])
-
-
-def _token_strings(tokenizer) -> Callable[[int], str]:
-    if hasattr(tokenizer, "token_str"):
-        return tokenizer.token_str
-    return lambda i: tokenizer.decode([i])
-
-
-def _model_next_logits(model) -> Callable[[list[list[int]]], Tensor]:
-    n_ctx = model.config.n_ctx
-    dev = next(model.parameters()).device
-
-    @torch.no_grad()
-    def next_logits(contexts):
-        x = torch.tensor([c[-n_ctx:] for c in contexts], device=dev)  # (B, T)
-        return model(x)[:, -1].double().cpu()  # (B, d_vocab)
-
-    return next_logits
 
 
 def _check_settings(temperature, top_k, top_p, n_show, seed) -> None:
@@ -338,13 +84,45 @@ def _check_vocabulary(tokenizer, d_vocab: int) -> None:
         raise ValueError(f"tokenizer has {size} tokens, the model d_vocab={d_vocab}")
 
 
-def _nodes(node: dict):
-    yield node
-    for child in node["next"].values():
-        yield from _nodes(child)
+def _check_prompts(prompts) -> None:
+    if (
+        isinstance(prompts, str)
+        or not prompts
+        or not all(isinstance(p, str) and p for p in prompts)
+    ):
+        raise ValueError("prompts must be a non-empty list of non-empty strings")
 
 
-class SamplingView(BookWidget):
+def _trees(model, tokenizer, prompts, depth, branch, n_logits, n_logits_deep, temps):
+    """Per prompt ``{"text", "ids", "root"}`` with its :func:`continuation_tree`, and d_vocab. A
+    GPT runs in eval mode (its mode restored after), without gradients."""
+    is_module = isinstance(model, torch.nn.Module)
+    was_training = model.training if is_module else False
+    if is_module:
+        model.eval()
+    try:
+        next_logits = model_next_logits(model) if is_module else model
+        trees = []
+        for p in prompts:
+            ids = tokenizer.encode(p)
+            root = continuation_tree(
+                next_logits, ids, depth, branch, n_logits, n_logits_deep, temperatures=temps
+            )
+            trees.append({"text": p, "ids": ids, "root": root})
+    finally:
+        if is_module:
+            model.train(was_training)
+    d_vocab = model.config.d_vocab if is_module else len(next_logits([trees[0]["ids"]])[0])
+    return trees, d_vocab
+
+
+def _tree_tokens(trees, token_str) -> dict[str, str]:
+    """{str(id): token string} for every id a tree stores, by id."""
+    ids = {i for t in trees for node in _nodes(t["root"]) for i in node["ids"]}
+    return {str(i): token_str(i) for i in sorted(ids)}
+
+
+class SamplingView(LiveKernel, BookWidget):
     """Bars for the most probable next tokens, recomputed live from the logits in JavaScript.
 
     The browser applies exactly :func:`gptlib.sampling.next_token_probs`: temperature, then top-k,
@@ -481,12 +259,7 @@ class SamplingView(BookWidget):
         answers with ``model``; from there on every distribution is computed, over the whole
         vocabulary.
         """
-        if (
-            isinstance(prompts, str)
-            or not prompts
-            or not all(isinstance(p, str) and p for p in prompts)
-        ):
-            raise ValueError("prompts must be a non-empty list of non-empty strings")
+        _check_prompts(prompts)
         _check_settings(temperature, top_k, top_p, n_show, seed)
         temps = _temperatures(temperature)
         is_module = isinstance(model, torch.nn.Module)
@@ -503,42 +276,10 @@ class SamplingView(BookWidget):
                     "function of contexts"
                 )
             source = check_source(source)
-        was_training = model.training if is_module else False
-        if is_module:
-            model.eval()
-        try:
-            next_logits = _model_next_logits(model) if is_module else model
-            trees = [
-                {
-                    "text": p,
-                    "ids": tokenizer.encode(p),
-                    "root": continuation_tree(
-                        next_logits,
-                        tokenizer.encode(p),
-                        depth,
-                        branch,
-                        n_logits,
-                        n_logits_deep,
-                        temperatures=temps,
-                    ),
-                }
-                for p in prompts
-            ]
-        finally:
-            if is_module:
-                model.train(was_training)
-        d_vocab = (
-            model.config.d_vocab
-            if is_module
-            else len(next_logits([tokenizer.encode(prompts[0])])[0])
+        trees, d_vocab = _trees(
+            model, tokenizer, prompts, depth, branch, n_logits, n_logits_deep, temps
         )
         _check_vocabulary(tokenizer, d_vocab)
-        token_str = _token_strings(tokenizer)
-        vocab: dict[str, str] = {}
-        for t in trees:
-            for node in _nodes(t["root"]):
-                for i in node["ids"]:
-                    vocab.setdefault(str(i), token_str(i))
         view = cls.__new__(cls)
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "depth": depth}
         live = {}
@@ -547,7 +288,7 @@ class SamplingView(BookWidget):
             live = {"source": source, "weights_sha256": weights_sha256(model)}
         view._setup(
             trees,
-            dict(sorted(vocab.items(), key=lambda kv: int(kv[0]))),
+            _tree_tokens(trees, token_strings(tokenizer)),
             d_vocab,
             temps,
             temperature,
@@ -559,8 +300,7 @@ class SamplingView(BookWidget):
             **live,
         )
         if source is not None:
-            view._live = (model, tokenizer)
-            view.on_msg(view._answer)
+            view._serve(model, tokenizer)  # the kernel's side of the live model (LiveKernel)
         return view
 
     @classmethod
@@ -596,12 +336,7 @@ class SamplingView(BookWidget):
         >>> view.prompts, view.table["indices"]
         ([{'text': 'ab', 'ids': [0, 1]}], [1, 2, 0])
         """
-        if (
-            isinstance(prompts, str)
-            or not prompts
-            or not all(isinstance(p, str) and p for p in prompts)
-        ):
-            raise ValueError("prompts must be a non-empty list of non-empty strings")
+        _check_prompts(prompts)
         _check_settings(temperature, top_k, top_p, n_show, seed)
         table = sparse_table(counts, smoothing)
         d_vocab = len(table["indptr"]) - 1
@@ -613,7 +348,7 @@ class SamplingView(BookWidget):
                 raise ValueError(f"prompts must each give at least one token, got {p!r}")
             check_ids(ids, d_vocab, "prompts")
             texts.append({"text": p, "ids": list(ids)})
-        token_str = _token_strings(tokenizer)
+        token_str = token_strings(tokenizer)
         view = cls.__new__(cls)
         view._facts = {"prompts": len(prompts), "vocab": d_vocab, "nonzero": len(table["counts"])}
         view._setup(
@@ -682,57 +417,6 @@ class SamplingView(BookWidget):
             title=title,
             seed=int(seed),
         )
-
-    # --- the kernel's side of the live model (from_model with a source) ------------------------
-    def _logits(self, ids: list[int]) -> torch.Tensor:
-        """The model's next-token logits after ``ids`` (cropped to its last n_ctx tokens, as
-        :func:`gptlib.sampling.generate` does): :func:`gptlib.export.step`, as the page's graph
-        computes them, float32 (d_vocab,) on the CPU."""
-        model, _ = self._live
-        c = model.config
-        check_ids(ids, c.d_vocab)
-        if not ids:
-            raise ValueError("ids must hold at least one token")
-        dev = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        try:  # the step the page's graph computes, from an empty cache, every head kept
-            window = torch.tensor([ids[-c.n_ctx :]], device=dev)  # (1, T)
-            y = step(model, window, *step_inputs(model))["logits"][0]  # (d_vocab,)
-        finally:
-            model.train(was_training)
-        if not torch.isfinite(y).all():
-            raise ValueError("the model gives non-finite logits (NaN or inf) after this text")
-        return y.float().cpu()
-
-    def _answer(self, _widget, content: dict, _buffers) -> None:
-        """Answers the page in Jupyter and Colab: ``ping``; ``start`` (n_ctx, d_vocab and every
-        token's string); ``logits`` of ``ids`` (one float32 buffer). An error is answered with its
-        message, which the page shows."""
-        if not isinstance(content, dict) or "req" not in content:
-            return
-        req, kind = content["req"], content.get("kind")
-        try:
-            model, tokenizer = self._live
-            if kind == "ping":
-                self.send({"kind": "pong", "req": req})
-            elif kind == "start":
-                c, token_str = model.config, _token_strings(tokenizer)
-                self.send(
-                    {
-                        "kind": "started",
-                        "req": req,
-                        "config": {"n_ctx": c.n_ctx, "d_vocab": c.d_vocab},
-                        "tokens": [token_str(i) for i in range(c.d_vocab)],
-                    }
-                )
-            elif kind == "logits":
-                y = self._logits(list(content.get("ids", [])))
-                self.send({"kind": "logits", "req": req}, buffers=[y.numpy().tobytes()])
-            else:
-                raise ValueError(f"unknown request {kind!r}")
-        except Exception as e:  # the page shows the message; nothing is silent
-            self.send({"kind": "error", "req": req, "message": f"{type(e).__name__}: {e}"})
 
     def _repr_facts(self):
         return {

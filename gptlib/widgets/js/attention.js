@@ -8,15 +8,26 @@ function render({ model, el }) {
   el.appendChild(root);
   const panel = attentionPanel(root, {
     get: () => [model.get("layer"), model.get("head")],
-    set: (layer, head) => { model.set("layer", layer); model.set("head", head); model.save_changes(); },
+    set: (layer, head) => {
+      model.set("layer", layer);
+      model.set("head", head);
+      model.save_changes();
+    },
   });
   panel.update({
-    title: model.get("title"), tokens: model.get("tokens"), patterns: model.get("patterns"),
-    layerLabels: model.get("layer_labels"), headLabels: model.get("head_labels"), scores: model.get("scores"),
+    title: model.get("title"),
+    tokens: model.get("tokens"),
+    patterns: model.get("patterns"),
+    layerLabels: model.get("layer_labels"),
+    headLabels: model.get("head_labels"),
+    scores: model.get("scores"),
   });
   life.on("change:layer", panel.redraw);
   life.on("change:head", panel.redraw);
-  return () => { life.end(); root.remove(); };
+  return () => {
+    life.end();
+    root.remove();
+  };
 }
 
 export default { render };

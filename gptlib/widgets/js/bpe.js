@@ -21,7 +21,11 @@ function layout() {
 // Each piece as the character span it covers ("start:end"), to find the pieces a merge created.
 function spans(list) {
   let at = 0;
-  return list.map((p) => `${at}:${(at += p.length)}`);
+  return list.map((p) => {
+    const start = at;
+    at += p.length;
+    return `${start}:${at}`;
+  });
 }
 
 // The pieces after `step` merges; those the last merge created (spans that were not pieces one
@@ -34,23 +38,36 @@ function drawPieces(box, steps, step, shown) {
   const pieces = steps[step].map((p, i) => {
     const created = step > 0 && !before.has(now[i]);
     merged += created ? 1 : 0;
-    const e = make("span", `gptlib-bpe-piece gptlib-bpe-c${i % 6}` + (created ? " gptlib-bpe-new" : ""), show(p));
+    const e = make(
+      "span",
+      `gptlib-bpe-piece gptlib-bpe-c${i % 6}${created ? " gptlib-bpe-new" : ""}`,
+      show(p),
+    );
     e.title = `piece ${i}: \u201c${show(p)}\u201d`;
     return e;
   });
-  box.replaceChildren(...collapse(pieces, { open: shown.open, onOpen: () => { shown.open = true; } }));
+  box.replaceChildren(
+    ...collapse(pieces, {
+      open: shown.open,
+      onOpen: () => {
+        shown.open = true;
+      },
+    }),
+  );
   return merged;
 }
 
 function draw(view, model) {
-  const steps = model.get("steps"), merges = model.get("merges");
+  const steps = model.get("steps"),
+    merges = model.get("merges");
   const step = Math.max(0, Math.min(model.get("step"), steps.length - 1));
   const n = steps[step].length;
   view.title.textContent = model.get("title");
   view.slider.max = String(steps.length - 1);
   view.slider.value = String(step);
   view.stepLabel.textContent = ` ${step} / ${steps.length - 1}   (${n} tokens)`;
-  view.info.textContent = step === 0 ? "no merge yet: one piece per byte" : `merge ${step}: ${merges[step - 1]}`;
+  view.info.textContent =
+    step === 0 ? "no merge yet: one piece per byte" : `merge ${step}: ${merges[step - 1]}`;
   const merged = drawPieces(view.pieces, steps, step, view.shown);
   report(view.root, { step, tokens: n, merged });
 }
@@ -68,7 +85,10 @@ function render({ model, el }) {
   life.on("change:step", redraw);
   life.on("change:steps", redraw);
   redraw();
-  return () => { life.end(); view.root.remove(); };
+  return () => {
+    life.end();
+    view.root.remove();
+  };
 }
 
 export default { render };

@@ -5,7 +5,7 @@ import { make, show, svg } from "./dom.js";
 
 // Token indices by decreasing logit, ties by the lower index (torch.sort(stable=True) order).
 export function byLogit(logits) {
-  return [...Array(logits.length).keys()].sort((a, b) => (logits[b] - logits[a]) || (a - b));
+  return [...Array(logits.length).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
 }
 
 // The distribution for `logits` at `temperature` after top-k (0 = off) and top-p (1 = off).
@@ -17,24 +17,32 @@ export function byLogit(logits) {
 // (top-p then keeps topP - (mass before them) of theirs: less than the model, by less than one
 // of those tokens' probability).
 export function distribution(logits, temperature, topK, topP, restLogZ = null) {
-  const n = logits.length, order = byLogit(logits);
+  const n = logits.length,
+    order = byLogit(logits);
   const p = new Array(n).fill(0);
   if (temperature === 0) {
     p[order[0]] = 1;
     return { p, rest: 0, restAll: 0, cum: order.map(() => 1), order, approx: false };
   }
   const m = logits[order[0]];
-  let z = 0, rest = restLogZ === null || restLogZ === undefined ? 0 : Math.exp(restLogZ);
-  for (let i = 0; i < n; i++) { p[i] = Math.exp((logits[i] - m) / temperature); z += p[i]; }
+  let z = 0,
+    rest = restLogZ === null || restLogZ === undefined ? 0 : Math.exp(restLogZ);
+  for (let i = 0; i < n; i++) {
+    p[i] = Math.exp((logits[i] - m) / temperature);
+    z += p[i];
+  }
   z += rest;
   for (let i = 0; i < n; i++) p[i] /= z;
   rest /= z;
   const restAll = rest;
   let approx = false;
   if (topK > 0) {
-    if (topK < n) order.slice(topK).forEach((i) => { p[i] = 0; });
+    if (topK < n)
+      order.slice(topK).forEach((i) => {
+        p[i] = 0;
+      });
     if (topK <= n) rest = 0;
-    else if (rest > 0) approx = true;  // the k most probable include unlisted tokens
+    else if (rest > 0) approx = true; // the k most probable include unlisted tokens
     const zk = p.reduce((s, v) => s + v, 0) + rest;
     for (let i = 0; i < n; i++) p[i] /= zk;
     rest /= zk;
@@ -78,9 +86,11 @@ export function cumulativeMass(logits, temperature, topK) {
 // the row's nonzero counts (compressed rows: indptr, indices, counts) and the smoothing s.
 // gptlib.widgets.sampling.table_logits computes the same numbers.
 export function tableLogits(table, a) {
-  const V = table.indptr.length - 1, s = table.smoothing;
+  const V = table.indptr.length - 1,
+    s = table.smoothing;
   const y = new Array(V).fill(Math.log(s));
-  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++)
+    y[table.indices[k]] = Math.log(table.counts[k] + s);
   return y;
 }
 
@@ -98,14 +108,15 @@ export function xorshift32(seed) {
 // Inverse-CDF draw: the first token, in the order given, whose cumulative probability exceeds u;
 // -1 when u falls in the mass `rest` of the unlisted tokens, which come after every listed one.
 export function drawIndex(p, order, u, rest = 0) {
-  let c = 0, last = -1;
+  let c = 0,
+    last = -1;
   for (const i of order) {
     if (p[i] <= 0) continue;
     c += p[i];
     last = i;
     if (u < c) return i;
   }
-  return rest > 0 ? -1 : last;  // else u is within rounding of 1
+  return rest > 0 ? -1 : last; // else u is within rounding of 1
 }
 
 // Entropy in nats of a distribution (terms with p = 0 contribute 0).
@@ -118,10 +129,30 @@ export function entropy(p) {
 // as a line, the top-p threshold, and a last row for all other tokens together.
 // rows: [{label, p, ghost, cum}], other: {label, p, ghost} or null, topP: 1 = no line.
 export const CHART = { x0: 120, W: 320, top: 20, h: 18, right: 70 };
+// One row of the chart at height y: the label, the ghost (temperature 1) behind the bar, and p.
+function barRow(y, { label, p, ghost }, [rowClass, ghostClass, barClass]) {
+  const { x0, W, h } = CHART;
+  const g = svg("g", { class: `${rowClass}${p > 0 ? "" : " removed"}` });
+  g.append(
+    svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, label),
+    svg("rect", {
+      class: ghostClass,
+      x: x0,
+      y: y + 2,
+      width: (W * ghost).toFixed(2),
+      height: h - 4,
+    }),
+    svg("rect", { class: barClass, x: x0, y: y + 4, width: (W * p).toFixed(2), height: h - 8 }),
+    svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, p.toFixed(4)),
+  );
+  return g;
+}
+
 export function drawChart(chart, rows, other, topP) {
   const { x0, W, top, h, right } = CHART;
   const n = rows.length + (other ? 1 : 0);
-  const width = x0 + W + right, height = top + h * n + 4;
+  const width = x0 + W + right,
+    height = top + h * n + 4;
   // A fixed drawing scaled to the width available (narrow pages shrink it, never overflow).
   chart.setAttribute("viewBox", `0 0 ${width} ${height}`);
   chart.setAttribute("width", String(width));
@@ -129,37 +160,60 @@ export function drawChart(chart, rows, other, topP) {
   chart.style.maxWidth = `${width}px`;
   const parts = [];
   [0, 0.25, 0.5, 0.75, 1].forEach((t) => {
-    parts.push(svg("line", { class: "gptlib-samp-grid", x1: x0 + W * t, x2: x0 + W * t, y1: top - 4, y2: top + h * n }));
-    parts.push(svg("text", { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" }, String(t)));
-  });
-  const clip = (t) => (t.length > 14 ? t.slice(0, 13) + "\u2026" : t);  // a label that fits its column
-  rows.forEach((r, k) => {
-    const y = top + h * k;
-    const g = svg("g", { class: "gptlib-samp-row" + (r.p > 0 ? "" : " removed") });
-    g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, clip(show(r.label))),
-      svg("rect", { class: "gptlib-samp-ghost", x: x0, y: y + 2, width: (W * r.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-bar", x: x0, y: y + 4, width: (W * r.p).toFixed(2), height: h - 8 }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4)),
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-grid",
+        x1: x0 + W * t,
+        x2: x0 + W * t,
+        y1: top - 4,
+        y2: top + h * n,
+      }),
     );
-    parts.push(g);
+    parts.push(
+      svg(
+        "text",
+        { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" },
+        String(t),
+      ),
+    );
+  });
+  const clip = (t) => (t.length > 14 ? `${t.slice(0, 13)}\u2026` : t); // a label that fits its column
+  rows.forEach((r, k) => {
+    const row = { ...r, label: clip(show(r.label)) };
+    parts.push(
+      barRow(top + h * k, row, ["gptlib-samp-row", "gptlib-samp-ghost", "gptlib-samp-bar"]),
+    );
   });
   if (other) {
-    const y = top + h * rows.length;
-    const g = svg("g", { class: "gptlib-samp-row gptlib-samp-other" + (other.p > 0 ? "" : " removed") });
-    g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, other.label),
-      svg("rect", { class: "gptlib-samp-other-ghost", x: x0, y: y + 2, width: (W * other.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-other-bar", x: x0, y: y + 4, width: (W * other.p).toFixed(2), height: h - 8 }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4)),
-    );
-    parts.push(g);
+    const classes = [
+      "gptlib-samp-row gptlib-samp-other",
+      "gptlib-samp-other-ghost",
+      "gptlib-samp-other-bar",
+    ];
+    parts.push(barRow(top + h * rows.length, other, classes));
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
-  rows.forEach((r, k) => parts.push(svg("circle", { class: "gptlib-samp-cum-dot", cx: x0 + W * r.cum, cy: top + h * k + h / 2, r: 2 })));
+  rows.forEach((r, k) => {
+    parts.push(
+      svg("circle", {
+        class: "gptlib-samp-cum-dot",
+        cx: x0 + W * r.cum,
+        cy: top + h * k + h / 2,
+        r: 2,
+      }),
+    );
+  });
   if (topP < 1) {
-    parts.push(svg("line", { class: "gptlib-samp-pline", x1: x0 + W * topP, x2: x0 + W * topP, y1: top - 4, y2: top + h * n }));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-pline",
+        x1: x0 + W * topP,
+        x2: x0 + W * topP,
+        y1: top - 4,
+        y2: top + h * n,
+      }),
+    );
   }
   chart.replaceChildren(...parts);
 }
@@ -167,9 +221,17 @@ export function drawChart(chart, rows, other, topP) {
 // The legend under the chart.
 export function chartKey() {
   const key = make("div", "gptlib-samp-key");
-  const item = (cls, text) => { const s = make("span", "gptlib-samp-key-item"); s.append(make("span", "gptlib-samp-sw " + cls), text); return s; };
-  key.append(item("now", "probability now"), item("ghost", "at temperature 1, no cut"),
-             item("cum", "cumulative mass (what top-p cuts)"), item("pline", "top-p"));
+  const item = (cls, text) => {
+    const s = make("span", "gptlib-samp-key-item");
+    s.append(make("span", `gptlib-samp-sw ${cls}`), text);
+    return s;
+  };
+  key.append(
+    item("now", "probability now"),
+    item("ghost", "at temperature 1, no cut"),
+    item("cum", "cumulative mass (what top-p cuts)"),
+    item("pline", "top-p"),
+  );
   return key;
 }
 
@@ -177,26 +239,38 @@ export function chartKey() {
 // up to kMax) and top-p (1 = off). show(T, k, tp) puts settings on them; onInput(set) calls
 // set(trait, value) when the reader moves one ("temperature", "top_k" or "top_p").
 export function samplingControls(kMax) {
-  const specs = [["temperature", "gptlib-samp-temperature", "0", "3", "0.05"],
-                 ["top-k", "gptlib-samp-topk", "0", String(kMax), "1"],
-                 ["top-p", "gptlib-samp-topp", "0.05", "1", "0.05"]];
-  const sliders = [], labels = [];
+  const specs = [
+    ["temperature", "gptlib-samp-temperature", "0", "3", "0.05"],
+    ["top-k", "gptlib-samp-topk", "0", String(kMax), "1"],
+    ["top-p", "gptlib-samp-topp", "0.05", "1", "0.05"],
+  ];
+  const sliders = [],
+    labels = [];
   const rows = specs.map(([name, cls, min, max, step]) => {
-    const s = make("input", cls), l = make("span"), row = make("label", "gptlib-controls");
-    s.type = "range"; s.min = min; s.max = max; s.step = step;
+    const s = make("input", cls),
+      l = make("span"),
+      row = make("label", "gptlib-controls");
+    s.type = "range";
+    s.min = min;
+    s.max = max;
+    s.step = step;
     row.append(`${name} `, s, l);
-    sliders.push(s); labels.push(l);
+    sliders.push(s);
+    labels.push(l);
     return row;
   });
   function show(T, k, tp) {
-    [T, k, tp].forEach((v, i) => { sliders[i].value = String(v); });
+    [T, k, tp].forEach((v, i) => {
+      sliders[i].value = String(v);
+    });
     labels[0].textContent = ` ${T.toFixed(2)}`;
     labels[1].textContent = k > 0 ? ` ${k}` : " off";
     labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
   }
   function onInput(set) {
-    ["temperature", "top_k", "top_p"].forEach((trait, i) =>
-      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value))));
+    ["temperature", "top_k", "top_p"].forEach((trait, i) => {
+      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value)));
+    });
   }
   return { rows, show, onInput };
 }
@@ -205,9 +279,15 @@ export function samplingControls(kMax) {
 // label(i), each over its probability in `g` (temperature 1, no cut), and, when the vocabulary's
 // V tokens are more than those, one row for all the others.
 export function chartRows(d, g, n, label, V) {
-  const rows = d.order.slice(0, n).map((i, r) => ({ label: label(i), p: d.p[i], ghost: g.p[i], cum: d.cum[r] }));
-  const shown = rows.reduce((s, r) => s + r.p, 0), shownGhost = rows.reduce((s, r) => s + r.ghost, 0);
+  const rows = d.order
+    .slice(0, n)
+    .map((i, r) => ({ label: label(i), p: d.p[i], ghost: g.p[i], cum: d.cum[r] }));
+  const shown = rows.reduce((s, r) => s + r.p, 0),
+    shownGhost = rows.reduce((s, r) => s + r.ghost, 0);
   const hidden = V - rows.length;
-  const other = hidden > 0 ? { label: `${hidden} others`, p: Math.max(0, 1 - shown), ghost: Math.max(0, 1 - shownGhost) } : null;
+  const other =
+    hidden > 0
+      ? { label: `${hidden} others`, p: Math.max(0, 1 - shown), ghost: Math.max(0, 1 - shownGhost) }
+      : null;
   return { rows, other };
 }

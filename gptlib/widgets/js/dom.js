@@ -11,7 +11,8 @@ const hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 
 // The length of the valid UTF-8 character starting at bytes[i], or 0 if there is none.
 function charLength(bytes, i) {
-  const b = bytes[i], n = bytes.length;
+  const b = bytes[i],
+    n = bytes.length;
   const cont = (k, lo = 0x80, hi = 0xbf) => i + k < n && bytes[i + k] >= lo && bytes[i + k] <= hi;
   if (b < 0x80) return 1;
   if (b >= 0xc2 && b <= 0xdf) return cont(1) ? 2 : 0;
@@ -29,7 +30,7 @@ function charLength(bytes, i) {
 export function bytesText(bytes) {
   const dec = new TextDecoder("utf-8", { ignoreBOM: true });
   let out = "";
-  for (let i = 0; i < bytes.length;) {
+  for (let i = 0; i < bytes.length; ) {
     const k = charLength(bytes, i);
     out += k ? dec.decode(bytes.subarray(i, i + k)) : hex(bytes[i]);
     i += k || 1;
@@ -38,9 +39,12 @@ export function bytesText(bytes) {
 }
 
 const VISIBLE = { " ": "\u2423", "\n": "\u21b5", "\t": "\u21e5" };
-// eslint-disable-next-line no-control-regex
-export const show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) =>
-  VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+export const show = (t) =>
+  String(t).replace(
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+    /[\u0000-\u001f\u007f-\u009f ]/g,
+    (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""),
+  );
 
 // A long row of items (a text's tokens, a BPE split) cut to its first `head` and last `tail`
 // items around a button "… N more" that puts the rest back; rows of at most limit items, and
@@ -84,7 +88,7 @@ export function button(cls, text) {
 // An SVG element with attributes and a text (optional).
 export function svg(tag, attrs, text) {
   const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
   if (text !== undefined) e.textContent = text;
   return e;
 }
@@ -104,7 +108,7 @@ export function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     },
   };
 }
@@ -116,7 +120,8 @@ export function lifetime(model) {
 export function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== undefined) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== undefined)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...(root.__gptlib || {}), ...objects };
 }

@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function collapse(items, { head = 40, tail = 20, limit = 80, open = false, onOpen } = {}) {
   if (open || items.length <= Math.max(limit, head + tail + 1)) return items;
   const more = button("gptlib-more", `… ${items.length - head - tail} more`);
@@ -37,20 +41,178 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
 
+// gptlib/widgets/js/heatmap.js
+var CANVAS_FROM = 48;
+function thumbnail(P, T, LUT) {
+  const canvas = document.createElement("canvas");
+  canvas.width = T;
+  canvas.height = T;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(T, T);
+  const d = img.data;
+  for (let i = 0; i < T; i++) {
+    const row = P[i];
+    for (let j = 0; j <= i; j++) {
+      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255), o = 4 * (i * T + j);
+      d[o] = LUT[k];
+      d[o + 1] = LUT[k + 1];
+      d[o + 2] = LUT[k + 2];
+      d[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
+function labelEvery(cell) {
+  return cell >= 11 ? 1 : Math.ceil(13 / cell);
+}
+function axisLabel(cls, tokens, i, k, what) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
+  e.title = `${what} ${named(tokens, i)}`;
+  return e;
+}
+function queryLabel(tokens, i, k) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+  q.dataset.i = String(i);
+  return q;
+}
+var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+  const T = tokens.length, k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
+  grid.style.gridTemplateRows = "auto";
+  grid.style.gridAutoRows = `${cell}px`;
+  const rows = tokens.map((_t, i) => [
+    queryLabel(tokens, i, k),
+    ...tokens.map((_, j) => {
+      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
+      c.dataset.i = String(i);
+      if (j <= i) c.style.background = pal.heat(A[i][j]);
+      c.title = cellTitle(tokens, A, i, j);
+      return c;
+    })
+  ]);
+  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
+  return rows;
+}
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+  const T = tokens.length, k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+  grid.style.gridTemplateRows = "";
+  grid.style.gridAutoRows = "auto";
+  const keyRow = make("div", "gptlib-attn-keys");
+  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+  keyRow.append(...keys);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const queries = make("div", "gptlib-attn-queries");
+  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+  queries.append(...rows.map((r) => r[0]));
+  const canvas = thumbnail(A, T, pal.lut);
+  canvas.style.width = canvas.style.height = `${T * cell}px`;
+  const band = make("div", "gptlib-attn-band");
+  band.style.height = `${cell}px`;
+  const box = make("div", "gptlib-attn-canvas");
+  box.append(canvas, band);
+  canvas.addEventListener("mousemove", (e) => {
+    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+    canvas.title = cellTitle(tokens, A, i, j);
+    onQuery(i);
+  });
+  grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  return { rows, band };
+}
+function heatmapState() {
+  return {
+    tokens: [],
+    words: [],
+    keys: [],
+    rows: [],
+    A: null,
+    band: null,
+    cellPx: 0,
+    focused: null
+  };
+}
+function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+  const T = tokens.length;
+  const room = v.gridScroll.box.clientWidth || 640;
+  const budget = Math.min(528, Math.max(160, room - 110));
+  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const k = labelEvery(cell);
+  v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
+  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  if (T > CANVAS_FROM) {
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+  } else {
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+  }
+  return room;
+}
+function focus(d, i, pal) {
+  const { A, tokens } = d;
+  clearFocus(d);
+  for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
+  d.rows[i][0].style.fontWeight = "bold";
+  if (d.band) {
+    d.band.style.top = `${i * d.cellPx}px`;
+    d.band.style.display = "block";
+  }
+  d.keys.forEach((k, j) => {
+    k.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    k.style.color = j <= i ? pal.ink(A[i][j]) : "";
+  });
+  d.words.forEach((w, j) => {
+    w.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    w.style.color = j <= i ? pal.ink(A[i][j]) : "var(--gptlib-muted)";
+  });
+  d.words[i].classList.add("gptlib-attn-hot");
+  d.focused = i;
+  const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
+  return `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
+}
+function clearFocus(d) {
+  d.focused = null;
+  for (const r of d.rows) {
+    for (const c of r) c.style.outline = "";
+    r[0].style.fontWeight = "";
+  }
+  if (d.band) d.band.style.display = "none";
+  for (const k of d.keys) {
+    k.style.background = "";
+    k.style.color = "";
+  }
+  for (const w of d.words) {
+    w.style.background = "";
+    w.style.color = "";
+    w.classList.remove("gptlib-attn-hot");
+  }
+}
+
 // gptlib/widgets/js/heads.js
-var STOPS = [[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+var STOPS = [
+  [255, 255, 255],
+  [198, 219, 239],
+  [107, 174, 214],
+  [33, 113, 181],
+  [8, 48, 107]
+];
 function scaleOn(bg) {
   const dark = luminance(bg) < 0.35;
   return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
@@ -76,7 +238,10 @@ function backgroundOf(el) {
   return [255, 255, 255];
 }
 function palette(stops) {
-  const lut = Uint8ClampedArray.from({ length: 256 * 3 }, (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]);
+  const lut = Uint8ClampedArray.from(
+    { length: 256 * 3 },
+    (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
+  );
   return {
     stops,
     lut,
@@ -85,32 +250,11 @@ function palette(stops) {
   };
 }
 var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
-var CANVAS_FROM = 48;
 var MEANING = {
   "previous token": "mean weight on key i−1",
   "first token": "mean weight on key 0",
   induction: "mean weight on the token that followed the last occurrence of the query's token"
 };
-function thumbnail(P, T, LUT) {
-  const canvas = document.createElement("canvas");
-  canvas.width = T;
-  canvas.height = T;
-  const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(T, T);
-  const d = img.data;
-  for (let i = 0; i < T; i++) {
-    const row = P[i];
-    for (let j = 0; j <= i; j++) {
-      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255), o = 4 * (i * T + j);
-      d[o] = LUT[k];
-      d[o + 1] = LUT[k + 1];
-      d[o + 2] = LUT[k + 2];
-      d[o + 3] = 255;
-    }
-  }
-  ctx.putImageData(img, 0, 0);
-  return canvas;
-}
 function legend() {
   const bar = make("div", "gptlib-attn-legend-bar");
   const ticks = make("div", "gptlib-attn-legend-ticks");
@@ -132,7 +276,10 @@ function scroller(content) {
     const more = box.scrollWidth > box.clientWidth + 1;
     cue.style.display = more ? "" : "none";
     box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle("gptlib-more-right", more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
   };
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };
@@ -148,7 +295,11 @@ function panelLayout(root) {
     grid: make("div", "gptlib-attn-grid"),
     legend: legend(),
     text: make("div", "gptlib-attn-text"),
-    focus: make("div", "gptlib-attn-focus", "hover a token of the text, or a query row, to see where it looks")
+    focus: make(
+      "div",
+      "gptlib-attn-focus",
+      "hover a token of the text, or a query row, to see where it looks"
+    )
   };
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
@@ -170,69 +321,13 @@ function panelLayout(root) {
   return v;
 }
 function setOptions(sel, labels) {
-  sel.replaceChildren(...labels.map((lab, i) => {
-    const o = make("option", "", lab);
-    o.value = String(i);
-    return o;
-  }));
-}
-var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
-function labelEvery(cell) {
-  return cell >= 11 ? 1 : Math.ceil(13 / cell);
-}
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
-  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
-  return e;
-}
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
-  q.dataset.i = String(i);
-  return q;
-}
-var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
-  const T = tokens.length, k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
-  grid.style.gridTemplateRows = "auto";
-  grid.style.gridAutoRows = `${cell}px`;
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k), ...tokens.map((_, j) => {
-    const c = make("div", "gptlib-attn-cell" + (j > i ? " masked" : ""));
-    c.dataset.i = String(i);
-    if (j <= i) c.style.background = pal.heat(A[i][j]);
-    c.title = cellTitle(tokens, A, i, j);
-    return c;
-  })]);
-  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
-  return rows;
-}
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
-  const T = tokens.length, k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
-  grid.style.gridTemplateRows = "";
-  grid.style.gridAutoRows = "auto";
-  const keyRow = make("div", "gptlib-attn-keys");
-  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
-  keyRow.append(...keys);
-  const rows = tokens.map((t, i) => [queryLabel(tokens, i, k)]);
-  const queries = make("div", "gptlib-attn-queries");
-  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
-  queries.append(...rows.map((r) => r[0]));
-  const canvas = thumbnail(A, T, pal.lut);
-  canvas.style.width = canvas.style.height = `${T * cell}px`;
-  const band = make("div", "gptlib-attn-band");
-  band.style.height = `${cell}px`;
-  const box = make("div", "gptlib-attn-canvas");
-  box.append(canvas, band);
-  canvas.addEventListener("mousemove", (e) => {
-    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
-    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
-    onQuery(i);
-  });
-  grid.replaceChildren(make("div", ""), keyRow, queries, box);
-  return { rows, band };
+  sel.replaceChildren(
+    ...labels.map((lab, i) => {
+      const o = make("option", "", lab);
+      o.value = String(i);
+      return o;
+    })
+  );
 }
 function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
   const dense = headLabels.length > 6;
@@ -240,7 +335,10 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
   thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
   const best = scores.map((s) => Math.max(...s.values.flat()));
   const buttons = [];
-  const items = [make("div", ""), ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))];
+  const items = [
+    make("div", ""),
+    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
+  ];
   patterns.forEach((layerPatterns, l) => {
     items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
     layerPatterns.forEach((P, h) => {
@@ -252,7 +350,11 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];
-        const line = make("div", "gptlib-attn-score" + (v === best[n] ? " best" : ""), `${SHORT[s.name] || s.name} ${v.toFixed(2)}`);
+        const line = make(
+          "div",
+          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
+          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
+        );
         report(line, { name: s.name, value: v });
         b.append(line);
       });
@@ -279,7 +381,9 @@ function markThumbs(buttons, { groups, mask, headLabels }) {
 }
 function scoreKey(scores) {
   if (!scores.length) return "";
-  return "Scores on the text below: " + scores.map((s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)).join(", ") + ". Bold: the highest head of each score.";
+  return `Scores on the text below: ${scores.map(
+    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
+  ).join(", ")}. Bold: the highest head of each score.`;
 }
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
@@ -302,82 +406,35 @@ function drawText(box, tokens, onEnter, onLeave) {
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
   const v = panelLayout(root);
-  let data = null, buttons = [], words = [], keys = [], rows = [], A = null, band = null, focused = null, cellPx = 0;
+  let data = null, buttons = [];
   let pal = palette(STOPS);
   let drawnWidth = 0;
-  function focusQuery(i) {
-    unfocus();
-    rows[i].forEach((c) => {
-      c.style.outline = "1px solid #c00";
-    });
-    rows[i][0].style.fontWeight = "bold";
-    if (band) {
-      band.style.top = `${i * cellPx}px`;
-      band.style.display = "block";
-    }
-    keys.forEach((k, j) => {
-      k.style.background = j <= i ? pal.heat(A[i][j]) : "";
-      k.style.color = j <= i ? pal.ink(A[i][j]) : "";
-    });
-    words.forEach((w, j) => {
-      w.style.background = j <= i ? pal.heat(A[i][j]) : "";
-      w.style.color = j <= i ? pal.ink(A[i][j]) : "var(--gptlib-muted)";
-    });
-    words[i].classList.add("gptlib-attn-hot");
-    const tokens = data.tokens;
-    const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
-    v.focus.textContent = `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
-    focused = i;
+  const drawn = heatmapState();
+  const focusQuery = (i) => {
+    v.focus.textContent = focus(drawn, i, pal);
     report(root, { focus: i });
-  }
-  function unfocus() {
-    focused = null;
-    rows.forEach((r) => {
-      r.forEach((c) => {
-        c.style.outline = "";
-      });
-      r[0].style.fontWeight = "";
-    });
-    if (band) band.style.display = "none";
-    keys.forEach((k) => {
-      k.style.background = "";
-      k.style.color = "";
-    });
-    words.forEach((w) => {
-      w.style.background = "";
-      w.style.color = "";
-      w.classList.remove("gptlib-attn-hot");
-    });
-  }
+  };
+  const unfocus = () => clearFocus(drawn);
   function drawHead() {
     if (!data) return;
     const [layer, head] = state.get();
-    const { tokens, patterns, layerLabels, headLabels, scores } = data;
-    const T = tokens.length;
-    A = patterns[layer][head];
+    const { layerLabels, headLabels, scores } = data;
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    buttons.forEach((b) => b.classList.toggle("selected", b.dataset.layer === String(layer) && b.dataset.head === String(head)));
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? ": " + scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ") : "");
-    const room = v.gridScroll.box.clientWidth || 640;
-    const budget = Math.min(528, Math.max(160, room - 110));
-    const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
-    cellPx = cell;
-    const k = labelEvery(cell);
-    v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-    keys = tokens.map((t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
-    band = null;
-    focused = null;
-    if (T > CANVAS_FROM) {
-      ({ rows, band } = canvasHeatmap(v.grid, tokens, A, cell, keys, pal, (i) => {
-        if (focused !== i || band.style.display !== "block") focusQuery(i);
-      }));
-    } else {
-      rows = cellHeatmap(v.grid, tokens, A, cell, keys, pal);
+    for (const b of buttons) {
+      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
+      b.classList.toggle("selected", on);
     }
-    drawnWidth = room;
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
+    const A = data.patterns[layer][head];
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+      if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
+    });
     requestAnimationFrame(v.gridScroll.check);
-    report(root, { view: `${layer}/${head}:` + A.map((r, i) => r[i].toFixed(3)).join(","), pattern: A.map((r) => Array.from(r)) });
+    report(root, {
+      view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
+      pattern: A.map((r) => Array.from(r))
+    });
   }
   function select(layer, head) {
     state.set(layer, head);
@@ -403,11 +460,11 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick && state.pick(l, h) || select(l, h));
+    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
     markThumbs(buttons, data);
     requestAnimationFrame(v.thumbScroll.check);
     v.key.textContent = scoreKey(data.scores);
-    words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
     drawHead();
   }
   if (typeof ResizeObserver !== "undefined") {
@@ -422,7 +479,10 @@ function attentionPanel(root, state) {
       if (!root.isConnected) watch.disconnect();
       else if (data) update(data);
     });
-    watch.observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme", "class"] });
+    watch.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
   }
   return { update, select, redraw: drawHead };
 }

@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function collapse(items, { head = 40, tail = 20, limit = 80, open = false, onOpen } = {}) {
   if (open || items.length <= Math.max(limit, head + tail + 1)) return items;
   const more = button("gptlib-more", `… ${items.length - head - tail} more`);
@@ -37,14 +41,15 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
@@ -66,7 +71,11 @@ function layout() {
 }
 function spans(list) {
   let at = 0;
-  return list.map((p) => `${at}:${at += p.length}`);
+  return list.map((p) => {
+    const start = at;
+    at += p.length;
+    return `${start}:${at}`;
+  });
 }
 function drawPieces(box, steps, step, shown) {
   const before = new Set(step > 0 ? spans(steps[step - 1]) : []);
@@ -75,13 +84,22 @@ function drawPieces(box, steps, step, shown) {
   const pieces = steps[step].map((p, i) => {
     const created = step > 0 && !before.has(now[i]);
     merged += created ? 1 : 0;
-    const e = make("span", `gptlib-bpe-piece gptlib-bpe-c${i % 6}` + (created ? " gptlib-bpe-new" : ""), show(p));
+    const e = make(
+      "span",
+      `gptlib-bpe-piece gptlib-bpe-c${i % 6}${created ? " gptlib-bpe-new" : ""}`,
+      show(p)
+    );
     e.title = `piece ${i}: “${show(p)}”`;
     return e;
   });
-  box.replaceChildren(...collapse(pieces, { open: shown.open, onOpen: () => {
-    shown.open = true;
-  } }));
+  box.replaceChildren(
+    ...collapse(pieces, {
+      open: shown.open,
+      onOpen: () => {
+        shown.open = true;
+      }
+    })
+  );
   return merged;
 }
 function draw(view, model) {

@@ -3,7 +3,11 @@
 // gptlib/widgets/js/dom.js
 var hex = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
 var VISIBLE = { " ": "␣", "\n": "↵", "	": "⇥" };
-var show = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f ]/g, (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join(""));
+var show = (t) => String(t).replace(
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: these are the characters to show
+  /[\u0000-\u001f\u007f-\u009f ]/g,
+  (c) => VISIBLE[c] || Array.from(new TextEncoder().encode(c), hex).join("")
+);
 function make(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
@@ -17,7 +21,7 @@ function button(cls, text) {
 }
 function svg(tag, attrs, text) {
   const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
   if (text !== void 0) e.textContent = text;
   return e;
 }
@@ -32,14 +36,15 @@ function lifetime(model) {
       undo.push(f);
     },
     end() {
-      undo.splice(0).reverse().forEach((f) => f());
+      for (const f of undo.splice(0).reverse()) f();
     }
   };
 }
 function report(root, facts, objects) {
   if (globalThis.__gptlibTest !== true) return;
   for (const [k, v] of Object.entries(facts || {})) {
-    if (v !== void 0) root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
+    if (v !== void 0)
+      root.dataset[k] = typeof v === "object" && v !== null ? JSON.stringify(v) : String(v);
   }
   if (objects) root.__gptlib = { ...root.__gptlib || {}, ...objects };
 }
@@ -67,9 +72,10 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
   const restAll = rest;
   let approx = false;
   if (topK > 0) {
-    if (topK < n) order.slice(topK).forEach((i) => {
-      p[i] = 0;
-    });
+    if (topK < n)
+      order.slice(topK).forEach((i) => {
+        p[i] = 0;
+      });
     if (topK <= n) rest = 0;
     else if (rest > 0) approx = true;
     const zk = p.reduce((s, v) => s + v, 0) + rest;
@@ -102,7 +108,8 @@ function distribution(logits, temperature, topK, topP, restLogZ = null) {
 function tableLogits(table, a) {
   const V = table.indptr.length - 1, s = table.smoothing;
   const y = new Array(V).fill(Math.log(s));
-  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++) y[table.indices[k]] = Math.log(table.counts[k] + s);
+  for (let k = table.indptr[a]; k < table.indptr[a + 1]; k++)
+    y[table.indices[k]] = Math.log(table.counts[k] + s);
   return y;
 }
 function xorshift32(seed) {
@@ -128,6 +135,23 @@ function entropy(p) {
   return -p.reduce((s, v) => s + (v > 0 ? v * Math.log(v) : 0), 0);
 }
 var CHART = { x0: 120, W: 320, top: 20, h: 18, right: 70 };
+function barRow(y, { label, p, ghost }, [rowClass, ghostClass, barClass]) {
+  const { x0, W, h } = CHART;
+  const g = svg("g", { class: `${rowClass}${p > 0 ? "" : " removed"}` });
+  g.append(
+    svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, label),
+    svg("rect", {
+      class: ghostClass,
+      x: x0,
+      y: y + 2,
+      width: (W * ghost).toFixed(2),
+      height: h - 4
+    }),
+    svg("rect", { class: barClass, x: x0, y: y + 4, width: (W * p).toFixed(2), height: h - 8 }),
+    svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, p.toFixed(4))
+  );
+  return g;
+}
 function drawChart(chart, rows, other, topP) {
   const { x0, W, top, h, right } = CHART;
   const n = rows.length + (other ? 1 : 0);
@@ -138,37 +162,60 @@ function drawChart(chart, rows, other, topP) {
   chart.style.maxWidth = `${width}px`;
   const parts = [];
   [0, 0.25, 0.5, 0.75, 1].forEach((t) => {
-    parts.push(svg("line", { class: "gptlib-samp-grid", x1: x0 + W * t, x2: x0 + W * t, y1: top - 4, y2: top + h * n }));
-    parts.push(svg("text", { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" }, String(t)));
-  });
-  const clip = (t) => t.length > 14 ? t.slice(0, 13) + "…" : t;
-  rows.forEach((r, k) => {
-    const y = top + h * k;
-    const g = svg("g", { class: "gptlib-samp-row" + (r.p > 0 ? "" : " removed") });
-    g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, clip(show(r.label))),
-      svg("rect", { class: "gptlib-samp-ghost", x: x0, y: y + 2, width: (W * r.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-bar", x: x0, y: y + 4, width: (W * r.p).toFixed(2), height: h - 8 }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, r.p.toFixed(4))
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-grid",
+        x1: x0 + W * t,
+        x2: x0 + W * t,
+        y1: top - 4,
+        y2: top + h * n
+      })
     );
-    parts.push(g);
+    parts.push(
+      svg(
+        "text",
+        { class: "gptlib-samp-tick", x: x0 + W * t, y: top - 7, "text-anchor": "middle" },
+        String(t)
+      )
+    );
+  });
+  const clip = (t) => t.length > 14 ? `${t.slice(0, 13)}…` : t;
+  rows.forEach((r, k) => {
+    const row = { ...r, label: clip(show(r.label)) };
+    parts.push(
+      barRow(top + h * k, row, ["gptlib-samp-row", "gptlib-samp-ghost", "gptlib-samp-bar"])
+    );
   });
   if (other) {
-    const y = top + h * rows.length;
-    const g = svg("g", { class: "gptlib-samp-row gptlib-samp-other" + (other.p > 0 ? "" : " removed") });
-    g.append(
-      svg("text", { class: "gptlib-samp-tok", x: x0 - 6, y: y + 13, "text-anchor": "end" }, other.label),
-      svg("rect", { class: "gptlib-samp-other-ghost", x: x0, y: y + 2, width: (W * other.ghost).toFixed(2), height: h - 4 }),
-      svg("rect", { class: "gptlib-samp-other-bar", x: x0, y: y + 4, width: (W * other.p).toFixed(2), height: h - 8 }),
-      svg("text", { class: "gptlib-samp-p", x: x0 + W + 6, y: y + 13 }, other.p.toFixed(4))
-    );
-    parts.push(g);
+    const classes = [
+      "gptlib-samp-row gptlib-samp-other",
+      "gptlib-samp-other-ghost",
+      "gptlib-samp-other-bar"
+    ];
+    parts.push(barRow(top + h * rows.length, other, classes));
   }
   const pts = rows.map((r, k) => `${(x0 + W * r.cum).toFixed(2)},${top + h * k + h / 2}`);
   parts.push(svg("polyline", { class: "gptlib-samp-cum", points: pts.join(" ") }));
-  rows.forEach((r, k) => parts.push(svg("circle", { class: "gptlib-samp-cum-dot", cx: x0 + W * r.cum, cy: top + h * k + h / 2, r: 2 })));
+  rows.forEach((r, k) => {
+    parts.push(
+      svg("circle", {
+        class: "gptlib-samp-cum-dot",
+        cx: x0 + W * r.cum,
+        cy: top + h * k + h / 2,
+        r: 2
+      })
+    );
+  });
   if (topP < 1) {
-    parts.push(svg("line", { class: "gptlib-samp-pline", x1: x0 + W * topP, x2: x0 + W * topP, y1: top - 4, y2: top + h * n }));
+    parts.push(
+      svg("line", {
+        class: "gptlib-samp-pline",
+        x1: x0 + W * topP,
+        x2: x0 + W * topP,
+        y1: top - 4,
+        y2: top + h * n
+      })
+    );
   }
   chart.replaceChildren(...parts);
 }
@@ -176,7 +223,7 @@ function chartKey() {
   const key = make("div", "gptlib-samp-key");
   const item = (cls, text) => {
     const s = make("span", "gptlib-samp-key-item");
-    s.append(make("span", "gptlib-samp-sw " + cls), text);
+    s.append(make("span", `gptlib-samp-sw ${cls}`), text);
     return s;
   };
   key.append(
@@ -214,7 +261,9 @@ function samplingControls(kMax) {
     labels[2].textContent = tp < 1 ? ` ${tp.toFixed(2)}` : " off";
   }
   function onInput(set) {
-    ["temperature", "top_k", "top_p"].forEach((trait, i) => sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value))));
+    ["temperature", "top_k", "top_p"].forEach((trait, i) => {
+      sliders[i].addEventListener("input", () => set(trait, Number(sliders[i].value)));
+    });
   }
   return { rows, show: show2, onInput };
 }
@@ -226,14 +275,7 @@ function chartRows(d, g, n, label, V) {
   return { rows, other };
 }
 
-// gptlib/widgets/js/live.js
-var VENDOR = {
-  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
-  ortDir: "vendor/onnxruntime-web/",
-  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
-};
-var VERSION = 2;
-var CONFIRM_ABOVE = 2e7;
+// gptlib/widgets/js/backend.js
 var LiveError = class extends Error {
 };
 function staticBase(doc = document) {
@@ -255,42 +297,26 @@ function lensTops(ids, logits, lse, n, K) {
     probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
   }));
 }
-function sharedPrefix(a, b) {
-  let n = 0;
-  while (n < a.length && n < b.length && a[n] === b[n]) n++;
-  return n;
-}
-function plan(cached, cachedMask, window, mask) {
-  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
-  if (keep >= window.length) keep = window.length - 1;
-  return { keep, feed: window.slice(keep) };
-}
-function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
-  if (keep === P) return past;
-  const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++) out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
-  return out;
-}
-function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    const r = rows[lh] || (rows[lh] = []);
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h]));
+function nestFlat(flat, L, H, T) {
+  return [...Array(L).keys()].map(
+    (l) => [...Array(H).keys()].map(
+      (h) => [...Array(T).keys()].map(
+        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
+      )
+    )
+  );
 }
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
-  if (!m || !m.usedJSHeapSize) return null;
-  return { bytes: m.usedJSHeapSize, limit: m.jsHeapSizeLimit, what: "the JavaScript heap (performance.memory)" };
+  if (!m?.usedJSHeapSize) return null;
+  return {
+    bytes: m.usedJSHeapSize,
+    limit: m.jsHeapSizeLimit,
+    what: "the JavaScript heap (performance.memory)"
+  };
 }
+
+// gptlib/widgets/js/kernel.js
 function kernelLink(model) {
   let req = 0;
   const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
@@ -324,11 +350,72 @@ function kernelLink(model) {
     model.off("msg:custom", listener);
     timers.forEach(clearTimeout);
     timers.clear();
-    waiting.forEach((w) => w.reject(new LiveError("the view was closed")));
+    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
     waiting.clear();
   };
   return ask;
 }
+async function pingKernel(ask, tries = 3, timeoutMs = 1e3) {
+  for (let i = 0; i < tries; i++) {
+    try {
+      await ask({ kind: "ping" }, timeoutMs);
+      return true;
+    } catch (e) {
+      if (e instanceof LiveError && e.message !== "no answer") return false;
+    }
+  }
+  return false;
+}
+var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function kernelBackend(ask) {
+  const { msg } = await ask({ kind: "start" });
+  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
+  return {
+    kind: "kernel",
+    describe: "PyTorch in the kernel",
+    config: c,
+    tokens: msg.tokens,
+    bytes: msg.token_bytes.map(fromBase64),
+    special: msg.special || {},
+    chat: msg.chat || null,
+    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
+    memory: () => null,
+    run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
+      const t0 = performance.now();
+      const { buffers } = await ask({
+        kind: "step",
+        ids,
+        mask: mask && Array.from(mask),
+        lens,
+        targets
+      });
+      const T = ids.length;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      return {
+        logits: view(logits, Float32Array),
+        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        lens: lens ? lensTops(
+          view(lensIds, BigInt64Array),
+          view(lensLogits, Float32Array),
+          view(lensLse, Float32Array),
+          lens.length,
+          K
+        ) : null,
+        direct: targets?.length ? view(direct, Float32Array) : null,
+        ms: performance.now() - t0
+      };
+    }
+  };
+}
+
+// gptlib/widgets/js/page.js
+var VENDOR = {
+  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
+  ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
+};
+var VERSION = 2;
+var CONFIRM_ABOVE = 2e7;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
@@ -349,12 +436,13 @@ async function sha256Hex(bytes) {
 async function fetchInto(url, what, out, at, n, onBytes) {
   const r = await fetchOk(url, what);
   let got = 0;
-  if (r.body && r.body.getReader) {
+  if (r.body?.getReader) {
     const reader = r.body.getReader();
     for (; ; ) {
       const { done, value } = await reader.read();
       if (done) break;
-      if (got + value.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
+      if (got + value.length > n)
+        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
       out.set(value, at + got);
       got += value.length;
       onBytes(value.length);
@@ -369,12 +457,12 @@ async function fetchInto(url, what, out, at, n, onBytes) {
   if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
 }
 function checkManifest(m, url) {
-  if (!m || m.format !== "gptlib-live" || m.version !== VERSION) {
+  if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx && m.onnx.pieces;
+  const pieces = m.onnx?.pieces;
   if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
-    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx && m.onnx.bytes} bytes`);
+    throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
   return m;
 }
@@ -387,25 +475,37 @@ async function browserBackend(source, weightsSha, hooks) {
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
   progress("reading the model's manifest", null);
-  const manifest = checkManifest(await (await fetchOk(manifestUrl, "the model's manifest")).json(), manifestUrl);
+  const manifest = checkManifest(
+    await (await fetchOk(manifestUrl, "the model's manifest")).json(),
+    manifestUrl
+  );
   if (weightsSha && manifest.weights_sha256 !== weightsSha) {
-    throw new LiveError(`the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`);
+    throw new LiveError(
+      `the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`
+    );
   }
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
-    throw new LiveError(`Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`
+    );
   }
   const file = (f) => new URL(f, manifestUrl).href;
   let onnx;
   try {
     onnx = new Uint8Array(manifest.onnx.bytes);
   } catch (e) {
-    throw new LiveError(`This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`
+    );
   }
   let done = 0;
   const tick = (n) => {
     done += n;
-    progress(`downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`, done / total);
+    progress(
+      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
+      done / total
+    );
   };
   tick(0);
   const pieces = [];
@@ -440,13 +540,51 @@ async function browserBackend(source, weightsSha, hooks) {
   progress("starting onnxruntime-web (it unpacks the weights once)", 1);
   let session;
   try {
-    session = await ort.InferenceSession.create(onnx, { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+    session = await ort.InferenceSession.create(onnx, {
+      executionProviders: ["wasm"],
+      graphOptimizationLevel: "all"
+    });
   } catch (e) {
-    throw new LiveError(`onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`);
+    throw new LiveError(
+      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`
+    );
   }
   onnx = null;
   const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
   return pageBackend(ort, session, manifest, tokenizer);
+}
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+function plan(cached, cachedMask, window, mask) {
+  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
+  if (keep >= window.length) keep = window.length - 1;
+  return { keep, feed: window.slice(keep) };
+}
+function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
+  if (keep === P) return past;
+  const out = new Float32Array(L * 2 * G * keep * D);
+  for (let r = 0; r < L * 2 * G; r++)
+    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
+  return out;
+}
+function addRows(rows, attn, P, T, L, H) {
+  const S = P + T;
+  for (let lh = 0; lh < L * H; lh++) {
+    if (!rows[lh]) rows[lh] = [];
+    const r = rows[lh];
+    r.length = P;
+    for (let t = 0; t < T; t++) {
+      const o = (lh * T + t) * S;
+      r.push(attn.slice(o, o + P + t + 1));
+    }
+  }
+  return rows;
+}
+function nestRows(rows, L, H) {
+  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
 }
 function pageBackend(ort, session, manifest, tokenizer) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
@@ -454,14 +592,14 @@ function pageBackend(ort, session, manifest, tokenizer) {
   const ones = new Float32Array(L * H).fill(1);
   let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  const run = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+  const step = async (ids, { mask = null, lens = null, targets = null } = {}) => {
     const t0 = performance.now();
     const window = ids.slice(-c.n_ctx);
     const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep, T = feed.length;
     past = cropPast(past, cached.length, P, c);
-    const lensList = lens && lens.length ? lens : [c.n_layers], tg = targets || [];
+    const lensList = lens?.length ? lens : [c.n_layers], tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
@@ -483,8 +621,15 @@ function pageBackend(ort, session, manifest, tokenizer) {
         fed: T
       };
     } finally {
-      Object.values(out).forEach((t) => t.dispose && t.dispose());
+      for (const t of Object.values(out)) t.dispose?.();
     }
+  };
+  let last = Promise.resolve();
+  const run = (ids, options) => {
+    const result = last.then(() => step(ids, options));
+    last = result.catch(() => {
+    });
+    return result;
   };
   return {
     kind: "browser",
@@ -500,31 +645,56 @@ function pageBackend(ort, session, manifest, tokenizer) {
     run
   };
 }
+function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
+  if (!globalThis.__gptlibPageBackends) globalThis.__gptlibPageBackends = /* @__PURE__ */ new Map();
+  const started = globalThis.__gptlibPageBackends, key = `${source} ${weightsSha || ""}`;
+  if (!started.has(key)) {
+    const promise = start(source, weightsSha, hooks);
+    started.set(key, promise);
+    promise.catch(() => started.delete(key));
+  }
+  return started.get(key);
+}
+
+// gptlib/widgets/js/live.js
+function connect(model) {
+  const ask = kernelLink(model);
+  let answered = false;
+  const kernel = pingKernel(ask).then((yes) => {
+    answered = yes;
+    return yes;
+  });
+  const inPage = (hooks) => sharedPageBackend(model.get("source"), model.get("weights_sha256"), hooks);
+  const start = async (hooks) => {
+    if (answered) return kernelBackend(ask);
+    if (staticBase() && location.protocol !== "file:") return inPage(hooks);
+    return await kernel ? kernelBackend(ask) : inPage(hooks);
+  };
+  let backend = null;
+  return {
+    kernel,
+    backend(hooks = {}) {
+      if (!backend) {
+        backend = start(hooks);
+        backend.catch(() => {
+          backend = null;
+        });
+      }
+      return backend;
+    },
+    close: () => ask.close()
+  };
+}
+var startError = (e) => e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
 
 // gptlib/widgets/js/sampling.js
-var fullNode = (logits) => ({ ids: [...Array(logits.length).keys()], logits, mass: 1, rest: null, next: {} });
-var f32 = (b) => b instanceof ArrayBuffer ? new Float32Array(b.slice(0)) : new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-async function pageLogits(backend, ids) {
-  return (await backend.run(ids, { mask: null, lens: null, targets: null })).logits;
-}
-async function startLive(model, ask, kernel, progress) {
-  const inKernel = async () => {
-    const { msg } = await ask({ kind: "start" });
-    return {
-      describe: "PyTorch in the kernel",
-      tokens: msg.tokens,
-      nCtx: msg.config.n_ctx,
-      logits: async (ids) => f32((await ask({ kind: "logits", ids })).buffers[0])
-    };
-  };
-  const inPage = async () => {
-    const backend = await browserBackend(model.get("source"), model.get("weights_sha256"), { progress });
-    return { describe: backend.describe, tokens: backend.tokens, nCtx: backend.config.n_ctx, logits: (ids) => pageLogits(backend, ids) };
-  };
-  if (kernel.answered) return inKernel();
-  if (staticBase() && location.protocol !== "file:") return inPage();
-  return await kernel.ping ? inKernel() : inPage();
-}
+var fullNode = (logits) => ({
+  ids: [...Array(logits.length).keys()],
+  logits,
+  mass: 1,
+  rest: null,
+  next: {}
+});
 function topKMax(prompts, topK, V, table) {
   if (table) return Math.max(Math.min(V, 100), topK);
   const nodes = [];
@@ -532,7 +702,7 @@ function topKMax(prompts, topK, V, table) {
     nodes.push(node);
     Object.values(node.next).forEach(collect);
   };
-  prompts.forEach((p) => collect(p.root));
+  for (const p of prompts) collect(p.root);
   const longest = Math.max(...nodes.map((n) => n.ids.length));
   const partial = nodes.filter((n) => n.rest).map((n) => n.ids.length);
   return Math.max(Math.min(longest, 100, ...partial), topK);
@@ -551,17 +721,29 @@ function layout(prompts, kMax) {
     resetBtn: button("gptlib-samp-reset", "reset"),
     msg: make("div", "gptlib-samp-msg")
   };
-  v.promptSel.replaceChildren(...prompts.map((p, i) => {
-    const o = make("option", "", p.text || "(the given distribution)");
-    o.value = String(i);
-    return o;
-  }));
+  v.promptSel.replaceChildren(
+    ...prompts.map((p, i) => {
+      const o = make("option", "", p.text || "(the given distribution)");
+      o.value = String(i);
+      return o;
+    })
+  );
   const promptRow = make("label", "gptlib-controls");
   promptRow.append("prompt ", v.promptSel);
   if (prompts.length < 2) promptRow.style.display = "none";
   const buttons = make("div", "gptlib-controls");
   buttons.append(v.stepBtn, v.undoBtn, v.resetBtn);
-  v.root.append(v.title, promptRow, ...v.controls.rows, v.stats, v.chart, chartKey(), v.text, buttons, v.msg);
+  v.root.append(
+    v.title,
+    promptRow,
+    ...v.controls.rows,
+    v.stats,
+    v.chart,
+    chartKey(),
+    v.text,
+    buttons,
+    v.msg
+  );
   return v;
 }
 function walk(root, path) {
@@ -586,88 +768,118 @@ function restAt(node, T, temps) {
 }
 function statsLine(node, d, rest, T, V) {
   const n = node.ids.length, kept = d.p.filter((p) => p > 0).length;
-  if (!node.rest) return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
+  if (!node.rest)
+    return `entropy ${entropy(d.p).toFixed(3)} nats, ${kept} of ${n} tokens can be sampled`;
   return `The page stores the ${n} most probable of the ${V} tokens here (${(100 * node.mass).toFixed(1)}% of the probability at temperature 1) and the total weight of the other ${V - n}: ${kept} stored tokens can be sampled` + (d.rest > 0 ? `, and the others, ${d.rest.toFixed(4)} together.` : ".") + (d.approx ? " Top-p reaches past the stored tokens: the page keeps the others' mass up to top-p, the model whole tokens (a little more: less than one of those tokens' probability)." : "") + (rest.at !== T ? ` (The others' weight is stored at temperature ${rest.at.toFixed(2)}, the nearest to ${T}.)` : "");
 }
 function stopMessage({ node, stop, from }, path, others, tok, onePrompt, live) {
-  if (from === "table") return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
-  if (from === "live") return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
-  if (stop === null) return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
+  if (from === "table")
+    return path.length ? `${path.length} token(s) drawn; each row is computed from the table of counts` : "";
+  if (from === "live")
+    return `${path.length} token(s) drawn. Past the stored tree every distribution is the live model's, computed by ${live.describe}.`;
+  if (stop === null)
+    return path.length ? `${path.length} token(s) drawn from the stored distributions` : "";
   if (stop < 0) {
     return `The draw fell among the ${others} tokens this page does not list here: the model continues with one of them, and the page cannot say which. Undo or reset to draw again.`;
   }
   const known = Object.keys(node.next).map((id) => `«${show(tok(id))}»`);
   return `«${show(tok(stop))}» was drawn. ` + (known.length ? `After this text the page stores the model's next distribution only after ${known.join(", ")}, so the text ends here.` : onePrompt && path.length === 1 ? "This view shows one distribution, so the text ends here." : `The page stores the model's distributions for up to ${path.length - 1} drawn token(s), so the text ends here.`) + " Undo or reset to draw again.";
 }
-function render({ model, el }) {
-  const life = lifetime(model);
-  const prompts = model.get("prompts"), vocab = model.get("tokens");
-  const temps = model.get("temperatures") || [1], V = model.get("vocab_size");
-  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
-  const canLive = !table && Boolean(model.get("source"));
-  const v = layout(prompts, topKMax(prompts, model.get("top_k"), V, table));
-  el.appendChild(v.root);
-  const rng = xorshift32(model.get("seed"));
-  let path = [];
-  let live = null, starting = null, liveError = "", busy = false;
-  const liveNodes = /* @__PURE__ */ new Map();
-  const rows = /* @__PURE__ */ new Map();
-  const tok = (id) => vocab[String(id)] ?? (live ? live.tokens[id] : `#${id}`);
-  const settings = () => ({ T: model.get("temperature"), k: model.get("top_k"), tp: model.get("top_p") });
-  const promptIds = () => prompts[model.get("prompt")].ids;
-  const key = (p) => `${model.get("prompt")}:${p.join(",")}`;
-  let ask = null;
-  const kernel = { answered: false, ping: Promise.resolve(false) };
-  if (canLive) {
-    ask = kernelLink(model);
-    life.atEnd(() => ask.close());
-    kernel.ping = ask({ kind: "ping" }, 1500).then(() => kernel.answered = true, () => false);
+var Sampler = class {
+  constructor(model, v, life) {
+    this.model = model;
+    this.v = v;
+    this.prompts = model.get("prompts");
+    this.vocab = model.get("tokens");
+    this.temps = model.get("temperatures") || [1];
+    this.V = model.get("vocab_size");
+    this.table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+    this.canLive = !this.table && Boolean(model.get("source"));
+    this.rng = xorshift32(model.get("seed"));
+    this.path = [];
+    this.live = null;
+    this.liveError = "";
+    this.busy = false;
+    this.liveNodes = /* @__PURE__ */ new Map();
+    this.rows = /* @__PURE__ */ new Map();
+    this.link = null;
+    if (this.canLive) {
+      this.link = connect(model);
+      life.atEnd(() => this.link.close());
+    }
   }
-  function position(p) {
+  tok(id) {
+    return this.vocab[String(id)] ?? (this.live ? this.live.tokens[id] : `#${id}`);
+  }
+  settings() {
+    const m = this.model;
+    return { T: m.get("temperature"), k: m.get("top_k"), tp: m.get("top_p") };
+  }
+  promptIds() {
+    return this.prompts[this.model.get("prompt")].ids;
+  }
+  key(p) {
+    return `${this.model.get("prompt")}:${p.join(",")}`;
+  }
+  // The distribution after the prompt and `p`: {node, stop, from}; stop is the drawn token after
+  // which the view knows no distribution (null where it knows one).
+  position(p) {
+    const { table, rows } = this;
     if (table) {
-      const a = p.length ? p[p.length - 1] : promptIds()[promptIds().length - 1];
+      const ids = this.promptIds();
+      const a = p.length ? p[p.length - 1] : ids[ids.length - 1];
       if (!rows.has(a)) rows.set(a, fullNode(tableLogits(table, a)));
       return { node: rows.get(a), stop: null, from: "table" };
     }
-    const at = walk(prompts[model.get("prompt")].root, p);
+    const at = walk(this.prompts[this.model.get("prompt")].root, p);
     if (at.stop === null) return { ...at, from: "tree" };
-    if (liveNodes.has(key(p))) return { node: liveNodes.get(key(p)), stop: null, from: "live" };
-    return { ...at, from: "tree" };
+    const known = this.liveNodes.get(this.key(p));
+    return known ? { node: known, stop: null, from: "live" } : { ...at, from: "tree" };
   }
-  function ensureLive() {
-    if (live) return Promise.resolve(true);
-    if (!starting) {
-      starting = startLive(model, ask, kernel, (s) => {
-        v.msg.textContent = `starting the live model: ${s}…`;
-      }).then((b) => {
-        live = b;
-        report(v.root, { live: "on" });
-        return true;
-      }).catch((e) => {
-        liveError = e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
-        report(v.root, { live: "failed", error: liveError });
-        starting = null;
-        return false;
-      });
+  // Starts the live model once; true when it runs (else liveError says why).
+  async ensureLive() {
+    if (this.live) return true;
+    const progress = (s) => {
+      this.v.msg.textContent = `starting the live model: ${s}…`;
+    };
+    try {
+      this.live = await this.link.backend({ progress });
+      report(this.v.root, { live: "on" });
+      return true;
+    } catch (e) {
+      this.liveError = startError(e);
+      report(this.v.root, { live: "failed", error: this.liveError });
+      return false;
     }
-    return starting;
   }
-  async function liveNode(p) {
-    if (liveNodes.has(key(p))) return liveNodes.get(key(p));
-    if (!await ensureLive()) return null;
-    const ids = [...promptIds(), ...p].slice(-live.nCtx);
-    const node = fullNode(Array.from(await live.logits(ids)));
-    liveNodes.set(key(p), node);
+  // The live model's distribution after the prompt and `p` (computed once), or null: the
+  // next-token logits, every head kept, no lens, no direct contributions.
+  async liveNode(p) {
+    const key = this.key(p);
+    if (this.liveNodes.has(key)) return this.liveNodes.get(key);
+    if (!await this.ensureLive()) return null;
+    const ids = [...this.promptIds(), ...p].slice(-this.live.config.n_ctx);
+    const { logits } = await this.live.run(ids, { mask: null, lens: null, targets: null });
+    const node = fullNode(Array.from(logits));
+    this.liveNodes.set(key, node);
     return node;
   }
-  function drawText(prompt, others) {
+  drawText(prompt, others) {
     const ctx = make("span", "gptlib-samp-ctx", prompt || "…");
-    v.text.replaceChildren(ctx, ...path.map((id) => id >= 0 ? make("span", "gptlib-samp-new", tok(id).replace(/\n/g, "↵\n")) : make("span", "gptlib-samp-new gptlib-samp-unknown", `⟨one of the ${others} other tokens⟩`)));
+    const drawn = this.path.map(
+      (id) => id >= 0 ? make("span", "gptlib-samp-new", this.tok(id).replace(/\n/g, "↵\n")) : make(
+        "span",
+        "gptlib-samp-new gptlib-samp-unknown",
+        `⟨one of the ${others} other tokens⟩`
+      )
+    );
+    this.v.text.replaceChildren(ctx, ...drawn);
   }
-  function draw() {
-    const at = position(path), { node, stop } = at, { logits, ids } = node;
-    const { T, k, tp } = settings();
-    const prompt = prompts[model.get("prompt")].text;
+  draw() {
+    const { model, v, V, path, busy, temps } = this;
+    const at = this.position(path), { node, stop } = at, { logits, ids } = node;
+    const { T, k, tp } = this.settings();
+    const prompt = this.prompts[model.get("prompt")].text;
     v.title.textContent = model.get("title");
     v.promptSel.value = String(model.get("prompt"));
     v.controls.show(T, k, tp);
@@ -675,14 +887,16 @@ function render({ model, el }) {
     const d = distribution(logits, T, k, tp, rest.logZ);
     const g = distribution(logits, 1, 0, 1, rest1.logZ);
     v.stats.textContent = statsLine(node, d, rest, T, V);
-    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), (i) => tok(ids[i]), V);
+    const label = (i) => this.tok(ids[i]);
+    const { rows: bars, other } = chartRows(d, g, model.get("n_show"), label, V);
     drawChart(v.chart, bars, other, tp);
-    drawText(prompt, V - ids.length);
+    this.drawText(prompt, V - ids.length);
     v.stepBtn.disabled = busy || stop !== null;
     v.undoBtn.disabled = v.resetBtn.disabled = busy || path.length === 0;
     v.promptSel.disabled = busy;
     v.msg.classList.toggle("gptlib-samp-stop", stop !== null);
-    v.msg.textContent = (stop !== null && liveError ? liveError + " " : "") + stopMessage(at, path, V - ids.length, tok, prompts.length === 1 && !prompt, live);
+    const onePrompt = this.prompts.length === 1 && !prompt;
+    v.msg.textContent = (stop !== null && this.liveError ? `${this.liveError} ` : "") + stopMessage(at, path, V - ids.length, (id) => this.tok(id), onePrompt, this.live);
     report(v.root, {
       probs: d.p,
       rest: d.rest,
@@ -702,24 +916,29 @@ function render({ model, el }) {
       busy: busy ? "1" : "0"
     });
   }
-  async function step() {
-    const at = position(path);
-    if (busy || at.stop !== null) return;
-    const { T, k, tp } = settings();
+  // One seeded draw from the distribution shown. A draw among the tokens a stored node does not
+  // list, or one the tree has no node after, goes to the live model where the view has one: the
+  // first redrawn at the same u from the whole distribution (whose most probable tokens are the
+  // listed ones), the second continued from the distribution the live model computes.
+  async step() {
+    const { v, path, canLive } = this;
+    const at = this.position(path);
+    if (this.busy || at.stop !== null) return;
+    const { T, k, tp } = this.settings();
     let node = at.node;
-    let d = distribution(node.logits, T, k, tp, restAt(node, T, temps).logZ);
-    const u = rng();
+    let d = distribution(node.logits, T, k, tp, restAt(node, T, this.temps).logZ);
+    const u = this.rng();
     let i = drawIndex(d.p, d.order, u, d.rest);
     report(v.root, { u });
-    busy = canLive;
-    if (busy) {
+    this.busy = canLive;
+    if (this.busy) {
       v.stepBtn.disabled = v.undoBtn.disabled = v.resetBtn.disabled = v.promptSel.disabled = true;
       report(v.root, { busy: "1" });
     }
     try {
       if (i < 0 && canLive) {
         v.msg.textContent = "The draw fell among the tokens the page does not store here: asking the live model…";
-        const whole = await liveNode(path);
+        const whole = await this.liveNode(path);
         if (whole) {
           node = whole;
           d = distribution(node.logits, T, k, tp, null);
@@ -727,48 +946,53 @@ function render({ model, el }) {
         }
       }
       path.push(i >= 0 ? node.ids[i] : -1);
-      if (canLive && i >= 0 && position(path).stop !== null) {
+      if (canLive && i >= 0 && this.position(path).stop !== null) {
         v.msg.textContent = "Past the stored tree: the live model computes the next distribution…";
-        await liveNode(path);
+        await this.liveNode(path);
       }
     } catch (e) {
-      liveError = `The live model failed: ${e.message}`;
-      report(v.root, { error: liveError });
+      this.liveError = `The live model failed: ${e.message}`;
+      report(v.root, { error: this.liveError });
     } finally {
-      busy = false;
-      draw();
+      this.busy = false;
+      this.draw();
     }
   }
+};
+function render({ model, el }) {
+  const life = lifetime(model);
+  const prompts = model.get("prompts");
+  const table = Object.keys(model.get("table") || {}).length ? model.get("table") : null;
+  const v = layout(prompts, topKMax(prompts, model.get("top_k"), model.get("vocab_size"), table));
+  el.appendChild(v.root);
+  const s = new Sampler(model, v, life);
+  const redraw = () => {
+    if (!s.busy) s.draw();
+  };
   const restart = () => {
-    path = [];
+    s.path = [];
   };
   const set = (name, value) => {
     model.set(name, value);
     model.save_changes();
-    draw();
+    s.draw();
   };
   v.controls.onInput(set);
   v.promptSel.addEventListener("change", () => {
     restart();
     set("prompt", Number(v.promptSel.value));
   });
-  v.stepBtn.addEventListener("click", step);
+  v.stepBtn.addEventListener("click", () => s.step());
   v.undoBtn.addEventListener("click", () => {
-    if (!busy) {
-      path.pop();
-      draw();
-    }
+    if (!s.busy) s.path.pop();
+    redraw();
   });
   v.resetBtn.addEventListener("click", () => {
-    if (!busy) {
-      restart();
-      draw();
-    }
+    if (!s.busy) restart();
+    redraw();
   });
-  ["temperature", "top_k", "top_p", "prompt"].forEach((n) => life.on(`change:${n}`, () => {
-    if (!busy) draw();
-  }));
-  draw();
+  for (const n of ["temperature", "top_k", "top_p", "prompt"]) life.on(`change:${n}`, redraw);
+  s.draw();
   return () => {
     life.end();
     v.root.remove();

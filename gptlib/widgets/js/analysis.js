@@ -1,0 +1,45 @@
+// The playground's stored analysis: what Python computed of the view's text (the widget state's
+// `stored`), as the page draws it before the live model starts; and the heads' direct
+// contributions, largest first.
+import { fromBase64 } from "./backend.js";
+
+// A large vocabulary's patterns come as bytes round(255 a), the lower triangles row by row.
+export function patternsFromBytes(b64, L, H, T) {
+  const u = fromBase64(b64),
+    n = (T * (T + 1)) / 2;
+  return [...Array(L).keys()].map((l) =>
+    [...Array(H).keys()].map((h) => {
+      let at = (l * H + h) * n;
+      return [...Array(T).keys()].map((i) => {
+        const row = Float32Array.from(u.subarray(at, at + i + 1), (x) => x / 255);
+        at += i + 1;
+        return row;
+      });
+    }),
+  );
+}
+
+// The analysis stored in the widget state (PlaygroundView), as the page draws it. A large
+// vocabulary stores only its most probable logits and the others' log-weight (`rest_logz`).
+export function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }) {
+  let logits = stored.logits,
+    restLogZ = null,
+    patterns = stored.patterns;
+  const window = stored.ids.slice(-nCtx);
+  if (stored.patterns_u8) patterns = patternsFromBytes(stored.patterns_u8, L, H, window.length);
+  if (stored.top) {
+    logits = new Float64Array(V).fill(-Infinity);
+    stored.top.ids.forEach((id, n) => {
+      logits[id] = stored.top.logits[n];
+    });
+    restLogZ = stored.top.rest_logz;
+  }
+  return { window, logits, restLogZ, patterns, lens: stored.lens, direct: null, target: null };
+}
+
+// The heads (layer, head) with the largest direct contributions |d|, largest first.
+export function largestDirect(direct, H, n) {
+  return Array.from(direct, (d, k) => [d, Math.floor(k / H), k % H])
+    .sort((a, b) => Math.abs(b[0]) - Math.abs(a[0]) || a[1] - b[1] || a[2] - b[2])
+    .slice(0, n);
+}

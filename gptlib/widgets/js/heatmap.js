@@ -1,0 +1,197 @@
+// One head enlarged: its pattern as a heatmap (query tokens down, key tokens across) with the
+// tokens as labels, drawn as elements for short texts and on a canvas for long ones, and the
+// focus on one query (its row outlined, its keys and the text coloured by its weights). Used by
+// the attention panel (heads.js).
+import { make, show } from "./dom.js";
+
+const CANVAS_FROM = 48; // texts longer than this draw the enlarged head on a canvas
+
+// A pattern as the pixels of a canvas T x T (masked cells stay transparent: the theme shows through).
+export function thumbnail(P, T, LUT) {
+  const canvas = document.createElement("canvas");
+  canvas.width = T;
+  canvas.height = T;
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(T, T);
+  const d = img.data;
+  for (let i = 0; i < T; i++) {
+    const row = P[i];
+    for (let j = 0; j <= i; j++) {
+      const k = 3 * Math.round(Math.min(Math.max(row[j], 0), 1) * 255),
+        o = 4 * (i * T + j);
+      d[o] = LUT[k];
+      d[o + 1] = LUT[k + 1];
+      d[o + 2] = LUT[k + 2];
+      d[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
+// A token with its position, as hover texts and the focus line name it: 3 "␣the".
+export const named = (tokens, i) => `${i} \u201c${show(tokens[i])}\u201d`;
+
+// The labels of the heatmap's keys (across) and queries (down): every token in full, rotated
+// across, where a cell is wide enough for a line of text; on smaller cells every k-th token, with
+// its position, over the cells that follow it. Each label's hover text names its token in full.
+function labelEvery(cell) {
+  return cell >= 11 ? 1 : Math.ceil(13 / cell);
+}
+function axisLabel(cls, tokens, i, k, what) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
+  e.title = `${what} ${named(tokens, i)}`;
+  return e;
+}
+
+// The label of query i; `data-i` tells the heatmap's hover listener which query a row is.
+function queryLabel(tokens, i, k) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+  q.dataset.i = String(i);
+  return q;
+}
+
+const cellTitle = (tokens, A, i, j) =>
+  `query ${named(tokens, i)} \u2192 key ${named(tokens, j)}: ` +
+  (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+
+// The enlarged head for short texts: one element per cell. Returns the rows [query, ...cells].
+function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+  const T = tokens.length,
+    k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
+  grid.style.gridTemplateRows = "auto"; // the keys' row as tall as its longest label
+  grid.style.gridAutoRows = `${cell}px`;
+  const rows = tokens.map((_t, i) => [
+    queryLabel(tokens, i, k),
+    ...tokens.map((_, j) => {
+      const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
+      c.dataset.i = String(i);
+      if (j <= i) c.style.background = pal.heat(A[i][j]);
+      c.title = cellTitle(tokens, A, i, j);
+      return c;
+    }),
+  ]);
+  grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
+  return rows;
+}
+
+// The enlarged head for long texts: the cells are the pixels of one canvas (T * T elements would
+// take the page seconds to lay out); the labels stay elements, and a band marks the hovered
+// query. onQuery(i) is called as the pointer moves over row i. Returns {rows, band}.
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+  const T = tokens.length,
+    k = labelEvery(cell);
+  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+  grid.style.gridTemplateRows = "";
+  grid.style.gridAutoRows = "auto";
+  const keyRow = make("div", "gptlib-attn-keys");
+  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+  keyRow.append(...keys);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const queries = make("div", "gptlib-attn-queries");
+  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+  queries.append(...rows.map((r) => r[0]));
+  const canvas = thumbnail(A, T, pal.lut);
+  canvas.style.width = canvas.style.height = `${T * cell}px`;
+  const band = make("div", "gptlib-attn-band");
+  band.style.height = `${cell}px`;
+  const box = make("div", "gptlib-attn-canvas");
+  box.append(canvas, band);
+  canvas.addEventListener("mousemove", (e) => {
+    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+    canvas.title = cellTitle(tokens, A, i, j);
+    onQuery(i);
+  });
+  grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  return { rows, band };
+}
+
+// What the panel has drawn of the enlarged head: the text's spans (`words`), the heatmap's key
+// labels and rows (each [query label, ...cells]), the pattern A, the canvas band (long texts), the
+// cell size in pixels and the focused query (or null).
+export function heatmapState() {
+  return {
+    tokens: [],
+    words: [],
+    keys: [],
+    rows: [],
+    A: null,
+    band: null,
+    cellPx: 0,
+    focused: null,
+  };
+}
+
+// The pattern A of a head over `tokens`, into the panel's grid (v.grid, in v.gridScroll). Cells
+// shrink for long texts so that the heatmap stays about as wide as the space it has (528 px of
+// cells at most, beside the query labels; never under 4 px a cell). onQuery(i): the pointer is on
+// row i of a canvas. Returns the width drawn for.
+export function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+  const T = tokens.length;
+  const room = v.gridScroll.box.clientWidth || 640;
+  const budget = Math.min(528, Math.max(160, room - 110));
+  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const k = labelEvery(cell);
+  v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
+  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  if (T > CANVAS_FROM) {
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+  } else {
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+  }
+  return room;
+}
+
+// Query i in focus: its row outlined, every key and text token coloured by the weight i gives it
+// (later tokens are out of its sight). Returns the line that says where it attends most.
+export function focus(d, i, pal) {
+  const { A, tokens } = d;
+  clearFocus(d);
+  for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
+  d.rows[i][0].style.fontWeight = "bold";
+  if (d.band) {
+    d.band.style.top = `${i * d.cellPx}px`;
+    d.band.style.display = "block";
+  }
+  d.keys.forEach((k, j) => {
+    k.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    k.style.color = j <= i ? pal.ink(A[i][j]) : "";
+  });
+  d.words.forEach((w, j) => {
+    w.style.background = j <= i ? pal.heat(A[i][j]) : "";
+    w.style.color = j <= i ? pal.ink(A[i][j]) : "var(--gptlib-muted)";
+  });
+  d.words[i].classList.add("gptlib-attn-hot");
+  d.focused = i;
+  const top = [...A[i]]
+    .map((a, j) => [a, j])
+    .filter(([, j]) => j <= i)
+    .sort((x, y) => y[0] - x[0])
+    .slice(0, 3);
+  return (
+    `query ${named(tokens, i)} attends to ` +
+    top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ")
+  );
+}
+
+export function clearFocus(d) {
+  d.focused = null;
+  for (const r of d.rows) {
+    for (const c of r) c.style.outline = "";
+    r[0].style.fontWeight = "";
+  }
+  if (d.band) d.band.style.display = "none";
+  for (const k of d.keys) {
+    k.style.background = "";
+    k.style.color = "";
+  }
+  for (const w of d.words) {
+    w.style.background = "";
+    w.style.color = "";
+    w.classList.remove("gptlib-attn-hot");
+  }
+}
