@@ -83,13 +83,15 @@ def sample_responses(
 
 
 def sft_loss(policy, ids: Tensor, prompt_len: int) -> Tensor:
-    """The SFT loss: -log pi(Y | X) per response token, averaged over the batch (nats per token).
+    """The SFT loss: -log pi(Y | X) per response token, averaged over the batch (nats
+    per token).
 
-    ids: (B, prompt_len + |Y|), demonstrations. The prompt is given, not demonstrated: its tokens
-    are not scored.
+    ids: (B, prompt_len + |Y|), demonstrations. The prompt is given, not demonstrated:
+    its tokens are not scored.
     """
     n_response = ids.shape[1] - prompt_len
-    return -sequence_logprob(policy, ids, response_mask(ids, prompt_len)).mean() / n_response
+    mask = response_mask(ids, prompt_len)  # (B, T)
+    return -sequence_logprob(policy, ids, mask).mean() / n_response
 
 
 def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
@@ -106,11 +108,19 @@ def _rows(n: int, batch_size: int, generator: torch.Generator) -> Tensor:
 
 
 def sft(
-    model, demos: Tensor, prompt_len: int, steps: int, lr: float, seed: int, batch_size: int = 16
+    model,
+    demos: Tensor,
+    prompt_len: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch_size: int = 16,
 ) -> tuple[torch.nn.Module, list[float]]:
-    """Supervised fine-tuning: ``steps`` AdamW steps on :func:`sft_loss` over batches of ``demos``.
+    """Supervised fine-tuning: ``steps`` AdamW steps on :func:`sft_loss` over batches of
+    ``demos``.
 
-    demos: (n, prompt_len + |Y|). Returns a trained copy of ``model`` and the loss of every step.
+    demos: (n, prompt_len + |Y|). Returns a trained copy of ``model`` and the loss of
+    every step.
     """
     check_int("steps", steps, lo=0)
     check_int("batch_size", batch_size, lo=1)
@@ -133,17 +143,17 @@ def train_reward_model(
     seed: int,
     batch_size: int = 32,
 ) -> tuple[RewardModel, list[float]]:
-    """Fit a :class:`RewardModel` on ``backbone`` to ranked pairs by the Bradley-Terry loss (eq.
-    14).
+    """Fit a :class:`RewardModel` on ``backbone`` to ranked pairs by the Bradley-Terry
+    loss (eq. 14).
 
-    chosen, rejected: (n_pairs, T), row i of ``chosen`` preferred to row i of ``rejected``. The
-    scalar
-    head starts at zero, so the first loss is exactly ln 2. Returns the reward model and the losses.
+    chosen, rejected: (n_pairs, T), row i of ``chosen`` preferred to row i of
+    ``rejected``. The scalar head starts at zero, so the first loss is exactly ln 2.
+    Returns the reward model and the losses.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 2:
         raise ValueError(
-            f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
-            f"and {tuple(rejected.shape)}"
+            "chosen and rejected must both have shape (n_pairs, T), got "
+            f"{tuple(chosen.shape)} and {tuple(rejected.shape)}"
         )
     check_int("steps", steps, lo=0)
     check_int("batch_size", batch_size, lo=1)
@@ -153,7 +163,8 @@ def train_reward_model(
     losses = []
     for _ in range(steps):
         i = _rows(len(chosen), batch_size, g)
-        losses.append(train_step(rm, reward_model_loss(rm(chosen[i]), rm(rejected[i])), opt))
+        loss = reward_model_loss(rm(chosen[i]), rm(rejected[i]))
+        losses.append(train_step(rm, loss, opt))
     return rm.eval(), losses
 
 
@@ -176,16 +187,16 @@ def ppo(
 ) -> tuple[torch.nn.Module, dict[str, list[float]]]:
     """PPO on eq. 15 (gamma = 0) with a group baseline, from a copy of ``sft_policy``.
 
-    Each step draws ``n_prompts`` of ``prompts`` (n, P), samples ``group_size`` responses of
-    ``response_len`` tokens to each, scores them r - beta * KL (the log-ratio to ``sft_policy``
-    summed
-    over the response), turns the scores into advantages within each group and takes ``epochs``
-    clipped-surrogate steps on the same samples. ``advantage`` names the baseline (``ADVANTAGES``):
-    ``"grpo"``, GRPO's group-normalised scores (:func:`group_advantages`), or ``"rloo"``, the
-    leave-one-out baseline of RLOO (:func:`leave_one_out_advantages`). Returns the policy and, per
-    step, the
-    batch's mean reward-model score, its mean KL to ``sft_policy`` and, if ``judge`` maps sequences
-    (B, P + response_len) to scores (B,), their mean score ``"judged"``.
+    Each step draws ``n_prompts`` of ``prompts`` (n, P), samples ``group_size``
+    responses of ``response_len`` tokens to each, scores them r - beta * KL (the
+    log-ratio to ``sft_policy`` summed over the response), turns the scores into
+    advantages within each group and takes ``epochs`` clipped-surrogate steps on the
+    same samples. ``advantage`` names the baseline (``ADVANTAGES``): ``"grpo"``, GRPO's
+    group-normalised scores (:func:`group_advantages`), or ``"rloo"``, the leave-one-out
+    baseline of RLOO (:func:`leave_one_out_advantages`). Returns the policy and, per
+    step, the batch's mean reward-model score, its mean KL to ``sft_policy`` and, if
+    ``judge`` maps sequences (B, P + response_len) to scores (B,), their mean score
+    ``"judged"``.
     """
     check_float("beta", beta, 0.0)
     check_int("steps", steps, lo=0)
@@ -193,7 +204,9 @@ def ppo(
     check_int("group_size", group_size, lo=2)
     check_int("epochs", epochs, lo=1)
     if advantage not in ADVANTAGES:
-        raise ValueError(f"advantage must be one of {sorted(ADVANTAGES)}, got {advantage!r}")
+        raise ValueError(
+            f"advantage must be one of {sorted(ADVANTAGES)}, got {advantage!r}",
+        )
     advantages_of = ADVANTAGES[advantage]
     policy, ref = copy.deepcopy(sft_policy), sft_policy
     opt = _adamw(policy, lr)
@@ -207,7 +220,8 @@ def ppo(
         ids = sample_responses(
             policy, batch, response_len, group_size, g
         )  # (n_prompts * G, P + |Y|)
-        m = response_mask(ids, prompt_len)[:, 1:]  # (n_prompts * G, T - 1): the scored positions
+        # the scored positions: (n_prompts * G, T - 1)
+        m = response_mask(ids, prompt_len)[:, 1:]
         with torch.no_grad():
             r = reward_model(ids)  # (n_prompts * G,)
             lp_old = token_logprobs(policy(ids), ids)  # (n_prompts * G, T - 1)
@@ -216,7 +230,8 @@ def ppo(
             dim=-1
         )  # (n_prompts * G,): per response
         total = r - beta * kl  # eq. 15, the penalty summed over the response
-        adv = advantages_of(total.view(n_prompts, group_size)).view(-1, 1).expand_as(lp_old)
+        adv = advantages_of(total.view(n_prompts, group_size))  # (n_prompts, G)
+        adv = adv.view(-1, 1).expand_as(lp_old)  # (n_prompts * G, T - 1)
         policy.train()
         for _ in range(epochs):  # the scorer F, with gradient
             loss = ppo_loss(token_logprobs(policy(ids), ids), lp_old, adv, m, clip_eps)
@@ -239,18 +254,17 @@ def dpo(
     lr: float = 2e-4,
     batch_size: int = 16,
 ) -> tuple[torch.nn.Module, list[float]]:
-    """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs, ``sft_policy``
-    the reference.
+    """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs,
+    ``sft_policy`` the reference.
 
-    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are computed
-    once;
-    the first loss is ln 2 because the policy starts equal to the reference. Returns the policy and
-    the losses.
+    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are
+    computed once; the first loss is ln 2 because the policy starts equal to the
+    reference. Returns the policy and the losses.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 2:
         raise ValueError(
-            f"chosen and rejected must both have shape (n_pairs, T), got {tuple(chosen.shape)} "
-            f"and {tuple(rejected.shape)}"
+            "chosen and rejected must both have shape (n_pairs, T), got "
+            f"{tuple(chosen.shape)} and {tuple(rejected.shape)}"
         )
     check_float("beta", beta, 0.0)
     check_int("steps", steps, lo=0)
@@ -280,10 +294,11 @@ def dpo(
 
 @torch.no_grad()
 def kl_to(policy, ref, prompts: Tensor, response_len: int, seed: int = 1) -> float:
-    """Monte Carlo KL(policy || ref) per response: one sampled response per prompt, seeded.
+    """Monte Carlo KL(policy || ref) per response: one sampled response per prompt,
+    seeded.
 
-    The mean over prompts of log policy(Y|X) - log ref(Y|X) with Y drawn from ``policy``; 0 for
-    ``ref = policy``.
+    The mean over prompts of log policy(Y|X) - log ref(Y|X) with Y drawn from
+    ``policy``; 0 for ``ref = policy``.
     """
     ids = sample_responses(
         policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
