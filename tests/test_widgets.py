@@ -1270,7 +1270,7 @@ def bpe_tiny():
 
 
 def _step(model, ids, lens=(), targets=(), mask=None):
-    from gptlib.export import step, step_inputs
+    from gptlib.step import step, step_inputs
 
     past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
     return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
@@ -1412,7 +1412,7 @@ def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
 
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
-    a step's buffers are gptlib.export.step's outputs on the whole context, under the mask."""
+    a step's buffers are gptlib.step.step's outputs on the whole context, under the mask."""
     from gptlib.circuits import ablate_heads
 
     model, tok = bpe_tiny

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 import traitlets
 
-from ..export import LENS_TOP, chat_frame, step, step_inputs, weights_sha256
+from ..export import chat_frame, weights_sha256
 from ..model import GPT
 from ..modern import ModernGPT
 from ..runtime import check_ids, check_int
+from ..step import LENS_TOP, step, step_inputs
 from ._base import BookWidget, bundle, check_source, check_title, read_asset, rounded
 from .sampling import _check_settings
 

@@ -28,8 +28,9 @@ import torch
 import traitlets
 from torch import Tensor
 
-from ..export import step, step_inputs, weights_sha256
+from ..export import weights_sha256
 from ..runtime import check_float, check_ids, check_int
+from ..step import step, step_inputs
 from ._base import (
     BookWidget,
     bundle,
