@@ -146,7 +146,7 @@ def step(
 
     * ``ids`` int64 (1, T), T >= 1: the new tokens, at positions P .. P + T - 1;
     * ``past`` float32 (L, 2, n_kv, P, d_head), P >= 0: the cached keys (index 0; for a ModernGPT
-      rotated, as :class:`~gptlib.attention.KVCache` holds them) and values (index 1);
+      rotated, as :class:`~gptlib.kvcache.KVCache` holds them) and values (index 1);
     * ``head_mask`` float32 (L, H): head h's output z_h W_O^h is multiplied by it (0 removes the
       head exactly as :func:`gptlib.circuits.ablate_heads` does, 1 keeps it);
     * ``lens`` int64 (n,), 0 <= n: which residual streams X_0 .. X_L the logit lens reads at the
@@ -166,7 +166,7 @@ def step(
       through ln_f's linear part with the normaliser frozen at X_L's last row, dotted with
       W_U[:, t] for each target t.
 
-    The model itself computes: a :class:`~gptlib.attention.KVCache` that starts from ``past``,
+    The model itself computes: a :class:`~gptlib.kvcache.KVCache` that starts from ``past``,
     its forward pass with W_O's rows scaled by the mask, hooks reading the patterns and the
     residual streams.
 
@@ -240,5 +240,3 @@ def step_inputs(
         torch.tensor(list(lens), dtype=torch.int64, device=device),
         torch.tensor(list(targets), dtype=torch.int64, device=device),
     )
-
-
