@@ -129,7 +129,7 @@ $(VENDOR)/.done: $(NODE_MODULES) $(STAMP)
 
 # The English model for the live playground: its ONNX graph, tokenizer.json and manifest
 # (python -m gptlib.export), rebuilt when the model or gptlib's code changes; never committed.
-$(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib/tokenizers/*.py) $(STAMP)
+$(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib/export/*.py gptlib/tokenizers/*.py) $(STAMP)
 	$(PY) -m gptlib.export models/english $(LIVE)
 
 # SmolLM2-135M-Instruct for the live playground (Chapter 12): the step graph with the GGUF's own
@@ -138,7 +138,7 @@ $(LIVE)/english.json: $(wildcard models/english/*) $(wildcard gptlib/*.py gptlib
 $(SMOLLM2_CACHE): | install
 	$(MAKE) --no-print-directory smollm2
 
-$(LIVE)/smollm2.json: $(SMOLLM2_CACHE) $(wildcard gptlib/*.py gptlib/tokenizers/*.py) $(STAMP)
+$(LIVE)/smollm2.json: $(SMOLLM2_CACHE) $(wildcard gptlib/*.py gptlib/export/*.py gptlib/tokenizers/*.py) $(STAMP)
 	$(PY) -m gptlib.export --smollm2 $(LIVE)
 
 browser: chromium

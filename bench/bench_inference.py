@@ -23,21 +23,19 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gptlib.data import load_english
+from gptlib.inference import BigramDraft, expected_tokens_per_pass, speculative_generate
+from gptlib.model import GPT
+from gptlib.runtime import atomic_write
+from gptlib.sampling import generate
+from gptlib.timing import alternating_rounds
+from gptlib.tokenizers import BPETokenizer
 
-from gptlib.data import load_english  # noqa: E402
-from gptlib.inference import BigramDraft, expected_tokens_per_pass, speculative_generate  # noqa: E402
-from gptlib.model import GPT  # noqa: E402
-from gptlib.runtime import atomic_write  # noqa: E402
-from gptlib.sampling import generate  # noqa: E402
-from gptlib.timing import alternating_rounds  # noqa: E402
-from gptlib.tokenizers import BPETokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = ["The committee said that", "It was a cold morning, and", "In the first place, the"]
 DRAFT_CHARS = 1_000_000

@@ -5,7 +5,7 @@ downloads, waits and holds.
                                [--static _build/html/_static] [--context 200] [--no-browser]
 
 Natively (`bench`): the HTML book's playground runs gptlib.export's step graph in onnxruntime-web
-(WebAssembly, one thread); Jupyter and Colab run gptlib.export.step in PyTorch. This measures,
+(WebAssembly, one thread); Jupyter and Colab run gptlib.step.step in PyTorch. This measures,
 back to back in one run on one thread, the time of one new token with a cache of P = 16 and
 P = 200 positions, with no logit lens (n = 0) and with the lens on n = L + 1 streams: the graph in
 onnxruntime (its native CPU build: the same graph and kernels the page's WebAssembly build
@@ -30,14 +30,14 @@ import json
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from gptlib.export import INPUTS, OUTPUTS, export, export_smollm2, step, step_inputs
+from gptlib.export import export, export_smollm2
+from gptlib.step import INPUTS, OUTPUTS, step, step_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = ROOT / "book_static" / "live"
@@ -160,13 +160,26 @@ def renderer_rss_mb(profile: str) -> float | None:
     return max(rss) if rss else None
 
 
+def _browser_support():
+    """tests/browser_support.py (Chromium's path and flags, the page server), loaded from its file:
+    the tests are not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "browser_support", ROOT / "tests" / "browser_support.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from browser_support import CHROMIUM, CHROMIUM_ARGS, serve
-
     from gptlib.widgets import PlaygroundView
+
+    support = _browser_support()
+    CHROMIUM, CHROMIUM_ARGS, serve = support.CHROMIUM, support.CHROMIUM_ARGS, support.serve
 
     view = PlaygroundView(
         model, tok, "Why is the sky blue?", chat=name != "english", source=f"live/{name}.json"

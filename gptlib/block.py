@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import MultiHeadAttention
 from .config import BLOCK_KINDS, GPTConfig
 from .hooks import HookPoint
+from .kvcache import KVCache
 from .mlp import MLP
 from .runtime import check_float, check_positive_int
 

@@ -130,16 +130,13 @@ def data_parallel_diagram(R: int = 4):
     return fig
 
 
-def tensor_parallel_mlp_diagram():
-    """The MLP on two ranks: above, W_in cut into column blocks and W_out into row blocks; below,
-    each rank's lane and the all-reduce that sums them."""
-    fig, (ax0, ax1) = subplots(2, 1, height=5.0, gridspec_kw={"height_ratios": [0.85, 1.45]})
-    shade = [_rank_colour(0), _rank_colour(1)]
+def _mlp_weights_cut(ax, shade) -> None:
+    """The cut of the MLP's weights over two ranks: W_in by column blocks, W_out by row blocks."""
     for r in range(2):
-        ax0.add_patch(
+        ax.add_patch(
             Rectangle((1.2 * r, 0.2), 1.2, 0.9, facecolor=shade[r], alpha=0.4, edgecolor="black")
         )
-        ax0.text(
+        ax.text(
             1.2 * r + 0.6,
             0.65,
             rf"$W_\mathrm{{in}}^{{({r})}}$",
@@ -147,12 +144,12 @@ def tensor_parallel_mlp_diagram():
             va="center",
             fontsize=11,
         )
-        ax0.add_patch(
+        ax.add_patch(
             Rectangle(
                 (4.6, 1.2 - 1.2 * r), 0.9, 1.2, facecolor=shade[r], alpha=0.4, edgecolor="black"
             )
         )
-        ax0.text(
+        ax.text(
             5.05,
             1.8 - 1.2 * r,
             rf"$W_\mathrm{{out}}^{{({r})}}$",
@@ -160,32 +157,37 @@ def tensor_parallel_mlp_diagram():
             va="center",
             fontsize=11,
         )
-    ax0.text(
+    ax.text(
         1.2,
         1.35,
         r"$W_\mathrm{in}$ ($d_\mathrm{model} \times d_\mathrm{mlp}$): by columns",
         ha="center",
         fontsize=9,
     )
-    ax0.text(
+    ax.text(
         5.8,
         1.2,
         r"$W_\mathrm{out}$ ($d_\mathrm{mlp} \times d_\mathrm{model}$): by rows",
         va="center",
         fontsize=9,
     )
-    ax0.text(
+    ax.text(
         1.2, -0.15, "rank 0's share: blue; rank 1's: vermillion", ha="center", va="top", fontsize=9
     )
-    ax0.set_xlim(-0.4, 9.4)
-    ax0.set_ylim(-0.6, 2.5)
-    ax0.set_aspect("equal")
-    ax0.axis("off")
-    box(ax1, -0.3, 1.55, 1.2, 0.9, "$X$\n" + r"$T\times d_\mathrm{model}$")
+    ax.set_xlim(-0.4, 9.4)
+    ax.set_ylim(-0.6, 2.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def _mlp_rank_lanes(ax, shade) -> None:
+    """Each rank's lane through the MLP (its blocks of W_in and W_out, no communication between
+    them) and the all-reduce that sums the lanes."""
+    box(ax, -0.3, 1.55, 1.2, 0.9, "$X$\n" + r"$T\times d_\mathrm{model}$")
     for r, y in ((0, 2.75), (1, 0.35)):  # one lane per rank
-        arrow(ax1, 0.9, 2.0, 1.5, y + 0.45)
+        arrow(ax, 0.9, 2.0, 1.5, y + 0.45)
         box(
-            ax1,
+            ax,
             1.5,
             y,
             2.5,
@@ -196,9 +198,9 @@ def tensor_parallel_mlp_diagram():
             edge=shade[r],
             fontsize=10,
         )
-        arrow(ax1, 4.0, y + 0.45, 4.4, y + 0.45)
+        arrow(ax, 4.0, y + 0.45, 4.4, y + 0.45)
         box(
-            ax1,
+            ax,
             4.4,
             y,
             1.9,
@@ -209,8 +211,8 @@ def tensor_parallel_mlp_diagram():
             edge=shade[r],
             fontsize=10,
         )
-        arrow(ax1, 6.3, y + 0.45, 6.7, 2.0)
-        ax1.text(
+        arrow(ax, 6.3, y + 0.45, 6.7, 2.0)
+        ax.text(
             0.1,
             y + 0.45 + (0.65 if r == 0 else -0.65),
             f"rank {r}",
@@ -219,7 +221,7 @@ def tensor_parallel_mlp_diagram():
             va="center",
         )
     box(
-        ax1,
+        ax,
         6.7,
         1.45,
         2.7,
@@ -230,7 +232,7 @@ def tensor_parallel_mlp_diagram():
         + r"$= \mathrm{MLP}(X)$ on both ranks",
         face=SHADE,
     )
-    ax1.text(
+    ax.text(
         2.75,
         1.95,
         "no communication:\n" + "$g$ acts on each unit",
@@ -239,9 +241,18 @@ def tensor_parallel_mlp_diagram():
         fontsize=8.5,
         style="italic",
     )
-    ax1.set_xlim(-0.4, 9.5)
-    ax1.set_ylim(0.1, 4.1)
-    ax1.axis("off")
+    ax.set_xlim(-0.4, 9.5)
+    ax.set_ylim(0.1, 4.1)
+    ax.axis("off")
+
+
+def tensor_parallel_mlp_diagram():
+    """The MLP on two ranks: above, W_in cut into column blocks and W_out into row blocks; below,
+    each rank's lane and the all-reduce that sums them."""
+    fig, (ax0, ax1) = subplots(2, 1, height=5.0, gridspec_kw={"height_ratios": [0.85, 1.45]})
+    shade = [_rank_colour(0), _rank_colour(1)]
+    _mlp_weights_cut(ax0, shade)
+    _mlp_rank_lanes(ax1, shade)
     fig.suptitle(r"Tensor parallelism of the MLP, $R = 2$: one all-reduce", fontsize=11)
     return fig
 

@@ -106,7 +106,7 @@ def _no_constants(name: str):
 
 
 def _open_header(path: Path) -> dict[str, str]:
-    check_file(path)
+    """The safetensors metadata of ``path``, a file already checked by :func:`check_file`."""
     try:
         with safe_open(str(path), "pt") as f:
             return f.metadata() or {}
@@ -116,7 +116,11 @@ def _open_header(path: Path) -> dict[str, str]:
 
 def read_fields(path: str | Path) -> dict:
     """The JSON fields of a gptlib file, from its header only (the digest is not checked here)."""
-    path = Path(path)
+    return _fields(check_file(path))
+
+
+def _fields(path: Path) -> dict:
+    """:func:`read_fields` of a file already checked by :func:`check_file`."""
     meta = _open_header(path)
     if KEY not in meta:
         raise ValueError(
@@ -138,7 +142,11 @@ def read_fields(path: str | Path) -> dict:
 
 def read_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Every tensor of a safetensors file (any writer's), or ``ValueError`` naming the file."""
-    path = check_file(path)
+    return _tensors(check_file(path), map_location)
+
+
+def _tensors(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """:func:`read_tensors` of a file already checked by :func:`check_file`."""
     try:
         return load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError) as e:
@@ -148,9 +156,8 @@ def read_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> 
 def read_file(path: str | Path, verify: bool = True) -> tuple[dict[str, Tensor], dict]:
     """The tensors (on the CPU) and fields of a gptlib file, after checking its format and, with
     ``verify``, its digest: a file changed since it was written raises ``ValueError`` naming it."""
-    path = Path(path)
-    fields = read_fields(path)
-    tensors = read_tensors(path)
+    path = check_file(path)  # once, for the header and the tensors
+    fields, tensors = _fields(path), _tensors(path)
     if verify and content_sha256(fields, tensors) != fields.get("sha256"):
         raise ValueError(
             f"{path}: field 'sha256' does not match the file's contents (changed or damaged "

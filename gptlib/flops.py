@@ -89,8 +89,8 @@ def forward_flops_per_token(config, n_ctx: int | None = None) -> int:
 
 
 def training_flops(config, tokens: int, n_ctx: int | None = None) -> int:
-    """C_train · tokens = 3 C_fwd · tokens: FLOPs to train on ``tokens`` tokens (the backward costs
-    two forwards).
+    """C_train · tokens = 3 C_fwd · tokens: FLOPs to train on ``tokens`` tokens (the backward
+    costs two forwards).
 
     >>> from gptlib.model import GPTConfig
     >>> training_flops(GPTConfig.preset("tiny"), 1000)

@@ -10,8 +10,9 @@ methods keep a single return type, and a caller who wants the patterns asks for 
 ``fused`` means one thing throughout the library: ``True`` (the default) evaluates a module with
 PyTorch's fused kernel for the same function, ``False`` with the formula the chapter derives. In
 attention the fused kernel never hands the pattern back; the formula computes it and passes it
-through ``hook_pattern``. :func:`capture_patterns` turns the switch off while it records and
-restores it afterwards.
+through ``hook_pattern``. So a hook on ``hook_pattern`` is a request for the pattern: while one
+is attached (:attr:`HookPoint.observed`) the layer evaluates the formula, whatever its ``fused``
+says, and :func:`capture_patterns` changes no switch of the model it records.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ class HookPoint(nn.Identity):
     ([1.0, 1.0], 1)
     >>> handle.remove()
     """
+
+    @property
+    def observed(self) -> bool:
+        """Whether a forward hook is attached: someone reads (or replaces) what passes here, so a
+        module must compute it rather than take a path that skips it (a fused kernel).
+
+        >>> hp = HookPoint()
+        >>> handle = hp.register_forward_hook(lambda module, args, out: None)
+        >>> hp.observed, (handle.remove(), hp.observed)[1]
+        (True, False)
+        """
+        return bool(self._forward_hooks or self._forward_pre_hooks)
 
 
 def _check_module(model: object) -> None:
@@ -89,23 +102,24 @@ def capture(model: nn.Module, name: str) -> Iterator[list[Tensor]]:
 def capture_patterns(model: nn.Module) -> Iterator[list[Tensor]]:
     """Record every attention pattern the model computes: one tensor (B, n_heads, T, T_k) per call.
 
-    Every submodule with a ``hook_pattern`` takes its readable path while recording (its
-    ``fused`` switch is set to ``False``, and restored on exit). For one forward pass of a GPT the
-    list holds the layers' patterns in order, layer 0 first.
+    Every submodule with a ``hook_pattern`` computes its pattern by the formula while its hook
+    point is observed (:func:`gptlib.attention.attend`), so the recorded patterns are the ones the
+    outputs are made of; no ``fused`` switch is changed. For one forward pass of a GPT the list
+    holds the layers' patterns in order, layer 0 first.
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.preset("tiny")).eval()
+    >>> with capture_patterns(model) as seen:
+    ...     _ = model(torch.tensor([[1, 2, 3]]))
+    >>> [tuple(p.shape) for p in seen], model.blocks[0].attn.fused
+    ([(1, 4, 3, 3), (1, 4, 3, 3)], True)
     """
     _check_module(model)
     owners = [m for m in model.modules() if isinstance(getattr(m, "hook_pattern", None), HookPoint)]
     if not owners:
         raise ValueError("model has no attention module with a hook_pattern")
-    before = [m.fused for m in owners]
-    for m in owners:
-        m.fused = False
-    try:
-        with capture(model, "hook_pattern") as seen:
-            yield seen
-    finally:
-        for m, f in zip(owners, before):
-            m.fused = f
+    with capture(model, "hook_pattern") as seen:
+        yield seen
 
 
 @torch.no_grad()

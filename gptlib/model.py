@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache, check_cache
 from .block import Block, LayerNorm
 from .config import PRESETS, GPTConfig
 from .embedding import Embedding, Unembedding
 from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, capture_patterns
+from .kvcache import KVCache, check_cache
 from .positional import LearnedPositional, SinusoidalPositional
 from .state import load_state_checked
 

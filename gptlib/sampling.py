@@ -16,9 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache
-from .runtime import check_finite_weights as _check_finite_weights  # gptlib.export's import name
-from .runtime import check_float, check_ids, check_int
+from .kvcache import KVCache
+from .runtime import check_finite_weights, check_float, check_ids, check_int
 
 __all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation"]
 
@@ -146,7 +145,7 @@ def _decode(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}"
         )
     if isinstance(model, nn.Module):
-        _check_finite_weights(model)
+        check_finite_weights(model)
     squeeze = ids.dim() == 1
     ids = ids[None] if squeeze else ids  # (B, T)
     B, T0, n_ctx = ids.shape[0], ids.shape[1], c.n_ctx

@@ -1,5 +1,5 @@
-"""Chapter 8: training — windows with a stride, cross-entropy, the schedule, one optimiser step, the
-loss over windows.
+"""Chapter 8: training — windows with a stride, cross-entropy, the schedule, one optimiser step,
+the loss over windows.
 
 For a window x_1..x_{N+1} of the token stream the model reads x_1..x_N and is scored on predicting
 x_2..x_{N+1}: the loss is the mean of -log P(x_{t+1} | x_{<=t}) over the N positions, i.e. the

@@ -7,7 +7,7 @@ own static files (the widget manager, onnxruntime-web and @huggingface/tokenizer
 npm, and the step graphs gptlib.export wrote), as a chapter page does. It holds the English
 playground and two sampling views that replay stored distributions; a second page holds the
 SmolLM2 playground in chat mode. Driven in Debian's Chromium through Playwright, each page must
-give PyTorch's numbers (gptlib.export.step): for English the tokenizer's ids on fuzzed text, the
+give PyTorch's numbers (gptlib.step.step): for English the tokenizer's ids on fuzzed text, the
 logits (max |diff| <= 1e-4), every head's pattern, the logit lens and the sampling distribution
 for 40 seeded draws and more; for SmolLM2 (4-bit weights unpacked in the graph, so PyTorch on the
 dequantized weights is the reference) GGUFTokenizer's ids on text not in the book, the greedy
@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import random
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -31,9 +30,10 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
+from fuzz_texts import fuzzed_texts
 
-from gptlib.export import step, step_inputs
 from gptlib.sampling import next_token_probs
+from gptlib.step import step, step_inputs
 
 pytestmark = pytest.mark.browser
 
@@ -53,7 +53,7 @@ PROMPTS = [
 
 @torch.no_grad()
 def reference(model, window: list[int], lens=(), targets=(), mask=None) -> dict:
-    """gptlib.export.step on the whole window from an empty cache (what the kernel answers)."""
+    """gptlib.step.step on the whole window from an empty cache (what the kernel answers)."""
     past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
     return step(
         model, torch.tensor([window]), past, ones if mask is None else mask, lens_t, targets_t
@@ -431,58 +431,6 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
     page.close()
 
 
-def _fuzz(n: int) -> list[str]:
-    rng = random.Random(25)
-    pieces = list("abcdefghijklmnopqrstuvwxyz ABCXYZ.,;:!?'\"-()") + [
-        " ",
-        "  ",
-        "    ",
-        "\n",
-        "\n\n",
-        "\t",
-        "\r\n",
-        "0",
-        "7",
-        "42",
-        "1999",
-        "3.14",
-        "'s",
-        "'ll",
-        "'re",
-        "n't",
-        "é",
-        "è",
-        "ü",
-        "ñ",
-        "ç",
-        "ß",
-        "Ω",
-        "ж",
-        "中",
-        "文",
-        "の",
-        "한",
-        "ع",
-        "½",
-        "١",
-        "😀",
-        "👍🏽",
-        "🇫🇷",
-        "\u00a0",
-        "\u2003",
-        "\u200b",
-        "\x85",
-        "\ufeff",
-        "<|endoftext|>",
-        " the",
-        " of",
-        "ing",
-        "tion",
-        "e\u0301",
-    ]
-    return [""] + ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 30))) for _ in range(n)]
-
-
 def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
     """@huggingface/tokenizers on the exported tokenizer.json, in the browser, against
     BPETokenizer.encode on fuzzed text (emoji, accents, digits, whitespace runs); and the page's
@@ -490,7 +438,7 @@ def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
     _, tok = english
     page = Page(browser, site.url + "/index.html")
     page.start()
-    texts = _fuzz(1000) + PROMPTS
+    texts = fuzzed_texts(1000, 25, ("<|endoftext|>",)) + PROMPTS
     got = page.page.evaluate(
         "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
         " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }",

@@ -1,42 +1,31 @@
-"""The book's models in the browser (gptlib.export): the step equals the model (a cached step
-equals the full forward pass, a masked head equals ablate_heads, the lens equals logit_lens, the
-heads' direct contributions and the other terms add up to the logit), the ONNX graph equals the
-step under onnxruntime (the peer that the page's onnxruntime-web shares its kernels with), its
-bytes are deterministic and its weights float16, and the tokenizer.json gives BPETokenizer.encode's
-ids under Hugging Face's tokenizers."""
+"""The book's models in the browser (gptlib.export): the step (gptlib.step) equals the model (a
+cached step equals the full forward pass, a masked head equals hooks that scale its output z_h, the
+lens equals logit_lens, the heads' direct contributions and the other terms add up to the logit),
+the ONNX graph equals the step under onnxruntime (the peer that the page's onnxruntime-web shares
+its kernels with), its bytes are deterministic and its weights float16, and the tokenizer.json gives
+BPETokenizer.encode's ids under Hugging Face's tokenizers."""
 
 from __future__ import annotations
 
 import base64
 import json
-import random
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from fuzz_texts import fuzzed_texts
 
-from gptlib.attention import KVCache
 from gptlib.circuits import ablate_heads
-from gptlib.export import (
-    INPUTS,
-    LENS_TOP,
-    OUTPUTS,
-    export,
-    main,
-    manifest,
-    pieces,
-    step,
-    step_inputs,
-    to_onnx,
-    tokenizer_json,
-    weights_sha256,
-)
+from gptlib.export import export, main, manifest, pieces, to_onnx, tokenizer_json, weights_sha256
 from gptlib.hooks import capture, capture_patterns, logit_lens
+from gptlib.kvcache import KVCache
 from gptlib.model import GPT
 from gptlib.modern import ModernGPT
+from gptlib.step import INPUTS, LENS_TOP, OUTPUTS, step, step_inputs
 from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,25 +111,54 @@ def test_cached_steps_equal_the_full_forward_pass(tiny):
     torch.testing.assert_close(outs[-1]["present"], present, atol=1e-6, rtol=0)
 
 
-def test_a_zero_in_the_head_mask_is_ablate_heads(tiny):
+@contextmanager
+def _scaled_head_outputs(model, scales: dict[tuple[int, int], float]):
+    """Forward hooks on hook_pattern that multiply head h's pattern A_h in layer l by
+    ``scales[(l, h)]``: its output z_h = A_h V_h scales with it. A peer of the head mask that never
+    touches W_O (which the step and ablate_heads both scale by rows)."""
+
+    def hook(heads):
+        def scale(module, args, pattern):  # (B, H, T, T_k)
+            factor = torch.ones(pattern.shape[1], dtype=pattern.dtype)
+            for h, s in heads.items():
+                factor[h] = s
+            return pattern * factor[:, None, None]
+
+        return scale
+
+    by_layer: dict[int, dict[int, float]] = {}
+    for (layer, h), s in scales.items():
+        by_layer.setdefault(layer, {})[h] = s
+    handles = [
+        model.blocks[layer].attn.hook_pattern.register_forward_hook(hook(heads))
+        for layer, heads in by_layer.items()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_the_head_mask_scales_each_heads_output_z_h(tiny):
+    """A zero in the mask removes head h (its z_h = 0), a half halves z_h: checked against hooks
+    that scale the heads' patterns, so a wrong slice of W_O's rows (for the step's mask and
+    ablate_heads alike) would show."""
     L, H = tiny.config.n_layers, tiny.config.n_heads
     mask = torch.ones(L, H)
     mask[0, 1] = mask[2, 3] = 0
     out = _steps(tiny, IDS, [5], mask=mask)[-1]
-    with torch.no_grad(), ablate_heads(tiny, [(0, 1), (2, 3)]):
+    with torch.no_grad(), _scaled_head_outputs(tiny, {(0, 1): 0.0, (2, 3): 0.0}):
         want = tiny(IDS)[:, -1]
+    # float32 rounding only: the two paths sum the same products in another order
     torch.testing.assert_close(out["logits"], want, atol=1e-5, rtol=0)
     assert (out["logits"] - tiny(IDS)[:, -1]).abs().max() > 1e-3  # the heads mattered
-    # a half scales the head's output: halfway between keeping and removing it, in the first layer
+    with torch.no_grad(), ablate_heads(tiny, [(0, 1), (2, 3)]):
+        torch.testing.assert_close(tiny(IDS)[:, -1], want, atol=1e-5, rtol=0)  # the peer agrees
     half = torch.ones(L, H)
     half[0, 1] = 0.5
-    with torch.no_grad():
-        W_O = tiny.blocks[0].attn.W_O
-        d = tiny.blocks[0].attn.d_head
-        kept = W_O[d : 2 * d].clone()
-        W_O[d : 2 * d] *= 0.5
+    with torch.no_grad(), _scaled_head_outputs(tiny, {(0, 1): 0.5}):
         want = tiny(IDS)[:, -1]
-        W_O[d : 2 * d] = kept
     torch.testing.assert_close(
         _steps(tiny, IDS, [], mask=half)[-1]["logits"], want, atol=1e-5, rtol=0
     )
@@ -334,23 +352,12 @@ def test_pieces_cut_and_join():
 # --- the tokenizer ------------------------------------------------------------------------------
 
 
-def _fuzz(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    pieces = list("abcdefghijklmnopqrstuvwxyz ABCXYZ.,;:!?'\"-()") + [
-        " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "1", "42", "2026", "3.14", "'s", "'ll",
-        "'re", "n't", "é", "ü", "ñ", "ß", "Ω", "ж", "中", "文", "の", "한", "ع", "½", "١", "😀",
-        "👍🏽", "🇫🇷", "\u00a0", "\u2003", "\u200b", "\x85", "\ufeff", "<|endoftext|>", " the",
-        " of", "ing", "tion",
-    ]  # fmt: skip
-    return [""] + ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(n)]
-
-
 def test_tokenizer_json_gives_bpe_ids_under_hugging_face_tokenizers(english):
     from tokenizers import Tokenizer
 
     _, tok = english
     hf = Tokenizer.from_str(json.dumps(tokenizer_json(tok)))
-    for text in _fuzz(2000) + PROMPTS:
+    for text in fuzzed_texts(2000, 0, ("<|endoftext|>",), longest=40) + PROMPTS:
         assert hf.encode(text).ids == tok.encode(text), repr(text)
     # special-token text is ordinary text, as in encode()
     assert 4095 not in hf.encode("<|endoftext|>").ids and tok.special_tokens == {
@@ -364,7 +371,7 @@ def test_tokenizer_json_of_a_freshly_trained_bpe():
     text = "the cat sat on the mat; the dog sat on the log. Ünïcödé 😀 1234 " * 20
     tok = BPETokenizer.train(text, 293)  # all the merges the text allows
     hf = Tokenizer.from_str(json.dumps(tokenizer_json(tok)))
-    for t in _fuzz(300, seed=1) + [text]:
+    for t in fuzzed_texts(300, 1, ("<|endoftext|>",), longest=40) + [text]:
         assert hf.encode(t).ids == tok.encode(t), repr(t)
 
 
@@ -386,22 +393,11 @@ def _js_ids(tokenizer: dict, texts: list[str], tmp_path) -> list[list[int]]:
     return json.loads(done.stdout)
 
 
-def _varied(n: int, seed: int, extra: list[str]) -> list[str]:
-    """Strings of unicode, emoji, digit runs, whitespace runs, newlines and ``extra`` pieces."""
-    rng = random.Random(seed)
-    parts = list("abcXYZ.,;:!?'\"-()") + [
-        " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", "0", "1", "42", "2026", "3.14", "12345678",
-        "'s", "'ll", "n't", "é", "ß", "Ω", "ж", "中", "の", "한", "ع", "½", "١", "٣", "😀", "👍🏽",
-        "🇫🇷", "\u00a0", "\u2003", "\u200b", "\x85", "\ufeff", "\x04", " the", "ing",
-    ] + extra  # fmt: skip
-    return [""] + ["".join(rng.choice(parts) for _ in range(rng.randint(1, 30))) for _ in range(n)]
-
-
 @pytest.mark.slow
 @node
 def test_the_pages_tokenizer_gives_bpe_ids_for_the_english_model(english, tmp_path):
     _, tok = english
-    texts = _varied(200, 2, ["<|endoftext|>"]) + PROMPTS
+    texts = fuzzed_texts(200, 2, ("<|endoftext|>",)) + PROMPTS
     assert _js_ids(tokenizer_json(tok), texts, tmp_path) == [tok.encode(t) for t in texts]
 
 
@@ -582,7 +578,7 @@ def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
     from onnx import TensorProto, helper, numpy_helper
     from test_gguf import write_gguf
 
-    from gptlib.export_q4 import store_gguf_blocks
+    from gptlib.export.q4 import store_gguf_blocks
     from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
 
     source = tiny_modern(d_mlp=64)
@@ -698,8 +694,9 @@ def test_smollm2_graph_equals_the_step(smollm2, smollm2_files):
 def test_the_pages_tokenizer_gives_gguf_ids_for_smollm2(smollm2, tmp_path):
     _, tok = smollm2
     chat = tok.apply_chat_template([{"role": "user", "content": "Écris 12345 fois « bonjour » 😀"}])
-    extra = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n<|im_start|>assistant\n", "user"]
-    texts = _varied(200, 3, extra) + PROMPTS + [chat, "x\x04y", "<|im_start|>user\nHi<|im_end|>"]
+    extra = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n<|im_start|>assistant\n", "user")
+    texts = fuzzed_texts(200, 3, extra) + PROMPTS
+    texts += [chat, "x\x04y", "<|im_start|>user\nHi<|im_end|>"]
     tokenizer = json.loads((LIVE / "smollm2.tokenizer.json").read_text("utf-8"))
     got = _js_ids(tokenizer, texts, tmp_path)
     assert got == [tok.encode(t, allowed_special="all") for t in texts]

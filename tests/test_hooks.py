@@ -30,12 +30,24 @@ def test_hook_point_is_the_identity_and_capture_detaches():
             pass
 
 
-def test_capture_patterns_restores_the_switch_after_an_error(tiny_gpt):
+def test_capture_patterns_changes_no_switch_and_records_the_patterns_used(tiny_gpt):
+    """capture_patterns asks for the patterns by hooking them: fused stays True, the layers take the
+    formula while hooked (so the patterns exist and the logits equal the fused kernel's up to float
+    rounding), and no hook is left behind, also after an error."""
     model = tiny_gpt(n_ctx=16)
+    ids = torch.randint(0, model.config.d_vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fused = model(ids)
+        with capture_patterns(model) as seen:
+            assert all(blk.attn.fused for blk in model.blocks)
+            assert all(blk.attn.hook_pattern.observed for blk in model.blocks)
+            recorded = model(ids)
+    assert len(seen) == model.config.n_layers
+    torch.testing.assert_close(recorded, fused, rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="boom"):
         with capture_patterns(model):
-            assert not any(blk.attn.fused for blk in model.blocks)
             raise RuntimeError("boom")
+    assert not any(blk.attn.hook_pattern.observed for blk in model.blocks)
     assert all(blk.attn.fused for blk in model.blocks)
     with pytest.raises(ValueError, match="hook_pattern"):
         with capture_patterns(torch.nn.Linear(2, 2)):

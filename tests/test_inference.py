@@ -7,6 +7,7 @@ off-by-one number of levels), where it must fail.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -14,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptlib.attention import KVCache
 from gptlib.inference import (
     BigramDraft,
     Traffic,
@@ -38,6 +38,7 @@ from gptlib.inference import (
     tiled_attention,
     use_tiled_attention,
 )
+from gptlib.kvcache import KVCache
 from gptlib.sampling import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -389,9 +390,22 @@ def test_quantize_model_keeps_vectors_and_counts_bytes(tiny_gpt):
     assert before == 4 * matrices and after == matrices + 4 * rows  # int8, float32 scales
     assert torch.equal(small.ln_f.w, model.ln_f.w) and not torch.equal(small.W_E, model.W_E)
     assert small.W_U.data_ptr() == small.W_E.data_ptr() or torch.equal(small.W_U, small.W_E.T)
-    ids = torch.tensor([[1, 2, 3, 4]])
+    # a peer written here: each row along the summed index (W_E and W_pos as they are, a weight
+    # x @ W by its columns) rounded to the grid of its own delta = max|row| / 127
+    peer = copy.deepcopy(model)
     with torch.no_grad():
-        torch.testing.assert_close(small(ids), model(ids), atol=0.05, rtol=0)
+        for name, W in peer.named_parameters():
+            if W.dim() == 2:
+                rows = W if name.endswith(("W_E", "W_pos")) else W.T  # a view: written in place
+                delta = rows.abs().amax(dim=-1, keepdim=True) / 127
+                assert bool((delta > 0).all())
+                was = rows.clone()
+                rows.copy_(delta * torch.round(rows / delta))
+                assert bool(((rows - was).abs() <= delta / 2 * (1 + 1e-6)).all())  # half a step
+        ids = torch.tensor([[1, 2, 3, 4]])
+        for (name, p), q in zip(small.named_parameters(), peer.parameters()):
+            assert torch.equal(p, q), name  # the same float32 operations: bit for bit
+        assert torch.equal(small(ids), peer(ids))
     with pytest.raises(ValueError, match="method"):
         quantize_model(model, "int8", 8)
 

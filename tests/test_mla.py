@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from gptlib.attention import KVCache
+from gptlib.kvcache import KVCache
 from gptlib.mla import LatentCache, MultiHeadLatentAttention, absorbed_weights, mla_model
 from gptlib.modern import ModernConfig, apply_rope, rope_angles
 from gptlib.recipes import ATTENTION_VARIANTS, attention_variant

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gptlib.attention import KVCache
 from gptlib.files import config_from_dict, read_file, write_file
 from gptlib.hf import from_hf, from_pretrained
 from gptlib.hooks import capture_patterns
+from gptlib.kvcache import KVCache
 from gptlib.model import GPT, PRESETS, GPTConfig
 from gptlib.state import load_state_checked, tied_aliases
 

@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptlib.attention import KVCache, attention, causal_mask, repeat_kv
+from gptlib.attention import attention, causal_mask, repeat_kv
 from gptlib.block import layer_norm
 from gptlib.circuits import induction_score, previous_token_score, score_table
 from gptlib.hooks import capture_patterns
+from gptlib.kvcache import KVCache
 from gptlib.modern import (
     GroupedQueryAttention,
     ModernConfig,

@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gptlib import parallel as P
-from gptlib.attention import KVCache, MultiHeadAttention, attention, causal_mask
+from gptlib.attention import MultiHeadAttention, attention, causal_mask
 from gptlib.block import Block
+from gptlib.kvcache import KVCache
 from gptlib.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(

@@ -174,7 +174,7 @@ def test_generate_equals_a_plain_sampling_loop(small):
 
 
 def test_cached_keys_of_earlier_positions_do_not_change(small):
-    from gptlib.attention import KVCache
+    from gptlib.kvcache import KVCache
 
     ids = torch.randint(0, 512, (1, 12))
     short, full = KVCache(small.config.n_layers), KVCache(small.config.n_layers)

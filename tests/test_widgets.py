@@ -1276,7 +1276,7 @@ def bpe_tiny():
 
 
 def _step(model, ids, lens=(), targets=(), mask=None):
-    from gptlib.export import step, step_inputs
+    from gptlib.step import step, step_inputs
 
     past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
     return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
@@ -1455,7 +1455,7 @@ def _plain_forward(model, ids, off=()):
 def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     """In Jupyter and Colab the page asks the kernel: each request gets one answer with its req;
     a step's buffers are the model's logits, patterns and logit lens on the whole context, under
-    the mask (against the model's own forward pass, not gptlib.export.step)."""
+    the mask (against the model's own forward pass, not gptlib.step.step)."""
 
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")

@@ -40,6 +40,7 @@ __all__ = [
     "stage_order",
     "pipeline_timetable",
     "peak_in_flight",
+    "sum_tied_embedding_grad",
     "scheduled_pipeline_worker",
     "compare_schedules_worker",
 ]
@@ -249,6 +250,21 @@ def peak_in_flight(grid: list[list[str]]) -> list[int]:
     return peaks
 
 
+def sum_tied_embedding_grad(model: GPT, rank: int, world_size: int) -> None:
+    """With W_U = W_E^T, the first stage (the embedding) and the last (the read-out) each hold a
+    part of W_E's gradient: sum the two, on both, with one all-reduce between them. Every rank must
+    call it (each takes part in creating the group); a single stage has nothing to sum."""
+    last = world_size - 1
+    if world_size == 1:
+        return
+    W_E = model.embed.W_E
+    ends = dist.new_group([0, last])  # every rank must take part in creating a group
+    if rank in (0, last):
+        if W_E.grad is None:
+            W_E.grad = torch.zeros_like(W_E)
+        dist.all_reduce(W_E.grad, group=ends)
+
+
 def scheduled_pipeline_worker(
     rank: int,
     world_size: int,
@@ -331,13 +347,8 @@ def scheduled_pipeline_worker(
             live, live_bytes = live - 1, live_bytes - saved[j]
     for work in pending[0::3] + pending[1::3]:
         work.wait()
-    W_E = model.embed.W_E
-    if config.tie_weights and p > 1:
-        ends = dist.new_group([0, last])  # every rank must take part in creating a group
-        if rank in (0, last):
-            if W_E.grad is None:
-                W_E.grad = torch.zeros_like(W_E)
-            dist.all_reduce(W_E.grad, group=ends)
+    if config.tie_weights:
+        sum_tied_embedding_grad(model, rank, p)
     grads = {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
     out = {
         "grads": grads,

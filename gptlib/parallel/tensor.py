@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..attention import KVCache, MultiHeadAttention, attention, causal_mask
+from ..attention import MultiHeadAttention, attention, causal_mask
 from ..block import Block
+from ..kvcache import KVCache
 from ..mlp import MLP
 from .launch import shard_range, worker_model
 

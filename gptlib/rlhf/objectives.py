@@ -235,9 +235,9 @@ def dpo_loss(
 ) -> Tensor:
     """Direct preference optimisation: the reward-model loss with r = beta log(pi / pi_ref).
 
-    The maximiser of eq. 15 (gamma = 0) is pi* ∝ pi_ref exp(r / beta), so r = beta log(pi*/pi_ref) +
-    const;
-    putting that r into eq. 14 gives this loss on the sequence log-probabilities (B,).
+    The maximiser of eq. 15 (gamma = 0) is pi* ∝ pi_ref exp(r / beta), so
+    r = beta log(pi*/pi_ref) + const; putting that r into eq. 14 gives this loss on the sequence
+    log-probabilities (B,).
 
     >>> round(float(dpo_loss(*(torch.zeros(1),) * 4, beta=0.1)), 4)  # pi = pi_ref: ln 2
     0.6931

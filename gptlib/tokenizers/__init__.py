@@ -12,20 +12,13 @@ All three follow the :class:`Tokenizer` protocol (``base.py``): ``train`` learns
 ``base.py`` also holds what they share: the checks of texts and ids (every id below
 ``vocab_size`` is a token; bools and floats are refused) and the split of a text by a pattern,
 which must cover the text. The character and word tokenizers live in ``simple.py``, byte-level
-BPE in ``bpe.py``, with its merge loop twice: readable (:func:`merge_steps`) and fast
-(:func:`encode_piece`).
+BPE in ``bpe.py``, and its merge loop in ``merges.py``, twice: readable (:func:`merge_steps`) and
+fast (:func:`encode_piece`).
 """
 
 from .base import Tokenizer
-from .bpe import (
-    GPT2_SPLIT_PATTERN,
-    BPETokenizer,
-    encode_piece,
-    get_stats,
-    gpt2_tokenizer,
-    merge,
-    merge_steps,
-)
+from .bpe import GPT2_SPLIT_PATTERN, BPETokenizer, gpt2_tokenizer
+from .merges import encode_piece, get_stats, merge, merge_steps
 from .simple import CharTokenizer, WordTokenizer
 
 __all__ = [

@@ -77,9 +77,9 @@ def check_text(text: object, name: str = "text", utf8: bool = False) -> str:
 # characters: 128 of GPT-2's 256 byte tokens are not text on their own. ``token_text`` decodes a
 # token's bytes and writes each byte that is not part of a valid UTF-8 character as ``<0xNN>``
 # (Python's "maximal subpart" rule: the same bytes a U+FFFD would replace); ``token_label`` then
-# makes the invisible visible: a space as "␣", a newline as "↵", a tab as "⇥", any other control
-# character as the ``<0xNN>`` of its UTF-8 bytes. dom.js's ``bytesText`` and ``show`` are the
-# same two functions (a node test compares them on every byte and on random strings).
+# makes the invisible visible: a space as "␣", a newline as "↵", a tab as "⇥", any other
+# control character as the ``<0xNN>`` of its UTF-8 bytes. dom.js's ``bytesText`` and ``show`` are
+# the same two functions (a node test compares them on every byte and on random strings).
 def _byte_labels(err: UnicodeDecodeError) -> tuple[str, int]:
     return "".join(f"<0x{b:02X}>" for b in err.object[err.start : err.end]), err.end
 
@@ -193,8 +193,8 @@ _AS_UNASSIGNED = dict.fromkeys(
 )  # (a set test is 50x faster than a regex class)
 # A text with a character of every kind a split pattern must put in some piece.
 _PROBE = (
-    "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 \ufdd0\U000f0000 "
-    "<|x|>  "
+    "It's 3.14, naïve 日本語 🙂👩\u200d👧!\t \n  \r\n\x00\x7f\xa0\u2028e\u0301 "
+    "\ufdd0\U000f0000 <|x|>  "
 )
 
 

@@ -11,7 +11,7 @@ messages ``{"kind", "req", ...}`` and gets one answer each, with the same ``req`
 * ``encode`` (``text``) -> ``encoded`` (``ids``): the tokenizer's ids, special tokens as one id;
 * ``step`` (``ids``, ``mask``, ``lens``, ``targets``) -> ``step`` with six buffers: the outputs
   ``logits``, ``attn``, ``lens_ids``, ``lens_logits``, ``lens_lse``, ``direct`` of
-  :func:`gptlib.export.step` on the whole of ``ids`` from an empty cache;
+  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache;
 * anything else, or a failure -> ``error`` with the message, which the page shows.
 
 The page's own backend (onnxruntime-web) runs the same step, exported to ONNX, so both answer
@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-# The step and the files of the live model: every widget reaches gptlib.export through here.
-from ..export import LENS_TOP, chat_frame, step, step_inputs, weights_sha256
+# The step and the files of the live model: every widget reaches them through here.
+from ..export import chat_frame, weights_sha256
 from ..modern import ModernGPT
 from ..runtime import check_ids
+from ..step import LENS_TOP, step, step_inputs
 from ._base import token_strings
 
 __all__ = ["LiveKernel", "live_config", "STEP_BUFFERS", "LENS_TOP", "chat_frame", "weights_sha256"]
@@ -87,7 +88,7 @@ class LiveKernel:
         return self._tokenizer.encode(text)
 
     def _step(self, ids, mask=None, lens=(), targets=()) -> dict[str, torch.Tensor]:
-        """:func:`gptlib.export.step` on ``ids`` (1 to n_ctx tokens) from an empty cache, on the
+        """:func:`gptlib.step.step` on ``ids`` (1 to n_ctx tokens) from an empty cache, on the
         CPU; ``mask`` n_layers * n_heads numbers (None keeps every head). NaN or infinite logits
         or patterns are an error."""
         c = self._model.config

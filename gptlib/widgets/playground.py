@@ -13,7 +13,7 @@ that share a key-value head marked), a head mask (a click ablates a head, as
 the most probable token. With ``chat=True`` the text is the user's message inside the model's
 chat template, and a run stops at the template's stop token.
 
-Who computes, always :func:`gptlib.export.step`:
+Who computes, always :func:`gptlib.step.step`:
 
 * in the HTML book, the page itself: onnxruntime-web (WebAssembly, one thread) runs the step
   graph that ``make book`` writes (``source``, a manifest under the book's ``_static/``), keeping
@@ -22,7 +22,7 @@ Who computes, always :func:`gptlib.export.step`:
   model (for SmolLM2 the page says how much first). A page that cannot load WebAssembly says so
   and keeps the stored analysis.
 * in Jupyter or Colab, the kernel: the widget's messages reach this object, which answers with
-  :func:`gptlib.export.step` in PyTorch on the whole context and ``tokenizer.encode``.
+  :func:`gptlib.step.step` in PyTorch on the whole context and ``tokenizer.encode``.
 
 Until the live model starts, the page shows the analysis of ``text`` stored in the widget state
 (computed here, so the page shows something true without downloading anything).
@@ -52,7 +52,7 @@ LARGE_VOCAB = 8192
 
 def _lens_tops(lens_ids: torch.Tensor, lens_logits: torch.Tensor, lse: torch.Tensor, n: int):
     """Per residual stream: the ``n`` most probable next tokens at temperature 1 (from
-    :func:`gptlib.export.step`'s ``lens_ids``, ``lens_logits``, ``lens_lse``) and their
+    :func:`gptlib.step.step`'s ``lens_ids``, ``lens_logits``, ``lens_lse``) and their
     probabilities exp(logit - lse), rounded to 4 decimals."""
     probs = torch.exp(lens_logits.double() - lse.double()[:, None])  # (n_streams, K)
     return [

@@ -2,7 +2,7 @@
 // playground, the sampling view past its stored tree). It gives a backend, one of two with one API:
 //   {kind, describe, config, tokens, bytes, special, chat, encode(text) -> ids,
 //    run(ids, {mask, lens, targets}) -> {logits, patterns, lens, direct, ms}, memory()}
-// - the kernel (Jupyter, Colab; kernel.js): PyTorch (gptlib.export.step on the whole context) in
+// - the kernel (Jupyter, Colab; kernel.js): PyTorch (gptlib.step.step on the whole context) in
 //   the widget's Python object (gptlib/widgets/live.py), reached by the widget's custom messages;
 // - the page itself (the HTML book, no kernel; page.js): onnxruntime-web runs the step graph
 //   gptlib.export writes, one session per model per page, shared by every view of that model.

@@ -54,12 +54,12 @@ def _q4_1_values(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     return d.astype(np.float32) * np.concatenate([lo, hi], axis=1) + m.astype(np.float32)
 
 
-def _nodes_q4_1(name: str, shape: tuple[int, int], transpose: bool) -> list:
-    """Nodes that rebuild ``name`` (shape after the transpose) from ``name.q4``, ``.d``, ``.m``."""
+def _nodes_q4_1(name: str, transpose: bool) -> list:
+    """Nodes that rebuild ``name`` from ``name.q4``, ``.d``, ``.m`` and its GGUF shape
+    ``name.shape``, transposed to the model's layout if ``transpose``."""
     from onnx import TensorProto, helper
 
     n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{name}.{out}"], **kw)  # noqa: E731
-    rows_cols = (shape[1], shape[0]) if transpose else shape  # the GGUF's row-major layout
     last = [f"{name}.w"] if not transpose else [f"{name}.wt"]
     nodes = [
         n("Cast", [f"{name}.q4"], "qf", to=TensorProto.FLOAT),  # (N, 16): 16 hi + lo
@@ -78,19 +78,19 @@ def _nodes_q4_1(name: str, shape: tuple[int, int], transpose: bool) -> list:
         nodes.append(helper.make_node("Transpose", last, [name], perm=[1, 0]))
     else:
         nodes[-1].output[0] = name
-    return nodes, rows_cols
+    return nodes
 
 
 def store_gguf_blocks(graph, model, gguf_path: str | Path) -> dict[str, str]:
     """Replace the float32 initializers of ``model``'s quantized weights in ``graph`` (an ONNX
-    GraphProto exported from :func:`gptlib.export.step`, initializers named ``model.<parameter>``)
+    GraphProto exported from :func:`gptlib.step.step`, initializers named ``model.<parameter>``)
     by the GGUF file's own Q4_1 and Q8_0 blocks and the nodes that unpack them; F32 tensors stay
     as they are. Each unpacked weight is checked to equal the initializer it replaces, bit for bit,
     before the graph is changed. Returns parameter name -> GGUF type."""
     from gguf import GGMLQuantizationType, GGUFReader
     from onnx import helper, numpy_helper
 
-    from .gguf import _gguf_names
+    from ..gguf import _gguf_names
 
     gguf_path = Path(gguf_path)
     try:
@@ -113,11 +113,11 @@ def store_gguf_blocks(graph, model, gguf_path: str | Path) -> dict[str, str]:
         want = numpy_helper.to_array(inits[name])  # float32, the model's layout
         if want.ndim != 2:
             raise ValueError(f"{name} has shape {want.shape}; a quantized weight is a matrix")
-        rows_cols = want.shape[::-1] if transpose else want.shape
+        rows_cols = want.shape[::-1] if transpose else want.shape  # the GGUF's row-major layout
         if kind == GGMLQuantizationType.Q4_1:
             q, d, m = unpack_q4_1(t.data)
             values = _q4_1_values(q, d, m)
-            nodes, _ = _nodes_q4_1(name, want.shape, transpose)
+            nodes = _nodes_q4_1(name, transpose)
             consts = [
                 numpy_helper.from_array(q, f"{name}.q4"),
                 numpy_helper.from_array(d, f"{name}.d"),

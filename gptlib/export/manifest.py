@@ -1,0 +1,119 @@
+"""The manifest the page reads first (:func:`manifest`: the config, the files and their SHA-256,
+every token as a string and as bytes, the special tokens, the chat template's prefix and suffix) and
+:func:`weights_sha256`, which a widget compares with the model it was made from.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import torch
+from torch import nn
+
+from ..model import GPT
+from ..modern import ModernGPT
+from ..step import LENS_TOP, _check_model, _shape
+
+__all__ = ["FORMAT", "VERSION", "weights_sha256", "chat_frame", "manifest"]
+
+FORMAT = "gptlib-live"
+VERSION = 2
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 of a model's parameters and buffers as float32, by name: what a widget's state and
+    the manifest both record, so that a page never runs another model than the one it describes.
+
+    >>> from gptlib.model import GPTConfig
+    >>> _ = torch.manual_seed(0)
+    >>> a = GPT(GPTConfig.preset("tiny"))
+    >>> _ = torch.manual_seed(0)
+    >>> b = GPT(GPTConfig.preset("tiny"))
+    >>> weights_sha256(a) == weights_sha256(b), len(weights_sha256(a))
+    (True, 64)
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode("utf-8") + b"\0" + str(tuple(t.shape)).encode("ascii") + b"\0")
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+CHAT_MARK = "\ue000"  # a private-use character: where the user's message goes in the template
+
+
+def chat_frame(tokenizer) -> dict | None:
+    """The chat template around one user message: ``{"prefix", "suffix", "stop"}`` rendered by
+    :meth:`GGUFTokenizer.apply_chat_template` (with the assistant's turn opened), ``stop`` the id
+    of ``<|im_end|>``; None for a tokenizer without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = tokenizer.apply_chat_template([{"role": "user", "content": CHAT_MARK}])
+    if text.count(CHAT_MARK) != 1:
+        raise ValueError("the chat template must hold the user's message exactly once")
+    prefix, suffix = text.split(CHAT_MARK)
+    stop = [tokenizer.special_tokens[t] for t in ("<|im_end|>",) if t in tokenizer.special_tokens]
+    if not stop and tokenizer.eos_id is not None:
+        stop = [tokenizer.eos_id]
+    return {"prefix": prefix, "suffix": suffix, "stop": stop}
+
+
+def manifest(
+    model: GPT | ModernGPT,
+    tokenizer,
+    name: str,
+    onnx_pieces: list[bytes],
+    tokenizer_bytes: bytes,
+) -> dict:
+    """What the page reads first (format ``gptlib-live`` version 2): the model's shape, the files
+    and their SHA-256, the tokens as strings and bytes, the special tokens and the chat frame."""
+    _check_model(model)
+    L, H, n_kv, d_head, V, n_ctx = _shape(model)
+    if tokenizer.vocab_size != V:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the model d_vocab={V}")
+    whole = b"".join(onnx_pieces)
+    digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
+    from ..tokenizers.gguf import GGUFTokenizer
+
+    modern_tok = isinstance(tokenizer, GGUFTokenizer)
+    token_bytes = (lambda i: tokenizer.vocab[i]) if modern_tok else tokenizer.token_bytes
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "family": "modern" if isinstance(model, ModernGPT) else "gpt",
+        "config": {
+            "d_vocab": V,
+            "n_ctx": n_ctx,
+            "d_model": model.config.d_model,
+            "n_layers": L,
+            "n_heads": H,
+            "n_kv_heads": n_kv,
+            "d_head": d_head,
+        },
+        "lens_top": LENS_TOP,
+        "onnx": {
+            "pieces": [
+                {"file": f"{name}.onnx.{k}", "bytes": len(p), "sha256": digest(p)}
+                for k, p in enumerate(onnx_pieces)
+            ],
+            "bytes": len(whole),
+            "sha256": digest(whole),
+        },
+        "tokenizer": {
+            "file": f"{name}.tokenizer.json",
+            "bytes": len(tokenizer_bytes),
+            "sha256": digest(tokenizer_bytes),
+        },
+        "download_bytes": len(whole) + len(tokenizer_bytes),
+        "weights_sha256": weights_sha256(model),
+        "tokens": [tokenizer.token_str(i) for i in range(V)],
+        "token_bytes": [base64.b64encode(token_bytes(i)).decode("ascii") for i in range(V)],
+        # the tokens the page's tokenizer.json encodes as special (none for a BPETokenizer, whose
+        # encode() reads special-token text as ordinary text)
+        "special": dict(sorted(tokenizer.special_tokens.items())) if modern_tok else {},
+        "chat": chat_frame(tokenizer),
+    }
