@@ -260,7 +260,9 @@ def attend(
     """
     kernel = KERNEL.get()
     if kernel is not None:  # use_tiled_attention's
-        return kernel(q, k, v, fused=fused, causal=causal, dropout=dropout, hook_pattern=hook_pattern)
+        return kernel(
+            q, k, v, fused=fused, causal=causal, dropout=dropout, hook_pattern=hook_pattern
+        )
     T, T_k, group = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
     if fused:
         gqa = {"enable_gqa": True} if group > 1 else {}

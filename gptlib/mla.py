@@ -99,8 +99,11 @@ class MultiHeadLatentAttention(nn.Module):
     (d_model, d_R), W_UK, W_UV (d_c, n_heads d_head), W_O (n_heads d_head, d_model). ``absorb``
     (default ``False``) selects the absorbed computation, which reads only c and k^R;
     ``fused`` is used by the unabsorbed one (:func:`gptlib.attention.attend`). ``layer`` is this
-    layer's index in a :class:`LatentCache`.
+    layer's index in a :class:`LatentCache` (its ``cache_type``, which
+    :func:`gptlib.sampling.new_cache` makes for a model of these layers).
     """
+
+    cache_type = LatentCache
 
     def __init__(
         self,

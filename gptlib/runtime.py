@@ -269,7 +269,8 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an
     infinity.
 
-    Its outputs would be meaningless; the error says where the fault is, before any is computed.
+    Its outputs would be meaningless; the error says where the fault is, before any is computed. A
+    model on the meta device (shapes without values) is refused too.
     One reduction per tensor (its max and min, which NaN and the infinities reach) and one device
     synchronisation in all.
 
@@ -280,12 +281,16 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     ...
     ValueError: the model has non-finite weights: bias holds NaN or inf
     """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    named = [
-        (n, t)
-        for n, t in tensors
-        if t.is_floating_point() and t.numel() and t.device.type != "meta"
-    ]
+    for n, t in tensors:
+        if t.device.type == "meta":
+            raise ValueError(
+                f"the model's weights are on the meta device (shapes without values): {n}; "
+                "load or initialise them first"
+            )
+    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel()]
     if not named:
         return
     dev = named[0][1].device

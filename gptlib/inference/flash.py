@@ -251,7 +251,9 @@ def tiled_attend(
     _check_causal(causal)
     if dropout:
         raise ValueError(f"dropout must be 0 in tiled attention, got {dropout}")
-    if hook_pattern is not None and (hook_pattern._forward_hooks or hook_pattern._forward_pre_hooks):
+    if hook_pattern is not None and (
+        hook_pattern._forward_hooks or hook_pattern._forward_pre_hooks
+    ):
         raise ValueError(
             "attention patterns cannot be recorded under tiled attention (a tiled kernel never "
             "forms one): record them outside use_tiled_attention"
