@@ -406,3 +406,27 @@ def test_non_finite_rows_does_not_overflow_in_float16():
     assert torch.equal(non_finite_rows(q, k), torch.zeros(1, 3, 1, dtype=torch.float16))
     q[0, 1, 2, 5] = float("nan")
     assert non_finite_rows(q, k).isnan().flatten().tolist() == [False, False, True]
+
+
+class Stub:
+    vocab_size = 64
+
+    def encode(self, text):
+        return [0, 1]
+
+    def token_str(self, i):
+        return str(i)
+
+    def token_bytes(self, i):
+        return str(i).encode()
+
+
+def test_playground_refuses_what_sampling_view_refuses():
+    from gptlib.widgets.playground import PlaygroundView
+
+    with pytest.raises(ValueError, match="top_k"):
+        PlaygroundView(small_gpt(), Stub(), "ab", top_k=10**6)
+    with pytest.raises(ValueError, match="torch.float16"):
+        PlaygroundView(small_gpt().half(), Stub(), "ab")
+    with pytest.raises(ValueError, match="blocks.1.mlp.W_in"):
+        PlaygroundView(poisoned(small_gpt()), Stub(), "ab")
