@@ -466,6 +466,8 @@ def pieces(data: bytes, size: int = PIECE_BYTES) -> list[bytes]:
     """
     if type(size) is not int or size < 1:
         raise ValueError(f"size must be a positive int, got {size!r}")
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"data must be bytes, got {type(data).__name__}")
     return [data[i : i + size] for i in range(0, max(len(data), 1), size)]
 
 
@@ -551,6 +553,8 @@ def weights_sha256(model: nn.Module) -> str:
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if any(t.device.type == "meta" for t in model.state_dict().values()):
+        raise ValueError("model's weights are on the meta device (no values): load them first")
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode("utf-8") + b"\0" + str(tuple(t.shape)).encode("ascii") + b"\0")

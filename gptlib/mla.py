@@ -203,6 +203,8 @@ class MultiHeadLatentAttention(nn.Module):
 def absorbed_weights(attn: MultiHeadLatentAttention) -> tuple[Tensor, Tensor]:
     """The absorbed maps of every head: W_UK^{h T} (H, d_head, d_c), which turns a query into a
     row read against c, and W_UV^h W_O^h (H, d_c, d_model), which turns A_h c into the output."""
+    if not isinstance(attn, MultiHeadLatentAttention):
+        raise ValueError(f"attn must be a MultiHeadLatentAttention, got {type(attn).__name__}")
     H, d_head, d_c = attn.n_heads, attn.d_head, attn.d_c
     W_UK = attn.W_UK.view(d_c, H, d_head).permute(1, 2, 0)  # (H, d_head, d_c)
     W_UV = attn.W_UV.view(d_c, H, d_head).transpose(0, 1)  # (H, d_c, d_head)

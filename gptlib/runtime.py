@@ -14,7 +14,7 @@ import random
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Set
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -162,7 +162,10 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
     check_positive_int("size", size)
     if isinstance(ids, torch.Tensor):
         if ids.dtype not in _INT_DTYPES:
-            raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
+            raise ValueError(
+                f"{name} must be an integer tensor ({', '.join(map(str, _INT_DTYPES))}), got "
+                f"{ids.dtype}"
+            )
         # A data-dependent check: skipped under torch.compile and on the meta device (no
         # data there).
         if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
@@ -170,7 +173,7 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
             if lo < 0 or hi >= size:
                 raise ValueError(f"{name} must lie in [0, {size}), got values in [{lo}, {hi}]")
         return
-    if isinstance(ids, (str, bytes)):
+    if isinstance(ids, (str, bytes, Mapping, Set)):  # no ids, or no order
         raise ValueError(f"{name} must be a sequence of ints, got {type(ids).__name__}")
     try:
         items = list(ids)  # type: ignore[call-overload]
@@ -391,8 +394,7 @@ def autocast(dev: torch.device | str) -> Iterator[None]:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python's, and torch's global RNGs; return a CPU ``torch.Generator`` seeded alike."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = check_int("seed", seed, lo=0)  # NumPy's ints too, as np.random.seed takes them
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)

@@ -430,3 +430,50 @@ def test_playground_refuses_what_sampling_view_refuses():
         PlaygroundView(small_gpt().half(), Stub(), "ab")
     with pytest.raises(ValueError, match="blocks.1.mlp.W_in"):
         PlaygroundView(poisoned(small_gpt()), Stub(), "ab")
+
+
+# --- found by the adversarial pass over these modules -------------------------------------------
+def test_tiled_and_standard_attention_refuse_mixed_dtypes_zero_width_and_a_bad_counter():
+    from gptlib.inference.flash import Traffic, online_softmax_update, standard_attention
+
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="dtype"):
+        tiled_attention(q.double(), q, q, 2, 2)
+    with pytest.raises(ValueError, match="dtype"):
+        tiled_attention(q.long(), q.long(), q.long(), 2, 2)
+    with pytest.raises(ValueError, match="d >= 1"):
+        standard_attention(q[..., :0], q[..., :0], q)
+    with pytest.raises(ValueError, match="traffic"):
+        tiled_attention(q, q, q, 2, 2, traffic=3)
+    with pytest.raises(ValueError, match="T_b"):
+        online_softmax_update(None, torch.zeros(2, 3), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="tensors"):
+        Traffic().read([1, 2])
+
+
+def test_speculative_primitives_take_half_precision_and_no_drafts():
+    from gptlib.inference.speculative import chi_square_power
+
+    p, q = torch.tensor([0.3, 0.7]).half(), torch.tensor([0.5, 0.5]).half()
+    assert residual_distribution(p, q).tolist() == [0.0, 1.0]
+    kept, tokens = accept_or_resample(q.float(), q.float(), torch.zeros(0, dtype=torch.long))
+    assert kept.shape == tokens.shape == (0,)
+    assert chi_square_power(1e300, 3)[1] == 1.0  # no overflow: the power of a huge effect is 1
+
+
+def test_minor_checks_of_the_export_and_runtime():
+    from gptlib.export import pieces, weights_sha256
+    from gptlib.mla import absorbed_weights
+    from gptlib.runtime import check_ids, seed_everything
+
+    with pytest.raises(ValueError, match="data must be bytes"):
+        pieces("abc")
+    with torch.device("meta"):
+        m = GPT(GPTConfig.preset("tiny"))
+    with pytest.raises(ValueError, match="meta"):
+        weights_sha256(m)
+    with pytest.raises(ValueError, match="attn must be"):
+        absorbed_weights(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="sequence of ints"):
+        check_ids({0: 1}, 3)
+    assert isinstance(seed_everything(np.int64(3)), torch.Generator)

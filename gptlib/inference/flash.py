@@ -61,6 +61,17 @@ def online_softmax_update(
     >>> m.item(), round(ell.item(), 4), round((o / ell).item(), 4)  # (1 e^0 + 3 e^1) / (e^0 + e^1)
     (1.0, 1.3679, 2.4621)
     """
+    for name, t in (("scores", scores), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() < 2 or not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating-point tensor (..., rows, columns), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
+    if scores.shape[-1] != v.shape[-2]:
+        raise ValueError(
+            f"scores (..., T, T_b) and v (..., T_b, d_v) must share T_b, got {tuple(scores.shape)}"
+            f" and {tuple(v.shape)}"
+        )
     block_max = scores.amax(dim=-1, keepdim=True)  # (..., T, 1)
     m_new = block_max if state is None else torch.maximum(state[0], block_max)
     # A row that has seen only masked keys keeps m = -inf; shift it by 0 to avoid (-inf) - (-inf).
@@ -74,6 +85,14 @@ def online_softmax_update(
         )  # (..., T, 1); 0 rows stay 0
         ell_new, o_new = ell * scale + ell_new, o * scale + o_new
     return m_new, ell_new, o_new
+
+
+def _numbers(tensors: tuple) -> int:
+    """The numbers the tensors hold; anything else is refused (it moves no counted numbers)."""
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise ValueError(f"Traffic counts tensors, got {type(t).__name__}")
+    return sum(t.numel() for t in tensors)
 
 
 @dataclass
@@ -93,10 +112,10 @@ class Traffic:
     writes: int = 0
 
     def read(self, *tensors: Tensor) -> None:
-        self.reads += sum(t.numel() for t in tensors)
+        self.reads += _numbers(tensors)
 
     def write(self, *tensors: Tensor) -> None:
-        self.writes += sum(t.numel() for t in tensors)
+        self.writes += _numbers(tensors)
 
     @property
     def total(self) -> int:
@@ -124,6 +143,15 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
                 f"{name} must be a tensor of shape (..., T, d), got "
                 f"{getattr(t, 'shape', type(t).__name__)}"
             )
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"q, k, v must be floating-point tensors of one dtype, got {q.dtype}, {k.dtype}, "
+            f"{v.dtype}"
+        )
+    if q.shape[-1] < 1:
+        raise ValueError(
+            f"q and k must have d >= 1 (the scores divide by sqrt(d)), got shape {tuple(q.shape)}"
+        )
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"q, k must share d and k, v their positions; got shapes {tuple(q.shape)}, "
@@ -160,6 +188,8 @@ def tiled_attention(
     _check_qkv(q, k, v)
     _check_causal(causal)
     block_q, block_k = check_int("block_q", block_q, lo=1), check_int("block_k", block_k, lo=1)
+    if traffic is not None and not isinstance(traffic, Traffic):
+        raise ValueError(f"traffic must be a Traffic or None, got {type(traffic).__name__}")
     T, T_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     shift = T_k - T  # query i sits at position i + shift
     traffic = Traffic() if traffic is None else traffic
@@ -205,6 +235,8 @@ def standard_attention(
     """
     _check_qkv(q, k, v)
     _check_causal(causal)
+    if traffic is not None and not isinstance(traffic, Traffic):
+        raise ValueError(f"traffic must be a Traffic or None, got {type(traffic).__name__}")
     traffic = Traffic() if traffic is None else traffic
     traffic.read(q, k)
     S = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T_k)

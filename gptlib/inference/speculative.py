@@ -40,9 +40,10 @@ __all__ = [
 ]
 
 
-def _check_distributions(p: object, q: object, tol: float = 1e-4) -> None:
+def _check_distributions(p: object, q: object) -> None:
     """p and q: floating-point tensors of one shape (..., d_vocab), d_vocab >= 1, each row a
-    probability distribution (entries in [0, 1], summing to 1 within ``tol``)."""
+    probability distribution (entries >= 0, summing to 1 within 1e-4, or 8 units of rounding of a
+    half-precision dtype)."""
     for name, t in (("p", p), ("q", q)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 1:
             raise ValueError(
@@ -53,6 +54,7 @@ def _check_distributions(p: object, q: object, tol: float = 1e-4) -> None:
         raise ValueError(
             f"p and q must have one shape (..., d_vocab), got {tuple(p.shape)}, {tuple(q.shape)}"
         )
+    tol = max(1e-4, 8 * torch.finfo(p.dtype).eps)
     for name, t in (("p", p), ("q", q)):
         ok = (
             torch.isfinite(t).all() & (t >= 0).all() & ((t.double().sum(-1) - 1).abs() <= tol).all()
@@ -160,12 +162,15 @@ def _accept_or_resample(
     softmaxes)."""
     shared = p.dim() == 1
     if shared:
+        r = residual(p, q)  # (d_vocab,): one residual for every draft
         p, q = p.expand(len(x), -1), q.expand(len(x), -1)  # (N, d_vocab), no copy
     u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
     kept = u < accept(p, q, x)
     if shared:
-        replacement = torch.multinomial(
-            residual(p[0], q[0]), len(x), replacement=True, generator=generator
+        replacement = (
+            torch.multinomial(r, len(x), replacement=True, generator=generator)
+            if len(x)
+            else x.clone()  # no draft, nothing drawn
         )
     else:
         replacement = torch.multinomial(residual(p, q), 1, generator=generator)[:, 0]
@@ -190,7 +195,9 @@ def speculative_round(
                 f"{getattr(t, 'shape', type(t).__name__)}"
             )
     gamma = q.shape[0]
-    if p.shape[0] != gamma + 1 or not isinstance(drafts, Tensor) or drafts.shape != (gamma,):
+    if not isinstance(drafts, Tensor):
+        raise ValueError(f"drafts must be a tensor of gamma ids, got {type(drafts).__name__}")
+    if p.shape[0] != gamma + 1 or drafts.shape != (gamma,):
         raise ValueError(
             f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
             f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}"
@@ -340,10 +347,8 @@ def chi_square_power(noncentrality: float, df: int, level: float = 0.001) -> tup
     lam = check_float("noncentrality", noncentrality, 0.0)
     z = NormalDist().inv_cdf(1 - level)
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    c, h = (
-        (df + 2 * lam) / (df + lam),
-        (df + lam) ** 2 / (df + 2 * lam),
-    )  # chi2'(df, lam) ~ c chi2(h)
+    c = (df + 2 * lam) / (df + lam)
+    h = (df + lam) / c  # chi2'(df, lam) ~ c chi2(h), h = (df + lam)^2 / (df + 2 lam) unsquared
     x = crit / c
     z_alt = ((x / h) ** (1 / 3) - (1 - 2 / (9 * h))) / math.sqrt(2 / (9 * h))
     return crit, 1 - NormalDist().cdf(z_alt)
