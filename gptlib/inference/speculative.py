@@ -488,12 +488,14 @@ def speculative_generate(
         if n_ctx is not None and capacity > n_ctx:
             raise ValueError(f"T + max_new_tokens = {capacity} exceeds the {name}'s n_ctx={n_ctx}")
     ids = ids.long().to(next(target.parameters()).device)
-    modes = target.training, draft.training
-    target.eval(), draft.eval()
+    modes = target.training, draft.training  # restored on the way out, as generate does
+    target.eval()
+    draft.eval()
     try:
         return _speculate(target, draft, ids, capacity, gamma, temperature, generator)
     finally:
-        target.train(modes[0]), draft.train(modes[1])
+        target.train(modes[0])
+        draft.train(modes[1])
 
 
 def _check_pair(target: object, draft: object) -> None:
