@@ -13,6 +13,7 @@ and the layer is the sum of its heads, which equals concat_h(A^h X W_V^h) W_O.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -230,6 +231,11 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
     return k if group == 1 else k.repeat_interleave(group, dim=1)
 
 
+# The kernel that replaces attend's own within gptlib.inference.use_tiled_attention (None: none):
+# a context variable, so the choice holds in that block and thread only, and no module is patched.
+KERNEL: ContextVar = ContextVar("attention_kernel", default=None)
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -254,6 +260,11 @@ def attend(
     finite inputs; for a non-finite query or first key the fused kernel may give the row 0 where
     the formula gives NaN, which a layer restores with :func:`non_finite_rows`.
     """
+    kernel = KERNEL.get()
+    if kernel is not None:  # use_tiled_attention's
+        return kernel(
+            q, k, v, fused=fused, causal=causal, dropout=dropout, hook_pattern=hook_pattern
+        )
     T, T_k, group = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
     if fused and not (hook_pattern is not None and hook_pattern.observed):
         gqa = {"enable_gqa": True} if group > 1 else {}
@@ -284,15 +295,18 @@ def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
     W_Q or W_K would vanish from the logits. A layer adds this term to its output (after W_O,
     where it keeps no extra activation for the backward pass); a NaN among the later keys or in
     the values already reaches the output through the kernel's sums. No device synchronisation.
+    The sums are taken in float32 at least, so that a float16 query of large finite numbers does
+    not overflow to inf and report a row that is not NaN.
 
     >>> q = torch.zeros(1, 2, 3, 4)
     >>> q[0, 1, 2, 0] = float("nan")  # head 1's query at position 2
     >>> non_finite_rows(q, torch.zeros(1, 1, 3, 4)).flatten().tolist()
     [0.0, 0.0, nan]
     """
-    rows = q.sum(dim=(1, 3))  # (B, T)
-    first_key = k[:, :, :1].sum(dim=(1, 2, 3))  # (B,)
-    return ((rows + first_key[:, None]) * 0)[..., None]  # (B, T, 1): 0, or NaN
+    wide = torch.promote_types(q.dtype, torch.float32)
+    rows = q.sum(dim=(1, 3), dtype=wide)  # (B, T)
+    first_key = k[:, :, :1].sum(dim=(1, 2, 3), dtype=wide)  # (B,)
+    return ((rows + first_key[:, None]) * 0)[..., None].to(q.dtype)  # (B, T, 1): 0, or NaN
 
 
 class MultiHeadAttention(nn.Module):

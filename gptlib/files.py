@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
-from .runtime import atomic_write, check_file
+from .runtime import atomic_write, check_file, check_finite_weights
 from .state import FLOAT_DTYPES, pack, tied_aliases, unpack
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "model_file",
     "model_tensors",
     "model_fields",
+    "check_savable",
     "save_model",
     "read_model",
     "config_from_dict",
@@ -216,6 +217,51 @@ def model_fields(model: nn.Module) -> dict:
     return fields
 
 
+def check_savable(model: object) -> None:
+    """Raise ``ValueError`` unless a file of ``model`` could be read back: a module whose class is
+    built from its config alone, ``type(model)(model.config)``, with the tensors that builds (the
+    names and shapes), every one of them finite and none on the meta device. Nothing is written
+    before this holds, so a refused model never replaces a good file.
+
+    >>> from gptlib.lora import LoRA
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> check_savable(GPT(GPTConfig.preset("tiny")))
+    >>> check_savable(LoRA(GPT(GPTConfig.preset("tiny")), ["blocks.0.attn.W_Q"], 2, 2.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: a LoRA cannot be saved: it is not built from its config alone, so no loader could read the file back; save lora.merged(), the plain model with the update merged
+    """  # noqa: E501
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    kind = type(model).__name__
+    config = getattr(model, "config", None)
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise ValueError(f"a {kind} cannot be saved: it has no config, so no loader could build it")
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
+            fresh = type(model)(config)
+    except Exception:
+        hint = (
+            "; save lora.merged(), the plain model with the update merged"
+            if hasattr(model, "merged")
+            else ""
+        )
+        raise ValueError(
+            f"a {kind} cannot be saved: it is not built from its config alone, so no loader could "
+            f"read the file back{hint}"
+        ) from None
+    want = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if want != got:
+        differ = sorted(set(want) ^ set(got)) or sorted(k for k in want if want[k] != got[k])
+        raise ValueError(
+            f"a {kind} whose tensors are not those of {kind}(config) cannot be saved (it differs "
+            f"in {', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}): no loader could "
+            "read the file back"
+        )
+    check_finite_weights(model)
+
+
 def save_model(
     model: nn.Module, path: str | Path, dtype: torch.dtype | None = None, **fields
 ) -> Path:
@@ -224,9 +270,11 @@ def save_model(
 
     ``dtype`` stores the floating-point tensors in that width (:data:`FLOAT_DTYPES`); a weight it
     cannot hold (beyond its range) is an error, not an infinity. ``fields`` are added to the
-    metadata.
+    metadata. A model no loader could read back (:func:`check_savable`: its class not built from
+    its config, a non-finite weight) is refused before anything is written.
     Returns the file written.
     """
+    check_savable(model)
     return write_file(
         model_file(path), model_tensors(model, dtype), {**fields, **model_fields(model)}
     )

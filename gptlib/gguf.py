@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .assets import asset_path, cache_dir, sha256_file
 from .files import read_fields, save_model
+from .inference.quantize import blockwise_quantize
 from .modern import ModernConfig, ModernGPT
 from .runtime import atomic_write, check_file
 from .tokenizers.gguf import GGUFTokenizer
@@ -268,12 +269,7 @@ def q4_1_roundtrip(x: Tensor) -> Tensor:
         raise ValueError(f"x's last dimension must be a multiple of 32, got shape {tuple(x.shape)}")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x must be finite: Q4_1 has no NaN or infinity")
-    blocks = x.float().unflatten(-1, (-1, 32))  # (..., n_blocks, 32)
-    lo = blocks.amin(dim=-1, keepdim=True)
-    d = (blocks.amax(dim=-1, keepdim=True) - lo) / 15
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    q = torch.trunc((blocks - lo) * inv + 0.5).clamp(0, 15)
-    return (d.half().float() * q + lo.half().float()).flatten(-2).to(x.dtype)
+    return blockwise_quantize(x, bits=4, block=32).values  # one copy of the map, checks included
 
 
 # --- the cached SmolLM2 ---------------------------------------------------------------------------

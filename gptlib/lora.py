@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from .runtime import check_float, check_positive_int
+from .runtime import check_float, check_int, check_positive_int
 
 __all__ = ["lora_forward", "lora_parameters", "LoRA", "attention_mlp_targets"]
 
@@ -37,11 +37,23 @@ def lora_forward(x: Tensor, W: Tensor, A: Tensor, B: Tensor, scale: float) -> Te
     >>> lora_forward(torch.tensor([[1.0, 2.0]]), W, A, B, scale=0.5)  # [1, 2] + 0.5 * 1 * [0, 3]
     tensor([[1.0000, 3.5000]])
     """
-    if W.dim() != 2 or A.shape != (W.shape[0], A.shape[1]) or B.shape != (A.shape[1], W.shape[1]):
+    for name, t in (("x", x), ("W", W), ("A", A), ("B", B)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if (
+        W.dim() != 2
+        or A.dim() != 2
+        or B.dim() != 2
+        or A.shape != (W.shape[0], A.shape[1])
+        or B.shape != (A.shape[1], W.shape[1])
+    ):
         raise ValueError(
             f"need W (d_in, d_out), A (d_in, r), B (r, d_out), got {tuple(W.shape)}, "
             f"{tuple(A.shape)}, {tuple(B.shape)}"
         )
+    if x.dim() < 1 or x.shape[-1] != W.shape[0]:
+        raise ValueError(f"x must be rows (..., d_in={W.shape[0]}), got {tuple(x.shape)}")
+    scale = check_float("scale", scale)
     return x @ W + scale * ((x @ A) @ B)
 
 
@@ -57,16 +69,28 @@ def lora_parameters(d_in: int, d_out: int, r: int) -> int:
 
 
 def attention_mlp_targets(model: nn.Module) -> list[str]:
-    """The names of every block's W_Q, W_K, W_V, W_O, W_in and W_out in a :class:`gptlib.model.GPT`.
+    """The names of every matrix (2-D parameter) of every block's attention and MLP, block by
+    block, in the model's order: W_Q, W_K, W_V, W_O, W_in, W_out in a :class:`gptlib.model.GPT`;
+    W_gate, W_up, W_out for a :class:`gptlib.modern.ModernGPT`'s SwiGLU.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> attention_mlp_targets(GPT(GPTConfig.preset("tiny")))[:3]
     ['blocks.0.attn.W_Q', 'blocks.0.attn.W_K', 'blocks.0.attn.W_V']
     """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList) or not blocks:
+        raise ValueError(
+            f"model must be a gptlib model with blocks (GPT, ModernGPT), got {type(model).__name__}"
+        )
     names = []
-    for layer, _ in enumerate(model.blocks):
-        names += [f"blocks.{layer}.attn.{w}" for w in ("W_Q", "W_K", "W_V", "W_O")]
-        names += [f"blocks.{layer}.mlp.{w}" for w in ("W_in", "W_out")]
+    for layer, blk in enumerate(blocks):
+        for part in ("attn", "mlp"):
+            module = getattr(blk, part, None)
+            if not isinstance(module, nn.Module):
+                raise ValueError(f"model's block {layer} has no {part} module")
+            names += [
+                f"blocks.{layer}.{part}.{n}" for n, p in module.named_parameters() if p.dim() == 2
+            ]
     return names
 
 
@@ -74,8 +98,11 @@ class LoRA(nn.Module):
     """A frozen ``model`` with a rank-``r`` update s A B on each parameter named in ``targets``.
 
     A is drawn N(0, 1/d_in) from ``generator``, B is zero, s = ``alpha`` / r. The model's own
-    parameters are frozen (``requires_grad=False``); the factors are this module's only trainable
-    parameters, ``A[i]``, ``B[i]`` for ``targets[i]``. ``forward`` takes what the model takes.
+    weights are frozen here by reading them detached: no gradient reaches them, while the caller's
+    model keeps its ``requires_grad`` flags (it is not changed). The factors ``A[i]``, ``B[i]`` for
+    ``targets[i]`` are the only parameters trained (:meth:`trained_parameters`, which an
+    optimiser is given; the Trainer skips parameters that get no gradient). ``forward`` takes what
+    the model takes.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> base = GPT(GPTConfig.preset("tiny")).eval()
@@ -97,7 +124,13 @@ class LoRA(nn.Module):
         generator: torch.Generator | None = None,
     ):
         super().__init__()
-        check_positive_int("r", r)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(
+                f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+            )
+        r = check_int("r", r, lo=1)
         self.r, self.alpha = r, check_float("alpha", alpha, 0.0, lo_open=True)
         self.scale = self.alpha / r
         if (
@@ -110,11 +143,12 @@ class LoRA(nn.Module):
             )
         params = dict(model.named_parameters())
         for name in targets:
-            if name not in params or params[name].dim() != 2:
+            if not isinstance(name, str) or name not in params or params[name].dim() != 2:
                 raise ValueError(f"targets: {name!r} is not a 2-D parameter of the model")
+            W = params[name]
+            if not W.is_floating_point() or W.device.type == "meta":
+                raise ValueError(f"targets: {name!r} is {W.dtype} on {W.device}, no float weights")
         self.model, self.targets = model, list(targets)
-        for p in model.parameters():
-            p.requires_grad_(False)
         self.config = getattr(model, "config", None)
         self.A, self.B = nn.ParameterList(), nn.ParameterList()
         for name in self.targets:
@@ -129,21 +163,27 @@ class LoRA(nn.Module):
         return self.scale * (self.A[i] @ self.B[i])
 
     def adapted_weights(self) -> dict[str, Tensor]:
-        """{name: W + s A B} for every target (differentiable in A and B)."""
+        """{name: W + s A B} for every target (differentiable in A and B only)."""
         params = dict(self.model.named_parameters())
-        return {name: params[name] + self.delta(i) for i, name in enumerate(self.targets)}
+        return {name: params[name].detach() + self.delta(i) for i, name in enumerate(self.targets)}
 
     def forward(self, *args, **kwargs):
-        return functional_call(self.model, self.adapted_weights(), args, kwargs)
+        frozen = {name: p.detach() for name, p in self.model.named_parameters()}
+        return functional_call(self.model, {**frozen, **self.adapted_weights()}, args, kwargs)
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """The factors A_0, B_0, A_1, B_1, ...: what an optimiser of this module is given."""
+        return [p for pair in zip(self.A, self.B) for p in pair]
 
     def num_parameters(self) -> int:
         """The trained numbers: sum over the targets of (d_in + d_out) r."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+        return sum(p.numel() for p in self.trained_parameters())
 
     @torch.no_grad()
     def merged(self) -> nn.Module:
         """A copy of the model with W' = W + s A B written into each target: one matrix per map,
-        the same function as this module up to rounding, no extra cost at inference."""
+        the same function as this module up to rounding, no extra cost at inference. Its
+        parameters' ``requires_grad`` are the model's (it trains like the model it came from)."""
         out = copy.deepcopy(self.model)
         new = self.adapted_weights()
         for name, p in out.named_parameters():

@@ -24,8 +24,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache, attend, causal_mask, softmax
+from .attention import attend, causal_mask, softmax
 from .hooks import HookPoint
+from .kvcache import KVCache
 from .modern import ModernConfig, ModernGPT, apply_rope, rope_angles
 from .runtime import check_float, check_int, check_positive_int
 
@@ -99,8 +100,11 @@ class MultiHeadLatentAttention(nn.Module):
     (d_model, d_R), W_UK, W_UV (d_c, n_heads d_head), W_O (n_heads d_head, d_model). ``absorb``
     (default ``False``) selects the absorbed computation, which reads only c and k^R;
     ``fused`` is used by the unabsorbed one (:func:`gptlib.attention.attend`). ``layer`` is this
-    layer's index in a :class:`LatentCache`.
+    layer's index in a :class:`LatentCache` (its ``cache_type``, which
+    :func:`gptlib.sampling.new_cache` makes for a model of these layers).
     """
+
+    cache_type = LatentCache
 
     def __init__(
         self,
@@ -200,6 +204,8 @@ class MultiHeadLatentAttention(nn.Module):
 def absorbed_weights(attn: MultiHeadLatentAttention) -> tuple[Tensor, Tensor]:
     """The absorbed maps of every head: W_UK^{h T} (H, d_head, d_c), which turns a query into a
     row read against c, and W_UV^h W_O^h (H, d_c, d_model), which turns A_h c into the output."""
+    if not isinstance(attn, MultiHeadLatentAttention):
+        raise ValueError(f"attn must be a MultiHeadLatentAttention, got {type(attn).__name__}")
     H, d_head, d_c = attn.n_heads, attn.d_head, attn.d_c
     W_UK = attn.W_UK.view(d_c, H, d_head).permute(1, 2, 0)  # (H, d_head, d_c)
     W_UV = attn.W_UV.view(d_c, H, d_head).transpose(0, 1)  # (H, d_c, d_head)

@@ -14,7 +14,7 @@ import random
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Set
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -162,7 +162,10 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
     check_positive_int("size", size)
     if isinstance(ids, torch.Tensor):
         if ids.dtype not in _INT_DTYPES:
-            raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
+            raise ValueError(
+                f"{name} must be an integer tensor ({', '.join(map(str, _INT_DTYPES))}), got "
+                f"{ids.dtype}"
+            )
         # A data-dependent check: skipped under torch.compile and on the meta device (no
         # data there).
         if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
@@ -170,7 +173,7 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
             if lo < 0 or hi >= size:
                 raise ValueError(f"{name} must lie in [0, {size}), got values in [{lo}, {hi}]")
         return
-    if isinstance(ids, (str, bytes)):
+    if isinstance(ids, (str, bytes, Mapping, Set)):  # no ids, or no order
         raise ValueError(f"{name} must be a sequence of ints, got {type(ids).__name__}")
     try:
         items = list(ids)  # type: ignore[call-overload]
@@ -269,7 +272,8 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an
     infinity.
 
-    Its outputs would be meaningless; the error says where the fault is, before any is computed.
+    Its outputs would be meaningless; the error says where the fault is, before any is computed. A
+    model on the meta device (shapes without values) is refused too.
     One reduction per tensor (its max and min, which NaN and the infinities reach) and one device
     synchronisation in all.
 
@@ -280,12 +284,16 @@ def check_finite_weights(model: torch.nn.Module) -> None:
     ...
     ValueError: the model has non-finite weights: bias holds NaN or inf
     """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    named = [
-        (n, t)
-        for n, t in tensors
-        if t.is_floating_point() and t.numel() and t.device.type != "meta"
-    ]
+    for n, t in tensors:
+        if t.device.type == "meta":
+            raise ValueError(
+                f"the model's weights are on the meta device (shapes without values): {n}; "
+                "load or initialise them first"
+            )
+    named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel()]
     if not named:
         return
     dev = named[0][1].device
@@ -386,8 +394,7 @@ def autocast(dev: torch.device | str) -> Iterator[None]:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python's, and torch's global RNGs; return a CPU ``torch.Generator`` seeded alike."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = check_int("seed", seed, lo=0)  # NumPy's ints too, as np.random.seed takes them
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)

@@ -19,7 +19,21 @@ from torch import Tensor, nn
 from .kvcache import KVCache
 from .runtime import check_finite_weights, check_float, check_ids, check_int
 
-__all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation"]
+__all__ = ["next_token_probs", "generate", "generate_with_logits", "Generation", "new_cache"]
+
+
+def new_cache(model: nn.Module, capacity: int | None = None) -> KVCache:
+    """An empty cache of the kind ``model``'s attention layers write: the ``cache_type`` of its
+    first block's attention (a :class:`gptlib.mla.LatentCache` for latent attention), else a
+    :class:`KVCache`; one per layer, for ``capacity`` positions.
+
+    >>> from gptlib.model import GPT, GPTConfig
+    >>> type(new_cache(GPT(GPTConfig.preset("tiny")), 8)).__name__
+    'KVCache'
+    """
+    blocks = getattr(model, "blocks", None)
+    attn = getattr(blocks[0], "attn", None) if blocks else None
+    return getattr(attn, "cache_type", KVCache)(model.config.n_layers, capacity)
 
 
 def _check_settings(
@@ -153,7 +167,7 @@ def _decode(
         B, T0 + max_new_tokens, dtype=torch.long, device=ids.device
     )  # written in place
     out[:, :T0] = ids
-    cache = KVCache(c.n_layers, capacity=min(n_ctx, T0 + max_new_tokens)) if use_cache else None
+    cache = new_cache(model, capacity=min(n_ctx, T0 + max_new_tokens)) if use_cache else None
     finite = torch.ones(
         (), dtype=torch.bool, device=ids.device
     )  # all logits finite so far (no sync)

@@ -21,7 +21,7 @@ from .hooks import capture, capture_patterns
 from .kvcache import KVCache
 from .model import GPT
 from .modern import ModernGPT, RMSNorm
-from .runtime import check_ids
+from .runtime import check_finite_weights, check_ids, check_int
 
 __all__ = ["OUTPUTS", "INPUTS", "LENS_TOP", "step", "step_inputs"]
 
@@ -113,8 +113,45 @@ def _step(
 
 
 def _check_model(model: object) -> None:
+    """A GPT or ModernGPT with multi-head or grouped-query attention and float32 weights (the step
+    and its graph compute in float32; :class:`_PastCache` holds keys and values per head)."""
     if not isinstance(model, (GPT, ModernGPT)):
         raise ValueError(f"model must be a gptlib GPT or ModernGPT, got {type(model).__name__}")
+    attn = type(model.blocks[0].attn)
+    if attn.__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
+        raise ValueError(
+            f"model's attention is {attn.__name__} (latent attention keeps no keys and values per "
+            "head): the step and its graph take multi-head or grouped-query attention"
+        )
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtypes - {torch.float32}:
+        raise ValueError(
+            f"model's weights are {', '.join(sorted(map(str, dtypes)))}; the step computes in "
+            "torch.float32: pass model.float()"
+        )
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ValueError("model's weights are on the meta device (no values): load them first")
+
+
+def _check_index_list(name: str, values: object, hi: int) -> list[int]:
+    """``values`` as a list of ints in [0, hi): ints only (numpy's too; bool and float refused)."""
+    if isinstance(values, Tensor):
+        values = values.tolist() if values.dtype in (torch.int64, torch.int32) else values
+    try:
+        items = list(values)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be a sequence of ints, got {type(values).__name__}"
+        ) from None
+    return [check_int(f"{name}[{k}]", v, 0, hi - 1) for k, v in enumerate(items)]
+
+
+def _check_outputs(model: nn.Module, out: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``out`` if its logits are finite; else the weight at fault named, or the overflow said."""
+    if not bool(torch.isfinite(out["logits"]).all()):
+        check_finite_weights(model)
+        raise ValueError("the step's logits are NaN or infinite: the model overflows on this text")
+    return out
 
 
 def _check_tensor(name: str, t: object, dtype: torch.dtype, shape: tuple) -> Tensor:
@@ -214,7 +251,7 @@ def step(
     was_training = model.training
     model.eval()
     try:
-        return _step(model, *args)
+        return _check_outputs(model, _step(model, *args))
     finally:
         model.train(was_training)
 
@@ -232,11 +269,13 @@ def step_inputs(
     [(2, 2, 2, 0, 8), (2, 4), (1,), (2,)]
     """
     _check_model(model)
-    L, H, n_kv, d_head, _, _ = _shape(model)
+    L, H, n_kv, d_head, V, n_ctx = _shape(model)
+    P = check_int("P", P, 0, n_ctx - 1)
+    lens, targets = _check_index_list("lens", lens, L + 1), _check_index_list("targets", targets, V)
     device = next(model.parameters()).device
     return (
         torch.zeros(L, 2, n_kv, P, d_head, device=device),
         torch.ones(L, H, device=device),
-        torch.tensor(list(lens), dtype=torch.int64, device=device),
-        torch.tensor(list(targets), dtype=torch.int64, device=device),
+        torch.tensor(lens, dtype=torch.int64, device=device),
+        torch.tensor(targets, dtype=torch.int64, device=device),
     )

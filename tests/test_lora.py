@@ -54,7 +54,7 @@ def test_parameter_count(tiny_gpt):
     shapes = [dict(base.named_parameters())[n].shape for n in targets]
     assert lora.num_parameters() == sum(lora_parameters(d_in, d_out, 3) for d_in, d_out in shapes)
     assert lora.num_parameters() == 2 * (4 * (64 + 64) + 2 * (64 + 256)) * 3  # 2 layers, d_model 64
-    assert all(not p.requires_grad for p in base.parameters())
+    assert all(p.requires_grad for p in base.parameters())  # the caller's model is not changed
 
 
 def test_starts_as_the_original_and_equals_the_weights_written_in(tiny_gpt):

@@ -35,6 +35,8 @@ def weights_sha256(model: nn.Module) -> str:
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if any(t.device.type == "meta" for t in model.state_dict().values()):
+        raise ValueError("model's weights are on the meta device (no values): load them first")
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode("utf-8") + b"\0" + str(tuple(t.shape)).encode("ascii") + b"\0")
@@ -45,13 +47,27 @@ def weights_sha256(model: nn.Module) -> str:
 CHAT_MARK = "\ue000"  # a private-use character: where the user's message goes in the template
 
 
+def _render_chat(tokenizer) -> str:
+    """The chat template rendered around :data:`CHAT_MARK`; a template that cannot be rendered
+    (Jinja's syntax or runtime errors) is a ``ValueError`` that says so."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": CHAT_MARK}])
+    except Exception as e:  # jinja2's TemplateError and whatever the template raises
+        raise ValueError(
+            f"the tokenizer's chat template cannot be rendered: {type(e).__name__}: {e}"
+        ) from None
+    if not isinstance(text, str):
+        raise ValueError(f"the tokenizer's chat template gave {type(text).__name__}, not text")
+    return text
+
+
 def chat_frame(tokenizer) -> dict | None:
     """The chat template around one user message: ``{"prefix", "suffix", "stop"}`` rendered by
     :meth:`GGUFTokenizer.apply_chat_template` (with the assistant's turn opened), ``stop`` the id
     of ``<|im_end|>``; None for a tokenizer without a template."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    text = tokenizer.apply_chat_template([{"role": "user", "content": CHAT_MARK}])
+    text = _render_chat(tokenizer)
     if text.count(CHAT_MARK) != 1:
         raise ValueError("the chat template must hold the user's message exactly once")
     prefix, suffix = text.split(CHAT_MARK)

@@ -27,6 +27,8 @@ def pieces(data: bytes, size: int = PIECE_BYTES) -> list[bytes]:
     """
     if type(size) is not int or size < 1:
         raise ValueError(f"size must be a positive int, got {size!r}")
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"data must be bytes, got {type(data).__name__}")
     return [data[i : i + size] for i in range(0, max(len(data), 1), size)]
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..attention import causal_mask, repeat_kv
 from ..runtime import check_int, check_positive_int
@@ -34,6 +34,7 @@ __all__ = [
     "tiled_attention",
     "standard_attention",
     "tiled_attend",
+    "TiledAttention",
     "use_tiled_attention",
 ]
 
@@ -60,6 +61,17 @@ def online_softmax_update(
     >>> m.item(), round(ell.item(), 4), round((o / ell).item(), 4)  # (1 e^0 + 3 e^1) / (e^0 + e^1)
     (1.0, 1.3679, 2.4621)
     """
+    for name, t in (("scores", scores), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() < 2 or not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating-point tensor (..., rows, columns), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
+    if scores.shape[-1] != v.shape[-2]:
+        raise ValueError(
+            f"scores (..., T, T_b) and v (..., T_b, d_v) must share T_b, got {tuple(scores.shape)}"
+            f" and {tuple(v.shape)}"
+        )
     block_max = scores.amax(dim=-1, keepdim=True)  # (..., T, 1)
     m_new = block_max if state is None else torch.maximum(state[0], block_max)
     # A row that has seen only masked keys keeps m = -inf; shift it by 0 to avoid (-inf) - (-inf).
@@ -73,6 +85,14 @@ def online_softmax_update(
         )  # (..., T, 1); 0 rows stay 0
         ell_new, o_new = ell * scale + ell_new, o * scale + o_new
     return m_new, ell_new, o_new
+
+
+def _numbers(tensors: tuple) -> int:
+    """The numbers the tensors hold; anything else is refused (it moves no counted numbers)."""
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise ValueError(f"Traffic counts tensors, got {type(t).__name__}")
+    return sum(t.numel() for t in tensors)
 
 
 @dataclass
@@ -92,10 +112,10 @@ class Traffic:
     writes: int = 0
 
     def read(self, *tensors: Tensor) -> None:
-        self.reads += sum(t.numel() for t in tensors)
+        self.reads += _numbers(tensors)
 
     def write(self, *tensors: Tensor) -> None:
-        self.writes += sum(t.numel() for t in tensors)
+        self.writes += _numbers(tensors)
 
     @property
     def total(self) -> int:
@@ -123,6 +143,15 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
                 f"{name} must be a tensor of shape (..., T, d), got "
                 f"{getattr(t, 'shape', type(t).__name__)}"
             )
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"q, k, v must be floating-point tensors of one dtype, got {q.dtype}, {k.dtype}, "
+            f"{v.dtype}"
+        )
+    if q.shape[-1] < 1:
+        raise ValueError(
+            f"q and k must have d >= 1 (the scores divide by sqrt(d)), got shape {tuple(q.shape)}"
+        )
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"q, k must share d and k, v their positions; got shapes {tuple(q.shape)}, "
@@ -157,7 +186,10 @@ def tiled_attention(
     True
     """
     _check_qkv(q, k, v)
+    _check_causal(causal)
     block_q, block_k = check_int("block_q", block_q, lo=1), check_int("block_k", block_k, lo=1)
+    if traffic is not None and not isinstance(traffic, Traffic):
+        raise ValueError(f"traffic must be a Traffic or None, got {type(traffic).__name__}")
     T, T_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     shift = T_k - T  # query i sits at position i + shift
     traffic = Traffic() if traffic is None else traffic
@@ -202,6 +234,9 @@ def standard_attention(
     True
     """
     _check_qkv(q, k, v)
+    _check_causal(causal)
+    if traffic is not None and not isinstance(traffic, Traffic):
+        raise ValueError(f"traffic must be a Traffic or None, got {type(traffic).__name__}")
     traffic = Traffic() if traffic is None else traffic
     traffic.read(q, k)
     S = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T_k)
@@ -217,6 +252,12 @@ def standard_attention(
     return O
 
 
+def _check_causal(causal: object) -> bool:
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    return causal
+
+
 def tiled_attend(
     q: Tensor,
     k: Tensor,
@@ -224,44 +265,89 @@ def tiled_attend(
     *,
     block_q: int = 16,
     block_k: int = 16,
+    fused: bool = True,
     causal: bool = True,
-    **unused,
+    dropout: float = 0.0,
+    hook_pattern: nn.Module | None = None,
+    traffic: Traffic | None = None,
 ) -> Tensor:
     """:func:`gptlib.attention.attend`'s contract on :func:`tiled_attention`: q (B, n_heads, T,
-    d_head),
-    keys and values (B, n_kv_heads, T_k, d_head) shared by groups of query heads. No dropout and no
-    pattern (a tiled kernel never forms one): ``dropout`` must be 0, hooks are not called."""
-    if unused.get("dropout", 0.0):
-        raise ValueError(f"dropout must be 0 in tiled attention, got {unused['dropout']}")
+    d_head), keys and values (B, n_kv_heads, T_k, d_head) shared by groups of query heads. A tiled
+    kernel forms no pattern and drops nothing: ``dropout`` must be 0, and a ``hook_pattern`` with
+    hooks attached (patterns being recorded) is refused; ``fused`` is accepted and has no effect.
+
+    >>> q = k = v = torch.ones(1, 2, 3, 4)
+    >>> tiled_attend(q, k[:, :1], v[:, :1], block_q=2, block_k=2).shape  # 2 heads, 1 kv head
+    torch.Size([1, 2, 3, 4])
+    """
+    _check_causal(causal)
+    if dropout:
+        raise ValueError(f"dropout must be 0 in tiled attention, got {dropout}")
+    if hook_pattern is not None and (
+        hook_pattern._forward_hooks or hook_pattern._forward_pre_hooks
+    ):
+        raise ValueError(
+            "attention patterns cannot be recorded under tiled attention (a tiled kernel never "
+            "forms one): record them outside use_tiled_attention"
+        )
+    _check_qkv(q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            "q must be (B, n_heads, T, d_head) and k, v (B, n_kv_heads, T_k, d_head) with "
+            f"n_kv_heads >= 1 dividing n_heads; got shapes {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     group = q.shape[1] // k.shape[1]
     return tiled_attention(
-        q, repeat_kv(k, group), repeat_kv(v, group), block_q, block_k, causal=causal
+        q,
+        repeat_kv(k, group),
+        repeat_kv(v, group),
+        block_q,
+        block_k,
+        causal=causal,
+        traffic=traffic,
     )
 
 
+@dataclass
+class TiledAttention:
+    """The choice made by :func:`use_tiled_attention`: the block sizes, and the numbers moved
+    between slow and fast memory by every layer evaluated within the block (``traffic``)."""
+
+    block_q: int = 16
+    block_k: int = 16
+    traffic: Traffic = field(default_factory=Traffic)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+        return tiled_attend(
+            q, k, v, block_q=self.block_q, block_k=self.block_k, traffic=self.traffic, **kwargs
+        )
+
+
 @contextmanager
-def use_tiled_attention(block_q: int = 16, block_k: int = 16) -> Iterator[None]:
-    """Within the block, every attention layer of :mod:`gptlib.attention` and :mod:`gptlib.modern`
-    computes its heads with :func:`tiled_attention` instead of :func:`gptlib.attention.attend`.
+def use_tiled_attention(block_q: int = 16, block_k: int = 16) -> Iterator[TiledAttention]:
+    """Within the block, every attention layer that computes its heads with
+    :func:`gptlib.attention.attend` (:class:`~gptlib.attention.MultiHeadAttention`,
+    :class:`~gptlib.modern.GroupedQueryAttention`, the unabsorbed
+    :class:`~gptlib.mla.MultiHeadLatentAttention`) computes them with :func:`tiled_attention`
+    instead. The choice is a context variable (:data:`gptlib.attention.KERNEL`): it holds in this
+    block and this thread only, and no module is changed. Yields the :class:`TiledAttention`, whose
+    ``traffic`` counts what the layers moved.
 
     >>> from gptlib.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
     >>> model, ids = GPT(GPTConfig.preset("tiny")).eval(), torch.tensor([[1, 2, 3, 4, 5]])
-    >>> with torch.no_grad(), use_tiled_attention(2, 3):
-    ...     tiled = model(ids)
-    >>> torch.allclose(tiled, model(ids), atol=1e-5)
-    True
+    >>> with torch.no_grad(), use_tiled_attention(2, 3) as tiled:
+    ...     out = model(ids)
+    >>> torch.allclose(out, model(ids), atol=1e-5), tiled.traffic.total > 0
+    (True, True)
     """
-    from .. import attention, modern
+    from .. import attention
 
-    check_int("block_q", block_q, lo=1), check_int("block_k", block_k, lo=1)
-    saved = attention.attend, modern.attend
-
-    def attend(q, k, v, **kwargs):
-        return tiled_attend(q, k, v, block_q=block_q, block_k=block_k, **kwargs)
-
-    attention.attend = modern.attend = attend
+    kernel = TiledAttention(
+        check_int("block_q", block_q, lo=1), check_int("block_k", block_k, lo=1)
+    )
+    token = attention.KERNEL.set(kernel)
     try:
-        yield
+        yield kernel
     finally:
-        attention.attend, modern.attend = saved
+        attention.KERNEL.reset(token)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..runtime import check_int
+from ..runtime import check_finite_weights, check_int
 
 __all__ = [
     "Quantized",
@@ -53,14 +53,40 @@ class Quantized(NamedTuple):
     codes: Tensor
 
 
-def _check_float(x: Tensor) -> None:
+F16_MAX = 65504.0  # the largest finite float16
+
+
+def _check_float(x: Tensor) -> Tensor:
+    """x (detached) as float32, after checking that it is a floating-point tensor with >= 1 dim,
+    finite, and within float32's range (the maps compute in float32)."""
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ValueError(
             "x must be a floating-point tensor with >= 1 dim, got "
             f"{getattr(x, 'dtype', type(x).__name__)}"
         )
+    if x.device.type == "meta":
+        raise ValueError("x is on the meta device: it has no values to quantize")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x must be finite")
+    x32 = x.detach().float()
+    if not bool(torch.isfinite(x32).all()):
+        raise ValueError(
+            f"x must lie within float32's range (|x| <= 3.4e38), got |x| up to "
+            f"{float(x.detach().abs().max()):.3g}"
+        )
+    return x32
+
+
+def _check_result(values: Tensor, dtype: torch.dtype) -> Tensor:
+    """``values`` cast to ``dtype``, refused if the cast makes an infinity (a value rounded past
+    the dtype's largest number)."""
+    out = values.to(dtype)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"x's quantized values do not fit in its dtype {dtype}: they round past "
+            f"{torch.finfo(dtype).max:.6g}"
+        )
+    return out
 
 
 def absmax_quantize(x: Tensor, bits: int = 8) -> Quantized:
@@ -71,14 +97,15 @@ def absmax_quantize(x: Tensor, bits: int = 8) -> Quantized:
     >>> r.codes.tolist(), r.values.tolist()[0]
     ([[3, -2, 1], [0, 0, 0]], [1.0, -0.6666666865348816, 0.3333333432674408])
     """
-    _check_float(x)
+    x32 = _check_float(x)
+    if x.shape[-1] < 1:
+        raise ValueError(f"x's rows must hold >= 1 number, got shape {tuple(x.shape)}")
     bits = check_int("bits", bits, lo=2, hi=16)
     L = 2 ** (bits - 1) - 1
-    x32 = x.float()
     step = x32.abs().amax(dim=-1, keepdim=True) / L  # (..., 1)
     q = torch.round(x32 / torch.where(step > 0, step, 1.0)).clamp(-L, L)
     step = step.expand_as(x32)
-    return Quantized((step * q).to(x.dtype), step, torch.zeros_like(x32), q.long())
+    return Quantized(_check_result(step * q, x.dtype), step, torch.zeros_like(x32), q.long())
 
 
 def blockwise_codes(x: Tensor, bits: int = 4, block: int = 32) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,18 +118,25 @@ def blockwise_codes(x: Tensor, bits: int = 4, block: int = 32) -> tuple[Tensor, 
     >>> q.tolist(), d.item(), m.item()
     ([[0, 1, 2, 3]], 1.0, 0.0)
     """
-    _check_float(x)
+    x32 = _check_float(x)
     bits, block = check_int("bits", bits, lo=1, hi=8), check_int("block", block, lo=1)
     if x.shape[-1] % block:
         raise ValueError(
             f"x's last dimension must be a multiple of block={block}, got shape {tuple(x.shape)}"
         )
-    blocks = x.float().unflatten(-1, (-1, block))  # (..., n_blocks, block)
+    blocks = x32.unflatten(-1, (-1, block))  # (..., n_blocks, block)
     lo = blocks.amin(dim=-1, keepdim=True)
     d = (blocks.amax(dim=-1, keepdim=True) - lo) / (2**bits - 1)
+    d16, lo16 = d.half(), lo.half()
+    if not bool(torch.isfinite(d16).all() & torch.isfinite(lo16).all()):
+        raise ValueError(
+            f"x has a block whose scale (max - min) / {2**bits - 1} or minimum float16 cannot "
+            f"hold (|.| <= {F16_MAX:g}): the largest are {float(d.abs().max()):.3g} and "
+            f"{float(lo.abs().max()):.3g}"
+        )
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = torch.trunc((blocks - lo) * inv + 0.5).clamp(0, 2**bits - 1)
-    return q.long(), d.half(), lo.half()
+    return q.long(), d16, lo16
 
 
 def blockwise_quantize(x: Tensor, bits: int = 4, block: int = 32) -> Quantized:
@@ -116,7 +150,7 @@ def blockwise_quantize(x: Tensor, bits: int = 4, block: int = 32) -> Quantized:
     q, d, lo = blockwise_codes(x, bits, block)
     d, lo = d.float().expand(q.shape), lo.float().expand(q.shape)
     values = (d * q + lo).flatten(-2)
-    return Quantized(values.to(x.dtype), d.flatten(-2), lo.flatten(-2), q.flatten(-2))
+    return Quantized(_check_result(values, x.dtype), d.flatten(-2), lo.flatten(-2), q.flatten(-2))
 
 
 def error_bound(r: Quantized, bits: int, blockwise: bool) -> Tensor:
@@ -132,6 +166,11 @@ def error_bound(r: Quantized, bits: int, blockwise: bool) -> Tensor:
     >>> bool(((r.values - x).abs() <= error_bound(r, 3, blockwise=True)).all())
     True
     """
+    if not isinstance(r, Quantized):
+        raise ValueError(f"r must be a Quantized, got {type(r).__name__}")
+    bits = check_int("bits", bits, lo=1, hi=16)
+    if not isinstance(blockwise, bool):
+        raise ValueError(f"blockwise must be True or False, got {blockwise!r}")
     if not blockwise:
         return r.step / 2 + 2.0**-22 * (2 ** (bits - 1) - 1) * r.step
     L = 2**bits - 1
@@ -146,7 +185,7 @@ def q4_1_pack(x: Tensor) -> bytes:
     >>> len(q4_1_pack(torch.zeros(2, 32)))
     40
     """
-    q, d, lo = blockwise_codes(x, bits=4, block=32)
+    q, d, lo = (t.cpu() for t in blockwise_codes(x, bits=4, block=32))
     q = q.reshape(-1, 32).to(torch.uint8).numpy()
     nibbles = q[:, :16] | (q[:, 16:] << np.uint8(4))  # (n_blocks, 16)
     d16 = d.reshape(-1, 1).numpy().view(np.uint8)  # (n_blocks, 2)
@@ -163,10 +202,19 @@ def product_noise_variance(X: Tensor, step: Tensor) -> Tensor:
     >>> round(v.item(), 6)  # (1 x 0.36 + 4 x 0.09) / 12
     0.06
     """
+    for name, t in (("X", X), ("step", step)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t))}"
+            )
     if X.dim() != 2 or step.dim() != 2 or X.shape[1] != step.shape[0]:
         raise ValueError(
             f"X must be (N, d_in) and step (d_in, d_out), got {tuple(X.shape)}, {tuple(step.shape)}"
         )
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError("X must be finite")
+    if not bool((torch.isfinite(step) & (step >= 0)).all()):
+        raise ValueError("step must hold finite numbers >= 0 (quantization steps)")
     return (X.double() ** 2) @ (step.double() ** 2) / 12
 
 
@@ -178,11 +226,14 @@ def quantized_bytes(numel: int, rows: int, method: str, bits: int, block: int = 
     >>> quantized_bytes(576 * 576, 576, "blockwise", 4)  # Q4_1: 20 bytes per 32 numbers
     207360
     """
+    if method not in ("absmax", "blockwise"):
+        raise ValueError(f"method must be 'absmax' or 'blockwise', got {method!r}")
+    numel, rows = check_int("numel", numel, lo=0), check_int("rows", rows, lo=0)
+    bits = check_int("bits", bits, lo=2 if method == "absmax" else 1, hi=16)
+    block = check_int("block", block, lo=1)
     if method == "absmax":
         return (numel * bits + 7) // 8 + 4 * rows
-    if method == "blockwise":
-        return (numel * bits + 7) // 8 + 4 * (numel // block)
-    raise ValueError(f"method must be 'absmax' or 'blockwise', got {method!r}")
+    return (numel * bits + 7) // 8 + 4 * (numel // block)
 
 
 def _along_input(name: str, W: Tensor) -> Tensor:
@@ -204,15 +255,29 @@ def quantize_model(
     >>> round(before / after, 2)  # 32 bits against 5 per number
     6.4
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if method not in ("absmax", "blockwise"):
         raise ValueError(f"method must be 'absmax' or 'blockwise', got {method!r}")
+    bits = check_int(
+        "bits", bits, lo=2 if method == "absmax" else 1, hi=16 if method == "absmax" else 8
+    )
+    block = check_int("block", block, lo=1)
+    check_finite_weights(model)
     out = copy.deepcopy(model)
     before = after = 0
     for name, W in out.named_parameters():
         if W.dim() != 2:
             continue
         Wt = _along_input(name, W)
-        r = absmax_quantize(Wt, bits) if method == "absmax" else blockwise_quantize(Wt, bits, block)
+        try:
+            r = (
+                absmax_quantize(Wt, bits)
+                if method == "absmax"
+                else blockwise_quantize(Wt, bits, block)
+            )
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         Wt.copy_(r.values)  # in place: Wt is a view of W
         before += 4 * W.numel()
         after += quantized_bytes(

@@ -21,8 +21,8 @@ from statistics import NormalDist
 import torch
 from torch import Tensor, nn
 
-from ..attention import KVCache
-from ..runtime import check_float, check_ids, check_int
+from ..runtime import check_finite_weights, check_float, check_ids, check_int
+from ..sampling import new_cache
 
 __all__ = [
     "acceptance_probability",
@@ -40,6 +40,41 @@ __all__ = [
 ]
 
 
+def _check_distributions(p: object, q: object) -> None:
+    """p and q: floating-point tensors of one shape (..., d_vocab), d_vocab >= 1, each row a
+    probability distribution (entries >= 0, summing to 1 within 1e-4, or 8 units of rounding of a
+    half-precision dtype)."""
+    for name, t in (("p", p), ("q", q)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 1:
+            raise ValueError(
+                f"{name} must be a floating-point tensor of probabilities (..., d_vocab), got "
+                f"{getattr(t, 'dtype', type(t).__name__)}"
+            )
+    if p.shape != q.shape or p.shape[-1] < 1:
+        raise ValueError(
+            f"p and q must have one shape (..., d_vocab), got {tuple(p.shape)}, {tuple(q.shape)}"
+        )
+    tol = max(1e-4, 8 * torch.finfo(p.dtype).eps)
+    for name, t in (("p", p), ("q", q)):
+        ok = (
+            torch.isfinite(t).all() & (t >= 0).all() & ((t.double().sum(-1) - 1).abs() <= tol).all()
+        )
+        if not bool(ok):
+            raise ValueError(
+                f"{name} must hold probability distributions (entries >= 0, each row summing to "
+                "1): softmax logits first"
+            )
+
+
+def _check_tokens(name: str, x: object, d_vocab: int, shape: tuple) -> None:
+    if not isinstance(x, Tensor) or tuple(x.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} must be a tensor of token ids of shape {tuple(shape)}, got "
+            f"{getattr(x, 'shape', type(x).__name__)}"
+        )
+    check_ids(x, d_vocab, name)
+
+
 def acceptance_probability(p: Tensor, q: Tensor, x: Tensor) -> Tensor:
     """min(1, p(x) / q(x)) for distributions p, q (..., d_vocab) and draft tokens x (...).
 
@@ -47,6 +82,12 @@ def acceptance_probability(p: Tensor, q: Tensor, x: Tensor) -> Tensor:
     >>> acceptance_probability(p, q, torch.tensor([0, 1]))
     tensor([0.4000, 1.0000])
     """
+    _check_distributions(p, q)
+    _check_tokens("x", x, p.shape[-1], p.shape[:-1])
+    return _acceptance_probability(p, q, x)
+
+
+def _acceptance_probability(p: Tensor, q: Tensor, x: Tensor) -> Tensor:
     px, qx = p.gather(-1, x[..., None])[..., 0], q.gather(-1, x[..., None])[..., 0]
     return torch.clamp(px / qx, max=1.0)
 
@@ -58,6 +99,11 @@ def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
     >>> residual_distribution(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.4, 0.2]))
     tensor([0., 0., 1.])
     """
+    _check_distributions(p, q)
+    return _residual_distribution(p, q)
+
+
+def _residual_distribution(p: Tensor, q: Tensor) -> Tensor:
     r = torch.clamp(p - q, min=0.0)
     z = r.sum(dim=-1, keepdim=True)
     return torch.where(z > 0, r / torch.where(z > 0, z, torch.ones_like(z)), p)
@@ -70,6 +116,11 @@ def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
     >>> acceptance_rate(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.4, 0.2]))
     tensor(0.7000)
     """
+    _check_distributions(p, q)
+    return _acceptance_rate(p, q)
+
+
+def _acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
     return torch.minimum(p, q).sum(dim=-1)
 
 
@@ -84,17 +135,45 @@ def accept_or_resample(
     >>> accept_or_resample(p, q, torch.tensor([0]))  # p(0) = 0: rejected, the residual is token 1
     (tensor([False]), tensor([1]))
     """
+    _check_distributions(p, q)
+    if p.dim() not in (1, 2):
+        raise ValueError(f"p and q must be (N, d_vocab) or (d_vocab,), got {tuple(p.shape)}")
+    shared = p.dim() == 1
+    if not isinstance(x, Tensor) or x.dim() != 1 or (not shared and len(x) != len(p)):
+        raise ValueError(
+            f"x must be a tensor of N token ids (N,), got {getattr(x, 'shape', type(x).__name__)} "
+            f"for p {tuple(p.shape)}"
+        )
+    check_ids(x, p.shape[-1], "x")
+    # the public rules, looked up at each call (the tests replace them with broken ones)
+    return _accept_or_resample(p, q, x, generator, acceptance_probability, residual_distribution)
+
+
+def _accept_or_resample(
+    p: Tensor,
+    q: Tensor,
+    x: Tensor,
+    generator: torch.Generator | None,
+    accept: Callable = _acceptance_probability,
+    residual: Callable = _residual_distribution,
+) -> tuple[Tensor, Tensor]:
+    """:func:`accept_or_resample` on checked arguments, with the rules ``accept`` and
+    ``residual`` (unchecked by default: speculative decoding's loop, whose p and q are
+    softmaxes)."""
     shared = p.dim() == 1
     if shared:
+        r = residual(p, q)  # (d_vocab,): one residual for every draft
         p, q = p.expand(len(x), -1), q.expand(len(x), -1)  # (N, d_vocab), no copy
     u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
-    kept = u < acceptance_probability(p, q, x)
+    kept = u < accept(p, q, x)
     if shared:
-        replacement = torch.multinomial(
-            residual_distribution(p[0], q[0]), len(x), replacement=True, generator=generator
+        replacement = (
+            torch.multinomial(r, len(x), replacement=True, generator=generator)
+            if len(x)
+            else x.clone()  # no draft, nothing drawn
         )
     else:
-        replacement = torch.multinomial(residual_distribution(p, q), 1, generator=generator)[:, 0]
+        replacement = torch.multinomial(residual(p, q), 1, generator=generator)[:, 0]
     return kept, torch.where(kept, x, replacement)
 
 
@@ -109,15 +188,39 @@ def speculative_round(
     >>> speculative_round(p, q, torch.tensor([1, 0]))
     tensor([1, 0, 1])
     """
+    for name, t in (("p", p), ("q", q)):
+        if not isinstance(t, Tensor) or t.dim() != 2:
+            raise ValueError(
+                f"{name} must be a tensor (rows, d_vocab), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
     gamma = q.shape[0]
+    if not isinstance(drafts, Tensor):
+        raise ValueError(f"drafts must be a tensor of gamma ids, got {type(drafts).__name__}")
     if p.shape[0] != gamma + 1 or drafts.shape != (gamma,):
         raise ValueError(
             f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
             f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}"
         )
+    _check_distributions(p[:gamma], q)
+    _check_distributions(p[gamma:], p[gamma:])
+    check_ids(drafts, p.shape[-1], "drafts")
+    return _round(p, q, drafts, generator, acceptance_probability, residual_distribution)
+
+
+def _round(
+    p: Tensor,
+    q: Tensor,
+    drafts: Tensor,
+    generator: torch.Generator | None,
+    accept: Callable = _acceptance_probability,
+    residual: Callable = _residual_distribution,
+) -> Tensor:
+    """:func:`speculative_round` on checked arguments (see :func:`_accept_or_resample`)."""
+    gamma = q.shape[0]
     if gamma == 0:
         return torch.multinomial(p[0], 1, generator=generator)
-    kept, tokens = accept_or_resample(p[:gamma], q, drafts, generator)
+    kept, tokens = _accept_or_resample(p[:gamma], q, drafts, generator, accept, residual)
     rejected = (~kept).nonzero()
     if len(rejected) == 0:  # all kept: one more token from the target, free
         return torch.cat([drafts, torch.multinomial(p[gamma], 1, generator=generator)])
@@ -144,7 +247,14 @@ def emitted_distribution(
     True
     """
     gamma, n = check_int("gamma", gamma, lo=0), check_int("n", n, lo=1)
-    d_vocab = p_of(()).shape[-1]
+    first = p_of(())
+    if not isinstance(first, Tensor) or first.dim() != 1:
+        raise ValueError(
+            f"p_of(()) must be a distribution (d_vocab,), got {getattr(first, 'shape', first)}"
+        )
+    d_vocab = first.shape[-1]
+    if d_vocab**n > 2**24:
+        raise ValueError(f"d_vocab^n = {d_vocab}^{n} sequences are too many to enumerate")
     out = torch.zeros((d_vocab,) * n, dtype=torch.float64)
 
     def record(seq: tuple, prob: float) -> None:
@@ -159,7 +269,11 @@ def emitted_distribution(
     def draft(seq: tuple, i: int, prob: float) -> None:  # i drafts of this round kept so far
         if len(seq) >= n:
             return record(seq, prob)
-        p, q = p_of(seq).double(), q_of(seq).double()
+        p, q = p_of(seq), q_of(seq)
+        if not isinstance(q, Tensor) or not isinstance(p, Tensor) or p.shape != (d_vocab,):
+            raise ValueError(f"p_of and q_of must give distributions ({d_vocab},) after {seq}")
+        _check_distributions(p, q)
+        p, q = p.double(), q.double()
         if i == gamma:  # all kept: one token from p
             for t in range(d_vocab):
                 start_round(seq + (t,), prob * float(p[t]))
@@ -185,10 +299,25 @@ def sequence_distribution(p_of: Callable[[tuple], Tensor], n: int, d_vocab: int)
     >>> sequence_distribution(lambda s: torch.tensor([0.25, 0.75]), 2, 2).tolist()
     [[0.0625, 0.1875], [0.1875, 0.5625]]
     """
+    n, d_vocab = check_int("n", n, lo=1), check_int("d_vocab", d_vocab, lo=1)
+    if d_vocab**n > 2**24:
+        raise ValueError(f"d_vocab^n = {d_vocab}^{n} sequences are too many to enumerate")
     out = torch.zeros((d_vocab,) * n, dtype=torch.float64)
     for seq in torch.cartesian_prod(*[torch.arange(d_vocab)] * n).reshape(-1, n).tolist():
-        out[tuple(seq)] = math.prod(float(p_of(tuple(seq[:t]))[seq[t]]) for t in range(n))
+        out[tuple(seq)] = math.prod(_p_at(p_of, tuple(seq[:t]), d_vocab)[seq[t]] for t in range(n))
     return out
+
+
+def _p_at(p_of: Callable[[tuple], Tensor], prefix: tuple, d_vocab: int) -> list[float]:
+    """p_of(prefix) as a list of d_vocab probabilities, checked to be a distribution."""
+    p = p_of(prefix)
+    if not isinstance(p, Tensor) or p.shape != (d_vocab,):
+        raise ValueError(
+            f"p_of{prefix} must be a distribution of shape (d_vocab,) = ({d_vocab},), got "
+            f"{getattr(p, 'shape', type(p).__name__)}"
+        )
+    _check_distributions(p, p)
+    return p.tolist()
 
 
 def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
@@ -218,10 +347,8 @@ def chi_square_power(noncentrality: float, df: int, level: float = 0.001) -> tup
     lam = check_float("noncentrality", noncentrality, 0.0)
     z = NormalDist().inv_cdf(1 - level)
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    c, h = (
-        (df + 2 * lam) / (df + lam),
-        (df + lam) ** 2 / (df + 2 * lam),
-    )  # chi2'(df, lam) ~ c chi2(h)
+    c = (df + 2 * lam) / (df + lam)
+    h = (df + lam) / c  # chi2'(df, lam) ~ c chi2(h), h = (df + lam)^2 / (df + 2 lam) unsquared
     x = crit / c
     z_alt = ((x / h) ** (1 / 3) - (1 - 2 / (9 * h))) / math.sqrt(2 / (9 * h))
     return crit, 1 - NormalDist().cdf(z_alt)
@@ -241,8 +368,13 @@ class BigramDraft(nn.Module):
         super().__init__()
         d_vocab = check_int("d_vocab", d_vocab, lo=1)
         smoothing = check_float("smoothing", smoothing, 0.0)
-        ids = torch.as_tensor(ids).flatten()
+        if not isinstance(ids, Tensor):
+            check_ids(ids, d_vocab)  # a list of ints
+            ids = torch.as_tensor(ids, dtype=torch.long)
         check_ids(ids, d_vocab)
+        ids = ids.flatten().long()
+        if len(ids) < 1:
+            raise ValueError("ids must hold at least one token to count bigrams from, got none")
         counts = torch.full((d_vocab, d_vocab), smoothing, dtype=torch.float64)
         counts.index_put_(
             (ids[:-1], ids[1:]), torch.ones(len(ids) - 1, dtype=torch.float64), accumulate=True
@@ -254,6 +386,7 @@ class BigramDraft(nn.Module):
         self.d_vocab = d_vocab
 
     def forward(self, ids: Tensor) -> Tensor:
+        check_ids(ids, self.d_vocab)  # a negative id would index from the end
         return self.log_probs[ids]  # (B, T, d_vocab)
 
 
@@ -292,16 +425,14 @@ class _Stepper:
 
     def __init__(self, model: nn.Module, capacity: int):
         self.model = model
-        self.cache = (
-            None if isinstance(model, BigramDraft) else KVCache(model.config.n_layers, capacity)
-        )
+        self.cache = None if isinstance(model, BigramDraft) else new_cache(model, capacity)
 
     def __call__(self, seq: Tensor, extra: Tensor | None = None) -> Tensor:
         """Logits (n, d_vocab) after the last token of seq (1, T) and after each of ``extra``
         (k,)."""
         if self.cache is None:  # a bigram reads one token per position
             new = seq[:, -1:] if extra is None else torch.cat([seq[:, -1:], extra[None]], dim=1)
-            return self.model(new)[0]
+            return self.model.log_probs[new][0]  # ids checked once, before the loop
         new = seq[:, len(self.cache) :]  # (1, n): what the cache lacks
         if extra is not None:
             new = torch.cat([new, extra[None]], dim=1)
@@ -344,18 +475,60 @@ def speculative_generate(
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=0)
     gamma = check_int("gamma", gamma, lo=0)
     temperature = check_float("temperature", temperature, 0.0)
+    _check_pair(target, draft)
     if not isinstance(ids, Tensor) or ids.dim() != 1 or len(ids) < 1:
         raise ValueError(
             f"ids must have shape (T,) with T >= 1, got {getattr(ids, 'shape', type(ids).__name__)}"
         )
     c = target.config
     check_ids(ids, c.d_vocab)
-    if len(ids) + max_new_tokens > c.n_ctx:
-        raise ValueError(
-            f"T + max_new_tokens = {len(ids) + max_new_tokens} exceeds the target's n_ctx={c.n_ctx}"
-        )
     capacity = len(ids) + max_new_tokens
-    tgt, drf = _Stepper(target.eval(), capacity), _Stepper(draft.eval(), capacity)
+    for name, model in (("target", target), ("draft", draft)):
+        n_ctx = getattr(getattr(model, "config", None), "n_ctx", None)
+        if n_ctx is not None and capacity > n_ctx:
+            raise ValueError(f"T + max_new_tokens = {capacity} exceeds the {name}'s n_ctx={n_ctx}")
+    ids = ids.long().to(next(target.parameters()).device)
+    modes = target.training, draft.training  # restored on the way out, as generate does
+    target.eval()
+    draft.eval()
+    try:
+        return _speculate(target, draft, ids, capacity, gamma, temperature, generator)
+    finally:
+        target.train(modes[0])
+        draft.train(modes[1])
+
+
+def _check_pair(target: object, draft: object) -> None:
+    """target a gptlib model with a config; draft one too, or a :class:`BigramDraft`, of the
+    target's vocabulary; every weight finite (a NaN would pass on as token 0 at temperature 0)."""
+    if not isinstance(target, nn.Module) or not hasattr(getattr(target, "config", None), "d_vocab"):
+        raise ValueError(f"target must be a gptlib model, got {type(target).__name__}")
+    if isinstance(draft, BigramDraft):
+        d_vocab = draft.d_vocab
+        lp = draft.log_probs
+        if not bool((~torch.isnan(lp) & (lp < float("inf"))).all()):
+            raise ValueError("the draft's log_probs hold NaN or +inf")
+    elif isinstance(draft, nn.Module) and hasattr(getattr(draft, "config", None), "d_vocab"):
+        d_vocab = draft.config.d_vocab
+        try:
+            check_finite_weights(draft)
+        except ValueError as e:
+            raise ValueError(f"draft: {e}") from None
+    else:
+        raise ValueError(
+            f"draft must be a gptlib model or a BigramDraft, got {type(draft).__name__}"
+        )
+    if d_vocab != target.config.d_vocab:
+        raise ValueError(
+            f"the draft's d_vocab={d_vocab} differs from the target's "
+            f"d_vocab={target.config.d_vocab}"
+        )
+    check_finite_weights(target)
+
+
+def _speculate(target, draft, ids, capacity, gamma, temperature, generator) -> SpeculativeResult:
+    """:func:`speculative_generate`'s rounds, on checked arguments and models in eval mode."""
+    tgt, drf = _Stepper(target, capacity), _Stepper(draft, capacity)
     seq = ids[None].clone()  # (1, T)
     res = SpeculativeResult(ids, prompt_len=len(ids))
     if len(ids) > 1:  # the prompt's keys, all but the last token's
@@ -375,10 +548,10 @@ def speculative_generate(
         drafts_t = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long)
         p = _probs(tgt(seq, drafts_t), temperature)  # (g + 1, d_vocab)
         q = torch.stack(qs) if qs else p[:0]
-        out = speculative_round(p, q, drafts_t, generator)
+        out = _round(p, q, drafts_t, generator)
         res.passes, res.drafted, res.kept = res.passes + 1, res.drafted + g, res.kept + len(out) - 1
         judged = min(len(out), g)  # the drafts kept and the first rejected one, if any
-        res.betas += acceptance_rate(p[:judged], q[:judged]).tolist()
+        res.betas += _acceptance_rate(p[:judged], q[:judged]).tolist()
         seq = torch.cat([seq, out[None].to(seq.dtype)], dim=1)
         tgt.keep(seq.shape[1] - 1)
         drf.keep(seq.shape[1] - 1)

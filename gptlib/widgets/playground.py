@@ -190,6 +190,8 @@ class PlaygroundView(LiveKernel, BookWidget):
         if chat and frame is None:
             raise ValueError("chat=True needs a tokenizer with a chat template (a GGUFTokenizer)")
         _check_settings(temperature, top_k, top_p, n_show, seed)
+        if top_k is not None:  # as SamplingView: top-k keeps at most the d_vocab tokens there are
+            check_int("top_k", top_k, 1, c.d_vocab)
         check_title(title)
         lens_top = check_int("lens_top", lens_top, 1, min(LENS_TOP, c.d_vocab))
         n_generate = check_int("n_generate", n_generate, 1, 1000)
