@@ -46,7 +46,8 @@ def test_the_closure_follows_relative_and_function_level_imports(tmp_path):
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    got = {p.relative_to(tmp_path).as_posix() for p in inputs.import_closure("pkg.export", tmp_path)}
+    closure = inputs.import_closure("pkg.export", tmp_path)
+    got = {p.relative_to(tmp_path).as_posix() for p in closure}
     assert got == set(files) - {"pkg/unused.py"}
 
 
