@@ -11,7 +11,8 @@ GPTLIB_CACHE := $(or $(GPTLIB_CACHE_DIR),$(HOME)/.cache/gptlib)
 SMOLLM2_CACHE := $(GPTLIB_CACHE)/smollm2-135m-instruct.safetensors
 NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py scripts/export_inputs.py
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py scripts/export_inputs.py \
+    scripts/book_inputs.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test nbval-scalar check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
@@ -68,10 +69,18 @@ tools:
 	    echo "note: /usr/bin/chromium is missing; make test installs it with apt-get when run as root,"; \
 	    echo "      and otherwise skips the browser tests (saying so at the end)."; fi
 
+# The book rebuilds only the pages whose notebooks changed when nothing that pages share changed
+# since the last build that passed (scripts/book_inputs.py: the Markdown, labels, citations, toc,
+# configuration, extensions, static files and widget bundles); otherwise every page (--all), so
+# that --warningiserror sees every page's warnings and no page keeps a reference another dropped.
+BOOK_STAMP := _build/.book-inputs
 book: install widgets $(VENDOR)/.done $(LIVE)/english.json $(LIVE)/smollm2.json
 	@mkdir -p _build
-	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going . > _build/book.log 2>&1 \
+	@all=$$($(PY) scripts/book_inputs.py $(BOOK_STAMP)) && rm -f $(BOOK_STAMP) && \
+	echo "jupyter-book build $${all:-(changed pages only)}" && \
+	$(VENV)/bin/jupyter-book build $$all --warningiserror --keep-going . > _build/book.log 2>&1 \
 	    || { tail -n 40 _build/book.log; exit 1; }
+	@mv $(BOOK_STAMP).pending $(BOOK_STAMP)
 	@grep -E "WARNING|ERROR" _build/book.log || true
 	@test -f _build/html/index.html && echo "book built: _build/html/index.html"
 
