@@ -199,6 +199,19 @@ def summary(request):
     return lambda title, text: items.append((title, text))
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its tables to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["gptlib_summaries"] = [list(t) for t in session.config.stash.get(_SUMMARIES, [])]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    received = getattr(node, "workeroutput", {}).get("gptlib_summaries", [])
+    node.config.stash.setdefault(_SUMMARIES, []).extend(tuple(t) for t in received)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for title, text in config.stash.get(_SUMMARIES, []):
         terminalreporter.write_sep("-", title)
