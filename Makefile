@@ -11,8 +11,8 @@ GPTLIB_CACHE := $(or $(GPTLIB_CACHE_DIR),$(HOME)/.cache/gptlib)
 SMOLLM2_CACHE := $(GPTLIB_CACHE)/smollm2-135m-instruct.safetensors
 NODE_MODULES := node_modules/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
-DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py scripts/export_inputs.py \
-    scripts/book_inputs.py
+DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py \
+    scripts/export_inputs.py scripts/book_inputs.py
 export PYTHONHASHSEED := 0
 
 .PHONY: test nbval-scalar check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
