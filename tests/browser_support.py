@@ -60,3 +60,22 @@ def serve(directory: Path):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def open_page(page, url: str, maths: bool = True, timeout: float = 20_000) -> None:
+    """Go to ``url`` and wait for what a test reads: the page's load event, then each stored
+    widget view drawn (a ``.gptlib-widget`` per ``widget-view+json`` script) and MathJax's
+    typesetting where the page loads it (unless ``maths`` is false). Deterministic where
+    ``networkidle`` (half a second without a request) guesses, and faster."""
+    page.goto(url, wait_until="load")
+    views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+    if views:
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
+            timeout=timeout,
+        )
+    if maths and page.locator('script[src*="mathjax"]').count():
+        page.wait_for_function(
+            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=timeout
+        )
+        page.evaluate("() => MathJax.startup.promise")

@@ -5,6 +5,7 @@ test leaves a table for the end of the test log."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,27 @@ def english():
 
 # --- the built book and the browser ----------------------------------------------------------
 
+REQUIRE_BOOK = "GPTLIB_REQUIRE_BOOK"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``GPTLIB_REQUIRE_BOOK=1`` (``make test`` and ``make browser`` set it, after building
+    the book) a test marked ``browser`` that skips fails instead, its reason kept: a missing book,
+    live model or page there means the build is broken, not that the test does not apply. Run by
+    hand without it, such a test still skips, saying what to build."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and os.environ.get(REQUIRE_BOOK) == "1"
+        and item.get_closest_marker("browser") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_BOOK}=1, so a browser test may not skip: {reason}"
+
 
 @pytest.fixture(scope="session")
 def site():
@@ -175,6 +197,19 @@ def summary(request):
     -q."""
     items = request.config.stash.setdefault(_SUMMARIES, [])
     return lambda title, text: items.append((title, text))
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its tables to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["gptlib_summaries"] = [list(t) for t in session.config.stash.get(_SUMMARIES, [])]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    received = getattr(node, "workeroutput", {}).get("gptlib_summaries", [])
+    node.config.stash.setdefault(_SUMMARIES, []).extend(tuple(t) for t in received)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
-from browser_support import HTML, ROOT, serve
+from browser_support import HTML, ROOT, open_page, serve
 
 from gptlib.sampling import next_token_probs
 
@@ -45,7 +45,7 @@ class Page:
             lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"),
         )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(url or f"{site}/chapters/{chapter}.html", wait_until="networkidle")
+        open_page(self.page, url or f"{site}/chapters/{chapter}.html")
 
     def check_offline(self):
         hosts = {

@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
+from browser_support import open_page
 from fuzz_texts import fuzzed_texts
 
 from gptlib.sampling import next_token_probs
@@ -178,7 +179,7 @@ class Page:
             lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"),
         )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(url, wait_until="networkidle")
+        open_page(self.page, url)
         self.page.locator(".gptlib-play").first.wait_for(timeout=30_000)
         self.play = self.page.locator(".gptlib-play").first
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser_support import HTML
+from browser_support import HTML, open_page
 
 browser_test = pytest.mark.browser
 
@@ -58,7 +58,7 @@ def _open(browser, site, chapter, width, theme="light", maths=True):
     page.add_init_script(
         f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
     )
-    page.goto(f"{site}/chapters/{chapter}.html", wait_until="networkidle")
+    open_page(page, f"{site}/chapters/{chapter}.html", maths=maths)
     if not maths:
         return page
     page.wait_for_function(

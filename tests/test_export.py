@@ -315,6 +315,7 @@ def test_onnx_equals_the_step_on_the_english_model(english, english_onnx):
     assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
 
 
+@pytest.mark.slow  # the English model's export (make test); make check exports tiny models
 def test_onnx_stores_the_weights_in_float16(english, english_onnx):
     from onnx import TensorProto
 
@@ -412,6 +413,7 @@ def test_weights_sha256_names_the_weights(tiny_gpt):
     assert weights_sha256(a) != weights_sha256(b)
 
 
+@pytest.mark.slow  # the English model's export (make test); make check exports tiny models
 def test_export_writes_the_three_files(english, exported, english_onnx):
     model, tok = english
     written = exported
@@ -545,26 +547,38 @@ def _unpacked_weights(proto) -> dict[str, np.ndarray]:
 
 
 def _folded(data: bytes, tmp_path):
-    """The graph after onnxruntime's basic optimisations (constant folding among them)."""
+    """A session on the graph after onnxruntime's basic optimisations (constant folding among
+    them), and that graph as it wrote it: one session, so the weights are unpacked once."""
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.optimized_model_filepath = str(tmp_path / "folded.onnx")
-    ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-    return onnx.load(str(tmp_path / "folded.onnx"))
+    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    return session, onnx.load(str(tmp_path / "folded.onnx"))
 
 
-def _check_unpacked_and_folded(data: bytes, model, tmp_path) -> None:
+def _check_unpacked_and_folded(data: bytes, model, tmp_path, folded=None) -> None:
     """The weights the graph unpacks are the model's, bit for bit, and onnxruntime folds the
-    unpacking when it creates the session: no packed initializer or Floor node is left."""
-    from onnx import TensorProto
+    unpacking when it creates the session: no packed initializer or Floor node is left.
+    ``folded``: the graph :func:`_folded` wrote, when a session on it exists already; its
+    initializers are then the unpacked weights (named after them), compared without another
+    session."""
+    from onnx import TensorProto, numpy_helper
 
     proto = onnx.load_from_string(data)
     state = model.state_dict()
-    unpacked = _unpacked_weights(proto)
+    if folded is None:
+        unpacked = _unpacked_weights(proto)
+        folded = _folded(data, tmp_path)[1]
+    else:
+        names = {i.name[:-3] for i in proto.graph.initializer if i.name.endswith((".q4", ".q8"))}
+        unpacked = {
+            i.name: numpy_helper.to_array(i) for i in folded.graph.initializer if i.name in names
+        }
+        assert len(unpacked) == len(names), sorted(names - set(unpacked))
     assert unpacked
     for name, w in unpacked.items():
         assert np.array_equal(w, state[name.removeprefix("model.")].numpy()), name
-    folded = _folded(data, tmp_path)
     assert not any(n.op_type == "Floor" for n in folded.graph.node)
     small = (TensorProto.UINT8, TensorProto.INT8)
     assert not any(i.data_type in small for i in folded.graph.initializer)
@@ -628,6 +642,13 @@ def smollm2_files():
     return info, b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
 
 
+@pytest.fixture(scope="module")
+def smollm2_session(smollm2_files, tmp_path_factory):
+    """The one onnxruntime session on SmolLM2's graph (creating one unpacks and folds about 4 GB
+    of weights) and the folded graph it wrote, shared by the tests that run or read it."""
+    return _folded(smollm2_files[1], tmp_path_factory.mktemp("smollm2"))
+
+
 @pytest.mark.browser
 @built
 def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
@@ -654,18 +675,20 @@ def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
 
 @pytest.mark.browser
 @built
-def test_smollm2_graph_unpacks_the_cached_weights_bit_for_bit(smollm2, smollm2_files, tmp_path):
-    _check_unpacked_and_folded(smollm2_files[1], smollm2[0], tmp_path)
+def test_smollm2_graph_unpacks_the_cached_weights_bit_for_bit(
+    smollm2, smollm2_files, smollm2_session, tmp_path
+):
+    _check_unpacked_and_folded(smollm2_files[1], smollm2[0], tmp_path, smollm2_session[1])
 
 
 @pytest.mark.browser
 @built
-def test_smollm2_graph_equals_the_step(smollm2, smollm2_files):
+def test_smollm2_graph_equals_the_step(smollm2, smollm2_files, smollm2_session):
     """The chat frame around a question, then five greedy tokens one step at a time: onnxruntime
     against step() in PyTorch on the dequantized model, the same greedy tokens."""
     model, tok = smollm2
-    info, data = smollm2_files
-    s = _session(data)
+    info = smollm2_files[0]
+    s = smollm2_session[0]
     ids = torch.tensor(
         [
             tok.encode(
