@@ -14,6 +14,7 @@ from gptlib import files
 from gptlib.attention import non_finite_rows
 from gptlib.export import to_onnx
 from gptlib.gguf import q4_1_roundtrip
+from gptlib.inference.decoding import BigramDraft, speculative_generate
 from gptlib.inference.flash import tiled_attend, tiled_attention, use_tiled_attention
 from gptlib.inference.quantize import (
     absmax_quantize,
@@ -25,11 +26,9 @@ from gptlib.inference.quantize import (
     quantized_bytes,
 )
 from gptlib.inference.speculative import (
-    BigramDraft,
     accept_or_resample,
     residual_distribution,
     sequence_distribution,
-    speculative_generate,
     speculative_round,
 )
 from gptlib.lora import LoRA, attention_mlp_targets, lora_forward
