@@ -383,6 +383,7 @@ class ModernGPT(nn.Module):
             raise ValueError(
                 f"ids must be an int64 or int32 tensor of shape (B, T) with B, T >= 1, got {shape}"
             )
+        runtime.check_not_meta(self.W_E, ids)  # a meta model gives no values for real ids
         if check_ids:
             runtime.check_ids(ids, self.config.d_vocab)
         check_cache(cache, self.config.n_layers)

@@ -478,3 +478,25 @@ def test_minor_checks_of_the_export_and_runtime():
     with pytest.raises(ValueError, match="sequence of ints"):
         check_ids({0: 1}, 3)
     assert isinstance(seed_everything(np.int64(3)), torch.Generator)
+
+
+# --- minor: a meta model called on real ids -------------------------------------------------------
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: GPT(GPTConfig.preset("tiny")),
+        lambda: ModernGPT(ModernConfig.preset("tiny")),
+        lambda: mla_model(ModernConfig.preset("tiny"), d_c=8, d_R=4),
+    ],
+    ids=["gpt", "modern", "mla"],
+)
+def test_a_meta_model_refuses_real_ids_and_propagates_meta_ids(build):
+    with torch.device("meta"):
+        m = build()
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="weights are on the meta device"):
+        m(ids)
+    assert m(ids.to("meta")).shape == (1, 3, m.config.d_vocab)  # shapes without values
+    if isinstance(m, GPT):
+        with pytest.raises(ValueError, match="weights are on the meta device"):
+            m.hidden_states(ids)
