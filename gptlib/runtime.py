@@ -54,20 +54,22 @@ def named_preset(presets: dict, name: str, **overrides):
     return dataclasses.replace(presets[name], **overrides)
 
 
-def check_positive_int(name: str, value: object) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (``bool`` is not
-    accepted).
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` as a Python ``int`` if it is an int >= 1 (NumPy integers too; ``bool`` and
+    NumPy bools are not); else ``ValueError`` naming ``name``.
 
     >>> check_positive_int("d_model", 8)
+    8
     >>> check_positive_int("d_model", 0)
     Traceback (most recent call last):
     ...
     ValueError: d_model must be a positive int, got 0
     """
     if isinstance(value, torch.SymInt):
-        return  # a size traced symbolically (torch.export, torch.compile): no value to check
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return value  # a size traced symbolically (torch.export, torch.compile): no value to check
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def check_not_meta(weight: torch.Tensor, x: torch.Tensor) -> None:
