@@ -210,14 +210,13 @@ def d_head_of(d_model: int, n_heads: int, d_head: int | None = None) -> int:
     ...
     ValueError: n_heads=3 must divide d_model=10 (or give d_head)
     """
-    check_positive_int("d_model", d_model)
-    check_positive_int("n_heads", n_heads)
+    d_model = check_positive_int("d_model", d_model)
+    n_heads = check_positive_int("n_heads", n_heads)
     if d_head is None:
         if d_model % n_heads:
             raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (or give d_head)")
         return d_model // n_heads
-    check_positive_int("d_head", d_head)
-    return d_head
+    return check_positive_int("d_head", d_head)
 
 
 def repeat_kv(k: Tensor, group: int) -> Tensor:

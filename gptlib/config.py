@@ -51,12 +51,14 @@ class GPTConfig:
     attn_only: bool = False  # blocks without MLPs (Chapter 8's induction heads); pre-LN only
 
     def __post_init__(self) -> None:
+        # Sizes are stored as Python ints (a NumPy integer is accepted and converted), so a
+        # config always writes to JSON.
         for name in ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers"):
-            check_positive_int(name, getattr(self, name))
+            object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
         object.__setattr__(self, "d_head", d_head_of(self.d_model, self.n_heads, self.d_head))
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        check_positive_int("d_mlp", self.d_mlp)
+        object.__setattr__(self, "d_mlp", check_positive_int("d_mlp", self.d_mlp))
         object.__setattr__(
             self, "dropout", check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         )

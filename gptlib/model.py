@@ -24,6 +24,7 @@ from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, capture_patterns
 from .kvcache import KVCache, check_cache
 from .positional import LearnedPositional, SinusoidalPositional
+from .runtime import check_not_meta
 from .state import load_state_checked
 
 __all__ = ["GPTConfig", "PRESETS", "GPT"]
@@ -99,6 +100,7 @@ class GPT(nn.Module):
             raise ValueError(f"ids must have shape (B, T) with B, T >= 1, got {shape}{hint}")
         if ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"ids must be int64 or int32, got {ids.dtype}")
+        check_not_meta(self.embed.W_E, ids)  # a meta model gives no values for real ids
         T = ids.shape[1]
         if offset + T > self.config.n_ctx:
             raise ValueError(

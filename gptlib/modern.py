@@ -279,7 +279,8 @@ class ModernConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp"):
-            check_positive_int(name, getattr(self, name))
+            # stored as a Python int (NumPy integers converted), so the config writes to JSON
+            object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
         object.__setattr__(self, "d_head", d_head_of(self.d_model, self.n_heads, self.d_head))
         if self.d_head % 2:
             raise ValueError(f"d_head must be a positive even int, got {self.d_head!r}")
@@ -383,6 +384,7 @@ class ModernGPT(nn.Module):
             raise ValueError(
                 f"ids must be an int64 or int32 tensor of shape (B, T) with B, T >= 1, got {shape}"
             )
+        runtime.check_not_meta(self.W_E, ids)  # a meta model gives no values for real ids
         if check_ids:
             runtime.check_ids(ids, self.config.d_vocab)
         check_cache(cache, self.config.n_layers)

@@ -28,6 +28,7 @@ __all__ = [
     "seed_everything",
     "atomic_write",
     "check_positive_int",
+    "check_not_meta",
     "check_int",
     "check_float",
     "check_ids",
@@ -53,20 +54,38 @@ def named_preset(presets: dict, name: str, **overrides):
     return dataclasses.replace(presets[name], **overrides)
 
 
-def check_positive_int(name: str, value: object) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (``bool`` is not
-    accepted).
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` as a Python ``int`` if it is an int >= 1 (NumPy integers too; ``bool`` and
+    NumPy bools are not); else ``ValueError`` naming ``name``.
 
     >>> check_positive_int("d_model", 8)
+    8
     >>> check_positive_int("d_model", 0)
     Traceback (most recent call last):
     ...
     ValueError: d_model must be a positive int, got 0
     """
     if isinstance(value, torch.SymInt):
-        return  # a size traced symbolically (torch.export, torch.compile): no value to check
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return value  # a size traced symbolically (torch.export, torch.compile): no value to check
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_not_meta(weight: torch.Tensor, x: torch.Tensor) -> None:
+    """Raise ``ValueError`` if ``weight`` is on the meta device (shapes without values) and the
+    input ``x`` is not: a model built under ``torch.device("meta")`` propagates meta inputs'
+    shapes, but gives no values for real ones. One device comparison: cheap enough for the
+    forward pass of every decoded token.
+
+    >>> check_not_meta(torch.empty(2, device="meta"), torch.empty(1, device="meta"))
+    >>> check_not_meta(torch.empty(2, device="meta"), torch.zeros(1))
+    Traceback (most recent call last):
+    ...
+    ValueError: model's weights are on the meta device (no values): load them first
+    """
+    if weight.device.type == "meta" and x.device.type != "meta":
+        raise ValueError("model's weights are on the meta device (no values): load them first")
 
 
 def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> int:

@@ -477,3 +477,56 @@ def test_minor_checks_of_the_export_and_runtime():
     with pytest.raises(ValueError, match="sequence of ints"):
         check_ids({0: 1}, 3)
     assert isinstance(seed_everything(np.int64(3)), torch.Generator)
+
+
+# --- minor: a meta model called on real ids; NumPy integers as sizes ----------------------------
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: GPT(GPTConfig.preset("tiny")),
+        lambda: ModernGPT(ModernConfig.preset("tiny")),
+        lambda: mla_model(ModernConfig.preset("tiny"), d_c=8, d_R=4),
+    ],
+    ids=["gpt", "modern", "mla"],
+)
+def test_a_meta_model_refuses_real_ids_and_propagates_meta_ids(build):
+    with torch.device("meta"):
+        m = build()
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="weights are on the meta device"):
+        m(ids)
+    assert m(ids.to("meta")).shape == (1, 3, m.config.d_vocab)  # shapes without values
+    if isinstance(m, GPT):
+        with pytest.raises(ValueError, match="weights are on the meta device"):
+            m.hidden_states(ids)
+
+
+def test_numpy_integers_are_sizes_and_configs_store_python_ints(tmp_path):
+    from gptlib.runtime import check_ids, check_positive_int
+
+    assert check_positive_int("d_model", 8) == 8
+    out = check_positive_int("d_model", np.int64(8))
+    assert out == 8 and type(out) is int
+    for bad in (np.bool_(True), True, 2.0, np.float64(2.0), np.int64(0)):
+        with pytest.raises(ValueError, match="d_model"):
+            check_positive_int("d_model", bad)
+    c = GPTConfig(
+        d_vocab=np.int64(64), n_ctx=np.int32(16), d_model=np.int64(16), n_heads=np.int64(2),
+        n_layers=np.int64(1), d_mlp=np.int64(32),
+    )  # fmt: skip
+    fields = ("d_vocab", "n_ctx", "d_model", "n_heads", "n_layers", "d_mlp", "d_head")
+    assert all(type(getattr(c, f)) is int for f in fields)
+    assert c == GPTConfig(d_vocab=64, n_ctx=16, d_model=16, n_heads=2, n_layers=1, d_mlp=32)
+    m = GPT(c)
+    assert torch.equal(GPT.load(m.save(tmp_path / "np.safetensors")).embed.W_E, m.embed.W_E)
+    mc = ModernConfig.preset("tiny", d_model=np.int64(32), n_kv_heads=np.int64(2))
+    assert type(mc.d_model) is int and type(mc.n_kv_heads) is int and type(mc.d_head) is int
+    mm = ModernGPT(mc)
+    assert torch.equal(ModernGPT.load(mm.save(tmp_path / "m.safetensors")).W_E, mm.W_E)
+    with pytest.raises(ValueError, match="d_model"):
+        GPTConfig(d_model=np.bool_(True))
+    # check_ids as before: NumPy integer ids are accepted, NumPy bools and floats are not
+    check_ids([np.int64(1), np.int32(2)], 3)
+    for bad in ([np.bool_(True)], [np.float32(1.0)]):
+        with pytest.raises(ValueError, match="ids"):
+            check_ids(bad, 3)
