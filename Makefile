@@ -10,7 +10,7 @@ LIVE := book_static/live
 GPTLIB_CACHE := $(or $(GPTLIB_CACHE_DIR),$(HOME)/.cache/gptlib)
 SMOLLM2_CACHE := $(GPTLIB_CACHE)/smollm2-135m-instruct.safetensors
 NODE_MODULES := node_modules/.installed
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-kernel-startup-timeout=300
 DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/heldout_windows.py \
     scripts/export_inputs.py scripts/book_inputs.py
 export PYTHONHASHSEED := 0
