@@ -32,6 +32,7 @@ import pytest
 import torch
 from browser_support import open_page
 from fuzz_texts import fuzzed_texts
+from page_twins import xorshift32
 
 from gptlib.sampling import next_token_probs
 from gptlib.step import step, step_inputs
@@ -950,16 +951,6 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
     assert worst_y <= 1e-3 and worst_p <= 1e-4, (worst_y, worst_p)
 
 
-def _xorshift32(seed: int):
-    """The page's seeded generator (xorshift32 in distribution.js): u in [0, 1), one per draw."""
-    s = ((seed & 0xFFFFFFFF) ^ 0x9E3779B9) or 1
-    while True:
-        s ^= (s << 13) & 0xFFFFFFFF
-        s ^= s >> 17
-        s ^= (s << 5) & 0xFFFFFFFF
-        yield s / 4294967296
-
-
 def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary):
     """A run of 40 seeded draws: each drawn token is the inverse CDF, at the page's u, of
     PyTorch's next_token_probs for the same prefix under the page's settings (most probable
@@ -983,7 +974,7 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     forty = float(page.play.get_attribute("data-run-ms"))
     ids, path = (json.loads(page.play.get_attribute(a)) for a in ("data-ids", "data-path"))
     draws = int(page.play.get_attribute("data-draws"))  # since the seed (0) was set
-    us = [u for _, u in zip(range(draws), _xorshift32(0))][-40:]
+    us = [u for _, u in zip(range(draws), xorshift32(0))][-40:]
     s = _settings(page)
     assert len(path) == 40 and draws >= 40
     past, mask, lens, targets = step_inputs(model)

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from page_twins import TokenizerStub
 
 from gptlib import files
 from gptlib.attention import attend, non_finite_rows
@@ -481,24 +482,11 @@ def test_generate_refuses_an_absurd_number_of_tokens():
         generate(small_gpt(), ids_of(2), max_new_tokens=2**40)
 
 
-class Stub:
-    vocab_size = 64
-
-    def encode(self, text):
-        return [0, 1]
-
-    def token_str(self, i):
-        return str(i)
-
-    def token_bytes(self, i):
-        return str(i).encode()
-
-
 def test_playground_source_stays_under_static():
     from gptlib.widgets.playground import PlaygroundView
 
     with pytest.raises(ValueError, match="source must"):
-        PlaygroundView(small_gpt(), Stub(), "ab", source="../../../x.json")
+        PlaygroundView(small_gpt(), TokenizerStub(), "ab", source="../../../x.json")
 
 
 def test_stage_layers_names_its_own_parameters():

@@ -8,6 +8,7 @@ Each test is one kind of defect that an audit of these modules found (a hostile 
 import numpy as np
 import pytest
 import torch
+from page_twins import TokenizerStub
 from torch import nn
 
 from gptlib import files
@@ -408,28 +409,15 @@ def test_non_finite_rows_does_not_overflow_in_float16():
     assert non_finite_rows(q, k).isnan().flatten().tolist() == [False, False, True]
 
 
-class Stub:
-    vocab_size = 64
-
-    def encode(self, text):
-        return [0, 1]
-
-    def token_str(self, i):
-        return str(i)
-
-    def token_bytes(self, i):
-        return str(i).encode()
-
-
 def test_playground_refuses_what_sampling_view_refuses():
     from gptlib.widgets.playground import PlaygroundView
 
     with pytest.raises(ValueError, match="top_k"):
-        PlaygroundView(small_gpt(), Stub(), "ab", top_k=10**6)
+        PlaygroundView(small_gpt(), TokenizerStub(), "ab", top_k=10**6)
     with pytest.raises(ValueError, match="torch.float16"):
-        PlaygroundView(small_gpt().half(), Stub(), "ab")
+        PlaygroundView(small_gpt().half(), TokenizerStub(), "ab")
     with pytest.raises(ValueError, match="blocks.1.mlp.W_in"):
-        PlaygroundView(poisoned(small_gpt()), Stub(), "ab")
+        PlaygroundView(poisoned(small_gpt()), TokenizerStub(), "ab")
 
 
 # --- found by the adversarial pass over these modules -------------------------------------------

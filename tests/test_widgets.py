@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from browser_support import load_module
+from page_twins import xorshift32
 
 from gptlib.circuits import (
     first_token_score,
@@ -917,16 +918,6 @@ def test_sampling_js_cumulative_mass_is_what_top_p_cuts(tmp_path):
             )
 
 
-def _xorshift32(seed: int):
-    """The page's generator, in Python: Marsaglia's xorshift32 with shifts 13, 17, 5."""
-    s = ((seed & 0xFFFFFFFF) ^ 0x9E3779B9) or 1
-    while True:
-        s ^= (s << 13) & 0xFFFFFFFF
-        s ^= s >> 17
-        s ^= (s << 5) & 0xFFFFFFFF
-        yield s / 2**32
-
-
 def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
     js = _node(
         tmp_path,
@@ -937,11 +928,11 @@ def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
         "console.log(JSON.stringify({us, u0, draws: [0, 0.59, 0.6, 0.89, 0.9, 0.999999, 1]"
         ".map((u) => m.drawIndex(p, order, u))}));",
     )
-    py = _xorshift32(5)
+    py = xorshift32(5)
     assert js["us"] == [next(py) for _ in range(200)]  # bit for bit
     assert all(0 <= u < 1 for u in js["us"]) and len(set(js["us"])) == 200
     assert 0.4 < sum(js["us"]) / 200 < 0.6
-    py0 = _xorshift32(0)
+    py0 = xorshift32(0)
     assert (
         js["u0"] == [next(py0) for _ in range(3)] and js["u0"][0] > 0
     )  # seed 0 is not xorshift's fixed point
