@@ -14,12 +14,25 @@ from dataclasses import dataclass
 
 from .attention import d_head_of
 from .mlp import ACTIVATIONS
-from .runtime import check_float, check_positive_int, named_preset
+from .runtime import check_float, check_positive_int
 
-__all__ = ["POSITIONAL_KINDS", "BLOCK_KINDS", "GPTConfig", "PRESETS"]
+__all__ = ["POSITIONAL_KINDS", "BLOCK_KINDS", "GPTConfig", "PRESETS", "named_preset"]
 
 POSITIONAL_KINDS = ("learned", "sinusoidal")
 BLOCK_KINDS = ("pre_ln", "post_ln", "parallel")
+
+
+def named_preset(presets: dict, name: str, **overrides):
+    """``presets[name]`` (a frozen config) with ``overrides`` replaced; an unknown name is a
+    ``ValueError``.
+
+    >>> from gptlib.model import PRESETS
+    >>> named_preset(PRESETS, "tiny", n_layers=3).n_layers
+    3
+    """
+    if name not in presets:
+        raise ValueError(f"name must be one of {sorted(presets)}, got {name!r}")
+    return dataclasses.replace(presets[name], **overrides)
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,12 @@ from torch import Tensor, nn
 
 from . import runtime
 from .attention import attend, d_head_of, non_finite_rows
+from .config import named_preset
 from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, logit_lens
 from .kvcache import KVCache, check_cache
 from .positional import sinusoidal_frequencies
-from .runtime import check_float, check_int, check_positive_int, named_preset
+from .runtime import check_float, check_int, check_positive_int
 from .state import check_state
 
 __all__ = [

@@ -6,7 +6,6 @@ Every chapter asks this module, and only this module, which device to use, so th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import os
@@ -37,21 +36,7 @@ __all__ = [
     "check_finite",
     "check_finite_weights",
     "check_file",
-    "named_preset",
 ]
-
-
-def named_preset(presets: dict, name: str, **overrides):
-    """``presets[name]`` (a frozen config) with ``overrides`` replaced; an unknown name is a
-    ``ValueError``.
-
-    >>> from gptlib.model import PRESETS
-    >>> named_preset(PRESETS, "tiny", n_layers=3).n_layers
-    3
-    """
-    if name not in presets:
-        raise ValueError(f"name must be one of {sorted(presets)}, got {name!r}")
-    return dataclasses.replace(presets[name], **overrides)
 
 
 def check_positive_int(name: str, value: object) -> int:
