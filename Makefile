@@ -15,37 +15,45 @@ DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/hel
     scripts/export_inputs.py scripts/book_inputs.py
 export PYTHONHASHSEED := 0
 
-.PHONY: test nbval-scalar check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
+.PHONY: test nbval nbval-scalar check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 LINTED := gptlib tests scripts bench book_ext chapters
-UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
+UNIT := --doctest-modules tests gptlib chapters/conftest.py $(DOCTESTED_SCRIPTS)
 
 # Everything, on a fresh clone: the tools it needs beyond Python, ruff, the unit tests with the
 # doctests of gptlib and of the scripts' helpers (the slow ones included; two workers, each test
 # module on one of them, so that a module's fixtures, the English model's ONNX export, the
-# distributed runs, are made once); the chapters under
-# strict nbval, two at a time (pytest-xdist, one chapter per worker), in reverse book order so that
-# the longest (the later ones) start first, one torch thread per kernel unless a chapter sets its
-# own (their outputs do not depend on it); the chapters whose outputs carry floating-point
-# numerics a second time under strict nbval with PyTorch's scalar kernels (NUMERIC_CHAPTERS,
-# ATEN_CPU_CAPABILITY=default: other vector widths add in other orders, so a printed last digit
-# that depends on the CPU fails here); then the book and the browser tests.
+# distributed runs, are made once); the chapters under strict nbval (`make nbval`); then the book
+# and the browser tests.
 test: tools install assets lint $(NODE_MODULES)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser" $(UNIT)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) $(shell ls -r chapters/*.ipynb)
-	$(MAKE) --no-print-directory nbval-scalar
+	$(MAKE) --no-print-directory nbval
 	$(MAKE) --no-print-directory browser
 
-# The chapters whose printed outputs carry floating-point results that the kernels' order of
-# addition reaches: residuals of matrix products, log-probabilities, statistics of draws that
-# follow the probabilities. Measured (issue 41): under the scalar kernels the 12 cells whose
-# outputs moved were all in these chapters; the others print counts, ids and numbers rounded
-# well above the kernels' last bits. The pass costs about two thirds of a second notebook stage
-# (per-chapter times under the scalar kernels: Chapter 9 the most, then 12 and 13).
-NUMERIC_CHAPTERS := 13 12 11 09 07 06 05
+# Every chapter under strict nbval, two at a time (pytest-xdist, one chapter per worker), in
+# reverse book order so that the longest (the later ones) start first, one torch thread per kernel
+# unless a chapter sets its own (their outputs do not depend on it). The chapters whose printed
+# outputs carry floating-point results that the kernels' order of addition reaches (residuals of
+# matrix products, log-probabilities, statistics of draws that follow the probabilities) run with
+# PyTorch's scalar kernels (chapters/conftest.py: ATEN_CPU_CAPABILITY=default): their committed
+# outputs were written with a machine's vector kernels, which add in another order, so a printed
+# last digit that depends on the CPU fails here. Measured (issue 41): under the scalar kernels the
+# 12 cells whose outputs moved were all in these chapters; the others print counts, ids and
+# numbers rounded well above the kernels' last bits. `make nbval-scalar` runs these chapters
+# alone under the scalar kernels; `make nbval SCALAR_CHAPTERS=` runs every chapter on the
+# machine's own kernels.
+SCALAR_CHAPTERS ?= 13 12 11 09 07 06 05
+comma := ,
+empty :=
+space := $(empty) $(empty)
+nbval: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) \
+	    --scalar-kernels "$(subst $(space),$(comma),$(strip $(SCALAR_CHAPTERS)))" $(shell ls -r chapters/*.ipynb)
+
 nbval-scalar: install
-	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	    $(NBVAL) $(foreach n,$(NUMERIC_CHAPTERS),$(wildcard chapters/$(n)_*.ipynb))
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) \
+	    --scalar-kernels "$(subst $(space),$(comma),$(strip $(SCALAR_CHAPTERS)))" \
+	    $(foreach n,$(SCALAR_CHAPTERS),$(wildcard chapters/$(n)_*.ipynb))
 
 # The fast loop: unit tests and doctests, without those marked slow, the notebooks or a browser;
 # two workers, one torch thread each (under 90 s on a 2-core CPU). PYTEST_ARGS goes to pytest:

@@ -159,9 +159,14 @@ def _accept_or_resample(
     shared = p.dim() == 1
     if shared:
         r = residual(p, q)  # (d_vocab,): one residual for every draft
-        p, q = p.expand(len(x), -1), q.expand(len(x), -1)  # (N, d_vocab), no copy
+        # the rule once per distinct draft token (at most d_vocab rows, not N)
+        drafted, where = torch.unique(x, return_inverse=True)  # (K,), (N,)
+        rows = (len(drafted), -1)
+        a = accept(p.expand(rows), q.expand(rows), drafted)[where]  # (N,), no copy of p, q
+    else:
+        a = accept(p, q, x)  # (N,)
     u = torch.rand(x.shape, generator=generator, dtype=p.dtype, device=p.device)
-    kept = u < accept(p, q, x)
+    kept = u < a
     if shared:
         replacement = (
             torch.multinomial(r, len(x), replacement=True, generator=generator)
