@@ -18,7 +18,7 @@ export PYTHONHASHSEED := 0
 .PHONY: test nbval nbval-scalar check lint tools book widgets execute bench model small-model install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 LINTED := gptlib tests scripts bench book_ext chapters
-UNIT := --doctest-modules tests gptlib chapters/conftest.py $(DOCTESTED_SCRIPTS)
+UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 
 # Everything, on a fresh clone: the tools it needs beyond Python, ruff, the unit tests with the
 # doctests of gptlib and of the scripts' helpers (the slow ones included; two workers, each test

@@ -167,7 +167,6 @@ def test_english_split_names_the_held_out_samples_and_genres():
 
 @pytest.mark.slow
 @needs_brown
-@pytest.mark.slow
 def test_shipped_english_model_matches_its_log(one_thread):
     """models/english: the files agree with train_log.json, whose validation figure is
     recomputed, window by window as models/english_heldout.json stores it."""

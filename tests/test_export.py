@@ -259,6 +259,7 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
 # --- the ONNX graph -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_equals_the_step(tiny, tiny_graph):
     """onnxruntime against step() in PyTorch, with P = 0 and P > 0, no lens or targets and some,
     a masked and a half head; every output within 1e-5."""

@@ -14,6 +14,7 @@ from browser_support import ROOT, load_module
 inputs = load_module(ROOT / "scripts" / "export_inputs.py")
 
 
+@pytest.mark.slow
 def test_the_closure_holds_every_gptlib_module_the_export_loads():
     code = (
         "import sys, gptlib.export\n"

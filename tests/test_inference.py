@@ -214,6 +214,7 @@ def test_residual_drawn_from_p_is_caught(monkeypatch):
     assert err > 1e-3
 
 
+@pytest.mark.slow
 def test_speculative_round_samples_the_enumerated_law():
     # context-free p and q: the first emitted token of a round has law p, the round's length the
     # law of 1 + (number of leading drafts kept)

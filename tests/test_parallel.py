@@ -107,6 +107,7 @@ def test_run_distributed_failure_cleans_up_then_the_port_works_again(tmp_path):
     assert all(torch.equal(o["sum"], torch.tensor([30.0])) for o in out)
 
 
+@pytest.mark.slow
 def test_run_distributed_timeout_stops_workers():
     P.run_distributed(_rank_worker, 1.0)  # the forkserver's start (its imports) is not timed
     t0 = time.monotonic()
