@@ -409,16 +409,13 @@ async function kernelBackend(ask) {
 }
 
 // gptlib/widgets/js/page.js
-var VENDOR = {
-  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
-  ortDir: "vendor/onnxruntime-web/",
-  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
-};
-var VERSION = 2;
+var VENDOR = { tokenizers: "vendor/tokenizers/tokenizers.min.mjs" };
+var VERSION = 3;
 var CONFIRM_ABOVE = 2e7;
+var WORKER_SOURCE = true ? 'var w=class extends Error{};var $=n=>`${(n/1e6).toFixed(1)} MB`;function L(n,t,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(n.slice(s*r,(s+1)*r),Number),probs:Array.from(t.slice(s*r,(s+1)*r),f=>Math.exp(f-e[s]))}))}var se=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function H(n,t){let e=0;for(;e<n.length&&e<t.length&&n[e]===t[e];)e++;return e}function C(n,t,e,o){let r=t===o?H(n,e):0;return r>=e.length&&(r=e.length-1),{keep:r,feed:e.slice(r)}}function G(n,t,e,{n_layers:o,n_kv_heads:r,d_head:s}){if(e===t)return n;let f=new Float32Array(o*2*r*e*s);for(let a=0;a<o*2*r;a++)f.set(n.subarray(a*t*s,a*t*s+e*s),a*e*s);return f}function j(n,t,e){let o=e.config,r=o.n_layers,s=o.n_heads,f=o.n_kv_heads,a=o.d_head,y=o.d_vocab,c=e.lens_top,h=new Float32Array(r*s).fill(1),d=[],l="",i=new Float32Array(0),m=g=>BigInt64Array.from(g,k=>BigInt(k));return async(g,{mask:k=null,lens:_=null,targets:u=null}={})=>{let p=g.slice(-o.n_ctx),x=k?Float32Array.from(k):h,R=x.join(","),{keep:F,feed:B}=C(d,l,p,R),T=F,O=B.length,S=_?.length?_:[o.n_layers],W=u||[],b=await t.run({ids:new n.Tensor("int64",m(B),[1,O]),past:new n.Tensor("float32",G(i,d.length,T,o),[r,2,f,T,a]),head_mask:new n.Tensor("float32",x,[r,s]),lens:new n.Tensor("int64",m(S),[S.length]),targets:new n.Tensor("int64",m(W),[W.length])});try{let E={logits:b.logits.data.slice(0,y),attn:b.attn.data.slice(),P:T,T:O,lens:_?L(b.lens_ids.data,b.lens_logits.data,b.lens_lse.data,S.length,c):null,direct:W.length?b.direct.data.slice():null};return i=b.present.data,d=p.slice(),l=R,E}finally{for(let E of Object.values(b))E.dispose?.()}}}function J(n){let t=n&32768?-1:1,e=n>>10&31,o=n&1023;return e===0?t*o*2**-24:e===31?o?Number.NaN:t*Number.POSITIVE_INFINITY:t*(1024+o)*2**(e-25)}var P=new Float64Array(65536);for(let n=0;n<65536;n++)P[n]=J(n);var V={Q4_1:20,Q8_0:34};function D(n,t,e){let o=V[t.type];if(!o)throw new Error(`${t.name}: blocks of type ${t.type}; Q4_1 or Q8_0 expected`);let r=t.rows*t.cols;if(t.blocks_bytes!==r/32*o||t.bytes!==r*4||t.cols%32)throw new Error(`${t.name}: the table\'s sizes do not agree with its shape`);if(t.blocks_offset+t.blocks_bytes>n.length||(t.offset+t.bytes)/4>e.length)throw new Error(`${t.name}: its bytes lie outside the files`);let s=t.offset/4,f=t.rows,a=t.cols,y=t.transpose,c=n.subarray(t.blocks_offset,t.blocks_offset+t.blocks_bytes),h=Math.fround,d=new Float32Array(32);for(let l=0,i=0;l<r/32;l++,i+=o){let m=P[c[i]|c[i+1]<<8];if(o===20){let u=P[c[i+2]|c[i+3]<<8];for(let p=0;p<16;p++){let x=c[i+4+p];d[p]=h(h(m*(x&15))+u),d[p+16]=h(h(m*(x>>4))+u)}}else for(let u=0;u<32;u++)d[u]=h((c[i+2+u]<<24>>24)*m);let g=l*32,k=Math.floor(g/a),_=g-k*a;if(y)for(let u=0;u<32;u++)e[s+(_+u)*f+k]=d[u];else e.set(d,s+g)}}function U(n,t,e=()=>{}){let o=new Float32Array(t.bytes/4);return t.tensors.forEach((r,s)=>{D(n,r,o),e(s)}),o}var z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/"},K="gptlib-live-models";async function I(n){let t=new Uint8Array(await crypto.subtle.digest("SHA-256",n));return Array.from(t,e=>e.toString(16).padStart(2,"0")).join("")}async function Q(){try{return globalThis.caches?await caches.open(K):null}catch{return null}}var q=(n,t)=>`${n}?sha256=${t}`;async function Y(n,t,e,o,r,s){let f=q(t,e.sha256),a=o.subarray(r,r+e.bytes),y=n&&await n.match(f).catch(()=>null);if(y){let l=new Uint8Array(await y.arrayBuffer());if(l.length===e.bytes&&await I(l)===e.sha256){a.set(l),s(e.bytes);return}await n.delete(f)}let c;try{c=await fetch(t)}catch(l){throw new w(`could not fetch ${e.file} (${t}): ${l.message}`)}if(!c.ok)throw new w(`could not fetch ${e.file} (${t}): HTTP ${c.status}`);let h=0,d=c.body.getReader();for(;;){let{done:l,value:i}=await d.read();if(l)break;if(h+i.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(i,h),h+=i.length,s(i.length)}if(h!==e.bytes)throw new w(`${e.file} has ${h} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await I(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(n)try{for(let l of await n.keys())l.url.startsWith(`${t}?sha256=`)&&await n.delete(l);await n.put(f,new Response(a.slice()))}catch{}}async function M(n,t,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${$(e.bytes)}: ${a.message}.`)}let s=0,f=[];for(let a of e.pieces)f.push(Y(n,new URL(a.file,t).href,a,r,s,o)),s+=a.bytes;return await Promise.all(f),r}var v=null,A=null,N=Promise.resolve();async function X({base:n,manifestUrl:t,manifest:e},o){if(A)throw new Error("this worker holds a session already");let r=await Q(),s=e.weights?.blocks,f=e.onnx.bytes+(s?s.bytes:0),a=0,y=i=>{a+=i,o(`downloading ${e.name}: ${$(a)} of ${$(f)}`,a/f)};y(0);let[c,h,d]=await Promise.all([import(n+z.ort),M(r,t,e.onnx,y),s?M(r,t,s,y):null]),l={executionProviders:["wasm"],graphOptimizationLevel:"all"};if(d){o("unpacking the 4-bit weights into float32",1);let i=U(d,e.weights);l.externalData=[{path:e.weights.file,data:new Uint8Array(i.buffer)}],i=null}c.env.wasm.numThreads=1,c.env.wasm.proxy=!1,c.env.wasm.wasmPaths=n+z.ortDir,o("starting onnxruntime-web",1);try{A=await c.InferenceSession.create(h,l)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{l.externalData=null}return v=j(c,A,e),!0}async function Z(n){let t=(e,o=[])=>self.postMessage({id:n.id,...e},o);try{if(n.type==="start")t({result:await X(n,(e,o)=>t({type:"progress",text:e,fraction:o}))});else if(n.type==="run"){if(!v)throw new w("the live model is not started (or was released)");let e=await v(n.ids,n.options||{}),o=[e.logits.buffer,e.attn.buffer];e.direct&&o.push(e.direct.buffer),t({result:e},o)}else if(n.type==="release"){let e=A;A=v=null,e&&await e.release(),t({result:!0})}else throw new Error(`unknown message ${n.type}`)}catch(e){t({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=n=>{N=N.then(()=>Z(n.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
-var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
+var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
 async function fetchOk(url, what) {
   let r;
   try {
@@ -433,44 +430,69 @@ async function sha256Hex(bytes) {
   const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
   return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
-async function fetchInto(url, what, out, at, n, onBytes) {
-  const r = await fetchOk(url, what);
-  let got = 0;
-  if (r.body?.getReader) {
-    const reader = r.body.getReader();
-    for (; ; ) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (got + value.length > n)
-        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-      out.set(value, at + got);
-      got += value.length;
-      onBytes(value.length);
-    }
-  } else {
-    const b = new Uint8Array(await r.arrayBuffer());
-    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-    out.set(b, at);
-    got = b.length;
-    onBytes(got);
-  }
-  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
-}
+var addsUp = (listed) => Array.isArray(listed?.pieces) && listed.pieces.length > 0 && listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx?.pieces;
-  if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
+  if (!addsUp(m.onnx)) {
     throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
+  if (m.weights && !addsUp(m.weights.blocks)) {
+    throw new LiveError(`${url}: the weights' pieces do not add up to their bytes`);
+  }
   return m;
+}
+function workerClient(worker, progress = () => {
+}) {
+  let next = 0;
+  const pending = /* @__PURE__ */ new Map();
+  const failAll = (e) => {
+    for (const p of pending.values()) p.reject(e);
+    pending.clear();
+  };
+  worker.onmessage = (e) => {
+    const m = e.data;
+    if (m.type === "progress") return progress(m.text, m.fraction);
+    const p = pending.get(m.id);
+    if (!p) return;
+    pending.delete(m.id);
+    if (m.error !== void 0) p.reject(m.live ? new LiveError(m.error) : new Error(m.error));
+    else p.resolve(m.result);
+  };
+  worker.onerror = (e) => {
+    e.preventDefault?.();
+    failAll(new LiveError(`the live model's worker stopped: ${e.message || "an error"}`));
+  };
+  return {
+    call(type, payload = {}) {
+      return new Promise((resolve, reject) => {
+        const id = next++;
+        pending.set(id, { resolve, reject });
+        worker.postMessage({ type, id, ...payload });
+      });
+    },
+    setProgress(f) {
+      progress = f;
+    },
+    terminate() {
+      worker.terminate();
+      failAll(new LiveError("the live model was released"));
+    }
+  };
+}
+function startWorker() {
+  if (WORKER_SOURCE) {
+    const url = URL.createObjectURL(new Blob([WORKER_SOURCE], { type: "text/javascript" }));
+    return [new Worker(url, { type: "module" }), url];
+  }
+  return [new Worker(new URL("./page_worker.js", import.meta.url), { type: "module" }), null];
 }
 async function browserBackend(source, weightsSha, hooks) {
   const progress = hooks.progress || (() => {
   });
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
-  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
+  if (typeof WebAssembly !== "object" || typeof Worker !== "function") throw new LiveError(NO_WASM);
   const base = staticBase();
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
@@ -490,85 +512,34 @@ async function browserBackend(source, weightsSha, hooks) {
       `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`
     );
   }
-  const file = (f) => new URL(f, manifestUrl).href;
-  let onnx;
-  try {
-    onnx = new Uint8Array(manifest.onnx.bytes);
-  } catch (e) {
-    throw new LiveError(
-      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`
-    );
-  }
-  let done = 0;
-  const tick = (n) => {
-    done += n;
-    progress(
-      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
-      done / total
-    );
-  };
-  tick(0);
-  const pieces = [];
-  let at = 0;
-  for (const p of manifest.onnx.pieces) {
-    pieces.push([p, at]);
-    at += p.bytes;
-  }
-  const [ort, tk, tokText] = await Promise.all([
-    import(base + VENDOR.ort),
+  const tokUrl = new URL(manifest.tokenizer.file, manifestUrl).href;
+  const [tk, tokText] = await Promise.all([
     import(base + VENDOR.tokenizers),
-    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.arrayBuffer()).then((b) => {
-      tick(b.byteLength);
-      return b;
-    }),
-    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick))
+    fetchOk(tokUrl, "the tokenizer").then((r) => r.arrayBuffer())
   ]);
-  if (globalThis.crypto && crypto.subtle) {
-    progress("checking the SHA-256 of each file", 1);
-    for (const [p, o] of pieces) {
-      if (await sha256Hex(onnx.subarray(o, o + p.bytes)) !== p.sha256) {
-        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
-      }
-    }
-    if (await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
-      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
-    }
+  if (globalThis.crypto?.subtle && // only in secure contexts (https, localhost)
+  await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
+    throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
   }
-  ort.env.wasm.numThreads = 1;
-  ort.env.wasm.proxy = false;
-  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
-  let session;
+  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  const [worker, url] = startWorker();
+  const client = workerClient(worker, progress);
+  const { name, config, lens_top, onnx, weights } = manifest;
   try {
-    session = await ort.InferenceSession.create(onnx, {
-      executionProviders: ["wasm"],
-      graphOptimizationLevel: "all"
+    await client.call("start", {
+      base,
+      manifestUrl,
+      manifest: { name, config, lens_top, onnx, weights }
     });
   } catch (e) {
-    throw new LiveError(
-      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`
-    );
+    client.terminate();
+    throw e;
+  } finally {
+    if (url) URL.revokeObjectURL(url);
   }
-  onnx = null;
-  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
-  return pageBackend(ort, session, manifest, tokenizer);
-}
-function sharedPrefix(a, b) {
-  let n = 0;
-  while (n < a.length && n < b.length && a[n] === b[n]) n++;
-  return n;
-}
-function plan(cached, cachedMask, window, mask) {
-  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
-  if (keep >= window.length) keep = window.length - 1;
-  return { keep, feed: window.slice(keep) };
-}
-function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
-  if (keep === P) return past;
-  const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++)
-    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
-  return out;
+  client.setProgress(() => {
+  });
+  return pageBackend(client, manifest, tokenizer);
 }
 function addRows(rows, attn, P, T, L, H) {
   const S = P + T;
@@ -586,43 +557,25 @@ function addRows(rows, attn, P, T, L, H) {
 function nestRows(rows, L, H) {
   return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
 }
-function pageBackend(ort, session, manifest, tokenizer) {
-  const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
-  const V = c.d_vocab, K = manifest.lens_top;
-  const ones = new Float32Array(L * H).fill(1);
-  let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
-  const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  const step = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+function pageBackend(client, manifest, tokenizer) {
+  const c = manifest.config, L = c.n_layers, H = c.n_heads;
+  let rows = [], closed = false;
+  const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const window = ids.slice(-c.n_ctx);
-    const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
-    const { keep, feed } = plan(cached, cachedMask, window, mKey);
-    const P = keep, T = feed.length;
-    past = cropPast(past, cached.length, P, c);
-    const lensList = lens?.length ? lens : [c.n_layers], tg = targets || [];
-    const out = await session.run({
-      ids: new ort.Tensor("int64", i64(feed), [1, T]),
-      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
-      head_mask: new ort.Tensor("float32", m, [L, H]),
-      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
-      targets: new ort.Tensor("int64", i64(tg), [tg.length])
+    const { mask = null, lens = null, targets = null } = options;
+    const r = await client.call("run", {
+      ids: Array.from(ids),
+      options: { mask: mask && Array.from(mask), lens, targets }
     });
-    try {
-      past = out.present.data.slice();
-      cached = window.slice();
-      cachedMask = mKey;
-      rows = addRows(rows, out.attn.data, P, T, L, H);
-      return {
-        logits: out.logits.data.slice(0, V),
-        patterns: nestRows(rows, L, H),
-        lens: lens ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K) : null,
-        direct: tg.length ? out.direct.data.slice() : null,
-        ms: performance.now() - t0,
-        fed: T
-      };
-    } finally {
-      for (const t of Object.values(out)) t.dispose?.();
-    }
+    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    return {
+      logits: r.logits,
+      patterns: nestRows(rows, L, H),
+      lens: r.lens,
+      direct: r.direct,
+      ms: performance.now() - t0,
+      fed: r.T
+    };
   };
   let last = Promise.resolve();
   const run = (ids, options) => {
@@ -631,9 +584,18 @@ function pageBackend(ort, session, manifest, tokenizer) {
     });
     return result;
   };
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    try {
+      await client.call("release");
+    } finally {
+      client.terminate();
+    }
+  };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
@@ -642,7 +604,8 @@ function pageBackend(ort, session, manifest, tokenizer) {
     downloadBytes: manifest.download_bytes,
     encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
     memory: tabMemory,
-    run
+    run,
+    close
   };
 }
 function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
@@ -651,7 +614,17 @@ function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
   if (!started.has(key)) {
     const promise = start(source, weightsSha, hooks);
     started.set(key, promise);
-    promise.catch(() => started.delete(key));
+    promise.then(
+      (backend) => {
+        globalThis.addEventListener?.("pagehide", (e) => {
+          if (!e.persisted && started.get(key) === promise) {
+            started.delete(key);
+            backend.close?.();
+          }
+        });
+      },
+      () => started.delete(key)
+    );
   }
   return started.get(key);
 }
