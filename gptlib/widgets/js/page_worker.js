@@ -80,7 +80,7 @@ async function fileInto(cache, url, p, out, at, onBytes) {
       for (const old of await cache.keys()) {
         if (old.url.startsWith(`${url}?sha256=`)) await cache.delete(old);
       }
-      await cache.put(key, new Response(dest.slice()));
+      await cache.put(key, new Response(dest)); // the Response copies the bytes
     } catch {
       // a full or refused cache: the next visit downloads again
     }
@@ -123,17 +123,19 @@ async function start({ base, manifestUrl, manifest }, progress) {
     );
   };
   tick(0);
-  const [ort, graph, packed] = await Promise.all([
+  // the blocks are unpacked as soon as they are here, and dropped (only the float32 stay)
+  const unpack = (packed) => {
+    progress("unpacking the 4-bit weights into float32", 1);
+    return unpackWeights(packed, manifest.weights);
+  };
+  const [ort, graph, weights] = await Promise.all([
     import(base + VENDOR.ort),
     download(cache, manifestUrl, manifest.onnx, tick),
-    blocks ? download(cache, manifestUrl, blocks, tick) : null,
+    blocks ? download(cache, manifestUrl, blocks, tick).then(unpack) : null,
   ]);
   const options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
-  if (packed) {
-    progress("unpacking the 4-bit weights into float32", 1);
-    let weights = unpackWeights(packed, manifest.weights);
+  if (weights) {
     options.externalData = [{ path: manifest.weights.file, data: new Uint8Array(weights.buffer) }];
-    weights = null;
   }
   ort.env.wasm.numThreads = 1; // threads need cross-origin isolation, which static hosts lack
   ort.env.wasm.proxy = false;
