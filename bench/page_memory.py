@@ -2,8 +2,8 @@
 Chromium's renderer processes, read from /proc every 50 ms; a Web Worker lives in its page's
 renderer) before the start, at its peak and once loaded, and again over a reload and a second
 start; the time from the reader's "yes" to the first result; the model bytes downloaded by each
-start; the longest main-thread task (PerformanceObserver "longtask") during each start and during
-a greedy run of 16 tokens.
+start; one cached step at 200 tokens of context; the longest main-thread task
+(PerformanceObserver "longtask") during each start and during a greedy run of 16 tokens.
 
     python bench/page_memory.py [STATIC]    # STATIC: a folder with the book's vendor/ and live/
 
@@ -142,11 +142,29 @@ def greedy(page) -> None:
         "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
         timeout=300_000,
     )
+    wall = time.perf_counter() - t0
+    time.sleep(2.0)
     print(
-        f"[greedy 16] {time.perf_counter() - t0:.1f} s; longest main-thread task "
-        f"{page.evaluate('window.__longest'):.0f} ms",
+        f"[greedy 16] {wall:.1f} s; longest main-thread task "
+        f"{page.evaluate('window.__longest'):.0f} ms; renderer RSS after it "
+        f"{renderer_rss() / 1e9:.2f} GB",
         flush=True,
     )
+
+
+STEP = """async () => {
+  const b = document.querySelector('.gptlib-play').__gptlib.backend;
+  const ids = Array.from({ length: 200 }, (_, i) => 100 + ((i * 7919) % 40000));
+  await b.run(ids);
+  const ms = [];
+  for (let k = 0; k < 7; k++) { ids.push(200 + k); ms.push((await b.run(ids)).ms); }
+  return ms.sort((a, b) => a - b)[3];
+}"""
+
+
+def cached_step(page) -> None:
+    ms = page.evaluate(STEP)
+    print(f"[one cached step at 200 tokens] {ms:.0f} ms (median of 7)", flush=True)
 
 
 def main() -> int:
@@ -164,6 +182,7 @@ def main() -> int:
             page.add_init_script("window.__gptlibTest = true;")
             page.goto(served.url + "/index.html")
             start(page, served, poll, "first start")
+            cached_step(page)
             greedy(page)
             poll.reset()
             page.reload()

@@ -133,7 +133,13 @@ async function start({ base, manifestUrl, manifest }, progress) {
     download(cache, manifestUrl, manifest.onnx, tick),
     blocks ? download(cache, manifestUrl, blocks, tick).then(unpack) : null,
   ]);
-  const options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
+  // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
+  // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
+  const options = {
+    executionProviders: ["wasm"],
+    graphOptimizationLevel: "all",
+    extra: { session: { disable_prepacking: "1" } },
+  };
   if (weights) {
     options.externalData = [{ path: manifest.weights.file, data: new Uint8Array(weights.buffer) }];
   }
