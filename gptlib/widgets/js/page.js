@@ -1,13 +1,12 @@
 // The live model in the page itself (the HTML book, no kernel): onnxruntime-web (WebAssembly, one
 // thread) runs the step graph gptlib.export writes in a Web Worker (page_worker.js), which keeps
 // the keys and values of the text so far between calls, and @huggingface/tokenizers the tokenizer
-// here; both libraries are files the book serves itself (vendored from npm), and the model's
+// there too; both libraries are files the book serves itself (vendored from npm), and the model's
 // files are fetched only when the reader starts it (a second time, from the browser's cache).
 // One worker and one session per model per page (sharedPageBackend): every view of that model
 // uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
 
-const VENDOR = { tokenizers: "vendor/tokenizers/tokenizers.min.mjs" };
 const VERSION = 3;
 // Downloads above this many bytes wait for the reader to agree.
 export const CONFIRM_ABOVE = 20e6;
@@ -35,11 +34,6 @@ async function fetchOk(url, what) {
   }
   if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
   return r;
-}
-
-async function sha256Hex(bytes) {
-  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 const addsUp = (listed) =>
@@ -137,26 +131,14 @@ export async function browserBackend(source, weightsSha, hooks) {
       `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`,
     );
   }
-  const tokUrl = new URL(manifest.tokenizer.file, manifestUrl).href;
-  const [tk, tokText] = await Promise.all([
-    import(base + VENDOR.tokenizers),
-    fetchOk(tokUrl, "the tokenizer").then((r) => r.arrayBuffer()),
-  ]);
-  if (
-    globalThis.crypto?.subtle && // only in secure contexts (https, localhost)
-    (await sha256Hex(new Uint8Array(tokText))) !== manifest.tokenizer.sha256
-  ) {
-    throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
-  }
-  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
   const [worker, url] = startWorker();
   const client = workerClient(worker, progress);
-  const { name, config, lens_top, onnx, weights } = manifest;
+  const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
   try {
     await client.call("start", {
       base,
       manifestUrl,
-      manifest: { name, config, lens_top, onnx, weights },
+      manifest: { name, config, lens_top, onnx, weights, tokenizer },
     });
   } catch (e) {
     client.terminate();
@@ -165,7 +147,7 @@ export async function browserBackend(source, weightsSha, hooks) {
     if (url) URL.revokeObjectURL(url);
   }
   client.setProgress(() => {});
-  return pageBackend(client, manifest, tokenizer);
+  return pageBackend(client, manifest);
 }
 
 // How many leading entries a and b share.
@@ -273,10 +255,10 @@ export function cacheStepper(ort, session, manifest) {
   };
 }
 
-// The page's backend around the worker's session (`client`, workerClient): it keeps the
-// attention rows of the text so far, and runs one step at a time (a view's step waits for
+// The page's backend around the worker's session and tokenizer (`client`, workerClient): it keeps
+// the attention rows of the text so far, and runs one step at a time (a view's step waits for
 // another view's to end: they share the cache). close() releases the session and the worker.
-export function pageBackend(client, manifest, tokenizer) {
+export function pageBackend(client, manifest) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads;
@@ -323,7 +305,7 @@ export function pageBackend(client, manifest, tokenizer) {
     special: manifest.special || {},
     chat: manifest.chat || null,
     downloadBytes: manifest.download_bytes,
-    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    encode: (text) => client.call("encode", { text }),
     memory: tabMemory,
     run,
     close,

@@ -7,6 +7,7 @@
 //   {type: "start", id, base, manifestUrl, manifest} -> {id, result: true} once the session is
 //     made; {type: "progress", text, fraction} on the way;
 //   {type: "run", id, ids, options} -> {id, result: cacheStepper's result};
+//   {type: "encode", id, text} -> {id, result: the ids} (@huggingface/tokenizers, here too);
 //   {type: "release", id} -> {id, result: true}: the session released.
 // A failure answers {id, error, live}: live when the message is written for the reader.
 import { LiveError, megabytes } from "./backend.js";
@@ -16,6 +17,7 @@ import { unpackWeights } from "./q4.js";
 const VENDOR = {
   ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
   ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs",
 };
 const CACHE = "gptlib-live-models";
 
@@ -107,13 +109,15 @@ async function download(cache, manifestUrl, listed, onBytes) {
 
 let stepper = null,
   session = null,
+  tokenizer = null,
   queue = Promise.resolve();
 
 async function start({ base, manifestUrl, manifest }, progress) {
   if (session) throw new Error("this worker holds a session already");
   const cache = await openCache();
   const blocks = manifest.weights?.blocks;
-  const total = manifest.onnx.bytes + (blocks ? blocks.bytes : 0);
+  const tokFile = { bytes: manifest.tokenizer.bytes, pieces: [manifest.tokenizer] };
+  const total = manifest.onnx.bytes + (blocks ? blocks.bytes : 0) + tokFile.bytes;
   let done = 0;
   const tick = (n) => {
     done += n;
@@ -128,11 +132,14 @@ async function start({ base, manifestUrl, manifest }, progress) {
     progress("unpacking the 4-bit weights into float32", 1);
     return unpackWeights(packed, manifest.weights);
   };
-  const [ort, graph, weights] = await Promise.all([
+  const [ort, tk, tokText, graph, weights] = await Promise.all([
     import(base + VENDOR.ort),
+    import(base + VENDOR.tokenizers),
+    download(cache, manifestUrl, tokFile, tick),
     download(cache, manifestUrl, manifest.onnx, tick),
     blocks ? download(cache, manifestUrl, blocks, tick).then(unpack) : null,
   ]);
+  const tok = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
   // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
   // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
   const options = {
@@ -158,6 +165,7 @@ async function start({ base, manifestUrl, manifest }, progress) {
     options.externalData = null; // onnxruntime holds its own copy of the weights now
   }
   stepper = cacheStepper(ort, session, manifest);
+  tokenizer = tok;
   return true;
 }
 
@@ -174,9 +182,12 @@ async function handle(msg) {
       const transfer = [r.logits.buffer, r.attn.buffer];
       if (r.direct) transfer.push(r.direct.buffer);
       post({ result: r }, transfer);
+    } else if (msg.type === "encode") {
+      if (!tokenizer) throw new LiveError("the live model is not started (or was released)");
+      post({ result: tokenizer.encode(msg.text, { add_special_tokens: false }).ids });
     } else if (msg.type === "release") {
       const s = session;
-      session = stepper = null;
+      session = stepper = tokenizer = null;
       if (s) await s.release();
       post({ result: true });
     } else {
