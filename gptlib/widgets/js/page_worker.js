@@ -38,6 +38,10 @@ async function openCache() {
 // The key of a file's bytes in the cache: its URL and its SHA-256.
 const cacheKey = (url, sha) => `${url}?sha256=${sha}`;
 
+// Give an array's memory back now, not at the garbage collector's next full pass (which may come
+// much later): its buffer, detached, holds nothing. Where the browser cannot, the collector will.
+const drop = (a) => a?.buffer.transfer?.(0);
+
 // The bytes of the file `p` ({file, bytes, sha256}) at `url` into out[at .. at + p.bytes),
 // from the cache when they are there with their SHA-256, else downloaded (streamed), checked
 // and put in the cache (dropping that file's earlier versions); onBytes(k) as they come.
@@ -130,7 +134,9 @@ async function start({ base, manifestUrl, manifest }, progress) {
   // the blocks are unpacked as soon as they are here, and dropped (only the float32 stay)
   const unpack = (packed) => {
     progress("unpacking the 4-bit weights into float32", 1);
-    return unpackWeights(packed, manifest.weights);
+    const w = unpackWeights(packed, manifest.weights);
+    drop(packed);
+    return w;
   };
   const [ort, tk, tokText, graph, weights] = await Promise.all([
     import(base + VENDOR.ort),
@@ -163,6 +169,8 @@ async function start({ base, manifestUrl, manifest }, progress) {
     );
   } finally {
     options.externalData = null; // onnxruntime holds its own copy of the weights now
+    drop(weights);
+    drop(graph);
   }
   stepper = cacheStepper(ort, session, manifest);
   tokenizer = tok;
