@@ -10,7 +10,8 @@ back to back in one run on one thread, the time of one new token with a cache of
 P = 200 positions, with no logit lens (n = 0) and with the lens on n = L + 1 streams: the graph in
 onnxruntime (its native CPU build: the same graph and kernels the page's WebAssembly build
 compiles) and step() in PyTorch, their medians and ratio; and the session's creation time
-(onnxruntime unpacks SmolLM2's 4-bit blocks then) and the process's peak memory after it. The
+(SmolLM2's float32 weights unpacked from its 4-bit blocks beforehand, as the page unpacks them)
+and the process's peak memory after it. The
 graphs are those `make book` wrote into book_static/live, or exported now.
 
 In Debian's Chromium (`in_browser`; headless, Playwright), in a page that holds the model's
@@ -48,12 +49,23 @@ TEXT = (
 )
 
 
-def _graph(name: str) -> bytes:
+def _graph(name: str, folder: Path) -> tuple[Path, int]:
+    """The graph written whole into ``folder`` (with its external weights, unpacked from the
+    blocks as the page unpacks them); returns its path and the bytes the page downloads."""
+    from gptlib.export.q4 import unpack_external
+
     if not (LIVE / f"{name}.json").is_file():
         print(f"{name}: no graph in {LIVE}; exporting it now")
         (export(ROOT / "models" / "english", LIVE) if name == "english" else export_smollm2(LIVE))
     info = json.loads((LIVE / f"{name}.json").read_text("utf-8"))
-    return b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+    join = lambda listed: b"".join((LIVE / p["file"]).read_bytes() for p in listed)  # noqa: E731
+    (folder / "graph.onnx").write_bytes(join(info["onnx"]["pieces"]))
+    if info.get("weights"):
+        blocks = join(info["weights"]["blocks"]["pieces"])
+        (folder / info["weights"]["file"]).write_bytes(
+            unpack_external(blocks, info["weights"]["tensors"])
+        )
+    return folder / "graph.onnx", info["download_bytes"] - info["tokenizer"]["bytes"]
 
 
 def _model(name: str):
@@ -69,15 +81,17 @@ def _model(name: str):
 def bench(name: str, repeats: int) -> None:
     import onnxruntime as ort
 
-    model, data = _model(name), _graph(name)
+    folder = tempfile.TemporaryDirectory()
+    model, (path, size) = _model(name), _graph(name, Path(folder.name))
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     t0 = time.perf_counter()
-    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     created = time.perf_counter() - t0
+    folder.cleanup()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"{name}: graph {len(data) / 1e6:.1f} MB, session created in {created:.2f} s, "
+        f"{name}: graph {size / 1e6:.1f} MB downloaded, session created in {created:.2f} s, "
         f"peak RSS {rss:.0f} MB (the PyTorch model included)"
     )
     L, V = model.config.n_layers, model.config.d_vocab

@@ -20,7 +20,17 @@ import torch
 from fuzz_texts import fuzzed_texts
 
 from gptlib.circuits import ablate_heads
-from gptlib.export import export, main, manifest, pieces, to_onnx, tokenizer_json, weights_sha256
+from gptlib.export import (
+    export,
+    main,
+    manifest,
+    pieces,
+    to_onnx,
+    to_onnx_gguf,
+    tokenizer_json,
+    weights_sha256,
+)
+from gptlib.export.manifest import VERSION
 from gptlib.hooks import capture, capture_patterns, logit_lens
 from gptlib.kvcache import KVCache
 from gptlib.model import GPT
@@ -420,7 +430,9 @@ def test_export_writes_the_three_files(english, exported, english_onnx):
     written = exported
     assert [p.name for p in written] == ["english.onnx.0", "english.tokenizer.json", "english.json"]
     info = json.loads(written[2].read_text(encoding="utf-8"))
-    assert info["format"] == "gptlib-live" and info["version"] == 2 and info["name"] == "english"
+    assert (
+        info["format"] == "gptlib-live" and info["version"] == VERSION and info["name"] == "english"
+    )
     assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
     assert info["config"] == {
         "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
@@ -527,70 +539,60 @@ def test_manifest_needs_the_models_vocabulary(english):
 # --- SmolLM2: the GGUF's own blocks in the graph ---------------------------------------------
 
 
-def _unpacked_weights(proto) -> dict[str, np.ndarray]:
-    """The float32 weights the graph's unpacking nodes compute, evaluated by onnxruntime: a graph
-    of those nodes alone (named after the weight they make), whose outputs are the weights."""
-    from onnx import TensorProto, helper
+def _external_session(graph: bytes, tensors: list[dict], blocks: bytes, folder: Path):
+    """An onnxruntime session on ``graph`` with its external-data file made from the blocks by
+    :func:`unpack_external` (what the page's q4.js makes), both written into ``folder``."""
+    from gptlib.export.q4 import unpack_external
 
-    names = [i.name[:-3] for i in proto.graph.initializer if i.name.endswith((".q4", ".q8"))]
-    mine = lambda x: any(x == n or x.startswith(n + ".") for n in names)  # noqa: E731
-    nodes = [n for n in proto.graph.node if mine(n.output[0])]
-    inputs = {x for n in nodes for x in n.input}
-    graph = helper.make_graph(
-        nodes,
-        "unpack",
-        [],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
-        initializer=[i for i in proto.graph.initializer if i.name in inputs],
-    )
-    model = helper.make_model(graph, opset_imports=proto.opset_import)
-    return dict(zip(names, _session(model.SerializeToString()).run(names, {})))
-
-
-def _folded(data: bytes, tmp_path):
-    """A session on the graph after onnxruntime's basic optimisations (constant folding among
-    them), and that graph as it wrote it: one session, so the weights are unpacked once."""
+    location = {e.key: e.value for i in _external(graph) for e in i.external_data}["location"]
+    (folder / location).write_bytes(unpack_external(blocks, tensors))
+    (folder / "graph.onnx").write_bytes(graph)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.optimized_model_filepath = str(tmp_path / "folded.onnx")
-    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-    return session, onnx.load(str(tmp_path / "folded.onnx"))
+    return ort.InferenceSession(
+        str(folder / "graph.onnx"), opts, providers=["CPUExecutionProvider"]
+    )
 
 
-def _check_unpacked_and_folded(data: bytes, model, tmp_path, folded=None) -> None:
-    """The weights the graph unpacks are the model's, bit for bit, and onnxruntime folds the
-    unpacking when it creates the session: no packed initializer or Floor node is left.
-    ``folded``: the graph :func:`_folded` wrote, when a session on it exists already; its
-    initializers are then the unpacked weights (named after them), compared without another
-    session."""
-    from onnx import TensorProto, numpy_helper
+def _external(graph: bytes) -> list:
+    from onnx import TensorProto
 
-    proto = onnx.load_from_string(data)
-    state = model.state_dict()
-    if folded is None:
-        unpacked = _unpacked_weights(proto)
-        folded = _folded(data, tmp_path)[1]
-    else:
-        names = {i.name[:-3] for i in proto.graph.initializer if i.name.endswith((".q4", ".q8"))}
-        unpacked = {
-            i.name: numpy_helper.to_array(i) for i in folded.graph.initializer if i.name in names
-        }
-        assert len(unpacked) == len(names), sorted(names - set(unpacked))
-    assert unpacked
-    for name, w in unpacked.items():
-        assert np.array_equal(w, state[name.removeprefix("model.")].numpy()), name
-    assert not any(n.op_type == "Floor" for n in folded.graph.node)
+    proto = onnx.load_from_string(graph)
+    return [i for i in proto.graph.initializer if i.data_location == TensorProto.EXTERNAL]
+
+
+def _check_external(graph: bytes, tensors: list[dict], blocks: bytes, model) -> None:
+    """The graph holds no unpacking: no packed (uint8, int8) initializer, no Floor or Cast of
+    one; its external initializers are the table's tensors, in place, and the float32 file the
+    blocks unpack to holds the model's weights bit for bit."""
+    from onnx import TensorProto
+
+    from gptlib.export.q4 import unpack_external
+
+    proto = onnx.load_from_string(graph)
     small = (TensorProto.UINT8, TensorProto.INT8)
-    assert not any(i.data_type in small for i in folded.graph.initializer)
+    assert not any(i.data_type in small for i in proto.graph.initializer)
+    assert not any(n.op_type == "Floor" for n in proto.graph.node)
+    ext = {i.name: i for i in _external(graph)}
+    assert sorted(ext) == sorted(t["name"] for t in tensors) and tensors
+    flat = np.frombuffer(unpack_external(blocks, tensors), "<f4")
+    state = model.state_dict()
+    for t in tensors:
+        e = {x.key: x.value for x in ext[t["name"]].external_data}
+        assert (int(e["offset"]), int(e["length"])) == (t["offset"], t["bytes"])
+        assert ext[t["name"]].data_type == TensorProto.FLOAT
+        w = state[t["name"].removeprefix("model.")].numpy()
+        assert list(ext[t["name"]].dims) == list(w.shape)
+        mine = flat[t["offset"] // 4 : (t["offset"] + t["bytes"]) // 4].reshape(w.shape)
+        assert np.array_equal(mine.view(np.uint32), w.view(np.uint32)), t["name"]
 
 
 @pytest.mark.slow
 def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
     """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
-    (the cached SmolLM2's path): the graph's unpacked weights are the model's, bit for bit; the
-    graph equals step(); onnxruntime folds the unpacking away."""
-    from onnx import TensorProto, helper, numpy_helper
+    (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
+    model's, bit for bit; the graph holds no unpacking and equals step()."""
+    from onnx import helper, numpy_helper
     from test_gguf import write_gguf
 
     from gptlib.export.q4 import store_gguf_blocks
@@ -603,13 +605,13 @@ def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
     contents = read_gguf(path)
     assert {t: contents.types[t] for t in quantize} == quantize
     model = ModernGPT.from_state(*state_from_gguf(contents), source=str(path))
-    data = to_onnx(model, gguf=path)
-    types = {i.name: i.data_type for i in onnx.load_from_string(data).graph.initializer}
-    assert types["model.blocks.0.attn.W_Q.q4"] == TensorProto.UINT8
-    assert types["model.W_E.q8"] == TensorProto.INT8 and "model.W_E" not in types
-    _check_unpacked_and_folded(data, model, tmp_path)
+    data, tensors, blocks = to_onnx_gguf(model, path, "t.weights")
+    assert {t["name"]: t["type"] for t in tensors}["model.W_E"] == "Q8_0"
+    assert {t["name"]: t["type"] for t in tensors}["model.blocks.0.attn.W_Q"] == "Q4_1"
+    assert len(blocks) == sum(t["blocks_bytes"] for t in tensors)
+    _check_external(data, tensors, blocks, model)
     args = (IDS, *step_inputs(model, [0, 2], [5]))
-    got, want = _run(_session(data), args), step(model, *args)
+    got, want = _run(_external_session(data, tensors, blocks, tmp_path), args), step(model, *args)
     for k in OUTPUTS:
         np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
     # the float32 model the file was written from is not what its blocks hold
@@ -619,7 +621,8 @@ def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
     with pytest.raises(
         ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
     ):
-        store_gguf_blocks(graph, source, path)
+        store_gguf_blocks(graph, source, path, "t.weights")
+    assert not _external(graph.SerializeToString())  # checked before the graph is changed
 
 
 # --- SmolLM2 as `make book` writes it (book_static/live) ------------------------------------------
@@ -638,16 +641,19 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def smollm2_files():
-    """The manifest and the graph's bytes (its pieces joined) that make book wrote."""
+    """The manifest, the graph's bytes (its pieces joined) and the blocks that make book wrote."""
     info = json.loads((LIVE / "smollm2.json").read_text("utf-8"))
-    return info, b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+    join = lambda listed: b"".join((LIVE / p["file"]).read_bytes() for p in listed)  # noqa: E731
+    return info, join(info["onnx"]["pieces"]), join(info["weights"]["blocks"]["pieces"])
 
 
 @pytest.fixture(scope="module")
 def smollm2_session(smollm2_files, tmp_path_factory):
-    """The one onnxruntime session on SmolLM2's graph (creating one unpacks and folds about 4 GB
-    of weights) and the folded graph it wrote, shared by the tests that run or read it."""
-    return _folded(smollm2_files[1], tmp_path_factory.mktemp("smollm2"))
+    """The one onnxruntime session on SmolLM2's graph, its external weights unpacked from the
+    blocks as the page unpacks them, shared by the tests that run it."""
+    info, graph, blocks = smollm2_files
+    folder = tmp_path_factory.mktemp("smollm2")
+    return _external_session(graph, info["weights"]["tensors"], blocks, folder)
 
 
 @pytest.mark.browser
@@ -656,8 +662,10 @@ def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
     import hashlib
 
     model, tok = smollm2
-    info, data = smollm2_files
-    assert info["version"] == 2 and info["family"] == "modern" and info["lens_top"] == LENS_TOP
+    info, data, blocks = smollm2_files
+    assert (
+        info["version"] == VERSION and info["family"] == "modern" and info["lens_top"] == LENS_TOP
+    )
     assert info["config"] == {
         "d_vocab": 49152, "n_ctx": 8192, "d_model": 576, "n_layers": 30, "n_heads": 9,
         "n_kv_heads": 3, "d_head": 64,
@@ -667,6 +675,10 @@ def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
         len(data) == info["onnx"]["bytes"]
         and hashlib.sha256(data).hexdigest() == info["onnx"]["sha256"]
     )
+    listed = info["weights"]["blocks"]
+    assert all(p["bytes"] <= 95_000_000 for p in listed["pieces"])
+    assert len(blocks) == listed["bytes"] and hashlib.sha256(blocks).hexdigest() == listed["sha256"]
+    assert info["download_bytes"] == len(data) + len(blocks) + info["tokenizer"]["bytes"]
     assert info["download_bytes"] <= 120_000_000
     assert info["weights_sha256"] == weights_sha256(model)
     assert info["special"]["<|im_start|>"] == 1 and info["chat"]["stop"] == [2]
@@ -676,10 +688,10 @@ def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
 
 @pytest.mark.browser
 @built
-def test_smollm2_graph_unpacks_the_cached_weights_bit_for_bit(
-    smollm2, smollm2_files, smollm2_session, tmp_path
-):
-    _check_unpacked_and_folded(smollm2_files[1], smollm2[0], tmp_path, smollm2_session[1])
+def test_smollm2_blocks_unpack_to_the_cached_weights_bit_for_bit(smollm2, smollm2_files):
+    info, graph, blocks = smollm2_files
+    _check_external(graph, info["weights"]["tensors"], blocks, smollm2[0])
+    assert info["weights"]["bytes"] == sum(t["bytes"] for t in info["weights"]["tensors"])
 
 
 @pytest.mark.browser
@@ -689,7 +701,7 @@ def test_smollm2_graph_equals_the_step(smollm2, smollm2_files, smollm2_session):
     against step() in PyTorch on the dequantized model, the same greedy tokens."""
     model, tok = smollm2
     info = smollm2_files[0]
-    s = smollm2_session[0]
+    s = smollm2_session
     ids = torch.tensor(
         [
             tok.encode(

@@ -9,9 +9,10 @@ reads, one module per file:
 * ``<name>.onnx.0``, ``.1``, ...: :mod:`~gptlib.export.graph` (:func:`to_onnx`),
   ``torch.onnx.export`` of the step, which composes the model's own modules, so the PyTorch
   model stays the only definition of the maths. The English model's weights that float16 holds
-  exactly are stored as float16; SmolLM2's are the GGUF's own Q4_1 and Q8_0 blocks
-  (:mod:`~gptlib.export.q4`), unpacked by the graph when onnxruntime loads it. The serialized
-  graph is cut into pieces of at most :data:`PIECE_BYTES` bytes (a static host's file limit).
+  exactly are stored as float16; SmolLM2's are float32 initializers stored externally, which
+  the page unpacks from the GGUF's own Q4_1 and Q8_0 blocks, ``<name>.blocks.0``, ...
+  (:mod:`~gptlib.export.q4`). The serialized graph and the blocks are cut into pieces of at
+  most :data:`PIECE_BYTES` bytes (a static host's file limit).
   The bytes are deterministic.
 * ``<name>.tokenizer.json``: :mod:`~gptlib.export.tokenizer`, the tokenizer in Hugging Face's
   ``tokenizer.json`` format (:func:`tokenizer_json`, :func:`gguf_tokenizer_json`).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from ..step import INPUTS, LENS_TOP, OUTPUTS
 from .cli import main
-from .graph import to_onnx
+from .graph import to_onnx, to_onnx_gguf
 from .manifest import chat_frame, manifest, weights_sha256
 from .tokenizer import gguf_tokenizer_json, tokenizer_json
 from .write import PIECE_BYTES, export, export_smollm2, pieces
@@ -41,6 +42,7 @@ __all__ = [
     "LENS_TOP",
     "PIECE_BYTES",
     "to_onnx",
+    "to_onnx_gguf",
     "pieces",
     "tokenizer_json",
     "gguf_tokenizer_json",

@@ -1,7 +1,8 @@
 """The live step as an ONNX graph: ``torch.onnx.export`` of :func:`gptlib.step.step` for a model,
-its weights stored as float16 where float16 holds them exactly, or (SmolLM2) as the GGUF's own
-Q4_1 and Q8_0 blocks (:mod:`gptlib.export.q4`), unpacked by the graph when onnxruntime loads it.
-The bytes are deterministic (no stack traces or other export metadata).
+its weights stored as float16 where float16 holds them exactly (:func:`to_onnx`), or (SmolLM2,
+:func:`to_onnx_gguf`) its quantized weights as float32 initializers in an external-data file that
+the page makes from the GGUF's own Q4_1 and Q8_0 blocks (:mod:`gptlib.export.q4`). The bytes are
+deterministic (no stack traces or other export metadata).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..modern import ModernGPT
 from ..runtime import check_finite_weights
 from ..step import INPUTS, OUTPUTS, _check_model, _shape, _step
 
-__all__ = ["to_onnx"]
+__all__ = ["to_onnx", "to_onnx_gguf"]
 
 
 class _Step(nn.Module):
@@ -133,23 +134,35 @@ def _export_proto(model: nn.Module):
     return proto
 
 
-def to_onnx(model: GPT | ModernGPT, gguf: str | Path | None = None) -> bytes:
+def to_onnx(model: GPT | ModernGPT) -> bytes:
     """The ONNX graph (serialized) of :func:`step` for ``model``: inputs :data:`INPUTS`, outputs
     :data:`OUTPUTS`, with T, P, n and m dynamic (P, n and m may be 0). Deterministic bytes for a
-    given model. The weights are stored as float16 where float16 holds them exactly; with ``gguf``,
-    the path of the GGUF file the model was read from (SmolLM2), as that file's own quantized
-    blocks (:func:`gptlib.export.q4.store_gguf_blocks`, which checks that they are the model's
-    weights bit for bit)."""
+    given model. The weights are stored as float16 where float16 holds them exactly."""
     import onnx  # a build-time dependency (requirements.txt), not needed to read the book
 
     _check_model(model)
     check_finite_weights(model)  # a graph of NaN weights would show NaN as probabilities
     proto = _export_proto(model)
-    if gguf is None:
-        _store_float16(proto.graph)
-    else:
-        from .q4 import store_gguf_blocks
-
-        store_gguf_blocks(proto.graph, model, gguf)
+    _store_float16(proto.graph)
     onnx.checker.check_model(proto)
     return proto.SerializeToString(deterministic=True)
+
+
+def to_onnx_gguf(
+    model: ModernGPT, gguf: str | Path, location: str
+) -> tuple[bytes, list[dict], bytes]:
+    """The graph of :func:`to_onnx` for a model read from the GGUF file ``gguf`` (SmolLM2), its
+    quantized weights float32 initializers stored in the external-data file ``location``, which
+    the page unpacks from the file's own blocks (:func:`gptlib.export.q4.store_gguf_blocks`, which
+    checks that they are the model's weights bit for bit). Returns (the graph's bytes, the table
+    of external tensors, the blocks); :func:`gptlib.export.q4.unpack_external` makes the file."""
+    import onnx
+
+    from .q4 import store_gguf_blocks
+
+    _check_model(model)
+    check_finite_weights(model)
+    proto = _export_proto(model)
+    onnx.checker.check_model(proto)  # before: the checker opens external files, never written
+    tensors, blocks = store_gguf_blocks(proto.graph, model, gguf, location)
+    return proto.SerializeToString(deterministic=True), tensors, blocks

@@ -1,5 +1,6 @@
 """The manifest the page reads first (:func:`manifest`: the config, the files and their SHA-256,
-every token as a string and as bytes, the special tokens, the chat template's prefix and suffix) and
+the external weights' table (SmolLM2's blocks and where the page unpacks them to), every token as
+a string and as bytes, the special tokens, the chat template's prefix and suffix) and
 :func:`weights_sha256`, which a widget compares with the model it was made from.
 """
 
@@ -18,7 +19,7 @@ from ..step import LENS_TOP, _check_model, _shape
 __all__ = ["FORMAT", "VERSION", "weights_sha256", "chat_frame", "manifest"]
 
 FORMAT = "gptlib-live"
-VERSION = 2
+VERSION = 3
 
 
 def weights_sha256(model: nn.Module) -> str:
@@ -83,9 +84,14 @@ def manifest(
     name: str,
     onnx_pieces: list[bytes],
     tokenizer_bytes: bytes,
+    blocks: tuple[list[dict], list[bytes]] | None = None,
 ) -> dict:
-    """What the page reads first (format ``gptlib-live`` version 2): the model's shape, the files
-    and their SHA-256, the tokens as strings and bytes, the special tokens and the chat frame."""
+    """What the page reads first (format ``gptlib-live`` version 3): the model's shape, the files
+    and their SHA-256, the tokens as strings and bytes, the special tokens and the chat frame.
+    ``blocks``: for a graph whose quantized weights are external (:func:`to_onnx_gguf`), their
+    table and the pieces of the blocks; the manifest's ``weights`` then says which files hold
+    the blocks and where each tensor goes in the external-data file ``<name>.weights``, which
+    the page makes (:func:`gptlib.export.q4.unpack_external`); None otherwise."""
     _check_model(model)
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
     if tokenizer.vocab_size != V:
@@ -95,6 +101,23 @@ def manifest(
     from ..tokenizers.gguf import GGUFTokenizer
 
     modern_tok = isinstance(tokenizer, GGUFTokenizer)
+    weights = None
+    if blocks is not None:
+        tensors, parts = blocks
+        joined = b"".join(parts)
+        weights = {
+            "file": f"{name}.weights",
+            "bytes": sum(t["bytes"] for t in tensors),
+            "tensors": tensors,
+            "blocks": {
+                "pieces": [
+                    {"file": f"{name}.blocks.{k}", "bytes": len(p), "sha256": digest(p)}
+                    for k, p in enumerate(parts)
+                ],
+                "bytes": len(joined),
+                "sha256": digest(joined),
+            },
+        }
     token_bytes = (lambda i: tokenizer.vocab[i]) if modern_tok else tokenizer.token_bytes
     return {
         "format": FORMAT,
@@ -124,7 +147,10 @@ def manifest(
             "bytes": len(tokenizer_bytes),
             "sha256": digest(tokenizer_bytes),
         },
-        "download_bytes": len(whole) + len(tokenizer_bytes),
+        "weights": weights,
+        "download_bytes": len(whole)
+        + len(tokenizer_bytes)
+        + (weights["blocks"]["bytes"] if weights else 0),
         "weights_sha256": weights_sha256(model),
         "tokens": [tokenizer.token_str(i) for i in range(V)],
         "token_bytes": [base64.b64encode(token_bytes(i)).decode("ascii") for i in range(V)],

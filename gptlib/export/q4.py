@@ -1,15 +1,17 @@
-"""Infrastructure for :mod:`gptlib.export`: SmolLM2's weights in the ONNX graph as the GGUF's own
-blocks, unpacked by the graph.
+"""Infrastructure for :mod:`gptlib.export`: SmolLM2's weights for the page as the GGUF's own
+blocks, unpacked by the page into float32 initializers that the graph stores externally.
 
 llama.cpp's Q4_1 stores a row in blocks of 32 numbers, 20 bytes each: the step d and the minimum m
 as float16, then 16 bytes whose low nibbles are the block's numbers 0..15 and whose high nibbles
 are 16..31; the number is w = d q + m, computed in float32 (a product, then a sum, each rounded
 once, as :func:`gguf.quants.dequantize` computes it for the cached safetensors). Q8_0 stores d as
-float16 and 32 int8 numbers, w = q d. Here each quantized weight becomes three (two) initializers,
-the packed bytes, d and m, and a few plain operators (Cast, Mul, Floor, Add, Concat, Reshape,
-Transpose) that rebuild the float32 weight under the name the graph uses. Their inputs are all
-constants, so onnxruntime folds them once, when it creates the session: the page downloads 4.5
-bits a weight and multiplies in float32.
+float16 and 32 int8 numbers, w = q d.
+
+The page downloads the blocks (4.5 bits a weight), and unpacks them itself, off its main thread,
+into the float32 bytes of one external-data file (:func:`unpack_external` is that unpacking in
+numpy, the peer of the page's ``q4.js``); the graph's initializers of those weights name their
+place in that file (:func:`store_gguf_blocks`), so that onnxruntime reads plain float32 weights:
+no unpacking operators for it to fold, no float32 intermediates beside the weights.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BLOCK", "unpack_q4_1", "unpack_q8_0", "store_gguf_blocks"]
+__all__ = ["BLOCK", "unpack_q4_1", "unpack_q8_0", "unpack_external", "store_gguf_blocks"]
 
 BLOCK = 32  # numbers per block, Q4_1 and Q8_0
 Q4_1_BYTES, Q8_0_BYTES = 20, 34
+BLOCK_BYTES = {"Q4_1": Q4_1_BYTES, "Q8_0": Q8_0_BYTES}
 
 
 def unpack_q4_1(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -47,48 +50,61 @@ def unpack_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4_1_values(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """What the graph computes, in numpy: d q + m in float32, (N, 32)."""
-    qf = q.astype(np.float32)
-    hi = np.floor(qf * np.float32(1 / 16))
-    lo = qf + hi * np.float32(-16)
-    return d.astype(np.float32) * np.concatenate([lo, hi], axis=1) + m.astype(np.float32)
+    """d q + m in float32, (N, 32): the low nibbles are numbers 0..15, the high ones 16..31."""
+    numbers = np.concatenate([q & 15, q >> 4], axis=1).astype(np.float32)
+    return d.astype(np.float32) * numbers + m.astype(np.float32)
 
 
-def _nodes_q4_1(name: str, transpose: bool) -> list:
-    """Nodes that rebuild ``name`` from ``name.q4``, ``.d``, ``.m`` and its GGUF shape
-    ``name.shape``, transposed to the model's layout if ``transpose``."""
-    from onnx import TensorProto, helper
-
-    n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{name}.{out}"], **kw)  # noqa: E731
-    last = [f"{name}.w"] if not transpose else [f"{name}.wt"]
-    nodes = [
-        n("Cast", [f"{name}.q4"], "qf", to=TensorProto.FLOAT),  # (N, 16): 16 hi + lo
-        n("Mul", [f"{name}.qf", f"{name}.sixteenth"], "qs"),
-        n("Floor", [f"{name}.qs"], "hi"),  # the high nibbles: numbers 16..31
-        n("Mul", [f"{name}.hi", f"{name}.minus16"], "hi16"),
-        n("Add", [f"{name}.qf", f"{name}.hi16"], "lo"),  # the low nibbles: numbers 0..15
-        n("Concat", [f"{name}.lo", f"{name}.hi"], "q", axis=1),  # (N, 32)
-        n("Cast", [f"{name}.d"], "d32", to=TensorProto.FLOAT),
-        n("Cast", [f"{name}.m"], "m32", to=TensorProto.FLOAT),
-        n("Mul", [f"{name}.d32", f"{name}.q"], "dq"),
-        n("Add", [f"{name}.dq", f"{name}.m32"], "flat"),  # d q + m
-        helper.make_node("Reshape", [f"{name}.flat", f"{name}.shape"], last),
-    ]
-    if transpose:
-        nodes.append(helper.make_node("Transpose", last, [name], perm=[1, 0]))
-    else:
-        nodes[-1].output[0] = name
-    return nodes
+def _values(kind: str, raw: np.ndarray) -> np.ndarray:
+    """The float32 numbers of ``raw``'s blocks in order, flat."""
+    if kind == "Q4_1":
+        return _q4_1_values(*unpack_q4_1(raw)).reshape(-1)
+    if kind == "Q8_0":
+        q, d = unpack_q8_0(raw)
+        return (q.astype(np.float32) * d.astype(np.float32)).reshape(-1)
+    raise ValueError(f"kind must be 'Q4_1' or 'Q8_0', got {kind!r}")
 
 
-def store_gguf_blocks(graph, model, gguf_path: str | Path) -> dict[str, str]:
-    """Replace the float32 initializers of ``model``'s quantized weights in ``graph`` (an ONNX
+def _weight(kind: str, raw: np.ndarray, rows: int, cols: int, transpose: bool) -> np.ndarray:
+    """The GGUF tensor (rows, cols) of ``raw``'s blocks, transposed to (cols, rows) if asked."""
+    w = _values(kind, raw).reshape(rows, cols)
+    return np.ascontiguousarray(w.T) if transpose else w
+
+
+def unpack_external(blocks: bytes, tensors: list[dict]) -> bytes:
+    """The external-data file of the graph (float32, little-endian) from the blocks and the
+    manifest's table of ``tensors`` (each: ``type`` Q4_1 or Q8_0, the GGUF ``rows`` and ``cols``,
+    ``transpose``, ``blocks_offset``, ``blocks_bytes``, ``offset``, ``bytes``): what the page's
+    ``q4.js`` computes, in numpy.
+
+    >>> dm = np.array([0.5, -1.0], np.float16).view(np.uint8)  # d = 0.5, m = -1
+    >>> raw = np.concatenate([dm, np.arange(16, dtype=np.uint8) * 17]).tobytes()
+    >>> t = dict(type="Q4_1", rows=1, cols=32, transpose=False, blocks_offset=0,
+    ...          blocks_bytes=20, offset=0, bytes=128)
+    >>> np.frombuffer(unpack_external(raw, [t]), "<f4")[[0, 1, 16, 31]].tolist()
+    [-1.0, -0.5, -1.0, 6.5]
+    """
+    size = max((t["offset"] + t["bytes"] for t in tensors), default=0)
+    out = np.zeros(size // 4, "<f4")
+    src = np.frombuffer(blocks, np.uint8)
+    for t in tensors:
+        raw = src[t["blocks_offset"] : t["blocks_offset"] + t["blocks_bytes"]]
+        w = _weight(t["type"], raw, t["rows"], t["cols"], t["transpose"])
+        out[t["offset"] // 4 : (t["offset"] + t["bytes"]) // 4] = w.reshape(-1)
+    return out.tobytes()
+
+
+def store_gguf_blocks(
+    graph, model, gguf_path: str | Path, location: str
+) -> tuple[list[dict], bytes]:
+    """Make the float32 initializers of ``model``'s quantized weights in ``graph`` (an ONNX
     GraphProto exported from :func:`gptlib.step.step`, initializers named ``model.<parameter>``)
-    by the GGUF file's own Q4_1 and Q8_0 blocks and the nodes that unpack them; F32 tensors stay
-    as they are. Each unpacked weight is checked to equal the initializer it replaces, bit for bit,
-    before the graph is changed. Returns parameter name -> GGUF type."""
+    external: their bytes in the file ``location``, one after another, which the page makes from
+    the GGUF file's own Q4_1 and Q8_0 blocks; F32 tensors stay in the graph. Each unpacked weight
+    is checked to equal the initializer it replaces, bit for bit, before the graph is changed.
+    Returns (the table of tensors, see :func:`unpack_external`; the blocks, concatenated)."""
     from gguf import GGMLQuantizationType, GGUFReader
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     from ..gguf import _gguf_names
 
@@ -99,64 +115,51 @@ def store_gguf_blocks(graph, model, gguf_path: str | Path) -> dict[str, str]:
         raise ValueError(f"{gguf_path} is not a readable GGUF file: {e}") from None
     raw = {t.name: t for t in reader.tensors}
     inits = {i.name: i for i in graph.initializer}
-    new_inits, new_nodes, replaced, types = [], [], set(), {}
+    tensors, blocks, at, offset = [], [], 0, 0
     for ours, (theirs, transpose) in _gguf_names(model.config).items():
         if theirs not in raw:
             raise ValueError(f"{gguf_path} lacks tensor {theirs!r}")
         t, name = raw[theirs], f"model.{ours}"
         kind = t.tensor_type
-        types[ours] = kind.name
         if kind == GGMLQuantizationType.F32:
             continue  # the norms' gains: float32 in the file and in the graph
+        if kind not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
+            raise ValueError(f"{gguf_path}: {theirs!r} is {kind.name}; Q4_1, Q8_0 or F32 expected")
         if name not in inits:
             raise ValueError(f"the graph has no initializer {name!r} for {theirs!r}")
         want = numpy_helper.to_array(inits[name])  # float32, the model's layout
         if want.ndim != 2:
             raise ValueError(f"{name} has shape {want.shape}; a quantized weight is a matrix")
-        rows_cols = want.shape[::-1] if transpose else want.shape  # the GGUF's row-major layout
-        if kind == GGMLQuantizationType.Q4_1:
-            q, d, m = unpack_q4_1(t.data)
-            values = _q4_1_values(q, d, m)
-            nodes = _nodes_q4_1(name, transpose)
-            consts = [
-                numpy_helper.from_array(q, f"{name}.q4"),
-                numpy_helper.from_array(d, f"{name}.d"),
-                numpy_helper.from_array(m, f"{name}.m"),
-                numpy_helper.from_array(np.array(1 / 16, np.float32), f"{name}.sixteenth"),
-                numpy_helper.from_array(np.array(-16, np.float32), f"{name}.minus16"),
-            ]
-        elif kind == GGMLQuantizationType.Q8_0:
-            q, d = unpack_q8_0(t.data)
-            values = q.astype(np.float32) * d.astype(np.float32)
-            last = f"{name}.w" if transpose else name
-            nodes = [
-                helper.make_node("Cast", [f"{name}.q8"], [f"{name}.q"], to=1),
-                helper.make_node("Cast", [f"{name}.d"], [f"{name}.d32"], to=1),
-                helper.make_node("Mul", [f"{name}.q", f"{name}.d32"], [f"{name}.flat"]),
-                helper.make_node("Reshape", [f"{name}.flat", f"{name}.shape"], [last]),
-            ]
-            if transpose:
-                nodes.append(helper.make_node("Transpose", [last], [name], perm=[1, 0]))
-            consts = [
-                numpy_helper.from_array(q, f"{name}.q8"),
-                numpy_helper.from_array(d, f"{name}.d"),
-            ]
-        else:
-            raise ValueError(f"{gguf_path}: {theirs!r} is {kind.name}; Q4_1, Q8_0 or F32 expected")
-        values = values.reshape(rows_cols)
-        if not np.array_equal((values.T if transpose else values), want):
+        rows, cols = want.shape[::-1] if transpose else want.shape  # the GGUF's row-major layout
+        data = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+        if not np.array_equal(_weight(kind.name, data, rows, cols, transpose), want):
             raise ValueError(
                 f"{gguf_path}: {theirs!r} unpacked does not equal the model's {ours!r}; the model "
                 "was not made from this file"
             )
-        consts.append(numpy_helper.from_array(np.array(rows_cols, np.int64), f"{name}.shape"))
-        new_inits += consts
-        new_nodes += nodes
-        replaced.add(name)
-    kept = [i for i in graph.initializer if i.name not in replaced]
-    graph.ClearField("initializer")
-    graph.initializer.extend(kept + new_inits)
-    nodes = new_nodes + list(graph.node)
-    graph.ClearField("node")
-    graph.node.extend(nodes)
-    return types
+        tensors.append(
+            {
+                "name": name,
+                "type": kind.name,
+                "rows": int(rows),
+                "cols": int(cols),
+                "transpose": bool(transpose),
+                "blocks_offset": at,
+                "blocks_bytes": int(data.size),
+                "offset": offset,
+                "bytes": int(want.size * 4),
+            }
+        )
+        blocks.append(data.tobytes())
+        at += data.size
+        offset += want.size * 4
+    for t in tensors:
+        init = inits[t["name"]]
+        init.ClearField("raw_data")
+        init.ClearField("float_data")
+        init.data_location = TensorProto.EXTERNAL
+        del init.external_data[:]
+        for key, value in (("location", location), ("offset", t["offset"]), ("length", t["bytes"])):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, str(value)
+    return tensors, b"".join(blocks)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..model import GPT
 from ..runtime import atomic_write
-from .graph import to_onnx
+from .graph import to_onnx, to_onnx_gguf
 from .manifest import manifest
 from .tokenizer import gguf_tokenizer_json, tokenizer_json
 
@@ -43,19 +43,35 @@ def _check_name(name: object) -> str:
     return name
 
 
-def _write(out_dir: Path, name: str, model, tokenizer, onnx_bytes: bytes, tok: dict) -> list[Path]:
-    """Write the pieces, the tokenizer.json and, last, the manifest (each atomically); remove
-    pieces of an earlier export beyond the new ones."""
+def _write_pieces(out_dir: Path, stem: str, listed: list[dict], parts: list[bytes]) -> list[Path]:
+    """Write ``stem.0``, ``.1``, ... (each atomically); remove an earlier export's pieces beyond."""
+    written = [atomic_write(out_dir / p["file"], data) for p, data in zip(listed, parts)]
+    k = len(parts)
+    while (out_dir / f"{stem}.{k}").is_file():  # a longer earlier export's tail
+        (out_dir / f"{stem}.{k}").unlink()
+        k += 1
+    return written
+
+
+def _write(
+    out_dir: Path,
+    name: str,
+    model,
+    tokenizer,
+    onnx_bytes: bytes,
+    tok: dict,
+    external: tuple[list[dict], bytes] | None = None,
+) -> list[Path]:
+    """Write the pieces (of the graph, and of the blocks of ``external``: its table and blocks),
+    the tokenizer.json and, last, the manifest (each atomically); remove pieces of an earlier
+    export beyond the new ones."""
     tok_bytes = (json.dumps(tok, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
     parts = pieces(onnx_bytes)
-    info = manifest(model, tokenizer, name, parts, tok_bytes)
-    written = [
-        atomic_write(out_dir / p["file"], data) for p, data in zip(info["onnx"]["pieces"], parts)
-    ]
-    k = len(parts)
-    while (out_dir / f"{name}.onnx.{k}").is_file():  # a longer earlier export's tail
-        (out_dir / f"{name}.onnx.{k}").unlink()
-        k += 1
+    blocks = None if external is None else (external[0], pieces(external[1]))
+    info = manifest(model, tokenizer, name, parts, tok_bytes, blocks)
+    written = _write_pieces(out_dir, f"{name}.onnx", info["onnx"]["pieces"], parts)
+    listed = info["weights"]["blocks"]["pieces"] if blocks else []
+    written += _write_pieces(out_dir, f"{name}.blocks", listed, blocks[1] if blocks else [])
     written.append(atomic_write(out_dir / info["tokenizer"]["file"], tok_bytes))
     text = json.dumps(info, ensure_ascii=False, sort_keys=True) + "\n"
     written.append(atomic_write(out_dir / f"{name}.json", text))
@@ -82,13 +98,15 @@ def export(model_dir: str | Path, out_dir: str | Path, name: str | None = None) 
 
 
 def export_smollm2(out_dir: str | Path, name: str = "smollm2") -> list[Path]:
-    """Write ``<name>.onnx.0``, ``.1``, ..., ``<name>.tokenizer.json`` and ``<name>.json`` for
-    SmolLM2-135M-Instruct from the cache that ``make smollm2`` fills: the model of
-    :func:`gptlib.gguf.load_smollm2`, its weights in the graph as the GGUF's own blocks."""
+    """Write ``<name>.onnx.0``, ``<name>.blocks.0``, ``.1``, ..., ``<name>.tokenizer.json`` and
+    ``<name>.json`` for SmolLM2-135M-Instruct from the cache that ``make smollm2`` fills: the model
+    of :func:`gptlib.gguf.load_smollm2`, its quantized weights the GGUF's own blocks, which the
+    page unpacks into the graph's external data (``<name>.weights``, never written)."""
     from ..assets import asset_path
     from ..gguf import ASSET, load_smollm2
 
     name = _check_name(name)
     model, tokenizer = load_smollm2()
-    onnx_bytes = to_onnx(model, gguf=asset_path(ASSET))
-    return _write(Path(out_dir), name, model, tokenizer, onnx_bytes, gguf_tokenizer_json(tokenizer))
+    onnx_bytes, tensors, blocks = to_onnx_gguf(model, asset_path(ASSET), f"{name}.weights")
+    tok = gguf_tokenizer_json(tokenizer)
+    return _write(Path(out_dir), name, model, tokenizer, onnx_bytes, tok, (tensors, blocks))

@@ -1,18 +1,18 @@
 // The live model in the page itself (the HTML book, no kernel): onnxruntime-web (WebAssembly, one
-// thread) runs the step graph gptlib.export writes, keeping the keys and values of the text so far
-// between calls, and @huggingface/tokenizers the tokenizer; both libraries are files the book
-// serves itself (vendored from npm), and the model's files are fetched only when the reader starts
-// it. One session per model per page (sharedPageBackend): every view of that model uses it.
+// thread) runs the step graph gptlib.export writes in a Web Worker (page_worker.js), which keeps
+// the keys and values of the text so far between calls, and @huggingface/tokenizers the tokenizer
+// there too; both libraries are files the book serves itself (vendored from npm), and the model's
+// files are fetched only when the reader starts it (a second time, from the browser's cache).
+// One worker and one session per model per page (sharedPageBackend): every view of that model
+// uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
 
-const VENDOR = {
-  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
-  ortDir: "vendor/onnxruntime-web/",
-  tokenizers: "vendor/tokenizers/tokenizers.min.mjs",
-};
-const VERSION = 2;
+const VERSION = 3;
 // Downloads above this many bytes wait for the reader to agree.
 export const CONFIRM_ABOVE = 20e6;
+// The worker's code: scripts/build_widgets.py bundles page_worker.js and defines this as its text.
+const WORKER_SOURCE =
+  typeof globalThis.__GPTLIB_PAGE_WORKER__ === "string" ? globalThis.__GPTLIB_PAGE_WORKER__ : null;
 
 const FILE_PAGE =
   "The live model cannot start here: this page was opened from a file (file://), and browsers do " +
@@ -22,8 +22,8 @@ const NO_HOST =
   "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, " +
   "and neither is here. What is shown is the stored analysis.";
 const NO_WASM =
-  "The live model cannot start here: this browser has no WebAssembly (or it is switched off). " +
-  "What is shown is the stored analysis.";
+  "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is " +
+  "switched off. What is shown is the stored analysis.";
 
 async function fetchOk(url, what) {
   let r;
@@ -36,50 +36,73 @@ async function fetchOk(url, what) {
   return r;
 }
 
-async function sha256Hex(bytes) {
-  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
-}
+const addsUp = (listed) =>
+  Array.isArray(listed?.pieces) &&
+  listed.pieces.length > 0 &&
+  listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 
-// The bytes of `url` into out[at .. at + n), n as the manifest says; onBytes(k) after each chunk.
-async function fetchInto(url, what, out, at, n, onBytes) {
-  const r = await fetchOk(url, what);
-  let got = 0;
-  if (r.body?.getReader) {
-    const reader = r.body.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (got + value.length > n)
-        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-      out.set(value, at + got);
-      got += value.length;
-      onBytes(value.length);
-    }
-  } else {
-    const b = new Uint8Array(await r.arrayBuffer());
-    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-    out.set(b, at);
-    got = b.length;
-    onBytes(got);
-  }
-  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
-}
-
-// The manifest at `url`, checked: version 2, pieces that add up.
+// The manifest at `url`, checked: version 3, pieces that add up (the graph's, and the blocks'
+// of external weights).
 export function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx?.pieces;
-  if (
-    !Array.isArray(pieces) ||
-    !pieces.length ||
-    pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes
-  ) {
+  if (!addsUp(m.onnx)) {
     throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
+  if (m.weights && !addsUp(m.weights.blocks)) {
+    throw new LiveError(`${url}: the weights' pieces do not add up to their bytes`);
+  }
   return m;
+}
+
+// The worker, and call(type, payload) -> a promise of its answer; progress(text, fraction) gets
+// its progress; a worker that dies fails every pending call.
+export function workerClient(worker, progress = () => {}) {
+  let next = 0;
+  const pending = new Map();
+  const failAll = (e) => {
+    for (const p of pending.values()) p.reject(e);
+    pending.clear();
+  };
+  worker.onmessage = (e) => {
+    const m = e.data;
+    if (m.type === "progress") return progress(m.text, m.fraction);
+    const p = pending.get(m.id);
+    if (!p) return;
+    pending.delete(m.id);
+    if (m.error !== undefined) p.reject(m.live ? new LiveError(m.error) : new Error(m.error));
+    else p.resolve(m.result);
+  };
+  worker.onerror = (e) => {
+    e.preventDefault?.();
+    failAll(new LiveError(`the live model's worker stopped: ${e.message || "an error"}`));
+  };
+  return {
+    call(type, payload = {}) {
+      return new Promise((resolve, reject) => {
+        const id = next++;
+        pending.set(id, { resolve, reject });
+        worker.postMessage({ type, id, ...payload });
+      });
+    },
+    setProgress(f) {
+      progress = f;
+    },
+    terminate() {
+      worker.terminate();
+      failAll(new LiveError("the live model was released"));
+    },
+  };
+}
+
+// The worker and the blob URL of its code (revoked once it has started).
+function startWorker() {
+  if (WORKER_SOURCE) {
+    const url = URL.createObjectURL(new Blob([WORKER_SOURCE], { type: "text/javascript" }));
+    return [new Worker(url, { type: "module" }), url];
+  }
+  return [new Worker(new URL("./page_worker.js", import.meta.url), { type: "module" }), null];
 }
 
 // The page's backend. `hooks`: progress(text, fraction or null); confirm(manifest) -> promise of
@@ -87,7 +110,7 @@ export function checkManifest(m, url) {
 export async function browserBackend(source, weightsSha, hooks) {
   const progress = hooks.progress || (() => {});
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
-  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
+  if (typeof WebAssembly !== "object" || typeof Worker !== "function") throw new LiveError(NO_WASM);
   const base = staticBase();
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
@@ -108,73 +131,23 @@ export async function browserBackend(source, weightsSha, hooks) {
       `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`,
     );
   }
-  const file = (f) => new URL(f, manifestUrl).href;
-  let onnx;
+  const [worker, url] = startWorker();
+  const client = workerClient(worker, progress);
+  const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
   try {
-    onnx = new Uint8Array(manifest.onnx.bytes);
-  } catch (e) {
-    throw new LiveError(
-      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. ` +
-        "What is shown is the stored analysis.",
-    );
-  }
-  let done = 0;
-  const tick = (n) => {
-    done += n;
-    progress(
-      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
-      done / total,
-    );
-  };
-  tick(0);
-  const pieces = [];
-  let at = 0;
-  for (const p of manifest.onnx.pieces) {
-    pieces.push([p, at]);
-    at += p.bytes;
-  }
-  const [ort, tk, tokText] = await Promise.all([
-    import(base + VENDOR.ort),
-    import(base + VENDOR.tokenizers),
-    fetchOk(file(manifest.tokenizer.file), "the tokenizer")
-      .then((r) => r.arrayBuffer())
-      .then((b) => {
-        tick(b.byteLength);
-        return b;
-      }),
-    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick)),
-  ]);
-  if (globalThis.crypto && crypto.subtle) {
-    // only in secure contexts (https, localhost)
-    progress("checking the SHA-256 of each file", 1);
-    for (const [p, o] of pieces) {
-      if ((await sha256Hex(onnx.subarray(o, o + p.bytes))) !== p.sha256) {
-        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
-      }
-    }
-    if ((await sha256Hex(new Uint8Array(tokText))) !== manifest.tokenizer.sha256) {
-      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
-    }
-  }
-  ort.env.wasm.numThreads = 1; // threads need cross-origin isolation, which static hosts lack
-  ort.env.wasm.proxy = false;
-  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
-  let session;
-  try {
-    session = await ort.InferenceSession.create(onnx, {
-      executionProviders: ["wasm"],
-      graphOptimizationLevel: "all",
+    await client.call("start", {
+      base,
+      manifestUrl,
+      manifest: { name, config, lens_top, onnx, weights, tokenizer },
     });
   } catch (e) {
-    throw new LiveError(
-      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); ` +
-        "a phone or a small tablet may lack the memory. What is shown is the stored analysis.",
-    );
+    client.terminate();
+    throw e;
+  } finally {
+    if (url) URL.revokeObjectURL(url);
   }
-  onnx = null;
-  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
-  return pageBackend(ort, session, manifest, tokenizer);
+  client.setProgress(() => {});
+  return pageBackend(client, manifest);
 }
 
 // How many leading entries a and b share.
@@ -225,9 +198,12 @@ export function nestRows(rows, L, H) {
   return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
 }
 
-// The page's backend around a session of the step graph: it keeps the cache (see plan), and runs
-// one step at a time (a view's step waits for another view's to end: they share the cache).
-export function pageBackend(ort, session, manifest, tokenizer) {
+// One step at a time on a session of the step graph (in the worker), keeping the cache between
+// steps (see plan): step(ids, {mask, lens, targets}) -> {logits, attn (n_layers, n_heads, T,
+// P + T), P, T, lens, direct}. The cache changes only once a step has succeeded: a step that
+// fails (an exception, out of memory) leaves it as it was, so the next step is fed the keys
+// and values of the ids it says it holds.
+export function cacheStepper(ort, session, manifest) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads,
@@ -238,47 +214,72 @@ export function pageBackend(ort, session, manifest, tokenizer) {
   const ones = new Float32Array(L * H).fill(1);
   let cached = [],
     cachedMask = "",
-    past = new Float32Array(0),
-    rows = [];
+    past = new Float32Array(0);
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  const step = async (ids, { mask = null, lens = null, targets = null } = {}) => {
-    const t0 = performance.now();
+  return async (ids, { mask = null, lens = null, targets = null } = {}) => {
     const window = ids.slice(-c.n_ctx); // past n_ctx the window slides (all of it recomputed)
     const m = mask ? Float32Array.from(mask) : ones,
       mKey = m.join(",");
     const { keep, feed } = plan(cached, cachedMask, window, mKey);
     const P = keep,
       T = feed.length;
-    past = cropPast(past, cached.length, P, c);
     // onnxruntime-web 1.30 (WebAssembly) fails ("divide by zero") on an empty lens request, which
     // the native build runs; so a step reads at least the last stream, and drops it unasked.
     const lensList = lens?.length ? lens : [c.n_layers],
       tg = targets || [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
-      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
+      past: new ort.Tensor("float32", cropPast(past, cached.length, P, c), [L, 2, G, P, D]),
       head_mask: new ort.Tensor("float32", m, [L, H]),
       lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
       targets: new ort.Tensor("int64", i64(tg), [tg.length]),
     });
     try {
-      past = out.present.data.slice();
-      cached = window.slice();
-      cachedMask = mKey;
-      rows = addRows(rows, out.attn.data, P, T, L, H);
-      return {
+      const result = {
         logits: out.logits.data.slice(0, V),
-        patterns: nestRows(rows, L, H),
+        attn: out.attn.data.slice(),
+        P,
+        T,
         lens: lens
           ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K)
           : null,
         direct: tg.length ? out.direct.data.slice() : null,
-        ms: performance.now() - t0,
-        fed: T,
       };
+      past = out.present.data; // onnxruntime-web's outputs are JavaScript's own arrays
+      cached = window.slice();
+      cachedMask = mKey;
+      return result;
     } finally {
       for (const t of Object.values(out)) t.dispose?.();
     }
+  };
+}
+
+// The page's backend around the worker's session and tokenizer (`client`, workerClient): it keeps
+// the attention rows of the text so far, and runs one step at a time (a view's step waits for
+// another view's to end: they share the cache). close() releases the session and the worker.
+export function pageBackend(client, manifest) {
+  const c = manifest.config,
+    L = c.n_layers,
+    H = c.n_heads;
+  let rows = [],
+    closed = false;
+  const step = async (ids, options = {}) => {
+    const t0 = performance.now();
+    const { mask = null, lens = null, targets = null } = options;
+    const r = await client.call("run", {
+      ids: Array.from(ids),
+      options: { mask: mask && Array.from(mask), lens, targets },
+    });
+    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    return {
+      logits: r.logits,
+      patterns: nestRows(rows, L, H),
+      lens: r.lens,
+      direct: r.direct,
+      ms: performance.now() - t0,
+      fed: r.T,
+    };
   };
   let last = Promise.resolve();
   const run = (ids, options) => {
@@ -286,18 +287,28 @@ export function pageBackend(ort, session, manifest, tokenizer) {
     last = result.catch(() => {});
     return result;
   };
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    try {
+      await client.call("release");
+    } finally {
+      client.terminate();
+    }
+  };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
     special: manifest.special || {},
     chat: manifest.chat || null,
     downloadBytes: manifest.download_bytes,
-    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    encode: (text) => client.call("encode", { text }),
     memory: tabMemory,
     run,
+    close,
   };
 }
 
@@ -313,7 +324,31 @@ export function sharedPageBackend(source, weightsSha, hooks, start = browserBack
   if (!started.has(key)) {
     const promise = start(source, weightsSha, hooks);
     started.set(key, promise);
-    promise.catch(() => started.delete(key));
+    promise.then(
+      (backend) => {
+        // the session goes when the reader leaves the page (not when it is kept for going back)
+        globalThis.addEventListener?.("pagehide", (e) => {
+          if (!e.persisted && started.get(key) === promise) {
+            started.delete(key);
+            backend.close?.();
+          }
+        });
+      },
+      () => started.delete(key),
+    );
   }
   return started.get(key);
+}
+
+// Release the page backend of `source` (its session and worker), so that the next start makes
+// a new one; true when there was one.
+export async function releasePageBackend(source, weightsSha) {
+  const started = globalThis.__gptlibPageBackends,
+    key = `${source} ${weightsSha || ""}`;
+  const promise = started?.get(key);
+  if (!promise) return false;
+  started.delete(key);
+  const backend = await promise.catch(() => null);
+  await backend?.close?.();
+  return true;
 }

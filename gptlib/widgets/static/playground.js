@@ -910,16 +910,12 @@ async function kernelBackend(ask) {
 }
 
 // gptlib/widgets/js/page.js
-var VENDOR = {
-  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
-  ortDir: "vendor/onnxruntime-web/",
-  tokenizers: "vendor/tokenizers/tokenizers.min.mjs"
-};
-var VERSION = 2;
+var VERSION = 3;
 var CONFIRM_ABOVE = 2e7;
+var WORKER_SOURCE = true ? 'var w=class extends Error{};var $=t=>`${(t/1e6).toFixed(1)} MB`;function M(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),c=>Math.exp(c-e[r]))}))}var ie=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function G(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function J(t,n,e,o){let s=n===o?G(t,e):0;return s>=e.length&&(s=e.length-1),{keep:s,feed:e.slice(s)}}function V(t,n,e,{n_layers:o,n_kv_heads:s,d_head:r}){if(e===n)return t;let c=new Float32Array(o*2*s*e*r);for(let a=0;a<o*2*s;a++)c.set(t.subarray(a*n*r,a*n*r+e*r),a*e*r);return c}function z(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,c=o.n_kv_heads,a=o.d_head,y=o.d_vocab,f=e.lens_top,u=new Float32Array(s*r).fill(1),h=[],l="",d=new Float32Array(0),b=p=>BigInt64Array.from(p,g=>BigInt(g));return async(p,{mask:g=null,lens:k=null,targets:i=null}={})=>{let m=p.slice(-o.n_ctx),x=g?Float32Array.from(g):u,j=x.join(","),{keep:H,feed:F}=J(h,l,m,j),W=H,I=F.length,E=k?.length?k:[o.n_layers],S=i||[],_=await n.run({ids:new t.Tensor("int64",b(F),[1,I]),past:new t.Tensor("float32",V(d,h.length,W,o),[s,2,c,W,a]),head_mask:new t.Tensor("float32",x,[s,r]),lens:new t.Tensor("int64",b(E),[E.length]),targets:new t.Tensor("int64",b(S),[S.length])});try{let P={logits:_.logits.data.slice(0,y),attn:_.attn.data.slice(),P:W,T:I,lens:k?M(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,E.length,f):null,direct:S.length?_.direct.data.slice():null};return d=_.present.data,h=m.slice(),l=j,P}finally{for(let P of Object.values(_))P.dispose?.()}}}function D(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var B=new Float64Array(65536);for(let t=0;t<65536;t++)B[t]=D(t);var K={Q4_1:20,Q8_0:34};function Q(t,n,e){let o=K[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,c=n.rows,a=n.cols,y=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,h=new Float32Array(32);for(let l=0,d=0;l<s/32;l++,d+=o){let b=B[f[d]|f[d+1]<<8];if(o===20){let i=B[f[d+2]|f[d+3]<<8];for(let m=0;m<16;m++){let x=f[d+4+m];h[m]=u(u(b*(x&15))+i),h[m+16]=u(u(b*(x>>4))+i)}}else for(let i=0;i<32;i++)h[i]=u((f[d+2+i]<<24>>24)*b);let p=l*32,g=Math.floor(p/a),k=p-g*a;if(y)for(let i=0;i<32;i++)e[r+(k+i)*c+g]=h[i];else e.set(h,r+p)}}function N(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{Q(t,s,o),e(r)}),o}var R={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},q="gptlib-live-models";async function U(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function Y(){try{return globalThis.caches?await caches.open(q):null}catch{return null}}var X=(t,n)=>`${t}?sha256=${n}`,O=t=>t?.buffer.transfer?.(0);async function Z(t,n,e,o,s,r){let c=X(n,e.sha256),a=o.subarray(s,s+e.bytes),y=t&&await t.match(c).catch(()=>null);if(y){let l=new Uint8Array(await y.arrayBuffer());if(l.length===e.bytes&&await U(l)===e.sha256){a.set(l),r(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(n)}catch(l){throw new w(`could not fetch ${e.file} (${n}): ${l.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,h=f.body.getReader();for(;;){let{done:l,value:d}=await h.read();if(l)break;if(u+d.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(d,u),u+=d.length,r(d.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await U(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let l of await t.keys())l.url.startsWith(`${n}?sha256=`)&&await t.delete(l);await t.put(c,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${$(e.bytes)}: ${a.message}.`)}let r=0,c=[];for(let a of e.pieces)c.push(Z(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(c),s}var A=null,v=null,T=null,C=Promise.resolve();async function ee({base:t,manifestUrl:n,manifest:e},o){if(v)throw new Error("this worker holds a session already");let s=await Y(),r=e.weights?.blocks,c={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+c.bytes,y=0,f=i=>{y+=i,o(`downloading ${e.name}: ${$(y)} of ${$(a)}`,y/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=N(i,e.weights);return O(i),m},[h,l,d,b,p]=await Promise.all([import(t+R.ort),import(t+R.tokenizers),L(s,n,c,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(u):null]),g=new l.Tokenizer(JSON.parse(new TextDecoder().decode(d)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};p&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(p.buffer)}]),h.env.wasm.numThreads=1,h.env.wasm.proxy=!1,h.env.wasm.wasmPaths=t+R.ortDir,o("starting onnxruntime-web",1);try{v=await h.InferenceSession.create(b,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,O(p),O(b)}return A=z(h,v,e),T=g,!0}async function te(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ee(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!A)throw new w("the live model is not started (or was released)");let e=await A(t.ids,t.options||{}),o=[e.logits.buffer,e.attn.buffer];e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!T)throw new w("the live model is not started (or was released)");n({result:T.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=v;v=A=T=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{C=C.then(()=>te(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
-var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or it is switched off). What is shown is the stored analysis.";
+var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
 async function fetchOk(url, what) {
   let r;
   try {
@@ -930,48 +926,69 @@ async function fetchOk(url, what) {
   if (!r.ok) throw new LiveError(`could not fetch ${what} (${url}): HTTP ${r.status}`);
   return r;
 }
-async function sha256Hex(bytes) {
-  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
-}
-async function fetchInto(url, what, out, at, n, onBytes) {
-  const r = await fetchOk(url, what);
-  let got = 0;
-  if (r.body?.getReader) {
-    const reader = r.body.getReader();
-    for (; ; ) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (got + value.length > n)
-        throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-      out.set(value, at + got);
-      got += value.length;
-      onBytes(value.length);
-    }
-  } else {
-    const b = new Uint8Array(await r.arrayBuffer());
-    if (b.length > n) throw new LiveError(`${what} has more bytes than the manifest's ${n}`);
-    out.set(b, at);
-    got = b.length;
-    onBytes(got);
-  }
-  if (got !== n) throw new LiveError(`${what} has ${got} bytes, the manifest says ${n}`);
-}
+var addsUp = (listed) => Array.isArray(listed?.pieces) && listed.pieces.length > 0 && listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
     throw new LiveError(`${url} is not a gptlib live-model manifest (version ${VERSION})`);
   }
-  const pieces = m.onnx?.pieces;
-  if (!Array.isArray(pieces) || !pieces.length || pieces.reduce((s, p) => s + p.bytes, 0) !== m.onnx.bytes) {
+  if (!addsUp(m.onnx)) {
     throw new LiveError(`${url}: the model's pieces do not add up to its ${m.onnx?.bytes} bytes`);
   }
+  if (m.weights && !addsUp(m.weights.blocks)) {
+    throw new LiveError(`${url}: the weights' pieces do not add up to their bytes`);
+  }
   return m;
+}
+function workerClient(worker, progress = () => {
+}) {
+  let next = 0;
+  const pending = /* @__PURE__ */ new Map();
+  const failAll = (e) => {
+    for (const p of pending.values()) p.reject(e);
+    pending.clear();
+  };
+  worker.onmessage = (e) => {
+    const m = e.data;
+    if (m.type === "progress") return progress(m.text, m.fraction);
+    const p = pending.get(m.id);
+    if (!p) return;
+    pending.delete(m.id);
+    if (m.error !== void 0) p.reject(m.live ? new LiveError(m.error) : new Error(m.error));
+    else p.resolve(m.result);
+  };
+  worker.onerror = (e) => {
+    e.preventDefault?.();
+    failAll(new LiveError(`the live model's worker stopped: ${e.message || "an error"}`));
+  };
+  return {
+    call(type, payload = {}) {
+      return new Promise((resolve, reject) => {
+        const id = next++;
+        pending.set(id, { resolve, reject });
+        worker.postMessage({ type, id, ...payload });
+      });
+    },
+    setProgress(f) {
+      progress = f;
+    },
+    terminate() {
+      worker.terminate();
+      failAll(new LiveError("the live model was released"));
+    }
+  };
+}
+function startWorker() {
+  if (WORKER_SOURCE) {
+    const url = URL.createObjectURL(new Blob([WORKER_SOURCE], { type: "text/javascript" }));
+    return [new Worker(url, { type: "module" }), url];
+  }
+  return [new Worker(new URL("./page_worker.js", import.meta.url), { type: "module" }), null];
 }
 async function browserBackend(source, weightsSha, hooks) {
   const progress = hooks.progress || (() => {
   });
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
-  if (typeof WebAssembly !== "object") throw new LiveError(NO_WASM);
+  if (typeof WebAssembly !== "object" || typeof Worker !== "function") throw new LiveError(NO_WASM);
   const base = staticBase();
   if (!base) throw new LiveError(NO_HOST);
   const manifestUrl = new URL(source, base).href;
@@ -991,85 +1008,24 @@ async function browserBackend(source, weightsSha, hooks) {
       `Not started: ${manifest.name} needs ${megabytes(total)} downloaded first. What is shown is the stored analysis.`
     );
   }
-  const file = (f) => new URL(f, manifestUrl).href;
-  let onnx;
+  const [worker, url] = startWorker();
+  const client = workerClient(worker, progress);
+  const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
   try {
-    onnx = new Uint8Array(manifest.onnx.bytes);
-  } catch (e) {
-    throw new LiveError(
-      `This tab cannot hold ${manifest.name} (${megabytes(manifest.onnx.bytes)}): ${e.message}. What is shown is the stored analysis.`
-    );
-  }
-  let done = 0;
-  const tick = (n) => {
-    done += n;
-    progress(
-      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
-      done / total
-    );
-  };
-  tick(0);
-  const pieces = [];
-  let at = 0;
-  for (const p of manifest.onnx.pieces) {
-    pieces.push([p, at]);
-    at += p.bytes;
-  }
-  const [ort, tk, tokText] = await Promise.all([
-    import(base + VENDOR.ort),
-    import(base + VENDOR.tokenizers),
-    fetchOk(file(manifest.tokenizer.file), "the tokenizer").then((r) => r.arrayBuffer()).then((b) => {
-      tick(b.byteLength);
-      return b;
-    }),
-    ...pieces.map(([p, o]) => fetchInto(file(p.file), p.file, onnx, o, p.bytes, tick))
-  ]);
-  if (globalThis.crypto && crypto.subtle) {
-    progress("checking the SHA-256 of each file", 1);
-    for (const [p, o] of pieces) {
-      if (await sha256Hex(onnx.subarray(o, o + p.bytes)) !== p.sha256) {
-        throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
-      }
-    }
-    if (await sha256Hex(new Uint8Array(tokText)) !== manifest.tokenizer.sha256) {
-      throw new LiveError(`${manifest.tokenizer.file} does not match its SHA-256 in the manifest`);
-    }
-  }
-  ort.env.wasm.numThreads = 1;
-  ort.env.wasm.proxy = false;
-  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web (it unpacks the weights once)", 1);
-  let session;
-  try {
-    session = await ort.InferenceSession.create(onnx, {
-      executionProviders: ["wasm"],
-      graphOptimizationLevel: "all"
+    await client.call("start", {
+      base,
+      manifestUrl,
+      manifest: { name, config, lens_top, onnx, weights, tokenizer }
     });
   } catch (e) {
-    throw new LiveError(
-      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`
-    );
+    client.terminate();
+    throw e;
+  } finally {
+    if (url) URL.revokeObjectURL(url);
   }
-  onnx = null;
-  const tokenizer = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
-  return pageBackend(ort, session, manifest, tokenizer);
-}
-function sharedPrefix(a, b) {
-  let n = 0;
-  while (n < a.length && n < b.length && a[n] === b[n]) n++;
-  return n;
-}
-function plan(cached, cachedMask, window, mask) {
-  let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
-  if (keep >= window.length) keep = window.length - 1;
-  return { keep, feed: window.slice(keep) };
-}
-function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
-  if (keep === P) return past;
-  const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++)
-    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
-  return out;
+  client.setProgress(() => {
+  });
+  return pageBackend(client, manifest);
 }
 function addRows(rows, attn, P, T, L, H) {
   const S = P + T;
@@ -1087,43 +1043,25 @@ function addRows(rows, attn, P, T, L, H) {
 function nestRows(rows, L, H) {
   return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
 }
-function pageBackend(ort, session, manifest, tokenizer) {
-  const c = manifest.config, L = c.n_layers, H = c.n_heads, G = c.n_kv_heads, D = c.d_head;
-  const V = c.d_vocab, K = manifest.lens_top;
-  const ones = new Float32Array(L * H).fill(1);
-  let cached = [], cachedMask = "", past = new Float32Array(0), rows = [];
-  const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  const step = async (ids, { mask = null, lens = null, targets = null } = {}) => {
+function pageBackend(client, manifest) {
+  const c = manifest.config, L = c.n_layers, H = c.n_heads;
+  let rows = [], closed = false;
+  const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const window = ids.slice(-c.n_ctx);
-    const m = mask ? Float32Array.from(mask) : ones, mKey = m.join(",");
-    const { keep, feed } = plan(cached, cachedMask, window, mKey);
-    const P = keep, T = feed.length;
-    past = cropPast(past, cached.length, P, c);
-    const lensList = lens?.length ? lens : [c.n_layers], tg = targets || [];
-    const out = await session.run({
-      ids: new ort.Tensor("int64", i64(feed), [1, T]),
-      past: new ort.Tensor("float32", past, [L, 2, G, P, D]),
-      head_mask: new ort.Tensor("float32", m, [L, H]),
-      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
-      targets: new ort.Tensor("int64", i64(tg), [tg.length])
+    const { mask = null, lens = null, targets = null } = options;
+    const r = await client.call("run", {
+      ids: Array.from(ids),
+      options: { mask: mask && Array.from(mask), lens, targets }
     });
-    try {
-      past = out.present.data.slice();
-      cached = window.slice();
-      cachedMask = mKey;
-      rows = addRows(rows, out.attn.data, P, T, L, H);
-      return {
-        logits: out.logits.data.slice(0, V),
-        patterns: nestRows(rows, L, H),
-        lens: lens ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K) : null,
-        direct: tg.length ? out.direct.data.slice() : null,
-        ms: performance.now() - t0,
-        fed: T
-      };
-    } finally {
-      for (const t of Object.values(out)) t.dispose?.();
-    }
+    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    return {
+      logits: r.logits,
+      patterns: nestRows(rows, L, H),
+      lens: r.lens,
+      direct: r.direct,
+      ms: performance.now() - t0,
+      fed: r.T
+    };
   };
   let last = Promise.resolve();
   const run = (ids, options) => {
@@ -1132,18 +1070,28 @@ function pageBackend(ort, session, manifest, tokenizer) {
     });
     return result;
   };
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    try {
+      await client.call("release");
+    } finally {
+      client.terminate();
+    }
+  };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
     special: manifest.special || {},
     chat: manifest.chat || null,
     downloadBytes: manifest.download_bytes,
-    encode: async (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    encode: (text) => client.call("encode", { text }),
     memory: tabMemory,
-    run
+    run,
+    close
   };
 }
 function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
@@ -1152,7 +1100,17 @@ function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
   if (!started.has(key)) {
     const promise = start(source, weightsSha, hooks);
     started.set(key, promise);
-    promise.catch(() => started.delete(key));
+    promise.then(
+      (backend) => {
+        globalThis.addEventListener?.("pagehide", (e) => {
+          if (!e.persisted && started.get(key) === promise) {
+            started.delete(key);
+            backend.close?.();
+          }
+        });
+      },
+      () => started.delete(key)
+    );
   }
   return started.get(key);
 }

@@ -1,0 +1,214 @@
+// The live model's Web Worker (page.js starts it; scripts/build_widgets.py bundles this module
+// and puts its text into the views' bundles): the model's files are downloaded here (or read
+// from the browser's Cache API, where an earlier visit left them under their SHA-256), SmolLM2's
+// 4-bit blocks unpacked into float32 (q4.js) and handed to onnxruntime-web as the graph's
+// external data, and every step run here, so that the page's main thread never waits on the
+// model. Messages, each with an id the answer repeats:
+//   {type: "start", id, base, manifestUrl, manifest} -> {id, result: true} once the session is
+//     made; {type: "progress", text, fraction} on the way;
+//   {type: "run", id, ids, options} -> {id, result: cacheStepper's result};
+//   {type: "encode", id, text} -> {id, result: the ids} (@huggingface/tokenizers, here too);
+//   {type: "release", id} -> {id, result: true}: the session released.
+// A failure answers {id, error, live}: live when the message is written for the reader.
+import { LiveError, megabytes } from "./backend.js";
+import { cacheStepper } from "./page.js";
+import { unpackWeights } from "./q4.js";
+
+const VENDOR = {
+  ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
+  ortDir: "vendor/onnxruntime-web/",
+  tokenizers: "vendor/tokenizers/tokenizers.min.mjs",
+};
+const CACHE = "gptlib-live-models";
+
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// The browser's cache of model files, or null where there is none (an insecure context).
+async function openCache() {
+  try {
+    return globalThis.caches ? await caches.open(CACHE) : null;
+  } catch {
+    return null;
+  }
+}
+
+// The key of a file's bytes in the cache: its URL and its SHA-256.
+const cacheKey = (url, sha) => `${url}?sha256=${sha}`;
+
+// Give an array's memory back now, not at the garbage collector's next full pass (which may come
+// much later): its buffer, detached, holds nothing. Where the browser cannot, the collector will.
+const drop = (a) => a?.buffer.transfer?.(0);
+
+// The bytes of the file `p` ({file, bytes, sha256}) at `url` into out[at .. at + p.bytes),
+// from the cache when they are there with their SHA-256, else downloaded (streamed), checked
+// and put in the cache (dropping that file's earlier versions); onBytes(k) as they come.
+async function fileInto(cache, url, p, out, at, onBytes) {
+  const key = cacheKey(url, p.sha256),
+    dest = out.subarray(at, at + p.bytes);
+  const hit = cache && (await cache.match(key).catch(() => null));
+  if (hit) {
+    const b = new Uint8Array(await hit.arrayBuffer());
+    if (b.length === p.bytes && (await sha256Hex(b)) === p.sha256) {
+      dest.set(b);
+      onBytes(p.bytes);
+      return;
+    }
+    await cache.delete(key);
+  }
+  let r;
+  try {
+    r = await fetch(url);
+  } catch (e) {
+    throw new LiveError(`could not fetch ${p.file} (${url}): ${e.message}`);
+  }
+  if (!r.ok) throw new LiveError(`could not fetch ${p.file} (${url}): HTTP ${r.status}`);
+  let got = 0;
+  const reader = r.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (got + value.length > p.bytes)
+      throw new LiveError(`${p.file} has more bytes than the manifest's ${p.bytes}`);
+    dest.set(value, got);
+    got += value.length;
+    onBytes(value.length);
+  }
+  if (got !== p.bytes)
+    throw new LiveError(`${p.file} has ${got} bytes, the manifest says ${p.bytes}`);
+  if (globalThis.crypto?.subtle && (await sha256Hex(dest)) !== p.sha256) {
+    throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
+  }
+  if (cache) {
+    try {
+      for (const old of await cache.keys()) {
+        if (old.url.startsWith(`${url}?sha256=`)) await cache.delete(old);
+      }
+      await cache.put(key, new Response(dest)); // the Response copies the bytes
+    } catch {
+      // a full or refused cache: the next visit downloads again
+    }
+  }
+}
+
+// The concatenated files `pieces` (their total `bytes`) relative to `manifestUrl`.
+async function download(cache, manifestUrl, listed, onBytes) {
+  let out;
+  try {
+    out = new Uint8Array(listed.bytes);
+  } catch (e) {
+    throw new LiveError(`This tab cannot hold ${megabytes(listed.bytes)}: ${e.message}.`);
+  }
+  let at = 0;
+  const jobs = [];
+  for (const p of listed.pieces) {
+    jobs.push(fileInto(cache, new URL(p.file, manifestUrl).href, p, out, at, onBytes));
+    at += p.bytes;
+  }
+  await Promise.all(jobs);
+  return out;
+}
+
+let stepper = null,
+  session = null,
+  tokenizer = null,
+  queue = Promise.resolve();
+
+async function start({ base, manifestUrl, manifest }, progress) {
+  if (session) throw new Error("this worker holds a session already");
+  const cache = await openCache();
+  const blocks = manifest.weights?.blocks;
+  const tokFile = { bytes: manifest.tokenizer.bytes, pieces: [manifest.tokenizer] };
+  const total = manifest.onnx.bytes + (blocks ? blocks.bytes : 0) + tokFile.bytes;
+  let done = 0;
+  const tick = (n) => {
+    done += n;
+    progress(
+      `downloading ${manifest.name}: ${megabytes(done)} of ${megabytes(total)}`,
+      done / total,
+    );
+  };
+  tick(0);
+  // the blocks are unpacked as soon as they are here, and dropped (only the float32 stay)
+  const unpack = (packed) => {
+    progress("unpacking the 4-bit weights into float32", 1);
+    const w = unpackWeights(packed, manifest.weights);
+    drop(packed);
+    return w;
+  };
+  const [ort, tk, tokText, graph, weights] = await Promise.all([
+    import(base + VENDOR.ort),
+    import(base + VENDOR.tokenizers),
+    download(cache, manifestUrl, tokFile, tick),
+    download(cache, manifestUrl, manifest.onnx, tick),
+    blocks ? download(cache, manifestUrl, blocks, tick).then(unpack) : null,
+  ]);
+  const tok = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
+  // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
+  const options = {
+    executionProviders: ["wasm"],
+    graphOptimizationLevel: "all",
+    extra: { session: { disable_prepacking: "1" } },
+  };
+  if (weights) {
+    options.externalData = [{ path: manifest.weights.file, data: new Uint8Array(weights.buffer) }];
+  }
+  ort.env.wasm.numThreads = 1; // threads need cross-origin isolation, which static hosts lack
+  ort.env.wasm.proxy = false;
+  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
+  progress("starting onnxruntime-web", 1);
+  try {
+    session = await ort.InferenceSession.create(graph, options);
+  } catch (e) {
+    throw new LiveError(
+      `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); ` +
+        "a phone or a small tablet may lack the memory. What is shown is the stored analysis.",
+    );
+  } finally {
+    options.externalData = null; // onnxruntime holds its own copy of the weights now
+    drop(weights);
+    drop(graph);
+  }
+  stepper = cacheStepper(ort, session, manifest);
+  tokenizer = tok;
+  return true;
+}
+
+async function handle(msg) {
+  const post = (m, transfer = []) => self.postMessage({ id: msg.id, ...m }, transfer);
+  try {
+    if (msg.type === "start") {
+      post({
+        result: await start(msg, (text, fraction) => post({ type: "progress", text, fraction })),
+      });
+    } else if (msg.type === "run") {
+      if (!stepper) throw new LiveError("the live model is not started (or was released)");
+      const r = await stepper(msg.ids, msg.options || {});
+      const transfer = [r.logits.buffer, r.attn.buffer];
+      if (r.direct) transfer.push(r.direct.buffer);
+      post({ result: r }, transfer);
+    } else if (msg.type === "encode") {
+      if (!tokenizer) throw new LiveError("the live model is not started (or was released)");
+      post({ result: tokenizer.encode(msg.text, { add_special_tokens: false }).ids });
+    } else if (msg.type === "release") {
+      const s = session;
+      session = stepper = tokenizer = null;
+      if (s) await s.release();
+      post({ result: true });
+    } else {
+      throw new Error(`unknown message ${msg.type}`);
+    }
+  } catch (e) {
+    post({ error: e?.message || String(e), live: e instanceof LiveError });
+  }
+}
+
+// One message at a time: a step waits for the one before (they share the cache).
+if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope) {
+  self.onmessage = (e) => {
+    queue = queue.then(() => handle(e.data));
+  };
+}

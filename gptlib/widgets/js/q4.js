@@ -1,0 +1,73 @@
+// SmolLM2's weights from the GGUF's own blocks (gptlib/export/q4.py writes them and the table):
+// Q4_1 blocks of 32 numbers, 20 bytes each (d and m as float16, then 16 bytes whose low nibbles
+// are numbers 0..15 and high nibbles 16..31), w = d q + m in float32; Q8_0 blocks, 34 bytes (d
+// as float16, 32 int8 numbers), w = q d. Each float32 operation is rounded once, with
+// Math.fround: d q is exact in a double (11 by 8 bits), so fround(d q) is float32's product, and
+// fround(a + b) of two float32s is float32's sum (a double holds 53 >= 2 * 24 + 2 bits), so the
+// numbers are PyTorch's bit for bit (tests/test_q4_js.py checks them against q4.unpack_external).
+
+// A float16's bits (an int 0..65535) as a number.
+export function halfToFloat(h) {
+  const s = h & 0x8000 ? -1 : 1,
+    e = (h >> 10) & 31,
+    f = h & 1023;
+  if (e === 0) return s * f * 2 ** -24;
+  if (e === 31) return f ? Number.NaN : s * Number.POSITIVE_INFINITY;
+  return s * (1024 + f) * 2 ** (e - 25);
+}
+
+const HALF = new Float64Array(65536);
+for (let h = 0; h < 65536; h++) HALF[h] = halfToFloat(h);
+
+const BLOCK_BYTES = { Q4_1: 20, Q8_0: 34 };
+
+// One tensor of the table ({type, rows, cols, transpose, blocks_offset, blocks_bytes, offset,
+// bytes}) unpacked from `blocks` (Uint8Array) into `out` (a Float32Array over the external-data
+// file) at t.offset: the GGUF's (rows, cols), or (cols, rows) with t.transpose.
+export function unpackTensor(blocks, t, out) {
+  const per = BLOCK_BYTES[t.type];
+  if (!per) throw new Error(`${t.name}: blocks of type ${t.type}; Q4_1 or Q8_0 expected`);
+  const n = t.rows * t.cols;
+  if (t.blocks_bytes !== (n / 32) * per || t.bytes !== n * 4 || t.cols % 32) {
+    throw new Error(`${t.name}: the table's sizes do not agree with its shape`);
+  }
+  if (t.blocks_offset + t.blocks_bytes > blocks.length || (t.offset + t.bytes) / 4 > out.length) {
+    throw new Error(`${t.name}: its bytes lie outside the files`);
+  }
+  const at = t.offset / 4,
+    R = t.rows,
+    C = t.cols,
+    tr = t.transpose;
+  const b8 = blocks.subarray(t.blocks_offset, t.blocks_offset + t.blocks_bytes);
+  const f = Math.fround;
+  const w = new Float32Array(32);
+  for (let b = 0, o = 0; b < n / 32; b++, o += per) {
+    const d = HALF[b8[o] | (b8[o + 1] << 8)];
+    if (per === 20) {
+      const m = HALF[b8[o + 2] | (b8[o + 3] << 8)];
+      for (let j = 0; j < 16; j++) {
+        const x = b8[o + 4 + j];
+        w[j] = f(f(d * (x & 15)) + m);
+        w[j + 16] = f(f(d * (x >> 4)) + m);
+      }
+    } else {
+      for (let j = 0; j < 32; j++) w[j] = f(((b8[o + 2 + j] << 24) >> 24) * d);
+    }
+    const i0 = b * 32,
+      r = Math.floor(i0 / C),
+      c0 = i0 - r * C; // a block never crosses a row: C is a multiple of 32
+    if (tr) for (let j = 0; j < 32; j++) out[at + (c0 + j) * R + r] = w[j];
+    else out.set(w, at + i0);
+  }
+}
+
+// The external-data file of the graph (manifest.weights: {bytes, tensors}) from the blocks, as
+// a Float32Array; onTensor(k) after each tensor.
+export function unpackWeights(blocks, weights, onTensor = () => {}) {
+  const out = new Float32Array(weights.bytes / 4);
+  weights.tensors.forEach((t, k) => {
+    unpackTensor(blocks, t, out);
+    onTensor(k);
+  });
+  return out;
+}

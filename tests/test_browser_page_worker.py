@@ -1,0 +1,163 @@
+"""SmolLM2 in the page's Web Worker, in Chromium (the page of tests/test_browser_live.py): a step
+that fails in onnxruntime (an id outside the vocabulary, after the cache would have been cut)
+leaves the cache as it was, so the next steps still give PyTorch's greedy tokens; leaving the page
+releases the session; a reload starts from the browser's Cache API (the 4-bit blocks and the
+graph are not downloaded again). The renderer's resident memory (Chromium's renderer processes,
+/proc) is printed (run with -s), never asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_browser_live import STATIC, Page, Served
+
+from gptlib.step import step, step_inputs
+
+pytestmark = pytest.mark.browser
+QUESTION = "Which animals live in the Arctic?"
+
+
+def _parent(pid: str) -> str | None:
+    try:
+        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def _renderer_rss() -> int:
+    """The largest VmRSS (bytes) among the renderer processes of the Chromium this process
+    started (not another's on the same machine)."""
+    me, best = str(os.getpid()), 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"--type=renderer" not in (proc / "cmdline").read_bytes():
+                continue
+            pid, mine = proc.name, False
+            for _ in range(8):  # renderer -> zygote -> chromium -> playwright's driver -> us
+                pid = _parent(pid)
+                if pid in (None, "0", "1"):
+                    break
+                if pid == me:
+                    mine = True
+                    break
+            if not mine:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    best = max(best, int(line.split()[1]) * 1024)
+        except OSError:
+            continue
+    return best
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from gptlib.gguf import load_smollm2
+
+    try:
+        model, tok = load_smollm2()
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"SmolLM2 is not in the cache ({e})")
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def worker_page(browser, smollm2, tmp_path_factory):
+    from ipywidgets.embed import embed_data
+
+    from gptlib.widgets import PlaygroundView
+
+    if not (STATIC / "live" / "smollm2.json").is_file():
+        pytest.skip(f"no SmolLM2 live model in {STATIC} (run `make book`)")
+    model, tok = smollm2
+    view = PlaygroundView(model, tok, QUESTION, chat=True, source="live/smollm2.json")
+    data = embed_data(views=[view], drop_defaults=False)
+    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
+    spec = json.dumps(data["view_specs"][0])
+    root = tmp_path_factory.mktemp("worker")
+    (root / "_static").symlink_to(STATIC, target_is_directory=True)
+    (root / "index.html").write_text(
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+        '<script src="_static/vendor/require.js"></script><script '
+        'src="_static/require-config.js"></script><script '
+        'src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
+        '<body><div class="cell_output"><script '
+        f'type="application/vnd.jupyter.widget-view+json">{spec}</script></div></body></html>',
+        encoding="utf-8",
+    )
+    served = Served(root)
+    page = Page(browser, served.url + "/index.html", width=1280)
+    try:
+        yield page, served
+    finally:
+        page.close()
+        served.close()
+
+
+def _start(page, served) -> tuple[int, float]:
+    """Start the model (the reader agrees); returns (live bytes downloaded, seconds)."""
+    n, t0 = len(served.log), time.perf_counter()
+    page.play.locator(".gptlib-play-start").click()
+    page.play.locator(".gptlib-play-confirm-yes").click()
+    page.page.wait_for_function(
+        "() => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
+        timeout=180_000,
+    )
+    page.wait_idle(timeout=180_000)
+    assert page.play.get_attribute("data-live") == "browser"
+    return served.bytes_since(n, "/_static/live/"), time.perf_counter() - t0
+
+
+RUN = (
+    "async ([ids]) => { const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+    " try { const r = await b.run(ids); return {logits: Array.from(r.logits)}; }"
+    " catch (e) { return {error: e.message}; } }"
+)
+
+
+def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(worker_page, smollm2, summary):
+    page, served = worker_page
+    model, tok = smollm2
+    before = _renderer_rss()
+    first, seconds = _start(page, served)
+    loaded = _renderer_rss()
+    ids = json.loads(page.play.get_attribute("data-ids"))
+    assert page.page.evaluate(RUN, [ids]).get("logits")
+    # a step whose last id is outside the vocabulary, on a window that cuts the cache by two
+    bad = page.page.evaluate(RUN, [ids[:-2] + [10**9]])
+    assert "error" in bad, bad
+    # the next steps: greedy from the whole prompt through the cache, as PyTorch gives them
+    past, mask, lens, targets = step_inputs(model)
+    x, ctx, got, want = torch.tensor([ids]), list(ids), [], []
+    for _ in range(6):
+        out = step(model, x, past, mask, lens, targets)
+        past, nxt = out["present"], int(out["logits"][0].argmax())
+        want.append(nxt)
+        got.append(int(torch.tensor(page.page.evaluate(RUN, [ctx])["logits"]).argmax()))
+        ctx.append(got[-1])
+        x = torch.tensor([[nxt]])
+    assert got == want, (tok.decode(got), tok.decode(want))
+    # a reload: the old page's session and worker go, the files come from the Cache API
+    page.page.reload()
+    page.page.locator(".gptlib-play").first.wait_for(timeout=30_000)
+    again, seconds2 = _start(page, served)
+    listed = json.loads((STATIC / "live" / "smollm2.json").read_text(encoding="utf-8"))
+    assert first >= listed["download_bytes"]
+    assert again <= 5_000_000, again  # the manifest and the tokenizer, not the model
+    summary(
+        "SmolLM2 in the page's worker",
+        f"\n[smollm2 worker] after a failed step, 6 greedy tokens equal PyTorch's; renderer RSS "
+        f"{before / 1e9:.2f} GB before the start, {loaded / 1e9:.2f} GB once loaded, "
+        f"{_renderer_rss() / 1e9:.2f} GB after a reload and a second start; start "
+        f"{seconds:.1f} s ({first / 1e6:.1f} MB downloaded), again {seconds2:.1f} s "
+        f"({again / 1e6:.1f} MB)",
+    )
+    page.check_offline()

@@ -1,0 +1,186 @@
+"""The page's backend around its Web Worker (gptlib/widgets/js/page.js, run with node): the
+cache of keys and values changes only when a step succeeds (a failed step leaves what the next
+step is fed as it was), the worker's messages reach the right caller, a closed backend releases
+its session and worker, and the manifest's external weights are checked. The worker's code is
+inlined into the views' bundles (scripts/build_widgets.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "gptlib" / "widgets" / "js"
+
+
+def _node(script: str) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    head = f"import * as m from {json.dumps((JS / 'page.js').as_uri())};\n"
+    out = subprocess.run(
+        [node, "--input-type=module", "-e", head + script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+# A session of one layer, one kv head, d_head 1: the cache holds each position's id (as key and
+# value), so what a step
+# is fed says which ids the page believes are cached. `fail` makes the next run throw.
+FAKE = """
+const manifest = { config: { n_layers: 1, n_heads: 1, n_kv_heads: 1, d_head: 1, d_vocab: 4,
+                             n_ctx: 64 }, lens_top: 2 };
+class Tensor { constructor(type, data, dims) {
+  const n = dims.reduce((a, b) => a * b, 1);
+  if (data.length !== n) throw new Error(`${data.length} values for dims ${dims}`);
+  Object.assign(this, { type, data, dims }); } }
+const ort = { Tensor };
+const fed = [];
+let fail = false;
+const session = { async run(f) {
+  const ids = Array.from(f.ids.data, Number), P = f.past.dims[3];
+  const past = Array.from(f.past.data);  // (1, 2, 1, P, 1): the keys, then the values
+  if (past.slice(0, P).join() !== past.slice(P).join()) throw new Error("keys are not values");
+  fed.push({ ids, past: past.slice(0, P), P });
+  if (fail) { fail = false; throw new Error("out of memory"); }
+  const T = ids.length;
+  return { logits: new Tensor("float32", new Float32Array(4 * T), [1, T, 4]),
+           attn: new Tensor("float32", new Float32Array(T * (P + T)).fill(1), [1, 1, T, P + T]),
+           present: new Tensor("float32", Float32Array.from([...past.slice(0, P), ...ids,
+                                                             ...past.slice(P), ...ids]),
+                               [1, 2, 1, P + T, 1]),
+           direct: new Tensor("float32", new Float32Array(0), [0]) }; } };
+"""
+
+
+def test_a_failed_step_leaves_the_cache_as_it_was():
+    """A step that throws after the cache would have been cut (a new token in the middle) leaves
+    the cache whole: the next step is fed the positions it keeps, with their own keys and
+    values, and the steps after it go on from there (today's order cut the cache first, and fed
+    the next step keys that were no longer there)."""
+    js = _node(
+        FAKE
+        + """
+const step = m.cacheStepper(ort, session, manifest);
+const out = { errors: [] };
+const r1 = await step([1, 2, 3]);
+out.r1 = [r1.P, r1.T];
+fail = true;
+try { await step([1, 2, 9, 4]); } catch (e) { out.errors.push(e.message); }
+const r3 = await step([1, 2, 3, 5]);
+out.r3 = [r3.P, r3.T];
+fail = true;
+try { await step([7]); } catch (e) { out.errors.push(e.message); }
+const r5 = await step([1, 2, 3, 5, 6]);
+out.r5 = [r5.P, r5.T, r5.attn.length];
+out.fed = fed;
+console.log(JSON.stringify(out));
+"""
+    )
+    assert js["errors"] == ["out of memory", "out of memory"]
+    assert js["r1"] == [0, 3] and js["r3"] == [3, 1] and js["r5"] == [4, 1, 5]
+    assert js["fed"] == [
+        {"ids": [1, 2, 3], "past": [], "P": 0},
+        {"ids": [9, 4], "past": [1, 2], "P": 2},  # fails
+        {"ids": [5], "past": [1, 2, 3], "P": 3},  # the cache of the first step, whole
+        {"ids": [7], "past": [], "P": 0},  # fails
+        {"ids": [6], "past": [1, 2, 3, 5], "P": 4},
+    ]
+
+
+def test_the_worker_client_and_the_backend_around_it():
+    """Answers reach their callers by id, progress goes to the hook, a reader's error stays a
+    LiveError, a worker that dies fails what waits; the backend keeps the attention rows of the
+    steps that succeeded, and close() releases the session, then ends the worker, once."""
+    js = _node(
+        """
+import { LiveError } from "./backend.js";
+const posted = [], progress = [];
+const worker = { postMessage(m) { posted.push(m); }, terminated: 0,
+                 terminate() { this.terminated++; } };
+const c = m.workerClient(worker, (t, f) => progress.push([t, f]));
+const a = c.call("run", { ids: [1] }), b = c.call("run", { ids: [2] });
+worker.onmessage({ data: { type: "progress", text: "x", fraction: 0.5 } });
+worker.onmessage({ data: { id: 1, error: "too big", live: true } });
+worker.onmessage({ data: { id: 0, result: 42 } });
+const out = { a: await a, progress };
+try { await b; } catch (e) { out.b = [e.message, e instanceof LiveError]; }
+const d = c.call("start");
+worker.onerror({ message: "wasm trap" });
+try { await d; } catch (e) { out.d = e.message; }
+// the backend: rows from each successful step, none from a failed one
+const calls = [];
+const client = { async call(type, p) { calls.push(type);
+    if (type === "release") return true;
+    if (p.ids.length === 9) throw new Error("boom");
+    const P = p.ids.length - 1;
+    return { logits: new Float32Array(4), attn: new Float32Array(P + 1).fill(0.5), P, T: 1,
+             lens: null, direct: null }; },
+  terminated: 0, terminate() { this.terminated++; } };
+const manifest = { name: "t", config: { n_layers: 1, n_heads: 1 }, tokens: [], token_bytes: [] };
+const be = m.pageBackend(client, manifest, null);
+await be.run([1]);
+await be.run([1, 2]).catch(() => {});
+try { await be.run([1, 2, 3, 4, 5, 6, 7, 8, 9]); } catch (e) { out.failed = e.message; }
+const r = await be.run([1, 2, 3]);
+out.rows = r.patterns[0][0].map((x) => x.length);
+await be.close(); await be.close();
+out.calls = calls; out.terminated = client.terminated;
+console.log(JSON.stringify(out));
+""".replace("./backend.js", (JS / "backend.js").as_uri())
+    )
+    assert js["a"] == 42 and js["progress"] == [["x", 0.5]]
+    assert js["b"] == ["too big", True]
+    assert "worker stopped: wasm trap" in js["d"]
+    assert js["failed"] == "boom" and js["rows"] == [1, 2, 3]
+    assert js["calls"] == ["run", "run", "run", "run", "release"] and js["terminated"] == 1
+
+
+def test_one_backend_per_model_released_once():
+    """releasePageBackend closes the model's one backend and forgets it: the next start makes a
+    new one; a model never started has none to release."""
+    js = _node(
+        """
+let made = 0, closed = 0;
+const start = async () => { made++; return { close: async () => { closed++; } }; };
+const a = await m.sharedPageBackend("live/s.json", "w", {}, start);
+const b = await m.sharedPageBackend("live/s.json", "w", {}, start);
+const released = await m.releasePageBackend("live/s.json", "w");
+const none = await m.releasePageBackend("live/other.json", "w");
+const c = await m.sharedPageBackend("live/s.json", "w", {}, start);
+console.log(JSON.stringify({ same: a === b, made, closed, released, none, fresh: c !== a }));
+"""
+    )
+    assert js == {
+        "same": True, "made": 2, "closed": 1, "released": True, "none": False, "fresh": True,
+    }  # fmt: skip
+
+
+def test_the_manifest_external_weights_must_add_up():
+    js = _node(
+        """
+const pieces = [{ bytes: 3 }, { bytes: 2 }];
+const ok = { format: "gptlib-live", version: 3, onnx: { bytes: 5, pieces },
+             weights: { blocks: { bytes: 5, pieces } } };
+const errors = [
+  { ...ok, version: 2 },
+  { ...ok, weights: { blocks: { bytes: 6, pieces } } },
+  { ...ok, weights: { blocks: { bytes: 0, pieces: [] } } },
+].map((bad) => { try { m.checkManifest(bad, "x.json"); return null; }
+                 catch (e) { return e.message; } });
+console.log(JSON.stringify({ ok: m.checkManifest(ok, "x.json") === ok,
+                             plain: !!m.checkManifest({ ...ok, weights: null }, "x.json"),
+                             errors }));
+"""
+    )
+    assert js["ok"] and js["plain"]
+    assert "version 3" in js["errors"][0]
+    assert all("weights' pieces do not add up" in e for e in js["errors"][1:])

@@ -1,0 +1,136 @@
+"""The page's unpacking of SmolLM2's blocks (gptlib/widgets/js/q4.js, run with node) equals
+gptlib.export.q4.unpack_external bit for bit: Q4_1's d q + m and Q8_0's q d, each float32
+operation rounded once (Math.fround), on blocks whose d and m run through float16's values
+(subnormals, signs, large and small) and on the cached SmolLM2 GGUF's own tensors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptlib.export.q4 import BLOCK_BYTES, unpack_external, unpack_q4_1
+
+ROOT = Path(__file__).resolve().parents[1]
+Q4_JS = ROOT / "gptlib" / "widgets" / "js" / "q4.js"
+
+
+def _js_unpack(tmp_path: Path, blocks: bytes, weights: dict) -> bytes:
+    """q4.js's unpackWeights on ``blocks`` and the table ``weights``, run by node."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    (tmp_path / "blocks.bin").write_bytes(blocks)
+    (tmp_path / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
+    script = f"""
+import * as q from {json.dumps(Q4_JS.as_uri())};
+import {{ readFileSync, writeFileSync }} from "node:fs";
+const dir = {json.dumps(str(tmp_path))};
+const blocks = new Uint8Array(readFileSync(dir + "/blocks.bin"));
+const weights = JSON.parse(readFileSync(dir + "/weights.json", "utf8"));
+const out = q.unpackWeights(blocks, weights);
+writeFileSync(dir + "/out.bin", new Uint8Array(out.buffer));
+"""
+    run = subprocess.run(
+        [node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return (tmp_path / "out.bin").read_bytes()
+
+
+def _table(shapes: list[tuple[str, int, int, bool]]) -> list[dict]:
+    tensors, at, offset = [], 0, 0
+    for kind, rows, cols, transpose in shapes:
+        n = rows * cols
+        nb = n // 32 * BLOCK_BYTES[kind]
+        tensors.append(
+            dict(name=f"t{len(tensors)}", type=kind, rows=rows, cols=cols, transpose=transpose,
+                 blocks_offset=at, blocks_bytes=nb, offset=offset, bytes=n * 4)
+        )  # fmt: skip
+        at, offset = at + nb, offset + n * 4
+    return tensors
+
+
+def _random_blocks(tensors: list[dict], rng) -> bytes:
+    """Blocks whose d and m take every finite float16 bit pattern in turn, numbers at random."""
+    size = sum(t["blocks_bytes"] for t in tensors)
+    raw = rng.integers(0, 256, size, dtype=np.uint8)
+    finite = np.arange(65536, dtype=np.uint16)
+    finite = finite[np.isfinite(finite.view(np.float16))]
+    k = 0
+    for t in tensors:
+        per = BLOCK_BYTES[t["type"]]
+        view = raw[t["blocks_offset"] : t["blocks_offset"] + t["blocks_bytes"]].reshape(-1, per)
+        for field in range(2 if per == 20 else 1):
+            bits = finite[(np.arange(len(view)) * 7919 + k) % len(finite)]
+            view[:, 2 * field : 2 * field + 2] = bits.view(np.uint8).reshape(-1, 2)
+            k += len(view)
+    return raw.tobytes()
+
+
+def test_js_unpacking_equals_numpys_bit_for_bit(tmp_path):
+    tensors = _table([("Q4_1", 96, 64, True), ("Q4_1", 40, 32, False), ("Q8_0", 64, 96, False),
+                      ("Q8_0", 32, 64, True), ("Q4_1", 1024, 2048, True)])  # fmt: skip
+    blocks = _random_blocks(tensors, np.random.default_rng(0))
+    weights = {"bytes": tensors[-1]["offset"] + tensors[-1]["bytes"], "tensors": tensors}
+    want = unpack_external(blocks, tensors)
+    got = _js_unpack(tmp_path, blocks, weights)
+    assert len(got) == len(want) == weights["bytes"]
+    a, b = np.frombuffer(got, "<u4"), np.frombuffer(want, "<u4")
+    assert np.array_equal(a, b), int((a != b).sum())
+    # a known value: d = 0.5, m = -1, the first byte 0x21 gives numbers 1 (first) and 2 (17th)
+    w = np.frombuffer(want, "<f4")
+    q, d, m = unpack_q4_1(np.frombuffer(blocks, np.uint8)[:20])
+    first = np.float32(d[0, 0]) * np.float32(q[0, 0] & 15) + np.float32(m[0, 0])
+    assert w[0] == first  # t0 is transposed: its (0, 0) is the first number of the first block
+
+
+def test_js_unpacking_equals_the_cached_smollm2_weights(tmp_path):
+    """A few of the cached GGUF's own tensors (Q4_1 and Q8_0) unpacked by the page equal the
+    model's float32 weights that PyTorch computes with (the cached safetensors)."""
+    from gguf import GGUFReader
+
+    from gptlib.assets import asset_path
+    from gptlib.gguf import ASSET
+
+    try:
+        reader = GGUFReader(str(asset_path(ASSET)))
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        pytest.skip(f"SmolLM2's GGUF is not in the cache ({e})")
+    wanted = ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "token_embd.weight")
+    picked = [t for t in reader.tensors if t.name in wanted]
+    shapes, parts = [], []
+    for t in picked:
+        cols, rows = (int(x) for x in t.shape[:2])  # GGUF lists the fastest dimension first
+        shapes.append((t.tensor_type.name, rows, cols, t.name != "token_embd.weight"))
+        parts.append(np.ascontiguousarray(t.data).view(np.uint8).tobytes())
+    assert {s[0] for s in shapes} == {"Q4_1", "Q8_0"}, shapes
+    tensors = _table(shapes)
+    blocks = b"".join(parts)
+    weights = {"bytes": tensors[-1]["offset"] + tensors[-1]["bytes"], "tensors": tensors}
+    got = _js_unpack(tmp_path, blocks, weights)
+    assert got == unpack_external(blocks, tensors)
+    from gptlib.gguf import load_smollm2
+
+    state = load_smollm2()[0].state_dict()
+    ours = {"blk.0.attn_q.weight": "blocks.0.attn.W_Q", "blk.7.ffn_down.weight":
+            "blocks.7.mlp.W_out", "token_embd.weight": "W_E"}  # fmt: skip
+    flat = np.frombuffer(got, "<f4")
+    for t, s in zip(tensors, picked):
+        w = state[ours[s.name]].numpy()
+        mine = flat[t["offset"] // 4 : (t["offset"] + t["bytes"]) // 4].reshape(w.shape)
+        assert np.array_equal(mine.view(np.uint32), w.view(np.uint32)), s.name
+
+
+def test_js_unpacking_refuses_a_table_that_does_not_fit(tmp_path):
+    tensors = _table([("Q4_1", 2, 32, False)])
+    blocks = bytes(40)
+    bad = [dict(tensors[0], blocks_bytes=20), dict(tensors[0], type="Q5_0"),
+           dict(tensors[0], offset=8)]  # fmt: skip
+    for t, msg in zip(bad, ("sizes do not agree", "Q4_1 or Q8_0 expected", "outside the files")):
+        with pytest.raises(AssertionError, match=msg):
+            _js_unpack(tmp_path, blocks, {"bytes": 256, "tensors": [t]})
