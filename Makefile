@@ -176,9 +176,10 @@ FORCE:
 $(LIVE)/english.json: $(EXPORT_STAMPS)/english.sha256
 	$(PY) -m gptlib.export models/english $(LIVE)
 
-# SmolLM2-135M-Instruct for the live playground (Chapter 12): the step graph with the GGUF's own
-# Q4_1/Q8_0 blocks in pieces of at most 95 MB, its tokenizer.json and manifest, from the cache that
-# `make smollm2` fills; rebuilt when what the export reads changes; never committed.
+# SmolLM2-135M-Instruct for the live playground (Chapter 12): the step graph, whose quantized
+# weights are external float32 data, the GGUF's own Q4_1/Q8_0 blocks beside it in pieces of at most
+# 95 MB (the page unpacks them in a Web Worker), its tokenizer.json and manifest, from the cache
+# that `make smollm2` fills; rebuilt when what the export reads changes; never committed.
 $(SMOLLM2_CACHE): | install
 	$(MAKE) --no-print-directory smollm2
 
