@@ -669,24 +669,3 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     assert len(checked) >= 8
     p.check_offline()
     p.close()
-
-
-@browser_test
-def test_every_widget_in_the_book_renders(browser, site):
-    """On every page with widgets, each stored widget view is drawn (html-manager + anywidget)."""
-    pages = [
-        p.stem
-        for p in sorted((HTML / "chapters").glob("*.html"))
-        if "application/vnd.jupyter.widget-view+json" in p.read_text(encoding="utf-8")
-    ]
-    if not pages:
-        pytest.skip("no page of the built book shows a widget")
-    for chapter in pages:
-        p = Page(browser, site, chapter)
-        views = p.page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
-        p.page.wait_for_function(
-            f"() => document.querySelectorAll('.gptlib-widget').length >= {views}", timeout=20_000
-        )
-        assert p.page.locator(".gptlib-widget").count() == views, chapter
-        p.check_offline()
-        p.close()

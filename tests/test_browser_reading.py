@@ -24,9 +24,11 @@ Needs ``make book`` and Debian's Chromium (see conftest.py); ``make browser`` ru
 
 from __future__ import annotations
 
+import collections
 import re
 import statistics
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 import pytest
 from browser_support import HTML, ROOT
@@ -92,6 +94,9 @@ MEASURE = r"""
     ),
     page_wide: document.documentElement.scrollWidth > window.innerWidth,
     page_width: document.documentElement.scrollWidth,
+    views: document.querySelectorAll(
+        'script[type="application/vnd.jupyter.widget-view+json"]').length,
+    widgets: document.querySelectorAll(".gptlib-widget").length,
     tex: raw,
     images: images,
   };
@@ -116,6 +121,9 @@ class Reading:
     tex: list[str] = field(default_factory=list)
     images: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # the hosts the page asked
+    views: int = 0  # stored widget views in the page
+    widgets: int = 0  # widgets drawn
 
     @property
     def code_share(self) -> float:
@@ -128,20 +136,38 @@ class Reading:
         ]
 
 
-def read_page(browser, site: str, page: str) -> dict[int, Reading]:
-    """One page, loaded once at the wide window, measured there, then narrowed and measured again:
-    ``{width: Reading}``. The book's layout follows the window by CSS alone (no widget or MathJax
-    sizes itself in script), so a narrowed window shows what a narrow one would have loaded; the
-    errors of the one load count at both widths."""
-    readings = {w: Reading(page, w) for w, _ in (WIDE, NARROW)}
+AHEAD = 2  # pages loading in their own tabs while the one before them is measured
+
+
+def start_page(browser, site: str, page: str):
+    """A tab at the wide window that starts loading ``page`` and records its errors and the hosts
+    it asks: ``(tab, errors, hosts)``. :func:`finish_page` waits for it and measures it."""
     errors: list[str] = []
+    hosts: set[str] = set()
     tab = browser.new_page(viewport={"width": WIDE[0], "height": WIDE[1]})
     tab.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text[:120]}"))
     tab.on("pageerror", lambda e: errors.append(f"script: {str(e)[:120]}"))
     tab.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
     tab.on("response", lambda r: r.status >= 400 and errors.append(f"HTTP {r.status}: {r.url}"))
+
+    def asked(request):
+        url = urlparse(request.url)
+        if url.scheme in ("http", "https"):
+            hosts.add(url.hostname)
+
+    tab.on("request", asked)
+    tab.goto(f"{site}/{page}.html", wait_until="commit")
+    return tab, errors, hosts
+
+
+def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int, Reading]:
+    """The page in ``tab`` (from :func:`start_page`) once loaded, measured at the wide window,
+    then narrowed and measured again: ``{width: Reading}``. The book's layout follows the window
+    by CSS alone (no widget or MathJax sizes itself in script), so a narrowed window shows what a
+    narrow one would have loaded; the errors of the one load count at both widths."""
+    readings = {w: Reading(page, w) for w, _ in (WIDE, NARROW)}
     try:
-        tab.goto(f"{site}/{page}.html", wait_until="load")
+        tab.wait_for_load_state("load")
         if tab.locator(
             'script[src*="mathjax"]'
         ).count():  # Sphinx loads MathJax only where there is maths
@@ -171,19 +197,30 @@ def read_page(browser, site: str, page: str) -> dict[int, Reading]:
         tab.close()
     for reading in readings.values():
         reading.errors = list(errors)
+        reading.hosts = sorted(hosts)
     return readings
 
 
 @pytest.fixture(scope="module")
 def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
-    """Every page of the book at both widths, measured once; the table goes to the test log."""
+    """Every page of the book at both widths, measured once; the table goes to the test log.
+    The next pages load in their own tabs while one is measured (each measured alone, in its
+    own window, once loaded), so that Chromium never waits on the test between pages."""
     missing = [p for p in PAGES if not (HTML / f"{p}.html").is_file()]
     if missing:
         pytest.skip(f"pages missing from the built book: {missing}")
     out = {}
-    for page in PAGES:
-        for width, reading in read_page(browser, site, page).items():
-            out[page, width] = reading
+    loading = collections.deque()
+    try:
+        for page in PAGES + [None] * AHEAD:
+            if page is not None:
+                loading.append((page, *start_page(browser, site, page)))
+            if loading and (len(loading) > AHEAD or page is None):
+                for width, reading in finish_page(*loading.popleft()).items():
+                    out[reading.page, width] = reading
+    finally:
+        for _, tab, _, _ in loading:
+            tab.close()
     summary("what a reader sees (tests/test_browser_reading.py)", table(out))
     return out
 
@@ -270,6 +307,28 @@ def test_no_console_errors(readings):
             {f"{p} at {width}": e for p, e in failures(readings, width, lambda r: r.errors).items()}
         )
     assert not errors, f"console errors, script errors or failed requests: {errors}"
+
+
+def test_no_request_leaves_the_machine(readings):
+    away = failures(readings, WIDE[0], lambda r: [h for h in r.hosts if h != "127.0.0.1"])
+    assert not away, f"requests left the machine (hosts, by page): {away}"
+
+
+def test_every_widget_in_the_book_renders(readings):
+    """On every page with widgets, each stored widget view is drawn (html-manager + anywidget),
+    in the load measured above (its script errors and failed requests: test_no_console_errors)."""
+    on_disk = {
+        f"chapters/{p.stem}"
+        for p in (HTML / "chapters").glob("*.html")
+        if "application/vnd.jupyter.widget-view+json" in p.read_text(encoding="utf-8")
+    }
+    if not on_disk:
+        pytest.skip("no page of the built book shows a widget")
+    assert on_disk <= set(PAGES), f"pages with widgets not in _toc.yml: {on_disk - set(PAGES)}"
+    drawn = {p: (readings[p, WIDE[0]].widgets, readings[p, WIDE[0]].views) for p in on_disk}
+    assert all(views > 0 for _, views in drawn.values()), drawn
+    bad = {p: f"{w} of {v} drawn" for p, (w, v) in drawn.items() if w != v}
+    assert not bad, f"widget views not drawn: {bad}"
 
 
 def test_no_image_shrunk_below_its_scale(readings):

@@ -1,0 +1,311 @@
+"""SmolLM2-135M-Instruct in a real browser: its playground in chat mode, started once in one
+page served beside the built book's _static/ (the English page and the helpers are in
+test_browser_live.py; a file of its own so that `make browser`'s two workers share the two pages).
+The page must give PyTorch's numbers on the dequantized weights: GGUFTokenizer's ids on text not in
+the book, the greedy continuation, the next-token probabilities within a measured bound, 40 draws
+without a stop, head ablation equal to gptlib.circuits.ablate_heads, and the heads' direct
+contributions. No request may leave the local server. Its budgets (issue 33) go to the test log,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from page_twins import xorshift32
+from test_browser_live import ARTIFACTS, STATIC, Page, Served, _settings, reference
+
+from gptlib.sampling import next_token_probs
+from gptlib.step import step, step_inputs
+
+pytestmark = pytest.mark.browser
+
+
+# --- SmolLM2-135M-Instruct in the page ----------------------------------------------------------
+# Text that is not in the book: unicode, digits, whitespace runs, and the chat template's tokens.
+SMOL_TEXTS = [
+    "Zoë's café: 7:45\u20149:30, 12 345 678 \U0001f600  two  spaces\n\n\tand a tab",
+    "Ein Fluß, ein Haus, 东京 und 1999 Äpfel!   ",
+    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+    "    def f(x):\n        return x ** 2  # 0.5e-3\r\n",
+]
+SMOL_QUESTION = "Name three colours of the rainbow."
+SMOL_GREEDY = 16  # greedy tokens compared with PyTorch
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from gptlib.gguf import load_smollm2
+
+    try:
+        model, tok = load_smollm2()
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"SmolLM2 is not in the cache ({e})")
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def smol_page(browser, smollm2, tmp_path_factory):
+    """One page load of the SmolLM2 playground (chat mode), started: (page, served, facts)."""
+    from ipywidgets.embed import embed_data
+
+    from gptlib.widgets import PlaygroundView
+
+    if not (STATIC / "live" / "smollm2.json").is_file():
+        pytest.skip(f"no SmolLM2 live model in {STATIC} (run `make book`)")
+    model, tok = smollm2
+    view = PlaygroundView(
+        model, tok, SMOL_QUESTION, chat=True, source="live/smollm2.json", title="SmolLM2, live"
+    )
+    data = embed_data(views=[view], drop_defaults=False)
+    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
+    spec = json.dumps(data["view_specs"][0])
+    root = tmp_path_factory.mktemp("smol")
+    (root / "_static").symlink_to(STATIC, target_is_directory=True)
+    (root / "index.html").write_text(
+        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" '
+        'href="data:,"><script src="_static/vendor/require.js"></script><script '
+        'src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
+        '<body><main style="max-width: 1200px; margin: 0 auto"><div class="cell_output">'
+        f'<script type="application/vnd.jupyter.widget-view+json">{spec}</script></div></main>'
+        "</body></html>",
+        encoding="utf-8",
+    )
+    served = Served(root)
+    page = Page(browser, served.url + "/index.html", width=1280)
+    facts = {"before": served.bytes_since(0)}
+    n = len(served.log)
+    assert not [p for p, _ in served.log if "/live/" in p]  # nothing until the reader starts it
+    page.play.locator(".gptlib-play-start").click()
+    confirm = page.play.locator(".gptlib-play-confirm-yes")
+    confirm.wait_for(timeout=30_000)
+    facts["announced"] = int(page.play.get_attribute("data-confirm"))
+    assert not [p for p, _ in served.log[n:] if ".onnx" in p]  # asked before downloading
+    t0 = time.perf_counter()
+    confirm.click()
+    page.page.wait_for_function(
+        "() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined ||"
+        " document.querySelector('.gptlib-play').dataset.live === 'failed'",
+        timeout=120_000,
+    )
+    facts["wall_first_s"] = time.perf_counter() - t0
+    page.wait_idle(timeout=120_000)
+    assert page.play.get_attribute("data-live") == "browser"
+    facts["first_ms"] = float(page.play.get_attribute("data-first-ms"))
+    facts["downloaded"] = served.bytes_since(n, "/_static/live/")
+    facts["memory"] = page.play.get_attribute("data-memory")
+    try:
+        yield page, served, facts
+    finally:
+        page.close()
+        served.close()
+
+
+def _page_run(page, ids, mask=None, lens=None, targets=None) -> dict:
+    """backend.run in the page (the playground's own backend and cache)."""
+    return page.page.evaluate(
+        "async ([ids, mask, lens, targets]) => {"
+        " const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+        " const r = await b.run(ids, {mask, lens, targets});"
+        " return {logits: Array.from(r.logits), direct: r.direct && Array.from(r.direct),"
+        " lens: r.lens, ms: r.ms}; }",
+        [ids, mask, lens, targets],
+    )
+
+
+def test_smollm2_starts_on_demand_within_its_budgets(smol_page, smollm2, summary):
+    page, _, facts = smol_page
+    manifest = json.loads((STATIC / "live" / "smollm2.json").read_text(encoding="utf-8"))
+    assert facts["announced"] == manifest["download_bytes"]
+    assert all(p["bytes"] <= 95_000_000 for p in manifest["onnx"]["pieces"])
+    summary(
+        "SmolLM2 in the page",
+        f"\n[smollm2 budget] download on start: {facts['downloaded'] / 1e6:.1f} MB (the page "
+        "announced the model and tokenizer's "
+        f"{facts['announced'] / 1e6:.1f} MB; budget 120 MB; the page before it: "
+        f"{facts['before'] / 1e6:.2f} MB); start (after the reader agrees) to the first token: "
+        f"{facts['first_ms']:.0f} ms in the page, {facts['wall_first_s']:.1f} s seen by the test "
+        f"(budget 10 s); the tab's JavaScript heap once loaded: "
+        + (
+            f"{int(facts['memory']) / 1e6:.0f} MB (performance.memory; onnxruntime's WebAssembly "
+            "memory is outside it)"
+            if facts["memory"] not in (None, "unknown")
+            else "not given by the browser"
+        ),
+    )
+    status = page.play.locator(".gptlib-play-status").text_content()
+    assert "live" in status
+    page.check_offline()
+
+
+def test_smollm2_page_tokenizer_gives_gguf_ids(smol_page, smollm2):
+    page, _, _ = smol_page
+    _, tok = smollm2
+    got = page.page.evaluate(
+        "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
+        " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }",
+        SMOL_TEXTS,
+    )
+    for text, ids in zip(SMOL_TEXTS, got):
+        assert ids == tok.encode(text, allowed_special="all"), text
+    # the chat switch: the page's prompt is the template around the question
+    frame = page.js("root.__gptlib.backend.chat")
+    wrapped = frame["prefix"] + SMOL_QUESTION + frame["suffix"]
+    assert wrapped == tok.apply_chat_template([{"role": "user", "content": SMOL_QUESTION}])
+    assert json.loads(page.play.get_attribute("data-ids")) == tok.encode(
+        wrapped, allowed_special="all"
+    )
+
+
+def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm2, summary):
+    """The page's greedy run equals PyTorch's greedy decoding on the dequantized weights, and at
+    every step its next-token probabilities are PyTorch's within the bound printed."""
+    page, _, _ = smol_page
+    model, tok = smollm2
+    page.play.locator(".gptlib-play-run-n").fill(str(SMOL_GREEDY))
+    page.play.locator(".gptlib-play-run-greedy").check()
+    page.play.locator(".gptlib-play-run").click()
+    page.page.wait_for_function(
+        "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
+        timeout=120_000,
+    )
+    page.wait_idle()
+    ids = json.loads(page.play.get_attribute("data-ids"))
+    path = json.loads(page.play.get_attribute("data-path"))
+    prompt = ids[: len(ids) - len(path)]
+    stop = tok.special_tokens["<|im_end|>"]
+    want, worst_p, worst_y = [], 0.0, 0.0
+    past, mask, lens, targets = step_inputs(model)
+    x = torch.tensor([prompt])
+    for _ in range(len(path)):
+        out = step(model, x, past, mask, lens, targets)
+        past = out["present"]
+        nxt = int(torch.argmax(out["logits"][0]))
+        want.append(nxt)
+        x = torch.tensor([[nxt]])
+        if nxt == stop:
+            break
+    assert path == want, (tok.decode(path), tok.decode(want))
+    # probabilities at the last position, and along the way through the page's own backend
+    for k in (0, len(path) // 2, len(path)):
+        ctx = prompt + path[:k]
+        got = torch.tensor(_page_run(page, ctx)["logits"], dtype=torch.float64)
+        y = reference(model, ctx)["logits"][0].double()
+        worst_y = max(worst_y, float((got - y).abs().max()))
+        worst_p = max(worst_p, float((got.softmax(-1) - y.softmax(-1)).abs().max()))
+    summary(
+        "SmolLM2 in the page",
+        f"\n[smollm2] greedy answer ({len(path)} tokens) equals PyTorch's: {tok.decode(path)!r}; "
+        f"max |page - PyTorch|: logits {worst_y:.1e}, probabilities {worst_p:.1e}",
+    )
+    # the page and PyTorch sum in different orders over 30 layers (measured here: logits within
+    # 6.9e-5, probabilities within 3.0e-6); the bounds leave an order of magnitude
+    assert worst_y <= 1e-3 and worst_p <= 1e-4, (worst_y, worst_p)
+
+
+def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary):
+    """A run of 40 seeded draws: each drawn token is the inverse CDF, at the page's u, of
+    PyTorch's next_token_probs for the same prefix under the page's settings (most probable
+    first); the page's and PyTorch's logits differ by up to about 1e-4, so a draw may differ only
+    where u lies within 1e-4 of a boundary of PyTorch's cumulative mass."""
+    page, _, _ = smol_page
+    model, tok = smollm2
+    page.play.locator(".gptlib-play-chat").uncheck()  # no stop token: 40 draws
+    page.wait_idle()
+    page.play.locator(".gptlib-play-run-n").fill("40")
+    page.play.locator(".gptlib-play-run-greedy").uncheck()
+    page.page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }")
+    page.play.locator(".gptlib-play-run").click()
+    page.page.wait_for_function(
+        "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
+        timeout=300_000,
+    )
+    page.wait_idle()
+    assert int(page.play.get_attribute("data-run-steps")) == 40
+    assert page.play.get_attribute("data-error") is None
+    forty = float(page.play.get_attribute("data-run-ms"))
+    ids, path = (json.loads(page.play.get_attribute(a)) for a in ("data-ids", "data-path"))
+    draws = int(page.play.get_attribute("data-draws"))  # since the seed (0) was set
+    us = [u for _, u in zip(range(draws), xorshift32(0))][-40:]
+    s = _settings(page)
+    assert len(path) == 40 and draws >= 40
+    past, mask, lens, targets = step_inputs(model)
+    x, near = torch.tensor([ids[:-40]]), 0
+    for k, (u, drawn) in enumerate(zip(us, path)):
+        out = step(model, x, past, mask, lens, targets)
+        past, y = out["present"], out["logits"][0].double()
+        p = next_token_probs(
+            y,
+            temperature=s["temperature"],
+            top_k=s["top_k"] or None,
+            top_p=s["top_p"] if s["top_p"] < 1 else None,
+        )
+        order = torch.sort(y, descending=True, stable=True).indices
+        cum = torch.cumsum(p[order], 0)
+        want = int(order[min(int((cum <= u).sum()), len(order) - 1)])
+        if drawn != want:  # only where u is on a boundary, within the logits' difference
+            assert float((cum - u).abs().min()) < 1e-4, (k, u, drawn, want)
+            near += 1
+        assert p[drawn] > 0, (k, drawn)
+        x = torch.tensor([[drawn]])
+    assert near <= 2, near
+    # 200 tokens of context, then one token at a time through the cache
+    text = " ".join(SMOL_TEXTS[:2] + SMOL_TEXTS[3:]) * 3
+    ids = tok.encode(text, allowed_special="all")[:200]
+    _page_run(page, ids)
+    times = []
+    for k in range(5):
+        ids = ids + [
+            int(torch.randint(100, 40000, (1,), generator=torch.Generator().manual_seed(k)))
+        ]
+        times.append(_page_run(page, ids)["ms"])
+    summary(
+        "SmolLM2 in the page",
+        f"\n[smollm2 budget] 40 seeded draws without a stop: {forty:.0f} ms a token (drawing "
+        f"included); one step at {len(ids)} tokens of context with the cache: "
+        f"{sorted(times)[2]:.0f} ms (median of 5; budget 100 ms)",
+    )
+    page.check_offline()
+
+
+def test_smollm2_ablation_and_direct_contributions_equal_pytorch(smol_page, smollm2, summary):
+    from gptlib.circuits import ablate_heads
+
+    page, _, _ = smol_page
+    model, tok = smollm2
+    L, H = model.config.n_layers, model.config.n_heads
+    ids = tok.encode("The capital of France is the city of", allowed_special="all")
+    heads = [(0, 3), (5, 1), (17, 8)]
+    mask = torch.ones(L, H)
+    for l, h in heads:
+        mask[l, h] = 0
+    got = _page_run(page, ids, mask.flatten().tolist(), [0, L], [12])
+    with torch.no_grad(), ablate_heads(model, heads):
+        y = model(torch.tensor([ids]))[0, -1]
+    dy = float((torch.tensor(got["logits"]) - y).abs().max())
+    want = reference(model, ids, lens=[0, L], targets=[12], mask=mask)
+    dd = float((torch.tensor(got["direct"]) - want["direct"].flatten()).abs().max())
+    summary(
+        "SmolLM2 in the page",
+        f"\n[smollm2] ablating {heads}: max |page - ablate_heads| logits {dy:.1e}; "
+        f"direct contributions {dd:.1e}",
+    )
+    assert dy <= 1e-3 and dd <= 1e-3, (dy, dd)  # measured: 3.9e-5 and 1.8e-6
+    # a click on a thumbnail in ablation mode ablates that head in the view
+    page.play.locator(".gptlib-play-ablate-mode").check()
+    page.play.locator('.gptlib-attn-thumb[data-layer="2"][data-head="4"]').click()
+    page.wait_idle()
+    assert json.loads(page.play.get_attribute("data-ablated")) == [[2, 4]]
+    assert page.play.locator(".gptlib-attn-thumb.ablated").count() == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.screenshot(path=str(ARTIFACTS / "smollm2_live.png"), full_page=True)
+    page.play.locator(".gptlib-play-restore").click()
+    page.wait_idle()
+    assert json.loads(page.play.get_attribute("data-ablated")) == []
+    page.check_offline()
