@@ -50,6 +50,10 @@ export function layout(model) {
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.status.setAttribute("role", "status"); // the status line and errors, read out as they change
+  v.status.setAttribute("aria-live", "polite");
+  v.msg.setAttribute("role", "alert");
+  v.msg.setAttribute("aria-live", "assertive");
   v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
   v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, {

@@ -685,6 +685,7 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.dataset.layer = String(l);
       b.dataset.head = String(h);
       b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
+      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];
@@ -1232,6 +1233,10 @@ function layout(model) {
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.status.setAttribute("role", "status");
+  v.status.setAttribute("aria-live", "polite");
+  v.msg.setAttribute("role", "alert");
+  v.msg.setAttribute("aria-live", "assertive");
   v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
   v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, {
