@@ -1367,6 +1367,7 @@ def modern_tiny():
 def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
     """SmolLM2's kind of model: the chat template around the text, special tokens as one id,
     the heads' key-value groups in the config, the top logits and the patterns as bytes."""
+    from gptlib.widgets.continuations import TEMPERATURES
     from gptlib.widgets.playground import STORED_TOP
 
     model, tok = modern_tiny
@@ -1384,9 +1385,12 @@ def test_playground_runs_a_modern_gpt_in_chat(modern_tiny):
     torch.testing.assert_close(
         torch.tensor(top["logits"]), logits[order[:STORED_TOP]], atol=5e-5, rtol=0
     )
-    # the others' weight: log sum exp(y - y_max) over the tokens not stored
-    rest = torch.logsumexp(logits[order[STORED_TOP:]].double() - logits[order[0]], 0).item()
-    assert top["rest_logz"] == pytest.approx(rest, abs=1e-6)
+    # the others' weight at each slider temperature t: log sum exp((y - m)/t) over the tokens
+    # not stored, m the largest logit as stored
+    assert top["temperatures"] == list(TEMPERATURES)
+    others, m = logits[order[STORED_TOP:]].double(), top["logits"][0]
+    for t, r in zip(top["temperatures"], top["rest_logz"], strict=True):
+        assert r == pytest.approx(torch.logsumexp((others - m) / t, 0).item(), abs=1e-6)
     u8 = np.frombuffer(base64.b64decode(s["stored"]["patterns_u8"]), dtype=np.uint8)
     T = len(ids)
     r, c = torch.tril_indices(T, T)
@@ -1646,7 +1650,7 @@ const ids = s.top.ids;
 console.log(JSON.stringify({{
   patterns: a.patterns.map((l) => l.map((h) => h.map((r) => Array.from(r)))),
   listed: ids.map((i) => a.logits[i]), finite: Array.from(a.logits).filter(Number.isFinite).length,
-  rest: a.restLogZ }}));
+  rest: a.rest.logZ, temps: a.rest.temps }}));
 """,
         "analysis.js",
     )
@@ -1658,10 +1662,41 @@ console.log(JSON.stringify({{
                 assert len(row) == i + 1
                 assert np.abs(np.array(row) - A[l, h, i, : i + 1].numpy()).max() <= 1 / 510 + 1e-6
     assert js["listed"] == pytest.approx(s["stored"]["top"]["logits"], abs=1e-6)
-    assert (
-        js["finite"] == len(s["stored"]["top"]["ids"])
-        and js["rest"] == s["stored"]["top"]["rest_logz"]
+    assert js["finite"] == len(s["stored"]["top"]["ids"])
+    assert js["rest"] == s["stored"]["top"]["rest_logz"]
+    assert js["temps"] == s["stored"]["top"]["temperatures"]
+
+
+def test_playground_stored_view_is_right_at_every_temperature(tmp_path, modern_tiny):
+    """The stored view (no model running) of a large vocabulary: at every temperature the slider
+    offers, a stored token's probability equals the full softmax(y / t), the others' weight
+    included; the temperature-1 normaliser alone would be wrong as soon as t moves."""
+    model, tok = modern_tiny
+    w = PlaygroundView(model, tok, "hi there", chat=True)
+    s = _state(w)
+    temps = [0.05, 0.5, 1.0, 1.7, 3.0]
+    js = _node(
+        tmp_path,
+        f"""
+const s = {json.dumps(s["stored"])}, cfg = {json.dumps(s["config"])};
+const a = m.fromStored(s, cfg);
+console.log(JSON.stringify({json.dumps(temps)}.map((t) => {{
+  const d = n.distribution(a.logits, t, 0, 1, m.restLogZAt(a.rest, t));
+  return {{ p: s.top.ids.map((i) => d.p[i]), rest: d.rest }};
+}})));
+""",
+        "analysis.js",
+        also="distribution.js",
     )
+    logits = _step(model, s["stored"]["ids"])["logits"][0].double()
+    ids = s["stored"]["top"]["ids"]
+    for t, got in zip(temps, js, strict=True):
+        want = torch.softmax(logits / t, 0)
+        # the stored logits are rounded to 4 decimals: a relative 1e-4 / t in each probability
+        torch.testing.assert_close(
+            torch.tensor(got["p"], dtype=torch.float64), want[ids], rtol=2e-4 / t, atol=1e-9
+        )
+        assert got["rest"] == pytest.approx(1 - want[ids].sum().item(), abs=2e-4 / t)
 
 
 def test_live_js_one_page_backend_per_model(tmp_path):

@@ -39,6 +39,7 @@ from ..model import GPT
 from ..modern import ModernGPT
 from ..runtime import check_int
 from ._base import BookWidget, bundle, check_source, check_title, read_asset, rounded
+from .continuations import _temperatures, rest_log_weights
 from .live import LENS_TOP, LiveKernel, chat_frame, live_config, weights_sha256
 from .sampling import _check_settings
 
@@ -93,10 +94,12 @@ def _check_tokenizer(tokenizer, d_vocab: int) -> None:
         )
 
 
-def _stored_analysis(ids: list[int], out: dict, lens_top: int) -> dict:
+def _stored_analysis(ids: list[int], out: dict, lens_top: int, temperature: float) -> dict:
     """What the state stores of a step's outputs ``out`` on the text ``ids``: the last position's
-    logits (a large vocabulary: the top STORED_TOP and the others' log-weight), every head's
-    pattern (a large vocabulary: as bytes) and the lens' top ``lens_top`` tokens per stream."""
+    logits (a large vocabulary: the top STORED_TOP and the others' log-weight at each temperature
+    the slider offers, with ``temperature`` among them, as :class:`SamplingView` stores it), every
+    head's pattern (a large vocabulary: as bytes) and the lens' top ``lens_top`` tokens per
+    stream."""
     logits = out["logits"][0]  # (d_vocab,)
     lens = _lens_tops(out["lens_ids"], out["lens_logits"], out["lens_lse"], lens_top)
     if len(logits) <= LARGE_VOCAB:
@@ -107,14 +110,19 @@ def _stored_analysis(ids: list[int], out: dict, lens_top: int) -> dict:
             "lens": lens,
         }
     order = torch.sort(logits, descending=True, stable=True).indices
-    kept, rest = order[:STORED_TOP], logits[order[STORED_TOP:]].double()
-    rest_logz = float(torch.logsumexp(rest - logits[order[0]].double(), 0))
+    kept = order[:STORED_TOP]
+    top = rounded(logits[kept], 4)
+    temps = _temperatures(temperature)
+    # the page's m is the largest logit as it stores it (rounded): the others' weight is relative
+    # to that, so that exp((y_i - m)/t) and exp(rest) share one normaliser at every t
+    rest = rest_log_weights(logits, kept.tolist(), temps, ndigits=6, reference=top[0])
     return {
         "ids": ids,
         "top": {
             "ids": kept.tolist(),
-            "logits": rounded(logits[kept], 4),
-            "rest_logz": round(rest_logz, 6),
+            "logits": top,
+            "temperatures": temps,
+            "rest_logz": rest,
         },
         "patterns_u8": _pattern_bytes(out["attn"]),
         "lens": lens,
@@ -206,7 +214,7 @@ class PlaygroundView(LiveKernel, BookWidget):
             raise ValueError(f"text must give at least one token, got {text!r}")
         window = ids[-c.n_ctx :]
         out = self._step(window, lens=list(range(c.n_layers + 1)))
-        stored = _stored_analysis(ids, out, lens_top)
+        stored = _stored_analysis(ids, out, lens_top, temperature)
         shown = torch.sort(out["logits"][0], descending=True, stable=True).indices[:n_show]
         needed = set(window) | set(shown.tolist()) | {i for r in stored["lens"] for i in r["ids"]}
         super().__init__(

@@ -20,10 +20,11 @@ export function patternsFromBytes(b64, L, H, T) {
 }
 
 // The analysis stored in the widget state (PlaygroundView), as the page draws it. A large
-// vocabulary stores only its most probable logits and the others' log-weight (`rest_logz`).
+// vocabulary stores only its most probable logits and the others' log-weight at each
+// temperature of the slider (`rest_logz` at `temperatures`), as the sampling view does.
 export function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }) {
   let logits = stored.logits,
-    restLogZ = null,
+    rest = null,
     patterns = stored.patterns;
   const window = stored.ids.slice(-nCtx);
   if (stored.patterns_u8) patterns = patternsFromBytes(stored.patterns_u8, L, H, window.length);
@@ -32,9 +33,21 @@ export function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_hea
     stored.top.ids.forEach((id, n) => {
       logits[id] = stored.top.logits[n];
     });
-    restLogZ = stored.top.rest_logz;
+    rest = { temps: stored.top.temperatures, logZ: stored.top.rest_logz };
   }
-  return { window, logits, restLogZ, patterns, lens: stored.lens, direct: null, target: null };
+  return { window, logits, rest, patterns, lens: stored.lens, direct: null, target: null };
+}
+
+// The others' log-weight at temperature T (null where every logit is known, or at T = 0): the
+// stored value at the nearest stored temperature, which the slider's steps always hit exactly;
+// -Infinity where the others have no weight at all.
+export function restLogZAt(rest, T) {
+  if (!rest || T === 0) return null;
+  let g = 0;
+  rest.temps.forEach((t, k) => {
+    if (Math.abs(t - T) < Math.abs(rest.temps[g] - T)) g = k;
+  });
+  return rest.logZ[g] === null ? -Infinity : rest.logZ[g];
 }
 
 // The heads (layer, head) with the largest direct contributions |d|, largest first.

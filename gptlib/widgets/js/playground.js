@@ -114,7 +114,7 @@ class Playground {
     const a = {
       window,
       logits: r.logits,
-      restLogZ: null,
+      rest: null,
       patterns: r.patterns,
       lens: null,
       direct: null,

@@ -11,7 +11,7 @@ import {
   samplingControls,
 } from "./distribution.js";
 import { headScores } from "./heads.js";
-import { largestDirect } from "./analysis.js";
+import { largestDirect, restLogZAt } from "./analysis.js";
 
 // The view's elements: the text box and the live model's switch, the context's tokens and text,
 // the sampling controls and chart, the logit lens, and every head (an attention panel).
@@ -50,6 +50,10 @@ export function layout(model) {
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.status.setAttribute("role", "status"); // the status line and errors, read out as they change
+  v.status.setAttribute("aria-live", "polite");
+  v.msg.setAttribute("role", "alert");
+  v.msg.setAttribute("aria-live", "assertive");
   v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
   v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, {
@@ -230,14 +234,13 @@ export function drawDistribution(p) {
   if (!current) return;
   const { T, k, tp } = p.settings();
   v.controls.show(T, k, tp);
-  const d = distribution(current.logits, T, k, tp, current.restLogZ),
-    g = distribution(current.logits, 1, 0, 1, current.restLogZ);
+  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T)),
+    g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1));
   const V = current.logits.length,
     kept = d.p.filter((p) => p > 0).length;
-  v.stats.textContent =
-    current.restLogZ === null
-      ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`
-      : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
+  v.stats.textContent = !current.rest
+    ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn`
+    : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
   const { rows, other } = chartRows(d, g, p.model.get("n_show"), (id) => p.tokenStr(id), V);
   drawChart(v.chart, rows, other, tp);
   report(v.root, { settings: { temperature: T, top_k: k, top_p: tp } }, { probs: d.p });

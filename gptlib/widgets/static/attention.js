@@ -347,6 +347,7 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.dataset.layer = String(l);
       b.dataset.head = String(h);
       b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
+      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];

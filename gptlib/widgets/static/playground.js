@@ -56,7 +56,7 @@ function patternsFromBytes(b64, L, H, T) {
   );
 }
 function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }) {
-  let logits = stored.logits, restLogZ = null, patterns = stored.patterns;
+  let logits = stored.logits, rest = null, patterns = stored.patterns;
   const window = stored.ids.slice(-nCtx);
   if (stored.patterns_u8) patterns = patternsFromBytes(stored.patterns_u8, L, H, window.length);
   if (stored.top) {
@@ -64,9 +64,17 @@ function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }
     stored.top.ids.forEach((id, n) => {
       logits[id] = stored.top.logits[n];
     });
-    restLogZ = stored.top.rest_logz;
+    rest = { temps: stored.top.temperatures, logZ: stored.top.rest_logz };
   }
-  return { window, logits, restLogZ, patterns, lens: stored.lens, direct: null, target: null };
+  return { window, logits, rest, patterns, lens: stored.lens, direct: null, target: null };
+}
+function restLogZAt(rest, T) {
+  if (!rest || T === 0) return null;
+  let g = 0;
+  rest.temps.forEach((t, k) => {
+    if (Math.abs(t - T) < Math.abs(rest.temps[g] - T)) g = k;
+  });
+  return rest.logZ[g] === null ? -Infinity : rest.logZ[g];
 }
 function largestDirect(direct, H, n) {
   return Array.from(direct, (d, k) => [d, Math.floor(k / H), k % H]).sort((a, b) => Math.abs(b[0]) - Math.abs(a[0]) || a[1] - b[1] || a[2] - b[2]).slice(0, n);
@@ -677,6 +685,7 @@ function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores 
       b.dataset.layer = String(l);
       b.dataset.head = String(h);
       b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
+      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
       b.append(thumbnail(P, tokens.length, pal.lut));
       scores.forEach((s, n) => {
         const v = s.values[l][h];
@@ -1182,6 +1191,10 @@ function layout(model) {
   v.box.spellcheck = false;
   v.box.value = model.get("text");
   v.box.setAttribute("aria-label", "text for the model");
+  v.status.setAttribute("role", "status");
+  v.status.setAttribute("aria-live", "polite");
+  v.msg.setAttribute("role", "alert");
+  v.msg.setAttribute("aria-live", "assertive");
   v.chatBox.type = v.runGreedy.type = v.ablateBox.type = "checkbox";
   v.chatBox.checked = model.get("chat");
   Object.assign(v.seedBox, {
@@ -1340,9 +1353,9 @@ function drawDistribution(p) {
   if (!current) return;
   const { T, k, tp } = p.settings();
   v.controls.show(T, k, tp);
-  const d = distribution(current.logits, T, k, tp, current.restLogZ), g = distribution(current.logits, 1, 0, 1, current.restLogZ);
+  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T)), g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1));
   const V = current.logits.length, kept = d.p.filter((p2) => p2 > 0).length;
-  v.stats.textContent = current.restLogZ === null ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn` : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
+  v.stats.textContent = !current.rest ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn` : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
   const { rows, other } = chartRows(d, g, p.model.get("n_show"), (id) => p.tokenStr(id), V);
   drawChart(v.chart, rows, other, tp);
   report(v.root, { settings: { temperature: T, top_k: k, top_p: tp } }, { probs: d.p });
@@ -1509,7 +1522,7 @@ var Playground = class {
     const a = {
       window,
       logits: r.logits,
-      restLogZ: null,
+      rest: null,
       patterns: r.patterns,
       lens: null,
       direct: null,
