@@ -379,6 +379,27 @@ def test_dpo_starts_at_ln2_and_widens_the_margin():
         rlhf.dpo(sft, chosen, rejected, P, beta=float("inf"), steps=1, seed=0)
 
 
+def test_dpo_with_precomputed_reference_logprobs_is_the_same_run():
+    sft = tiny_gpt()
+    x = prompts(12)
+    chosen = torch.cat([x, torch.full((12, Y), 7)], dim=1)
+    rejected = torch.cat([x, torch.full((12, Y), 9)], dim=1)
+    ref_w, ref_l = rlhf.reference_logprobs(sft, chosen, rejected, P)
+    mask = rlhf.response_mask(chosen, P)
+    with torch.no_grad():  # the reference's log pi(Y|X) per pair, as sequence_logprob gives it
+        torch.testing.assert_close(ref_w, rlhf.sequence_logprob(sft, chosen, mask))
+        torch.testing.assert_close(ref_l, rlhf.sequence_logprob(sft, rejected, mask))
+    kwargs = {"beta": 0.5, "steps": 4, "seed": 0, "lr": 3e-3, "batch_size": 6}
+    a, la = rlhf.dpo(sft, chosen, rejected, P, **kwargs)
+    b, lb = rlhf.dpo(sft, chosen, rejected, P, ref_logprobs=(ref_w, ref_l), **kwargs)
+    assert la == lb  # the same computation, the reference scored by the caller instead
+    assert all(torch.equal(u, v) for u, v in zip(a.parameters(), b.parameters()))
+    short, nan = (ref_w[:-1], ref_l), (ref_w, torch.full_like(ref_l, float("nan")))
+    for pair, name in ((short, r"ref_logprobs\[0\]"), (nan, r"ref_logprobs\[1\]")):
+        with pytest.raises(ValueError, match=name):
+            rlhf.dpo(sft, chosen, rejected, P, ref_logprobs=pair, **kwargs)
+
+
 def test_kl_to_itself_is_zero_and_to_another_model_positive():
     a, b, x = tiny_gpt(0), tiny_gpt(1), prompts(64)
     assert rlhf.kl_to(a, a, x, Y) == 0.0

@@ -12,6 +12,7 @@ from .loops import (
     judged_score,
     kl_to,
     ppo,
+    reference_logprobs,
     response_mask,
     sample_responses,
     sft,
@@ -52,5 +53,6 @@ __all__ = [
     "ppo",
     "dpo",
     "kl_to",
+    "reference_logprobs",
     "judged_score",
 ]

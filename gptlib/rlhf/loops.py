@@ -41,6 +41,7 @@ __all__ = [
     "train_reward_model",
     "ppo",
     "dpo",
+    "reference_logprobs",
     "kl_to",
     "judged_score",
     "ADVANTAGES",
@@ -253,13 +254,16 @@ def dpo(
     seed: int,
     lr: float = 2e-4,
     batch_size: int = 16,
+    ref_logprobs: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[torch.nn.Module, list[float]]:
     """Direct preference optimisation of a copy of ``sft_policy`` on ranked pairs,
     ``sft_policy`` the reference.
 
-    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities are
-    computed once; the first loss is ln 2 because the policy starts equal to the
-    reference. Returns the policy and the losses.
+    chosen, rejected: (n_pairs, prompt_len + |Y|). The reference's log-probabilities
+    log pi_ref(Y_w | X) and log pi_ref(Y_l | X), (n_pairs,) each, are computed once, or
+    passed as ``ref_logprobs`` by a caller that has them already (one scoring pass of
+    the pairs serves several runs); the first loss is ln 2 because the policy starts
+    equal to the reference. Returns the policy and the losses.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 2:
         raise ValueError(
@@ -273,11 +277,15 @@ def dpo(
     opt = _adamw(policy, lr)
     g = torch.Generator().manual_seed(seed)
     mw, ml = response_mask(chosen, prompt_len), response_mask(rejected, prompt_len)
-    with torch.no_grad():
-        ref_w, ref_l = (
-            sequence_logprob(ref, chosen, mw),
-            sequence_logprob(ref, rejected, ml),
-        )  # (n_pairs,)
+    if ref_logprobs is None:
+        ref_logprobs = reference_logprobs(ref, chosen, rejected, prompt_len)
+    ref_w, ref_l = ref_logprobs  # (n_pairs,) each
+    for name, lp in (("ref_logprobs[0]", ref_w), ("ref_logprobs[1]", ref_l)):
+        if lp.shape != (len(chosen),) or not bool(torch.isfinite(lp).all()):
+            raise ValueError(
+                f"{name} must be {len(chosen)} finite log-probabilities, one per pair, "
+                f"got shape {tuple(lp.shape)}"
+            )
     losses = []
     for _ in range(steps):
         i = _rows(len(chosen), batch_size, g)
@@ -290,6 +298,16 @@ def dpo(
         )
         losses.append(train_step(policy, loss, opt))
     return policy.eval(), losses
+
+
+@torch.no_grad()
+def reference_logprobs(
+    ref, chosen: Tensor, rejected: Tensor, prompt_len: int
+) -> tuple[Tensor, Tensor]:
+    """log ref(Y_w | X) and log ref(Y_l | X) of every pair, (n_pairs,) each: what
+    :func:`dpo` needs of its reference, from one scoring pass of the pairs."""
+    mw, ml = response_mask(chosen, prompt_len), response_mask(rejected, prompt_len)
+    return sequence_logprob(ref, chosen, mw), sequence_logprob(ref, rejected, ml)
 
 
 @torch.no_grad()
