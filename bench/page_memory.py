@@ -14,7 +14,6 @@ served on 127.0.0.1 beside STATIC (default _build/html/_static). Prints one line
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -24,47 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from test_browser_live import SMOL_QUESTION, Served  # noqa: E402
+from browser_support import CHROMIUM, CHROMIUM_ARGS, renderer_rss  # noqa: E402
+from test_browser_live import Served  # noqa: E402
+from test_browser_smollm2 import SMOL_QUESTION  # noqa: E402
 
 LONGTASKS = (
     "window.__longest = 0; new PerformanceObserver((l) => { for (const e of l.getEntries())"
     " window.__longest = Math.max(window.__longest, e.duration); })"
     ".observe({ type: 'longtask', buffered: false });"
 )
-
-
-def _parent(pid: str) -> str | None:
-    try:
-        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return None
-
-
-def renderer_rss() -> int:
-    """The largest VmRSS (bytes) among the renderer processes of the Chromium this process
-    started (not another's on the same machine)."""
-    me, best = str(os.getpid()), 0
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or b"--type=renderer" not in (proc / "cmdline").read_bytes():
-                continue
-            pid, mine = proc.name, False
-            for _ in range(8):  # renderer -> zygote -> chromium -> playwright's driver -> us
-                pid = _parent(pid)
-                if pid in (None, "0", "1"):
-                    break
-                if pid == me:
-                    mine = True
-                    break
-            if not mine:
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    best = max(best, int(line.split()[1]) * 1024)
-        except OSError:
-            continue
-    return best
 
 
 class Poll:

@@ -29,6 +29,39 @@ def load_module(path: Path):
     return module
 
 
+def _parent(pid: str) -> str | None:
+    try:
+        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def renderer_rss() -> int:
+    """The largest VmRSS (bytes) among the renderer processes of the Chromium this process
+    started (not another's on the same machine)."""
+    me, best = str(os.getpid()), 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"--type=renderer" not in (proc / "cmdline").read_bytes():
+                continue
+            pid, mine = proc.name, False
+            for _ in range(8):  # renderer -> zygote -> chromium -> playwright's driver -> us
+                pid = _parent(pid)
+                if pid in (None, "0", "1"):
+                    break
+                if pid == me:
+                    mine = True
+                    break
+            if not mine:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    best = max(best, int(line.split()[1]) * 1024)
+        except OSError:
+            continue
+    return best
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",

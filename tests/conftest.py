@@ -29,6 +29,19 @@ def pytest_report_header(config):
 # --- models and tokenizers -------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct from the cache (eval mode) and its tokenizer; the test skips,
+    saying why, when `make smollm2` has not filled the cache."""
+    from gptlib.gguf import load_smollm2
+
+    try:
+        model, tok = load_smollm2()
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"SmolLM2 is not in the cache ({e})")
+    return model.eval(), tok
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, the count restored afterwards: tiny tensors compute as fast on

@@ -8,62 +8,17 @@ graph are not downloaded again). The renderer's resident memory (Chromium's rend
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from browser_support import renderer_rss
 from test_browser_live import STATIC, Page, Served
 
 from gptlib.step import step, step_inputs
 
 pytestmark = pytest.mark.browser
 QUESTION = "Which animals live in the Arctic?"
-
-
-def _parent(pid: str) -> str | None:
-    try:
-        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return None
-
-
-def _renderer_rss() -> int:
-    """The largest VmRSS (bytes) among the renderer processes of the Chromium this process
-    started (not another's on the same machine)."""
-    me, best = str(os.getpid()), 0
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or b"--type=renderer" not in (proc / "cmdline").read_bytes():
-                continue
-            pid, mine = proc.name, False
-            for _ in range(8):  # renderer -> zygote -> chromium -> playwright's driver -> us
-                pid = _parent(pid)
-                if pid in (None, "0", "1"):
-                    break
-                if pid == me:
-                    mine = True
-                    break
-            if not mine:
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    best = max(best, int(line.split()[1]) * 1024)
-        except OSError:
-            continue
-    return best
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from gptlib.gguf import load_smollm2
-
-    try:
-        model, tok = load_smollm2()
-    except (FileNotFoundError, ValueError) as e:
-        pytest.skip(f"SmolLM2 is not in the cache ({e})")
-    return model.eval(), tok
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +81,9 @@ RUN = (
 def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(worker_page, smollm2, summary):
     page, served = worker_page
     model, tok = smollm2
-    before = _renderer_rss()
+    before = renderer_rss()
     first, seconds = _start(page, served)
-    loaded = _renderer_rss()
+    loaded = renderer_rss()
     ids = json.loads(page.play.get_attribute("data-ids"))
     assert page.page.evaluate(RUN, [ids]).get("logits")
     # a step whose last id is outside the vocabulary, on a window that cuts the cache by two
@@ -156,7 +111,7 @@ def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(worker_page
         "SmolLM2 in the page's worker",
         f"\n[smollm2 worker] after a failed step, 6 greedy tokens equal PyTorch's; renderer RSS "
         f"{before / 1e9:.2f} GB before the start, {loaded / 1e9:.2f} GB once loaded, "
-        f"{_renderer_rss() / 1e9:.2f} GB after a reload and a second start; start "
+        f"{renderer_rss() / 1e9:.2f} GB after a reload and a second start; start "
         f"{seconds:.1f} s ({first / 1e6:.1f} MB downloaded), again {seconds2:.1f} s "
         f"({again / 1e6:.1f} MB)",
     )

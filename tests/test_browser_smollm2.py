@@ -37,17 +37,6 @@ SMOL_GREEDY = 16  # greedy tokens compared with PyTorch
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from gptlib.gguf import load_smollm2
-
-    try:
-        model, tok = load_smollm2()
-    except (FileNotFoundError, ValueError) as e:
-        pytest.skip(f"SmolLM2 is not in the cache ({e})")
-    return model.eval(), tok
-
-
-@pytest.fixture(scope="module")
 def smol_page(browser, smollm2, tmp_path_factory):
     """One page load of the SmolLM2 playground (chat mode), started: (page, served, facts)."""
     from ipywidgets.embed import embed_data
