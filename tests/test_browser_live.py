@@ -51,11 +51,13 @@ PROMPTS = [
 
 @torch.no_grad()
 def reference(model, window: list[int], lens=(), targets=(), mask=None) -> dict:
-    """gptlib.step.step on the whole window from an empty cache (what the kernel answers)."""
-    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
-    return step(
-        model, torch.tensor([window]), past, ones if mask is None else mask, lens_t, targets_t
+    """gptlib.step.step on the whole window from an empty cache, every query's attention row (what
+    the kernel answers)."""
+    past, ones, lens_t, targets_t, queries = step_inputs(
+        model, lens=lens, targets=targets, queries=range(len(window))
     )
+    mask = ones if mask is None else mask
+    return step(model, torch.tensor([window]), past, mask, lens_t, targets_t, queries)
 
 
 class Served:
