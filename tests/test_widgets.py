@@ -1269,8 +1269,9 @@ def bpe_tiny():
 def _step(model, ids, lens=(), targets=(), mask=None):
     from gptlib.step import step, step_inputs
 
-    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
-    return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
+    past, ones, lens_t, targets_t, rows = step_inputs(model, lens, targets, queries=range(len(ids)))
+    mask = ones if mask is None else mask
+    return step(model, torch.tensor([ids]), past, mask, lens_t, targets_t, rows)
 
 
 def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
