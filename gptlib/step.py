@@ -122,7 +122,7 @@ def _step(
     u = _ln_f_dual(model, model.W_U.index_select(1, chosen), resid[-1])  # (d_model, m)
     W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
     W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
-    last = patterns_last(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
+    last = _last_rows(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
     vals = torch.stack([cache.v[layer][0] for layer in range(L)])  # (L, n_kv, P + T, d_head)
     z = torch.einsum("lgrs,lgsd->lgrd", last, vals).reshape(L, H, d_head)  # z_h, no copies of V
     direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou)  # (L, H, m)
@@ -137,7 +137,7 @@ def _step(
     }
 
 
-def patterns_last(patterns: list[Tensor], n_kv: int) -> Tensor:
+def _last_rows(patterns: list[Tensor], n_kv: int) -> Tensor:
     """The last query's attention row of each head, grouped by the key-value head it reads:
     (L, n_kv, H / n_kv, P + T) from the patterns (1, H, T, P + T) of the L layers."""
     last = torch.stack([p[0, :, -1] for p in patterns])  # (L, H, P + T)
