@@ -259,6 +259,30 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
                 " return out; }",
                 [ids, steps],
             )
+            # a greedy click's work, back to back on the same cache: one step with everything (the
+            # lens, the most probable token's contributions, the new rows) against the two steps
+            # a click ran before issue 44 (a step for the argmax, then the last position again
+            # with the lens and the target); and a token of a run: a bare step against one
+            # that also returns its attention rows (as every token of a run did before)
+            pair = page.evaluate(
+                "async ([ids, steps]) => {"
+                " const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+                " const lens = [...Array(b.config.n_layers + 1).keys()];"
+                " const all = { lens, targets: [-1], rows: true }, now = () => performance.now();"
+                " const out = { one: [], two: [], bare: [], rows: [] };"
+                " for (let k = 0; k < steps; k++) {"
+                "   await b.run(ids.slice(0, -1), { rows: true }); let t = now();"
+                "   await b.run(ids, all); out.one.push(now() - t);"
+                "   await b.run(ids.slice(0, -1), { rows: true }); t = now();"
+                "   await b.run(ids, { rows: true }); await b.run(ids, all);"
+                "   out.two.push(now() - t);"
+                "   await b.run(ids.slice(0, -1)); t = now();"
+                "   await b.run(ids); out.bare.push(now() - t);"
+                "   await b.run(ids.slice(0, -1), { rows: true }); t = now();"
+                "   await b.run(ids, { rows: true }); out.rows.push(now() - t); }"
+                " return out; }",
+                [ids, steps],
+            )
             # the reader's view: greedy clicks with every panel open, then a run of N tokens
             clicks = []
             for _ in range(steps):
@@ -293,6 +317,7 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
         "wall_first_s": wall,
         "step_ms": statistics.median(times),
         "click_ms": statistics.median(clicks),
+        "pair": {k: statistics.median(v) for k, v in pair.items()},
         "run_ms": run_ms,
         "run_steps": run_steps,
         "heap_mb": heap / 1e6 if heap else None,
@@ -331,6 +356,13 @@ def main() -> None:
             f"{b['run_steps']} tokens: {b['run_ms']:.0f} ms a token, drawing included "
             f"({1000 / b['run_ms']:.1f} tokens/s); the tab's JavaScript heap {heap}, its "
             f"renderer's resident memory {rss}"
+        )
+        q = b["pair"]
+        print(
+            f"{name} in Chromium, back to back at {len(ids)} tokens (medians): a click's work in "
+            f"one step {q['one']:.0f} ms, in the two steps of before {q['two']:.0f} ms "
+            f"({q['two'] / q['one']:.2f}x); a run's token bare {q['bare']:.0f} ms, with its rows "
+            f"{q['rows']:.0f} ms ({q['rows'] / q['bare']:.2f}x)"
         )
 
 
