@@ -656,7 +656,7 @@ function connect(model) {
   const inPage = (hooks) => sharedPageBackend(model.get("source"), model.get("weights_sha256"), hooks);
   const start = async (hooks) => {
     if (answered) return kernelBackend(ask);
-    if (staticBase() && location.protocol !== "file:") return inPage(hooks);
+    if (staticBase() || location.protocol === "file:") return inPage(hooks);
     return await kernel ? kernelBackend(ask) : inPage(hooks);
   };
   let backend = null;
