@@ -7,7 +7,9 @@ downloads, waits and holds.
 Natively (`bench`): the HTML book's playground runs gptlib.export's step graph in onnxruntime-web
 (WebAssembly, one thread); Jupyter and Colab run gptlib.step.step in PyTorch. This measures,
 back to back in one run on one thread, the time of one new token with a cache of P = 16 and
-P = 200 positions, with no logit lens (n = 0) and with the lens on n = L + 1 streams: the graph in
+P = 200 positions: bare (no lens, no targets, no attention rows: what a token of "generate N"
+costs), with the lens on n = L + 1 streams, and with every view (the lens, the new row of every
+head and the direct contributions to the most probable token: a greedy click): the graph in
 onnxruntime (its native CPU build: the same graph and kernels the page's WebAssembly build
 compiles) and step() in PyTorch, their medians and ratio; and the session's creation time
 (SmolLM2's float32 weights unpacked from its 4-bit blocks beforehand, as the page unpacks them)
@@ -18,7 +20,9 @@ In Debian's Chromium (`in_browser`; headless, Playwright), in a page that holds 
 PlaygroundView and loads only the built book's own files (``--static``) from a local server: the
 bytes downloaded when the reader starts the model (and none before), the time from the start (for
 SmolLM2, from the reader's "download") to the first token drawn, the time of one step with the
-cache at ``--context`` tokens (median of ``--repeats``), and the tab's memory once loaded: the
+cache at ``--context`` tokens (median of ``--repeats``), a greedy click with every panel open
+(the page's own time from the click to the text and views drawn), a token of "generate N"
+(drawing included), and the tab's memory once loaded: the
 JavaScript heap (performance.memory) and the resident memory of the page's renderer process (ps),
 which includes onnxruntime's WebAssembly memory. tests/test_browser_live.py prints the same
 budgets. Nothing is asserted (the machine is shared).
@@ -43,6 +47,7 @@ from gptlib.step import INPUTS, OUTPUTS, step, step_inputs
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = ROOT / "book_static" / "live"
 BUDGETS = {"download_mb": 120, "first_s": 10, "step_ms": 100}
+RUN_N = 40  # the tokens of the "generate N" measured in the browser
 TEXT = (
     "The river rose through the night, and by morning the old mill stood in water to its "
     "second window. Nobody had seen it so high since 1962, when the bridge went. "
@@ -96,15 +101,20 @@ def bench(name: str, repeats: int) -> None:
     )
     L, V = model.config.n_layers, model.config.d_vocab
     g = torch.Generator().manual_seed(0)
-    print(f"{'P':>5} {'lens n':>7} {'ONNX (ms)':>10} {'step (ms)':>10} {'ONNX/step':>10}")
+    print(f"{'P':>5} {'asked':>6} {'ONNX (ms)':>10} {'step (ms)':>10} {'ONNX/step':>10}")
     for P in (16, 200):
         if P + 1 > model.config.n_ctx:
             continue
         prefix = torch.randint(0, V, (1, P), generator=g)
-        past = step(model, prefix, *step_inputs(model))["present"]
-        for n in (0, L + 1):
-            _, mask, lens, targets = step_inputs(model, range(n), [])
-            args = (torch.randint(0, V, (1, 1), generator=g), past, mask, lens, targets)
+        past = step(model, prefix, *step_inputs(model))["kv"]
+        asked = {
+            "bare": ((), (), ()),
+            "lens": (range(L + 1), (), ()),
+            "all": (range(L + 1), [-1], [0]),
+        }
+        for what, (lens_l, targets_l, queries_l) in asked.items():
+            _, mask, lens, targets, queries = step_inputs(model, lens_l, targets_l, 0, queries_l)
+            args = (torch.randint(0, V, (1, 1), generator=g), past, mask, lens, targets, queries)
             feed = {k: t.numpy() for k, t in zip(INPUTS, args)}
             runs = {
                 "onnx": lambda: session.run(list(OUTPUTS), feed),
@@ -120,7 +130,7 @@ def bench(name: str, repeats: int) -> None:
                     times[k].append(time.perf_counter() - t0)
             med = {k: 1000 * statistics.median(v) for k, v in times.items()}
             print(
-                f"{P:>5} {n:>7} {med['onnx']:>10.2f} {med['step']:>10.2f} "
+                f"{P:>5} {what:>6} {med['onnx']:>10.2f} {med['step']:>10.2f} "
                 f"{med['onnx'] / med['step']:>9.2f}x"
             )
 
@@ -249,6 +259,52 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
                 " return out; }",
                 [ids, steps],
             )
+            # a greedy click's work, back to back on the same cache: one step with everything (the
+            # lens, the most probable token's contributions, the new rows) against the two steps
+            # a click ran before issue 44 (a step for the argmax, then the last position again
+            # with the lens and the target); and a token of a run: a bare step against one
+            # that also returns its attention rows (as every token of a run did before)
+            pair = page.evaluate(
+                "async ([ids, steps]) => {"
+                " const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+                " const lens = [...Array(b.config.n_layers + 1).keys()];"
+                " const all = { lens, targets: [-1], rows: true }, now = () => performance.now();"
+                " const out = { one: [], two: [], bare: [], rows: [] };"
+                " for (let k = 0; k < steps; k++) {"
+                "   await b.run(ids.slice(0, -1), { rows: true }); let t = now();"
+                "   await b.run(ids, all); out.one.push(now() - t);"
+                "   await b.run(ids.slice(0, -1), { rows: true }); t = now();"
+                "   await b.run(ids, { rows: true }); await b.run(ids, all);"
+                "   out.two.push(now() - t);"
+                "   await b.run(ids.slice(0, -1)); t = now();"
+                "   await b.run(ids); out.bare.push(now() - t);"
+                "   await b.run(ids.slice(0, -1), { rows: true }); t = now();"
+                "   await b.run(ids, { rows: true }); out.rows.push(now() - t); }"
+                " return out; }",
+                [ids, steps],
+            )
+            # the reader's view: greedy clicks with every panel open, then a run of N tokens
+            clicks = []
+            for _ in range(steps):
+                n_ids = len(json.loads(play.get_attribute("data-ids")))
+                play.locator(".gptlib-play-greedy").click()
+                page.wait_for_function(
+                    "(n) => { const r = document.querySelector('.gptlib-play');"
+                    " return JSON.parse(r.dataset.ids).length !== n && r.dataset.busy === '0'; }",
+                    arg=n_ids,
+                    timeout=120_000,
+                )
+                clicks.append(float(play.get_attribute("data-act-ms")))
+            play.locator(".gptlib-play-run-n").fill(str(RUN_N))
+            play.locator(".gptlib-play-run-greedy").check()
+            play.locator(".gptlib-play-run").click()
+            page.wait_for_function(
+                "() => { const r = document.querySelector('.gptlib-play');"
+                " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
+                timeout=300_000,
+            )
+            run_ms = float(play.get_attribute("data-run-ms"))
+            run_steps = int(play.get_attribute("data-run-steps"))
             heap = page.evaluate(
                 "() => performance.memory ? performance.memory.usedJSHeapSize : null"
             )
@@ -260,6 +316,10 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
         "first_s": first / 1000,
         "wall_first_s": wall,
         "step_ms": statistics.median(times),
+        "click_ms": statistics.median(clicks),
+        "pair": {k: statistics.median(v) for k, v in pair.items()},
+        "run_ms": run_ms,
+        "run_steps": run_steps,
         "heap_mb": heap / 1e6 if heap else None,
         "rss_mb": rss,
     }
@@ -291,8 +351,18 @@ def main() -> None:
             f"start {b['download_mb']:.1f} MB (budget {BUDGETS['download_mb']} MB); start to "
             f"first token {b['first_s']:.1f} s in the page, {b['wall_first_s']:.1f} s seen here "
             f"(budget {BUDGETS['first_s']} s); one step at {len(ids)} tokens with the cache "
-            f"{b['step_ms']:.0f} ms (budget {BUDGETS['step_ms']} ms); the tab's JavaScript "
-            f"heap {heap}, its renderer's resident memory {rss}"
+            f"{b['step_ms']:.0f} ms, bare (budget {BUDGETS['step_ms']} ms); a greedy click with "
+            f"every panel open {b['click_ms']:.0f} ms (median of {args.repeats}); generate "
+            f"{b['run_steps']} tokens: {b['run_ms']:.0f} ms a token, drawing included "
+            f"({1000 / b['run_ms']:.1f} tokens/s); the tab's JavaScript heap {heap}, its "
+            f"renderer's resident memory {rss}"
+        )
+        q = b["pair"]
+        print(
+            f"{name} in Chromium, back to back at {len(ids)} tokens (medians): a click's work in "
+            f"one step {q['one']:.0f} ms, in the two steps of before {q['two']:.0f} ms "
+            f"({q['two'] / q['one']:.2f}x); a run's token bare {q['bare']:.0f} ms, with its rows "
+            f"{q['rows']:.0f} ms ({q['rows'] / q['bare']:.2f}x)"
         )
 
 

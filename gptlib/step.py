@@ -8,6 +8,13 @@ logits, the keys and values with the new positions appended, every head's attent
 of the logit lens and each head's direct contribution to the target logits. The same function is
 what a Jupyter kernel answers the book's live views with and what :func:`gptlib.export.to_onnx`
 traces into the graph the HTML book runs.
+
+Each read-out costs only what is asked of it: the lens reads the streams listed in ``lens`` (none:
+no projection onto the vocabulary), ``direct`` the targets listed (none: nothing), ``attn`` the
+rows of the queries listed (none: no rows copied out); so a step that asks for nothing costs the
+model's forward pass and the final read-out. The cache is position-major, (P, L, 2, n_kv, d_head),
+and the step returns only the new positions' keys and values: a caller keeps one buffer of n_ctx
+positions, hands its first P as ``past`` and appends ``kv``, and copies no whole cache per step.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from .attention import repeat_kv
 from .hooks import capture, capture_patterns
 from .kvcache import KVCache
 from .model import GPT
@@ -25,22 +31,23 @@ from .runtime import check_finite_weights, check_ids, check_int
 
 __all__ = ["OUTPUTS", "INPUTS", "LENS_TOP", "step", "step_inputs"]
 
-OUTPUTS = ("logits", "present", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
-INPUTS = ("ids", "past", "head_mask", "lens", "targets")
+OUTPUTS = ("logits", "kv", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
+INPUTS = ("ids", "past", "head_mask", "lens", "targets", "queries")
 LENS_TOP = 10
 
 
 # --- the step: one call of the model on new tokens, with its cache, masks and read-outs ----------
 class _PastCache(KVCache):
-    """A :class:`KVCache` that starts from ``past`` (n_layers, 2, n_kv, P, d_head) and appends by
+    """A :class:`KVCache` that starts from ``past`` (P, n_layers, 2, n_kv, d_head) and appends by
     concatenation, so that a traced graph holds no buffers: the keys and values the model's own
     attention layers write, P + T positions per layer after the step."""
 
     def __init__(self, past: Tensor):
-        super().__init__(past.shape[0])
-        self._k = [past[layer, 0][None] for layer in range(self.n_layers)]  # (1, n_kv, P, d_head)
-        self._v = [past[layer, 1][None] for layer in range(self.n_layers)]
-        self._filled = [past.shape[3]] * self.n_layers
+        super().__init__(past.shape[1])
+        per_layer = past.permute(1, 2, 3, 0, 4)  # (L, 2, n_kv, P, d_head), a view
+        self._k = [per_layer[layer, 0][None] for layer in range(self.n_layers)]  # (1, n_kv, P, d)
+        self._v = [per_layer[layer, 1][None] for layer in range(self.n_layers)]
+        self._filled = [past.shape[0]] * self.n_layers
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         self._k[layer] = torch.cat([self._k[layer], k], dim=2)  # (1, n_kv, P + T, d_head)
@@ -57,24 +64,32 @@ def _shape(model: nn.Module) -> tuple[int, int, int, int, int, int]:
     return c.n_layers, attn.n_heads, n_kv, attn.d_head, c.d_vocab, c.n_ctx
 
 
-def _ln_f_linear(model: nn.Module, o: Tensor, x_last: Tensor) -> Tensor:
-    """ln_f's linear part with its normaliser frozen at x_last (d_model,), applied to rows o
-    (..., d_model): RMSNorm o w / rms(x_last); LayerNorm (o - mean o) w / sigma(x_last)."""
+def _ln_f_dual(model: nn.Module, W: Tensor, x_last: Tensor) -> Tensor:
+    """The columns W (d_model, m) pulled back through ln_f's linear part with its normaliser frozen
+    at x_last (d_model,): the u with o . u = N(o) . w_t for every row o, N(o) = o w / rms(x_last)
+    (RMSNorm) or (o - mean o) w / sigma(x_last) (LayerNorm, whose centring moves onto u)."""
     ln = model.ln_f
     if isinstance(ln, RMSNorm):
         scale = torch.rsqrt(x_last.pow(2).mean() + ln.eps)  # 1 / rms(X_L[-1])
-        return o * ln.w * scale
+        return W * ln.w[:, None] * scale
     centred = x_last - x_last.mean()
     scale = torch.rsqrt(centred.pow(2).mean() + ln.eps)  # 1 / sigma(X_L[-1]), biased variance
-    return (o - o.mean(dim=-1, keepdim=True)) * ln.w * scale
+    u = W * ln.w[:, None]
+    return (u - u.mean(dim=0, keepdim=True)) * scale
 
 
 def _step(
-    model: nn.Module, ids: Tensor, past: Tensor, head_mask: Tensor, lens: Tensor, targets: Tensor
+    model: nn.Module,
+    ids: Tensor,
+    past: Tensor,
+    head_mask: Tensor,
+    lens: Tensor,
+    targets: Tensor,
+    queries: Tensor,
 ) -> dict[str, Tensor]:
     """:func:`step` without the checks of its arguments (what the graph traces)."""
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
-    T, P = ids.shape[1], past.shape[3]
+    T, P = ids.shape[1], past.shape[0]
     torch._check(P + T <= n_ctx)  # the model raises beyond n_ctx; the trace learns the bound
     cache = _PastCache(past)
     # head h's output z_h W_O^h times its mask: the rows of W_O scaled, as ablate_heads zeroes them
@@ -86,30 +101,47 @@ def _step(
     with capture(model, "hook_resid") as streams, capture_patterns(model) as patterns:
         functional_call(model, masked, (ids, cache), {"check_ids": False}, strict=False)
     resid = torch.stack([x[0, -1] for x in streams])  # (L + 1, d_model): X_0 .. X_L, last row
-    attn = torch.stack([p[0] for p in patterns])  # (L, H, T, P + T)
-    present = torch.stack(
-        [torch.stack([cache.k[layer][0], cache.v[layer][0]]) for layer in range(L)]
-    )  # (L, 2, n_kv, P + T, d_head)
+    # the asked rows only: r = len(queries) of the T new queries' rows, each layer's cut first
+    attn = torch.stack([p[0].index_select(1, queries) for p in patterns])  # (L, H, r, P + T)
+    kv = torch.stack(
+        [torch.stack([cache.k[layer][0, :, P:], cache.v[layer][0, :, P:]]) for layer in range(L)]
+    ).permute(3, 0, 1, 2, 4)  # (T, L, 2, n_kv, d_head): the new positions only
     logits = model.read_out(resid[-1:])  # (1, V): ln_f(X_L[-1]) W_U
-    # the logit lens at the last position, cut to its top K inside the step
+    # the logit lens at the last position, cut to its top K inside the step; n = 0 streams make
+    # an empty projection, and the top K of a row of zeros stands in for the rows (no row is kept)
     lens_rows = model.read_out(resid.index_select(0, lens))  # (n, V)
-    top = torch.topk(lens_rows, min(LENS_TOP, V), dim=-1)  # (n, K), largest first
-    # the direct contributions: head h's output at the last position, through ln_f's linear part
-    v_last = repeat_kv(present[:, 1], H // n_kv)  # (L, H, P + T, d_head): head h reads h // G
-    z = torch.einsum("lhs,lhsd->lhd", attn[:, :, -1], v_last)  # (L, H, d_head): z_h
+    n = lens.shape[0]
+    padded = torch.cat([lens_rows, logits.new_zeros(1, V)])  # (n + 1, V): top-k never sees 0 rows
+    top = torch.topk(padded, min(LENS_TOP, V), dim=-1)  # (n + 1, K), largest first
+    lse = torch.logsumexp(padded, dim=-1)  # (n + 1,)
+    # the direct contributions: head h's output at the last position through ln_f's linear part,
+    # dotted with W_U[:, t]; the targets are projected first, so that m = 0 costs nothing.
+    # A target -1 is the step's own most probable token (the argmax of its logits).
+    top1 = logits[0].argmax().reshape(1)
+    chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
+    u = _ln_f_dual(model, model.W_U.index_select(1, chosen), resid[-1])  # (d_model, m)
     W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
-    out = torch.einsum("lhd,lhde->lhe", z, W_O.view(L, H, d_head, -1))  # (L, H, d_model)
-    W_t = model.W_U.index_select(1, targets)  # (d_model, m)
-    direct = _ln_f_linear(model, out, resid[-1]) @ W_t  # (L, H, m)
+    W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
+    last = _last_rows(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
+    vals = torch.stack([cache.v[layer][0] for layer in range(L)])  # (L, n_kv, P + T, d_head)
+    z = torch.einsum("lgrs,lgsd->lgrd", last, vals).reshape(L, H, d_head)  # z_h, no copies of V
+    direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou)  # (L, H, m)
     return {
         "logits": logits,
-        "present": present,
+        "kv": kv,
         "attn": attn,
-        "lens_ids": top.indices,
-        "lens_logits": top.values,
-        "lens_lse": torch.logsumexp(lens_rows, dim=-1),
+        "lens_ids": top.indices[:n],
+        "lens_logits": top.values[:n],
+        "lens_lse": lse[:n],
         "direct": direct,
     }
+
+
+def _last_rows(patterns: list[Tensor], n_kv: int) -> Tensor:
+    """The last query's attention row of each head, grouped by the key-value head it reads:
+    (L, n_kv, H / n_kv, P + T) from the patterns (1, H, T, P + T) of the L layers."""
+    last = torch.stack([p[0, :, -1] for p in patterns])  # (L, H, P + T)
+    return last.view(last.shape[0], n_kv, -1, last.shape[-1])
 
 
 def _check_model(model: object) -> None:
@@ -133,8 +165,8 @@ def _check_model(model: object) -> None:
         raise ValueError("model's weights are on the meta device (no values): load them first")
 
 
-def _check_index_list(name: str, values: object, hi: int) -> list[int]:
-    """``values`` as a list of ints in [0, hi): ints only (numpy's too; bool and float refused)."""
+def _check_index_list(name: str, values: object, lo: int, hi: int) -> list[int]:
+    """``values`` as a list of ints in [lo, hi): ints only (numpy's too; bool and float refused)."""
     if isinstance(values, Tensor):
         values = values.tolist() if values.dtype in (torch.int64, torch.int32) else values
     try:
@@ -143,7 +175,7 @@ def _check_index_list(name: str, values: object, hi: int) -> list[int]:
         raise ValueError(
             f"{name} must be a sequence of ints, got {type(values).__name__}"
         ) from None
-    return [check_int(f"{name}[{k}]", v, 0, hi - 1) for k, v in enumerate(items)]
+    return [check_int(f"{name}[{k}]", v, lo, hi - 1) for k, v in enumerate(items)]
 
 
 def _check_outputs(model: nn.Module, out: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -176,25 +208,30 @@ def step(
     head_mask: Tensor,
     lens: Tensor,
     targets: Tensor,
+    queries: Tensor,
 ) -> dict[str, Tensor]:
     """One step of ``model`` (in eval mode) on new tokens, given the keys and values before them.
 
     Inputs (B = 1; L layers, H heads, n_kv key-value heads, d_vocab V):
 
     * ``ids`` int64 (1, T), T >= 1: the new tokens, at positions P .. P + T - 1;
-    * ``past`` float32 (L, 2, n_kv, P, d_head), P >= 0: the cached keys (index 0; for a ModernGPT
-      rotated, as :class:`~gptlib.kvcache.KVCache` holds them) and values (index 1);
+    * ``past`` float32 (P, L, 2, n_kv, d_head), P >= 0: the cached keys (index 0; for a ModernGPT
+      rotated, as :class:`~gptlib.kvcache.KVCache` holds them) and values (index 1), position
+      first;
     * ``head_mask`` float32 (L, H): head h's output z_h W_O^h is multiplied by it (0 removes the
       head exactly as :func:`gptlib.circuits.ablate_heads` does, 1 keeps it);
     * ``lens`` int64 (n,), 0 <= n: which residual streams X_0 .. X_L the logit lens reads at the
-      last new position;
-    * ``targets`` int64 (m,): the token ids whose logits ``direct`` decomposes.
+      last new position (none: no lens);
+    * ``targets`` int64 (m,), 0 <= m: the token ids whose logits ``direct`` decomposes; -1 stands
+      for the step's most probable token (the first argmax of ``logits``);
+    * ``queries`` int64 (r,), 0 <= r: which of the T new queries' attention rows ``attn`` holds.
 
     Outputs (float32 unless stated), in the order of :data:`OUTPUTS`:
 
     * ``logits`` (1, V): ln_f(X_L) W_U at the last new position;
-    * ``present`` (L, 2, n_kv, P + T, d_head): ``past`` with the new positions appended;
-    * ``attn`` (L, H, T, P + T): every head's attention rows for the new positions (zero beyond a
+    * ``kv`` (T, L, 2, n_kv, d_head): the new positions' keys and values (``past`` of the next
+      step is ``past`` and ``kv`` concatenated along the first axis);
+    * ``attn`` (L, H, r, P + T): the attention rows of the queries ``queries`` (zero beyond a
       query's position), masked heads included;
     * ``lens_ids`` int64 (n, K), ``lens_logits`` (n, K), ``lens_lse`` (n,): the top K =
       :data:`LENS_TOP` tokens of ln_f(X_l) W_U for each requested stream l, largest first, and
@@ -211,16 +248,16 @@ def step(
     >>> _ = torch.manual_seed(0)
     >>> model = GPT(GPTConfig.preset("tiny", n_ctx=8)).eval()
     >>> ids = torch.tensor([[5, 6, 7]])
-    >>> first = step(model, ids[:, :2], *step_inputs(model, lens=[0, 2], targets=[7]))
+    >>> first = step(model, ids[:, :2], *step_inputs(model, [0, 2], [7, -1], queries=[0, 1]))
     >>> {k: tuple(v.shape) for k, v in first.items()}  # doctest: +NORMALIZE_WHITESPACE
-    {'logits': (1, 512), 'present': (2, 2, 4, 2, 16), 'attn': (2, 4, 2, 2),
-     'lens_ids': (2, 10), 'lens_logits': (2, 10), 'lens_lse': (2,), 'direct': (2, 4, 1)}
-    >>> then = step(model, ids[:, 2:], first["present"], *step_inputs(model)[1:])
-    >>> torch.allclose(then["logits"], model(ids)[:, -1], atol=1e-5)
-    True
+    {'logits': (1, 512), 'kv': (2, 2, 2, 4, 16), 'attn': (2, 4, 2, 2),
+     'lens_ids': (2, 10), 'lens_logits': (2, 10), 'lens_lse': (2,), 'direct': (2, 4, 2)}
+    >>> then = step(model, ids[:, 2:], first["kv"], *step_inputs(model)[1:])
+    >>> torch.allclose(then["logits"], model(ids)[:, -1], atol=1e-5), tuple(then["attn"].shape)
+    (True, (2, 4, 0, 3))
 
-    Every argument is checked: a wrong dtype or shape, an id out of range, a stream beyond X_L or
-    more positions than n_ctx raise ``ValueError`` naming the argument.
+    Every argument is checked: a wrong dtype or shape, an id out of range, a stream beyond X_L, a
+    query beyond T or more positions than n_ctx raise ``ValueError`` naming the argument.
     """
     _check_model(model)
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
@@ -228,8 +265,8 @@ def step(
     if ids.shape[1] < 1:
         raise ValueError("ids must hold at least one new token, got shape (1, 0)")
     check_ids(ids, V)
-    _check_tensor("past", past, torch.float32, (L, 2, n_kv, None, d_head))
-    P, T = past.shape[3], ids.shape[1]
+    _check_tensor("past", past, torch.float32, (None, L, 2, n_kv, d_head))
+    P, T = past.shape[0], ids.shape[1]
     if P + T > n_ctx:
         raise ValueError(
             f"past ({P} positions) and ids ({T}) exceed n_ctx={n_ctx}; crop the context first"
@@ -242,12 +279,17 @@ def step(
     if lens.numel() and not bool(((lens >= 0) & (lens <= L)).all()):
         raise ValueError(f"lens must be stream indices in [0, {L}], got {lens.tolist()}")
     _check_tensor("targets", targets, torch.int64, (None,))
-    if targets.numel() and not bool(((targets >= 0) & (targets < V)).all()):
-        raise ValueError(f"targets must be token ids in [0, {V}), got {targets.tolist()}")
+    if targets.numel() and not bool(((targets >= -1) & (targets < V)).all()):
+        raise ValueError(
+            f"targets must be token ids in [0, {V}) or -1 (the argmax), got {targets.tolist()}"
+        )
+    _check_tensor("queries", queries, torch.int64, (None,))
+    if queries.numel() and not bool(((queries >= 0) & (queries < T)).all()):
+        raise ValueError(f"queries must be new positions in [0, {T}), got {queries.tolist()}")
     device = next(model.parameters()).device
-    args = (ids, past, head_mask, lens, targets)
+    args = (ids, past, head_mask, lens, targets, queries)
     if any(t.device != device for t in args):
-        raise ValueError(f"ids, past, head_mask, lens and targets must be on {device}")
+        raise ValueError(f"ids, past, head_mask, lens, targets and queries must be on {device}")
     was_training = model.training
     model.eval()
     try:
@@ -257,25 +299,33 @@ def step(
 
 
 def step_inputs(
-    model: GPT | ModernGPT, lens: list[int] = (), targets: list[int] = (), P: int = 0
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``past`` (zeros, P positions), ``head_mask`` (ones), ``lens`` and ``targets`` for
-    :func:`step`, on the model's device: the arguments after ``ids`` of a step that removes no
-    head.
+    model: GPT | ModernGPT,
+    lens: list[int] = (),
+    targets: list[int] = (),
+    P: int = 0,
+    queries: list[int] = (),
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``past`` (zeros, P positions), ``head_mask`` (ones), ``lens``, ``targets`` and ``queries``
+    for :func:`step`, on the model's device: the arguments after ``ids`` of a step that removes no
+    head (``queries`` are not checked against T, which the step knows; ``targets`` may hold -1).
 
     >>> from gptlib.modern import ModernConfig
     >>> model = ModernGPT(ModernConfig.preset("tiny"))
-    >>> [tuple(t.shape) for t in step_inputs(model, lens=[2], targets=[1, 2])]
-    [(2, 2, 2, 0, 8), (2, 4), (1,), (2,)]
+    >>> [tuple(t.shape) for t in step_inputs(model, lens=[2], targets=[1, -1], queries=[0])]
+    [(0, 2, 2, 2, 8), (2, 4), (1,), (2,), (1,)]
     """
     _check_model(model)
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
     P = check_int("P", P, 0, n_ctx - 1)
-    lens, targets = _check_index_list("lens", lens, L + 1), _check_index_list("targets", targets, V)
+    lens = _check_index_list("lens", lens, 0, L + 1)
+    targets = _check_index_list("targets", targets, -1, V)
+    queries = _check_index_list("queries", queries, 0, n_ctx)
     device = next(model.parameters()).device
+    i64 = {"dtype": torch.int64, "device": device}
     return (
-        torch.zeros(L, 2, n_kv, P, d_head, device=device),
+        torch.zeros(P, L, 2, n_kv, d_head, device=device),
         torch.ones(L, H, device=device),
-        torch.tensor(lens, dtype=torch.int64, device=device),
-        torch.tensor(targets, dtype=torch.int64, device=device),
+        torch.tensor(lens, **i64),
+        torch.tensor(targets, **i64),
+        torch.tensor(queries, **i64),
     )

@@ -51,11 +51,13 @@ PROMPTS = [
 
 @torch.no_grad()
 def reference(model, window: list[int], lens=(), targets=(), mask=None) -> dict:
-    """gptlib.step.step on the whole window from an empty cache (what the kernel answers)."""
-    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
-    return step(
-        model, torch.tensor([window]), past, ones if mask is None else mask, lens_t, targets_t
+    """gptlib.step.step on the whole window from an empty cache, every query's attention row (what
+    the kernel answers)."""
+    past, ones, lens_t, targets_t, queries = step_inputs(
+        model, lens=lens, targets=targets, queries=range(len(window))
     )
+    mask = ones if mask is None else mask
+    return step(model, torch.tensor([window]), past, mask, lens_t, targets_t, queries)
 
 
 class Served:
@@ -425,6 +427,55 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
     )
     ARTIFACTS.mkdir(exist_ok=True)
     page.play.screenshot(path=str(ARTIFACTS / "playground_live.png"))
+    page.check_offline()
+    page.close()
+
+
+def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(browser, site, english):
+    """With the lens and the heads' panels closed a greedy click runs one bare step (no lens, no
+    contributions, no rows) whose logits are still PyTorch's; opening the panels runs the model
+    once for what they show, the rows of the positions computed while they were closed included.
+    Three clicks in one moment: the first runs, the third waits, the second is superseded."""
+    model, tok = english
+    page = Page(browser, site.url + "/index.html")
+    page.start()
+    page.js(
+        "(root.querySelector('.gptlib-play-lens-panel').open = false,"
+        " root.querySelector('.gptlib-play-heads-panel').open = false)"
+    )
+    page.press(".gptlib-play-greedy")
+    ids = json.loads(page.play.get_attribute("data-ids"))
+    assert page.js("root.__gptlib.patterns") is None and page.js("root.__gptlib.lens") is None
+    assert page.js("root.__gptlib.direct") is None
+    assert "(bare)" in page.play.locator(".gptlib-play-status").text_content()
+    y = reference(model, ids)["logits"][0]
+    got = torch.tensor(page.js("Array.from(root.__gptlib.logits)"))
+    assert float((got - y).abs().max()) <= 1e-4 and int(got.argmax()) == int(y.argmax())
+    page.js("[0, 1, 2].forEach(() => root.querySelector('.gptlib-play-greedy').click())")
+    page.page.wait_for_function(
+        "(n) => { const r = document.querySelector('.gptlib-play');"
+        " return JSON.parse(r.dataset.ids).length >= n && r.dataset.busy === '0'; }",
+        arg=len(ids) + 2,
+    )
+    page.wait_idle()
+    time.sleep(0.2)  # a third token would have come by now
+    page.wait_idle()
+    ids = json.loads(page.play.get_attribute("data-ids"))
+    assert len(ids) == len(tok.encode(OPENING)) + 3, ids  # 1 + 2 clicks, not 1 + 3
+    page.js(
+        "(root.querySelector('.gptlib-play-lens-panel').open = true,"
+        " root.querySelector('.gptlib-play-heads-panel').open = true)"
+    )
+    page.page.wait_for_function(
+        "() => { const r = document.querySelector('.gptlib-play');"
+        " return r.__gptlib.patterns && r.__gptlib.lens && r.dataset.busy === '0'; }",
+    )
+    page.wait_idle()
+    check_model_numbers(page, model, ids)
+    top = int(torch.tensor(page.js("Array.from(root.__gptlib.logits)")).argmax())
+    want = reference(model, ids, targets=[top])["direct"].flatten()
+    direct = torch.tensor(page.js("Array.from(root.__gptlib.direct)"))
+    assert float((direct - want).abs().max()) <= 1e-4
     page.check_offline()
     page.close()
 

@@ -90,11 +90,11 @@ def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(worker_page
     bad = page.page.evaluate(RUN, [ids[:-2] + [10**9]])
     assert "error" in bad, bad
     # the next steps: greedy from the whole prompt through the cache, as PyTorch gives them
-    past, mask, lens, targets = step_inputs(model)
+    past, mask, lens, targets, rows = step_inputs(model)
     x, ctx, got, want = torch.tensor([ids]), list(ids), [], []
     for _ in range(6):
-        out = step(model, x, past, mask, lens, targets)
-        past, nxt = out["present"], int(out["logits"][0].argmax())
+        out = step(model, x, past, mask, lens, targets, rows)
+        past, nxt = torch.cat([past, out["kv"]]), int(out["logits"][0].argmax())
         want.append(nxt)
         got.append(int(torch.tensor(page.page.evaluate(RUN, [ctx])["logits"]).argmax()))
         ctx.append(got[-1])

@@ -170,11 +170,11 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
     prompt = ids[: len(ids) - len(path)]
     stop = tok.special_tokens["<|im_end|>"]
     want, worst_p, worst_y = [], 0.0, 0.0
-    past, mask, lens, targets = step_inputs(model)
+    past, mask, lens, targets, rows = step_inputs(model)
     x = torch.tensor([prompt])
     for _ in range(len(path)):
-        out = step(model, x, past, mask, lens, targets)
-        past = out["present"]
+        out = step(model, x, past, mask, lens, targets, rows)
+        past = torch.cat([past, out["kv"]])
         nxt = int(torch.argmax(out["logits"][0]))
         want.append(nxt)
         x = torch.tensor([[nxt]])
@@ -224,11 +224,11 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     us = [u for _, u in zip(range(draws), xorshift32(0))][-40:]
     s = _settings(page)
     assert len(path) == 40 and draws >= 40
-    past, mask, lens, targets = step_inputs(model)
+    past, mask, lens, targets, rows = step_inputs(model)
     x, near = torch.tensor([ids[:-40]]), 0
     for k, (u, drawn) in enumerate(zip(us, path)):
-        out = step(model, x, past, mask, lens, targets)
-        past, y = out["present"], out["logits"][0].double()
+        out = step(model, x, past, mask, lens, targets, rows)
+        past, y = torch.cat([past, out["kv"]]), out["logits"][0].double()
         p = next_token_probs(
             y,
             temperature=s["temperature"],

@@ -88,14 +88,18 @@ def english_onnx(exported):
     return exported[0].read_bytes()
 
 
-def _steps(model, ids, cuts, mask=None, lens=(), targets=()):
-    """step() over ids cut at ``cuts``: the list of outputs, each step fed the last present."""
-    past, ones, lens_t, targets_t = step_inputs(model, lens, targets)
+def _steps(model, ids, cuts, mask=None, lens=(), targets=(), rows=True):
+    """step() over ids cut at ``cuts``: the list of outputs, each step fed the keys and values
+    so far (``past`` and ``kv`` concatenated, position first), each its query rows if ``rows``;
+    each output also holds ``past``, the cache after it."""
+    past, ones, lens_t, targets_t, _ = step_inputs(model, lens, targets)
     mask = ones if mask is None else mask
     outs, start = [], 0
     for end in list(cuts) + [ids.shape[1]]:
-        outs.append(step(model, ids[:, start:end], past, mask, lens_t, targets_t))
-        past, start = outs[-1]["present"], end
+        q = torch.arange(end - start) if rows else torch.zeros(0, dtype=torch.int64)
+        outs.append(step(model, ids[:, start:end], past, mask, lens_t, targets_t, q))
+        past, start = torch.cat([past, outs[-1]["kv"]]), end
+        outs[-1]["past"] = past
     return outs
 
 
@@ -104,7 +108,8 @@ def _steps(model, ids, cuts, mask=None, lens=(), targets=()):
 
 def test_cached_steps_equal_the_full_forward_pass(tiny):
     """Steps of 3, 1, 4 and 3 tokens: the logits after each are the full pass's at that position,
-    the attention rows the full pattern's rows, present the keys and values of KVCache."""
+    the attention rows the full pattern's rows, the keys and values those of KVCache; a step that
+    asks for no rows (or for some) gets those rows and the same logits and keys."""
     cuts = [3, 4, 8]
     outs = _steps(tiny, IDS, cuts)
     full_logits = tiny(IDS)[0]  # (T, V)
@@ -116,9 +121,16 @@ def test_cached_steps_equal_the_full_forward_pass(tiny):
     for out, start, end in zip(outs, [0] + cuts, cuts + [IDS.shape[1]]):
         torch.testing.assert_close(out["logits"][0], full_logits[end - 1], atol=1e-5, rtol=0)
         torch.testing.assert_close(out["attn"], full[:, :, start:end, :end], atol=1e-6, rtol=0)
-        assert tuple(out["present"].shape[3:]) == (end, tiny.blocks[0].attn.d_head)
+        assert out["kv"].shape[0] == end - start and out["past"].shape[0] == end
     present = torch.stack([torch.stack([k[0], v[0]]) for k, v in zip(cache.k, cache.v)])
-    torch.testing.assert_close(outs[-1]["present"], present, atol=1e-6, rtol=0)
+    want = present.permute(3, 0, 1, 2, 4)  # (T, L, 2, n_kv, d_head): position first
+    torch.testing.assert_close(outs[-1]["past"], want, atol=1e-6, rtol=0)
+    bare = _steps(tiny, IDS, cuts, rows=False)
+    for out, b in zip(outs, bare):
+        assert b["attn"].shape[2] == 0
+        assert torch.equal(out["logits"], b["logits"]) and torch.equal(out["kv"], b["kv"])
+    some = step(tiny, IDS, *step_inputs(tiny, queries=[6, 2]))["attn"]
+    torch.testing.assert_close(some, full[:, :, [6, 2]], atol=1e-6, rtol=0)
 
 
 @contextmanager
@@ -188,6 +200,13 @@ def test_the_lens_is_logit_lens_cut_to_its_top(tiny):
         )
         torch.testing.assert_close(out["lens_lse"][k], rows[l].logsumexp(-1), atol=1e-5, rtol=0)
     torch.testing.assert_close(out["lens_logits"][0], out["logits"][0].topk(LENS_TOP).values)
+    none = _steps(tiny, IDS, [6])[-1]  # no lens asked: empty outputs, the same logits
+    assert [tuple(none[k].shape) for k in ("lens_ids", "lens_logits", "lens_lse")] == [
+        (0, LENS_TOP),
+        (0, LENS_TOP),
+        (0,),
+    ]
+    assert torch.equal(none["logits"], out["logits"])
 
 
 def test_direct_contributions_and_the_other_terms_add_up_to_the_logit(tiny):
@@ -231,28 +250,37 @@ def test_direct_contributions_and_the_other_terms_add_up_to_the_logit(tiny):
         total = out["direct"].sum(dim=(0, 1)) + others @ tiny.W_U[:, targets]
     torch.testing.assert_close(total, logits[targets], atol=1e-5, rtol=0)
     assert (out["direct"][1, 2] == 0).all() and out["direct"].abs().max() > 1e-2
+    # -1 is the most probable token (its first argmax); no targets, no contributions
+    top = int(out["logits"][0].argmax())
+    argmax = _steps(tiny, IDS, [4], mask=mask, targets=[-1, top])[-1]["direct"]
+    assert torch.equal(argmax[..., 0], argmax[..., 1])
+    assert tuple(_steps(tiny, IDS, [4], mask=mask)[-1]["direct"].shape) == (L, H, 0)
 
 
 def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
     model = tiny_gpt(n_ctx=16)
-    past, mask, lens, targets = step_inputs(model)
+    past, mask, lens, targets, queries = step_inputs(model)
     ids = torch.tensor([[1, 2]])
-    good = dict(ids=ids, past=past, head_mask=mask, lens=lens, targets=targets)
+    good = dict(ids=ids, past=past, head_mask=mask, lens=lens, targets=targets, queries=queries)
     bad = [
         ("ids", torch.tensor([1, 2])),
         ("ids", torch.zeros(1, 0, dtype=torch.int64)),
         ("ids", torch.tensor([[1, 512]])),
         ("ids", torch.tensor([[1.0]])),
         ("ids", torch.tensor([[1], [2]])),
-        ("past", torch.zeros(2, 2, 4, 0, 15)),
-        ("past", torch.zeros(2, 2, 4, 15, 16)),  # 15 + 2 positions > n_ctx
-        ("past", torch.full((2, 2, 4, 1, 16), float("nan"))),
+        ("past", torch.zeros(0, 2, 2, 4, 15)),
+        ("past", torch.zeros(2, 2, 4, 0, 16)),  # the old layout, positions third
+        ("past", torch.zeros(15, 2, 2, 4, 16)),  # 15 + 2 positions > n_ctx
+        ("past", torch.full((1, 2, 2, 4, 16), float("nan"))),
         ("head_mask", torch.ones(2, 3)),
         ("head_mask", torch.ones(2, 4, dtype=torch.float64)),
         ("lens", torch.tensor([3])),
         ("lens", torch.tensor([[0]])),
         ("targets", torch.tensor([512])),
-        ("targets", torch.tensor([-1])),
+        ("targets", torch.tensor([-2])),
+        ("queries", torch.tensor([2])),  # T = 2 new queries: 0 and 1
+        ("queries", torch.tensor([-1])),
+        ("queries", torch.tensor([0.0])),
     ]
     for name, value in bad:
         with pytest.raises(ValueError, match=name):
@@ -260,7 +288,7 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
     with pytest.raises(ValueError, match="model"):
         step(torch.nn.Linear(2, 2), **good)
     with pytest.raises(ValueError, match="past"):  # GQA: n_kv = 2 key-value heads, not 4
-        step(tiny_modern(), ids, torch.zeros(2, 2, 4, 0, 8), *step_inputs(tiny_modern())[1:])
+        step(tiny_modern(), ids, torch.zeros(0, 2, 2, 4, 8), *step_inputs(tiny_modern())[1:])
     model.train()
     step(model, **good)
     assert model.training  # the mode is restored
@@ -271,28 +299,24 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
 
 @pytest.mark.slow
 def test_onnx_equals_the_step(tiny, tiny_graph):
-    """onnxruntime against step() in PyTorch, with P = 0 and P > 0, no lens or targets and some,
-    a masked and a half head; every output within 1e-5."""
+    """onnxruntime against step() in PyTorch, with P = 0 and P > 0, no lens, targets or rows and
+    some (the argmax among the targets), a masked and a half head; every output within 1e-5."""
     s = _session(tiny_graph)
     assert [i.name for i in s.get_inputs()] == list(INPUTS)
     assert [o.name for o in s.get_outputs()] == list(OUTPUTS)
     L, H = tiny.config.n_layers, tiny.config.n_heads
     mask = torch.ones(L, H)
     mask[1, 2], mask[0, 0] = 0.0, 0.5
-    for a, b, lens, targets in [
-        (0, 3, [0, 1, 3], [3, 4]),
-        (0, 1, [], []),
-        (3, 11, [2], [1]),
-        (10, 11, [], [5, 6, 7]),
+    for a, b, lens, targets, queries in [
+        (0, 3, [0, 1, 3], [3, 4], [0, 1, 2]),
+        (0, 1, [], [], []),
+        (3, 11, [2], [1, -1], [7]),
+        (10, 11, [], [5, 6, 7], []),
+        (4, 8, [], [-1], [3, 0]),
     ]:
-        past = _steps(tiny, IDS[:, :a], [])[-1]["present"] if a else step_inputs(tiny)[0]
-        args = (
-            IDS[:, a:b],
-            past,
-            mask,
-            torch.tensor(lens, dtype=torch.int64),
-            torch.tensor(targets, dtype=torch.int64),
-        )
+        past = _steps(tiny, IDS[:, :a], [])[-1]["past"] if a else step_inputs(tiny)[0]
+        i64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+        args = (IDS[:, a:b], past, mask, i64(lens), i64(targets), i64(queries))
         want, got = step(tiny, *args), _run(s, args)
         for k in OUTPUTS:
             assert got[k].shape == tuple(want[k].shape) and got[k].dtype == want[k].numpy().dtype, k
@@ -310,18 +334,18 @@ def test_onnx_equals_the_step_on_the_english_model(english, english_onnx):
     lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
     worst = {}
     for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
-        past, mask, lens_t, targets_t = step_inputs(model, lens, targets)
+        past, mask, lens_t, targets_t, _ = step_inputs(model, lens, targets)
         cuts = (
             [(0, ids.shape[1])]
             if ids.shape[1] > 40
             else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
         )
         for a, b in cuts:
-            args = (ids[:, a:b], past, mask, lens_t, targets_t)
+            args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
             want, got = step(model, *args), _run(s, args)
             for k in OUTPUTS:
                 worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
-            past = want["present"]
+            past = torch.cat([past, want["kv"]])
     print(f"English graph vs step, max |difference|: {worst}")
     assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
 
@@ -493,7 +517,7 @@ def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
     assert all(
         i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024
     )
-    args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7]))
+    args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
     got = _run(_session(a), args)
     np.testing.assert_allclose(
         got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
@@ -610,7 +634,7 @@ def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
     assert {t["name"]: t["type"] for t in tensors}["model.blocks.0.attn.W_Q"] == "Q4_1"
     assert len(blocks) == sum(t["blocks_bytes"] for t in tensors)
     _check_external(data, tensors, blocks, model)
-    args = (IDS, *step_inputs(model, [0, 2], [5]))
+    args = (IDS, *step_inputs(model, [0, 2], [5, -1], queries=[0, 9]))
     got, want = _run(_external_session(data, tensors, blocks, tmp_path), args), step(model, *args)
     for k in OUTPUTS:
         np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
@@ -710,18 +734,18 @@ def test_smollm2_graph_equals_the_step(smollm2, smollm2_files, smollm2_session):
             )
         ]
     )
-    past, mask, lens, targets = step_inputs(model, [0, 15, 30], [5, 1000])
+    past, mask, lens, targets, _ = step_inputs(model, [0, 15, 30], [5, 1000, -1])
     mask[3, 4] = 0.0
     worst = {}
     for _ in range(6):
-        args = (ids, past, mask, lens, targets)
+        args = (ids, past, mask, lens, targets, torch.arange(ids.shape[1]))
         want, got = step(model, *args), _run(s, args)
         for k in OUTPUTS:
             worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
         assert int(got["logits"].argmax()) == int(want["logits"].argmax())
-        past, ids = want["present"], want["logits"].argmax(-1, keepdim=True)
+        past, ids = torch.cat([past, want["kv"]]), want["logits"].argmax(-1, keepdim=True)
     print(f"SmolLM2 graph vs step, max |difference|: {worst}")
-    assert worst["logits"] <= 1e-3 and worst["attn"] <= 1e-4 and worst["present"] <= 1e-3, worst
+    assert worst["logits"] <= 1e-3 and worst["attn"] <= 1e-4 and worst["kv"] <= 1e-3, worst
 
 
 @pytest.mark.browser

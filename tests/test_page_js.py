@@ -46,18 +46,18 @@ const ort = { Tensor };
 const fed = [];
 let fail = false;
 const session = { async run(f) {
-  const ids = Array.from(f.ids.data, Number), P = f.past.dims[3];
-  const past = Array.from(f.past.data);  // (1, 2, 1, P, 1): the keys, then the values
-  if (past.slice(0, P).join() !== past.slice(P).join()) throw new Error("keys are not values");
-  fed.push({ ids, past: past.slice(0, P), P });
+  const ids = Array.from(f.ids.data, Number), P = f.past.dims[0];
+  const past = Array.from(f.past.data);  // (P, 1, 2, 1, 1): each position's key, then value
+  const keys = past.filter((_, i) => i % 2 === 0), values = past.filter((_, i) => i % 2 === 1);
+  if (keys.join() !== values.join()) throw new Error("keys are not values");
+  fed.push({ ids, past: keys, P });
   if (fail) { fail = false; throw new Error("out of memory"); }
-  const T = ids.length;
-  return { logits: new Tensor("float32", new Float32Array(4 * T), [1, T, 4]),
-           attn: new Tensor("float32", new Float32Array(T * (P + T)).fill(1), [1, 1, T, P + T]),
-           present: new Tensor("float32", Float32Array.from([...past.slice(0, P), ...ids,
-                                                             ...past.slice(P), ...ids]),
-                               [1, 2, 1, P + T, 1]),
-           direct: new Tensor("float32", new Float32Array(0), [0]) }; } };
+  const T = ids.length, r = f.queries.dims[0];
+  return { logits: new Tensor("float32", new Float32Array(4), [1, 4]),
+           attn: new Tensor("float32", new Float32Array(r * (P + T)).fill(1), [1, 1, r, P + T]),
+           kv: new Tensor("float32", Float32Array.from(ids.flatMap((i) => [i, i])),
+                          [T, 1, 2, 1, 1]),
+           direct: new Tensor("float32", new Float32Array(0), [1, 1, 0]) }; } };
 """
 
 
@@ -79,7 +79,7 @@ const r3 = await step([1, 2, 3, 5]);
 out.r3 = [r3.P, r3.T];
 fail = true;
 try { await step([7]); } catch (e) { out.errors.push(e.message); }
-const r5 = await step([1, 2, 3, 5, 6]);
+const r5 = await step([1, 2, 3, 5, 6], { rows: true });
 out.r5 = [r5.P, r5.T, r5.attn.length];
 out.fed = fed;
 console.log(JSON.stringify(out));
@@ -99,7 +99,8 @@ console.log(JSON.stringify(out));
 def test_the_worker_client_and_the_backend_around_it():
     """Answers reach their callers by id, progress goes to the hook, a reader's error stays a
     LiveError, a worker that dies fails what waits; the backend keeps the attention rows of the
-    steps that succeeded, and close() releases the session, then ends the worker, once."""
+    steps that succeeded and asked for them, runs again the positions whose rows it lacks when
+    they are wanted, and close() releases the session, then ends the worker, once."""
     js = _node(
         """
 import { LiveError } from "./backend.js";
@@ -117,21 +118,24 @@ const d = c.call("start");
 worker.onerror({ message: "wasm trap" });
 try { await d; } catch (e) { out.d = e.message; }
 // the backend: rows from each successful step, none from a failed one
-const calls = [];
+const calls = [], fed = [];
 const client = { async call(type, p) { calls.push(type);
     if (type === "release") return true;
     if (p.ids.length === 9) throw new Error("boom");
-    const P = p.ids.length - 1;
-    return { logits: new Float32Array(4), attn: new Float32Array(P + 1).fill(0.5), P, T: 1,
-             lens: null, direct: null }; },
+    const P = Math.min(p.ids.length - 1, p.options.most ?? 1e9), T = p.ids.length - P;
+    fed.push([P, T, p.options.rows]);
+    return { logits: new Float32Array(4), P, T, lens: null, direct: null,
+             attn: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null }; },
   terminated: 0, terminate() { this.terminated++; } };
 const manifest = { name: "t", config: { n_layers: 1, n_heads: 1 }, tokens: [], token_bytes: [] };
 const be = m.pageBackend(client, manifest, null);
-await be.run([1]);
-await be.run([1, 2]).catch(() => {});
-try { await be.run([1, 2, 3, 4, 5, 6, 7, 8, 9]); } catch (e) { out.failed = e.message; }
-const r = await be.run([1, 2, 3]);
+await be.run([1], { rows: true });
+out.bare = (await be.run([1, 2])).patterns;  // no rows asked: none kept for position 1
+try { await be.run([1, 2, 3, 4, 5, 6, 7, 8, 9], { rows: true }); }
+catch (e) { out.failed = e.message; }
+const r = await be.run([1, 2, 3], { rows: true });  // position 1 runs again for its rows
 out.rows = r.patterns[0][0].map((x) => x.length);
+out.fed = fed;
 await be.close(); await be.close();
 out.calls = calls; out.terminated = client.terminated;
 console.log(JSON.stringify(out));
@@ -140,7 +144,8 @@ console.log(JSON.stringify(out));
     assert js["a"] == 42 and js["progress"] == [["x", 0.5]]
     assert js["b"] == ["too big", True]
     assert "worker stopped: wasm trap" in js["d"]
-    assert js["failed"] == "boom" and js["rows"] == [1, 2, 3]
+    assert js["failed"] == "boom" and js["rows"] == [1, 2, 3] and js["bare"] is None
+    assert js["fed"] == [[0, 1, True], [1, 1, False], [1, 2, True]]
     assert js["calls"] == ["run", "run", "run", "run", "release"] and js["terminated"] == 1
 
 
@@ -168,7 +173,7 @@ def test_the_manifest_external_weights_must_add_up():
     js = _node(
         """
 const pieces = [{ bytes: 3 }, { bytes: 2 }];
-const ok = { format: "gptlib-live", version: 3, onnx: { bytes: 5, pieces },
+const ok = { format: "gptlib-live", version: 4, onnx: { bytes: 5, pieces },
              weights: { blocks: { bytes: 5, pieces } } };
 const errors = [
   { ...ok, version: 2 },
@@ -182,5 +187,5 @@ console.log(JSON.stringify({ ok: m.checkManifest(ok, "x.json") === ok,
 """
     )
     assert js["ok"] and js["plain"]
-    assert "version 3" in js["errors"][0]
+    assert "version 4" in js["errors"][0]
     assert all("weights' pieces do not add up" in e for e in js["errors"][1:])

@@ -1269,8 +1269,9 @@ def bpe_tiny():
 def _step(model, ids, lens=(), targets=(), mask=None):
     from gptlib.step import step, step_inputs
 
-    past, ones, lens_t, targets_t = step_inputs(model, lens=lens, targets=targets)
-    return step(model, torch.tensor([ids]), past, ones if mask is None else mask, lens_t, targets_t)
+    past, ones, lens_t, targets_t, rows = step_inputs(model, lens, targets, queries=range(len(ids)))
+    mask = ones if mask is None else mask
+    return step(model, torch.tensor([ids]), past, mask, lens_t, targets_t, rows)
 
 
 def test_playground_stores_the_analysis_of_its_text(bpe_tiny):
@@ -1556,9 +1557,10 @@ def test_playground_refuses_bad_input(bpe_tiny):
 
 
 def test_live_js_cache_plan_and_rows(tmp_path):
-    """The page's cache (page.js): the longest cached prefix under the same mask is kept, the
-    last position runs again when nothing is new, a mask change recomputes everything; cropping
-    keeps the first positions of each (layer, k/v, head) row; the attention rows grow by the
+    """The page's cache (page.js): the longest cached prefix under the same mask is kept (no more
+    than the positions whose rows are held, when the rows are wanted), the last position runs
+    again when nothing is new, a mask change recomputes everything; the cache, position first, is
+    fed as a view of its first P positions and grows by doubling; the attention rows grow by the
     step's rows and are cut back on undo."""
     js = _node(
         tmp_path,
@@ -1571,11 +1573,14 @@ out.plans = [
   m.plan([1, 2, 3], "a", [1, 9, 3, 4], "a"),
   m.plan([1, 2, 3], "a", [1, 2, 3, 4], "b"),
   m.plan([], "", [7], "a"),
+  m.plan([1, 2, 3], "a", [1, 2, 3, 4, 5], "a", 1),
 ];
-const cfg = { n_layers: 1, n_kv_heads: 2, d_head: 2 };
-const past = Float32Array.from({ length: 1 * 2 * 2 * 3 * 2 }, (_, i) => i);
-out.crop = Array.from(m.cropPast(past, 3, 1, cfg));
-out.same = m.cropPast(past, 3, 3, cfg) === past;
+const store = m.kvStore(2, 2);  // 2 floats a position, room for 2
+store.put(0, Float32Array.from([1, 1, 2, 2]));
+store.put(2, Float32Array.from([3, 3, 4, 4, 5, 5]));  // grows to 8 positions
+const view = store.past(4);
+store.put(1, Float32Array.from([9, 9]));  // a step from position 1: what came after is stale
+out.store = { capacity: store.capacity, past: Array.from(store.past(3)), shared: view[2] };
 // one layer, one head: a first step of two positions, then one more, then undo to two
 const a1 = Float32Array.from([1, 0, 0.5, 0.5]);  // (1, 1, 2, 2)
 let rows = m.addRows([], a1, 0, 2, 1, 1);
@@ -1600,9 +1605,9 @@ console.log(JSON.stringify(out));
         {"keep": 1, "feed": [9, 3, 4]},
         {"keep": 0, "feed": [1, 2, 3, 4]},
         {"keep": 0, "feed": [7]},
+        {"keep": 1, "feed": [2, 3, 4, 5]},
     ]
-    past = np.arange(24, dtype=np.float32).reshape(1, 2, 2, 3, 2)
-    assert js["crop"] == past[:, :, :, :1].ravel().tolist() and js["same"]
+    assert js["store"] == {"capacity": 8, "past": [1, 1, 9, 9, 3, 3], "shared": 9}
     assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
     assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
     assert js["nested"] == 2  # what a step returned is not cut back by the next one
@@ -1617,7 +1622,7 @@ def test_live_js_checks_the_manifest(tmp_path):
         tmp_path,
         """
 const pieces = [{ bytes: 3 }, { bytes: 2 }];
-const ok = { format: "gptlib-live", version: 3, onnx: { bytes: 5, pieces } };
+const ok = { format: "gptlib-live", version: 4, onnx: { bytes: 5, pieces } };
 const errors = [
   { ...ok, version: 1 },
   { ...ok, onnx: { bytes: 6, pieces } },
@@ -1632,7 +1637,7 @@ console.log(JSON.stringify({ ok: good, errors, mb: n.megabytes(123456789) }));
         "live.js",
     )
     assert js["ok"] and js["mb"] == "123.5 MB"
-    assert "version 3" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
+    assert "version 4" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
 
 
 def test_playground_js_reads_the_stored_bytes(tmp_path, modern_tiny):
@@ -1767,7 +1772,9 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
     """The page's side of the kernel protocol (Jupyter, Colab; kernel.js), against the Python
     side's answers (LiveKernel): a fake widget model hands each request's answer back to the page,
     buffers as DataViews, as ipywidgets does. The first ping is lost (a comm still opening): the
-    page pings again rather than concluding that no kernel listens."""
+    page pings again rather than concluding that no kernel listens; a pong that comes after its
+    wait (a kernel busy with "Run All") still counts; a step without rows gets none, and a step
+    the kernel does not answer in time fails saying so."""
     model, tok = bpe_tiny
     w = PlaygroundView(model, tok, "the cat")
 
@@ -1787,6 +1794,7 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
             {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
+            {"kind": "step", "ids": ids, "mask": None, "lens": [], "targets": [-1], "rows": False},
             {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
         ]
     ]
@@ -1811,20 +1819,35 @@ const fake = {{
   }}, 1),
 }};
 const ask = m.kernelLink(fake);
-const pinged = await m.pingKernel(ask, 3, 100);
+const pinged = await m.pingKernel(ask, [100, 100]);
 const k = await m.kernelBackend(ask);
 const ids = await k.encode("the dog sat");
-const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7] }});
+const r = await k.run(ids, {{ mask: {json.dumps(mask)}, lens: [0, 1, 2], targets: [7],
+                             rows: true }});
+const bare = await k.run(ids, {{ lens: [], targets: [-1] }});
 let error = null;
 try {{ await k.run([-1]); }} catch (e) {{ error = e.message; }}
 ask.close();
 const silent = m.kernelLink({{ on: () => {{}}, off: () => {{}}, send: () => {{}} }});
-const alone = await m.pingKernel(silent, 2, 20);  // a static page: nobody answers
+const alone = await m.pingKernel(silent, [20, 20]);  // a static page: nobody answers
+let late = null;  // answers each message 150 ms later: after the ping's wait, before the last
+const slow = m.kernelLink({{ on: (n, f) => {{ late = f; }}, off: () => {{}},
+  send: (c) => {{
+    if (c.kind === "ping") setTimeout(() => late({{ kind: "pong", req: c.req }}), 150); }} }});
+const busy = await m.pingKernel(slow, [50, 200]);
+let timeout = null;  // a kernel that starts, then never answers a step
+const mute = m.kernelLink({{ on: () => {{}}, off: () => {{}}, send: () => {{}} }});
+const started = {{ msg: {{ config: k.config, lens_top: 10, tokens: [], token_bytes: [] }} }};
+const k4 = await m.kernelBackend(async (c, t) => (c.kind === "start" ? started : mute(c, t)), 30);
+try {{ await k4.run([1]); }}
+catch (e) {{ timeout = [e.message, e.timeout]; }}
+mute.close(); slow.close();
 console.log(JSON.stringify({{
   pinged, pings, alone, kind: k.kind, config: k.config, tokens: k.tokens,
   bytes: k.bytes.map((b) => Array.from(b)), ids, logits: Array.from(r.logits),
   patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
-  lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error }}));
+  lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error, busy, timeout,
+  bare: [bare.patterns, bare.lens, Array.from(bare.direct)] }}));
 """,
         "kernel.js",
     )
@@ -1843,6 +1866,12 @@ console.log(JSON.stringify({{
         assert r["probs"] == pytest.approx(top.values[:10].tolist(), abs=1e-6)
     assert len(js["direct"]) == 8 and js["direct"][1] == 0 and js["chat"] is None
     assert "ids" in js["error"]
+    assert js["busy"] and js["timeout"][1] and "no answer within 0.03 s" in js["timeout"][0]
+    # no rows, no lens, the contributions to the most probable token (no head removed)
+    top = int(np.argmax(_plain_forward(model, ids)[0]))
+    want = w._step(ids, None, (), [top])["direct"].flatten().tolist()
+    assert js["bare"][0] is None and js["bare"][1] == []
+    assert js["bare"][2] == pytest.approx(want, abs=1e-6)
 
 
 # --- a hostile caller: each bad argument is a ValueError naming it -------------------------------

@@ -28,8 +28,8 @@ class _Step(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids, past, head_mask, lens, targets) -> tuple[Tensor, ...]:
-        out = _step(self.model, ids, past, head_mask, lens, targets)
+    def forward(self, ids, past, head_mask, lens, targets, queries) -> tuple[Tensor, ...]:
+        out = _step(self.model, ids, past, head_mask, lens, targets, queries)
         return tuple(out[k] for k in OUTPUTS)
 
 
@@ -93,18 +93,20 @@ def _export_proto(model: nn.Module):
     # example sizes above 1 so that torch.export keeps every length symbolic
     example = (
         torch.zeros((1, 2), dtype=torch.int64),
-        torch.zeros((L, 2, n_kv, 2, d_head)),
+        torch.zeros((2, L, 2, n_kv, d_head)),
         torch.ones((L, H)),
+        torch.zeros((2,), dtype=torch.int64),
         torch.zeros((2,), dtype=torch.int64),
         torch.zeros((2,), dtype=torch.int64),
     )
     Dim = torch.export.Dim
     dims = {
         "ids": {1: Dim("T", min=1, max=n_ctx)},
-        "past": {3: Dim("P", min=0, max=n_ctx - 1)},
+        "past": {0: Dim("P", min=0, max=n_ctx - 1)},
         "head_mask": None,
         "lens": {0: Dim("n", min=0, max=1024)},
         "targets": {0: Dim("m", min=0, max=max(V, 4))},
+        "queries": {0: Dim("r", min=0, max=n_ctx)},
     }
     # torch.export's own deprecation notices and its note that torchvision's operators are not
     # registered: neither is about this model.
@@ -136,7 +138,7 @@ def _export_proto(model: nn.Module):
 
 def to_onnx(model: GPT | ModernGPT) -> bytes:
     """The ONNX graph (serialized) of :func:`step` for ``model``: inputs :data:`INPUTS`, outputs
-    :data:`OUTPUTS`, with T, P, n and m dynamic (P, n and m may be 0). Deterministic bytes for a
+    :data:`OUTPUTS`, with T, P, n, m and r dynamic (all but T may be 0). Deterministic bytes for a
     given model. The weights are stored as float16 where float16 holds them exactly."""
     import onnx  # a build-time dependency (requirements.txt), not needed to read the book
 

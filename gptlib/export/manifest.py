@@ -19,7 +19,7 @@ from ..step import LENS_TOP, _check_model, _shape
 __all__ = ["FORMAT", "VERSION", "weights_sha256", "chat_frame", "manifest"]
 
 FORMAT = "gptlib-live"
-VERSION = 3
+VERSION = 4
 
 
 def weights_sha256(model: nn.Module) -> str:
@@ -86,7 +86,7 @@ def manifest(
     tokenizer_bytes: bytes,
     blocks: tuple[list[dict], list[bytes]] | None = None,
 ) -> dict:
-    """What the page reads first (format ``gptlib-live`` version 3): the model's shape, the files
+    """What the page reads first (format ``gptlib-live`` version 4): the model's shape, the files
     and their SHA-256, the tokens as strings and bytes, the special tokens and the chat frame.
     ``blocks``: for a graph whose quantized weights are external (:func:`to_onnx_gguf`), their
     table and the pieces of the blocks; the manifest's ``weights`` then says which files hold

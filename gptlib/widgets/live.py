@@ -9,9 +9,11 @@ messages ``{"kind", "req", ...}`` and gets one answer each, with the same ``req`
 * ``start`` -> ``started``: the model's shape (:func:`live_config`), ``lens_top``, every token's
   string and bytes (base64), the special tokens and the chat frame (or None);
 * ``encode`` (``text``) -> ``encoded`` (``ids``): the tokenizer's ids, special tokens as one id;
-* ``step`` (``ids``, ``mask``, ``lens``, ``targets``) -> ``step`` with six buffers: the outputs
-  ``logits``, ``attn``, ``lens_ids``, ``lens_logits``, ``lens_lse``, ``direct`` of
-  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache;
+* ``step`` (``ids``, ``mask``, ``lens``, ``targets``, ``rows``) -> ``step`` with six buffers: the
+  outputs ``logits``, ``attn``, ``lens_ids``, ``lens_logits``, ``lens_lse``, ``direct`` of
+  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache, which computes only what
+  is asked: the lens of the streams ``lens``, the contributions to ``targets`` (-1: the most
+  probable token), every query's attention rows when ``rows`` is true (none otherwise);
 * anything else, or a failure -> ``error`` with the message, which the page shows.
 
 The page's own backend (onnxruntime-web) runs the same step, exported to ONNX, so both answer
@@ -87,15 +89,20 @@ class LiveKernel:
             return self._tokenizer.encode(text, allowed_special="all")
         return self._tokenizer.encode(text)
 
-    def _step(self, ids, mask=None, lens=(), targets=()) -> dict[str, torch.Tensor]:
+    def _step(self, ids, mask=None, lens=(), targets=(), rows=True) -> dict[str, torch.Tensor]:
         """:func:`gptlib.step.step` on ``ids`` (1 to n_ctx tokens) from an empty cache, on the
-        CPU; ``mask`` n_layers * n_heads numbers (None keeps every head). NaN or infinite logits
-        or patterns are an error."""
+        CPU; ``mask`` n_layers * n_heads numbers (None keeps every head); every query's attention
+        rows if ``rows``, else none. NaN or infinite logits or patterns are an error."""
         c = self._model.config
         check_ids(ids, c.d_vocab)
         if not 1 <= len(ids) <= c.n_ctx:
             raise ValueError(f"ids must hold 1 to n_ctx={c.n_ctx} tokens, got {len(ids)}")
-        past, ones, lens_t, targets_t = step_inputs(self._model, lens=lens, targets=targets)
+        if not isinstance(rows, bool):
+            raise ValueError(f"rows must be true or false, got {rows!r}")
+        queries = range(len(ids)) if rows else ()
+        past, ones, lens_t, targets_t, queries_t = step_inputs(
+            self._model, lens=lens, targets=targets, queries=queries
+        )
         if mask is not None:
             m = torch.as_tensor(np.asarray(mask, dtype=np.float32)).to(ones.device)
             if m.numel() != ones.numel() or not torch.isfinite(m).all():
@@ -104,7 +111,7 @@ class LiveKernel:
                 )
             ones = m.view_as(ones)
         x = torch.tensor([ids], device=ones.device)  # (1, T)
-        out = step(self._model, x, past, ones, lens_t, targets_t)
+        out = step(self._model, x, past, ones, lens_t, targets_t, queries_t)
         for name in ("logits", "attn"):
             if not torch.isfinite(out[name]).all():
                 raise ValueError(
@@ -147,6 +154,7 @@ class LiveKernel:
                 content.get("mask"),
                 content.get("lens") or (),
                 content.get("targets") or (),
+                content.get("rows", True),
             )
             return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in STEP_BUFFERS]
         raise ValueError(f"unknown request {kind!r}")

@@ -24,6 +24,12 @@ Who computes, always :func:`gptlib.step.step`:
 * in Jupyter or Colab, the kernel: the widget's messages reach this object, which answers with
   :func:`gptlib.step.step` in PyTorch on the whole context and ``tokenizer.encode``.
 
+Each action of the reader runs the model once, asking only for what is shown: the logit lens
+and the heads (their rows and direct contributions) are panels the reader can close, computed
+only while open; a run of draws takes bare steps (the logits only) and draws its text every few
+tokens. An action that comes during a step waits for it (the latest such action wins), and a
+kernel that does not answer a step in time is said so in the status line.
+
 Until the live model starts, the page shows the analysis of ``text`` stored in the widget state
 (computed here, so the page shows something true without downloading anything).
 """

@@ -46,27 +46,49 @@ export function kernelLink(model) {
   return ask;
 }
 
-// Is a kernel listening? (Jupyter, Colab; a static page never answers.) A ping answered by a pong
-// within timeoutMs, tried up to `tries` times: a kernel busy with a cell, or a comm still opening,
-// may miss the first. A promise of true or false.
-export async function pingKernel(ask, tries = 3, timeoutMs = 1000) {
-  for (let i = 0; i < tries; i++) {
-    try {
-      await ask({ kind: "ping" }, timeoutMs);
-      return true;
-    } catch (e) {
-      if (e instanceof LiveError && e.message !== "no answer") return false; // closed, or refused
-    }
-  }
-  return false;
+// Is a kernel listening? (Jupyter, Colab; a static page never answers.) A ping, and another after
+// each wait of `waits` (ms) without a pong: a kernel busy with "Run All" answers once its cells
+// are done, a cold Colab start or a comm still opening later still, so any ping's pong counts,
+// however late, until the last wait is over. A promise of true or false (false also when the view
+// is closed or the kernel refuses).
+export function pingKernel(ask, waits = [1000, 2000, 4000, 8000, 15000]) {
+  return new Promise((resolve) => {
+    let done = false,
+      timer = null,
+      k = 0;
+    const finish = (yes) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      resolve(yes);
+    };
+    const ping = () => {
+      if (done) return;
+      ask({ kind: "ping" }).then(
+        () => finish(true),
+        (e) => {
+          if (e instanceof LiveError) finish(false); // closed, or refused
+          // anything else (a comm not yet open refused the send): the next ping tries again
+        },
+      );
+      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
+      else timer = setTimeout(() => finish(false), 0);
+    };
+    ping();
+  });
 }
+
+// How long a kernel's step may take before the view says it got no answer.
+export const STEP_TIMEOUT_MS = 60_000;
 
 const view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 
 // The kernel's backend: each run sends the whole window, and the kernel (gptlib.widgets.live's
 // LiveKernel) answers with step on an empty cache (PyTorch is fast enough there; nothing to keep
-// in step between the two sides).
-export async function kernelBackend(ask) {
+// in step between the two sides), computing only what is asked (the rows only with `rows`). A
+// step the kernel does not answer within timeoutMs fails with a LiveError that says so (its
+// `timeout` true); a late answer is dropped.
+export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
   const { msg } = await ask({ kind: "start" });
   const c = msg.config,
     L = c.n_layers,
@@ -82,20 +104,29 @@ export async function kernelBackend(ask) {
     chat: msg.chat || null,
     encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
     memory: () => null,
-    run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
       const t0 = performance.now();
-      const { buffers } = await ask({
-        kind: "step",
-        ids,
-        mask: mask && Array.from(mask),
-        lens,
-        targets,
-      });
+      let answer;
+      try {
+        answer = await ask(
+          { kind: "step", ids, mask: mask && Array.from(mask), lens, targets, rows },
+          timeoutMs,
+        );
+      } catch (e) {
+        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
+        const late = new LiveError(
+          `the kernel gave no answer within ${timeoutMs / 1000} s (busy with a cell, ` +
+            "interrupted or stopped?): try again once it is idle, or restart it",
+        );
+        late.timeout = true;
+        throw late;
+      }
+      const { buffers } = answer;
       const T = ids.length;
       const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
       return {
         logits: view(logits, Float32Array),
-        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        patterns: rows ? nestFlat(view(attn, Float32Array), L, H, T) : null,
         lens: lens
           ? lensTops(
               view(lensIds, BigInt64Array),

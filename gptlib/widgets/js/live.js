@@ -21,8 +21,9 @@ export { LiveError, megabytes } from "./backend.js";
 //    backend(hooks): a promise of the backend, started once (hooks, for the page's backend:
 //      progress(text, fraction or null); confirm(manifest) -> promise of true to download),
 //    close(): stop listening to the kernel (the view is closed)}.
-// The kernel if it answered; else the page, when it is served over http with the book's files;
-// else the kernel's answer decides (the page's own error says why it cannot run there).
+// The kernel if it answered; else the page, when it holds the book's files or was opened from a
+// file; else the kernel's answer decides, which may take the check's ~30 s of pings (the page's
+// own error says why it cannot run there).
 export function connect(model) {
   const ask = kernelLink(model);
   let answered = false;
@@ -34,7 +35,8 @@ export function connect(model) {
     sharedPageBackend(model.get("source"), model.get("weights_sha256"), hooks);
   const start = async (hooks) => {
     if (answered) return kernelBackend(ask);
-    if (staticBase() && location.protocol !== "file:") return inPage(hooks);
+    // a page opened from a file has no kernel either: its own error says why, without waiting
+    if (staticBase() || location.protocol === "file:") return inPage(hooks);
     return (await kernel) ? kernelBackend(ask) : inPage(hooks);
   };
   let backend = null;

@@ -7,7 +7,7 @@
 // uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
 
-const VERSION = 3;
+const VERSION = 4;
 // Downloads above this many bytes wait for the reader to agree.
 export const CONFIRM_ABOVE = 20e6;
 // The worker's code: scripts/build_widgets.py bundles page_worker.js and defines this as its text.
@@ -41,7 +41,7 @@ const addsUp = (listed) =>
   listed.pieces.length > 0 &&
   listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 
-// The manifest at `url`, checked: version 3, pieces that add up (the graph's, and the blocks'
+// The manifest at `url`, checked: version 4 (the step graph's inputs and outputs of gptlib.step), pieces that add up (the graph's, and the blocks'
 // of external weights).
 export function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
@@ -159,21 +159,37 @@ export function sharedPrefix(a, b) {
 
 // What the page's backend computes for `window` (the ids the model sees) given what it holds:
 // the cached ids `cached` (computed under the mask `cachedMask`, a string) and the mask `mask`.
-// Returns {keep, feed}: keep the first `keep` cached positions, run the step on window[keep:]
-// (never empty: with nothing new the last position runs again on the cache less one).
-export function plan(cached, cachedMask, window, mask) {
+// Returns {keep, feed}: keep the first `keep` cached positions (at most `most`: the positions
+// whose attention rows the caller holds, when it wants the rows of the rest), run the step on
+// window[keep:] (never empty: with nothing new the last position runs again on the cache less one).
+export function plan(cached, cachedMask, window, mask, most = Number.POSITIVE_INFINITY) {
   let keep = cachedMask === mask ? sharedPrefix(cached, window) : 0;
-  if (keep >= window.length) keep = window.length - 1;
+  keep = Math.min(keep, most, window.length - 1);
   return { keep, feed: window.slice(keep) };
 }
 
-// The cache (n_layers, 2, n_kv, P, d_head) cut to its first `keep` positions.
-export function cropPast(past, P, keep, { n_layers: L, n_kv_heads: G, d_head: D }) {
-  if (keep === P) return past;
-  const out = new Float32Array(L * 2 * G * keep * D);
-  for (let r = 0; r < L * 2 * G; r++)
-    out.set(past.subarray(r * P * D, r * P * D + keep * D), r * keep * D);
-  return out;
+// The cache of keys and values, position first: `per` floats a position (n_layers * 2 * n_kv *
+// d_head), in one buffer that grows by doubling; past(P) is a view of its first P positions (what
+// the step is fed, no copy), put(at, kv) writes a step's new positions from position `at` on.
+export function kvStore(per, capacity = 64) {
+  let data = new Float32Array(per * capacity);
+  return {
+    past: (P) => data.subarray(0, P * per),
+    put(at, kv) {
+      const need = at * per + kv.length;
+      if (need > data.length) {
+        let n = data.length || per;
+        while (n < need) n *= 2;
+        const grown = new Float32Array(n);
+        grown.set(data.subarray(0, at * per));
+        data = grown;
+      }
+      data.set(kv, at * per);
+    },
+    get capacity() {
+      return data.length / per;
+    },
+  };
 }
 
 // The attention rows kept per head: rows[l * H + h][i] holds query i's weights on keys 0..i.
@@ -199,10 +215,12 @@ export function nestRows(rows, L, H) {
 }
 
 // One step at a time on a session of the step graph (in the worker), keeping the cache between
-// steps (see plan): step(ids, {mask, lens, targets}) -> {logits, attn (n_layers, n_heads, T,
-// P + T), P, T, lens, direct}. The cache changes only once a step has succeeded: a step that
-// fails (an exception, out of memory) leaves it as it was, so the next step is fed the keys
-// and values of the ids it says it holds.
+// steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, attn
+// (n_layers, n_heads, T, P + T) when `rows`, else null, P, T, lens, direct}. Only what is asked
+// is computed: no lens (null or []), no targets, no rows make a bare step; a target -1 is the
+// most probable token. The cache changes only once a step has succeeded: a step that fails (an
+// exception, out of memory) leaves it as it was, so the next step is fed the keys and values of
+// the ids it says it holds.
 export function cacheStepper(ort, session, manifest) {
   const c = manifest.config,
     L = c.n_layers,
@@ -212,40 +230,40 @@ export function cacheStepper(ort, session, manifest) {
   const V = c.d_vocab,
     K = manifest.lens_top;
   const ones = new Float32Array(L * H).fill(1);
+  const store = kvStore(L * 2 * G * D);
   let cached = [],
-    cachedMask = "",
-    past = new Float32Array(0);
+    cachedMask = "";
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  return async (ids, { mask = null, lens = null, targets = null } = {}) => {
+  return async (ids, { mask = null, lens = null, targets = null, rows = false, most } = {}) => {
     const window = ids.slice(-c.n_ctx); // past n_ctx the window slides (all of it recomputed)
     const m = mask ? Float32Array.from(mask) : ones,
       mKey = m.join(",");
-    const { keep, feed } = plan(cached, cachedMask, window, mKey);
+    const { keep, feed } = plan(cached, cachedMask, window, mKey, most);
     const P = keep,
       T = feed.length;
-    // onnxruntime-web 1.30 (WebAssembly) fails ("divide by zero") on an empty lens request, which
-    // the native build runs; so a step reads at least the last stream, and drops it unasked.
-    const lensList = lens?.length ? lens : [c.n_layers],
-      tg = targets || [];
+    const ls = lens || [],
+      tg = targets || [],
+      qs = rows ? [...Array(T).keys()] : [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
-      past: new ort.Tensor("float32", cropPast(past, cached.length, P, c), [L, 2, G, P, D]),
+      past: new ort.Tensor("float32", store.past(P), [P, L, 2, G, D]),
       head_mask: new ort.Tensor("float32", m, [L, H]),
-      lens: new ort.Tensor("int64", i64(lensList), [lensList.length]),
+      lens: new ort.Tensor("int64", i64(ls), [ls.length]),
       targets: new ort.Tensor("int64", i64(tg), [tg.length]),
+      queries: new ort.Tensor("int64", i64(qs), [qs.length]),
     });
     try {
       const result = {
         logits: out.logits.data.slice(0, V),
-        attn: out.attn.data.slice(),
+        attn: rows ? out.attn.data.slice() : null,
         P,
         T,
         lens: lens
-          ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, lensList.length, K)
+          ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, ls.length, K)
           : null,
         direct: tg.length ? out.direct.data.slice() : null,
       };
-      past = out.present.data; // onnxruntime-web's outputs are JavaScript's own arrays
+      store.put(P, out.kv.data); // the new positions after the kept ones; the rest is stale
       cached = window.slice();
       cachedMask = mKey;
       return result;
@@ -256,25 +274,38 @@ export function cacheStepper(ort, session, manifest) {
 }
 
 // The page's backend around the worker's session and tokenizer (`client`, workerClient): it keeps
-// the attention rows of the text so far, and runs one step at a time (a view's step waits for
-// another view's to end: they share the cache). close() releases the session and the worker.
+// the attention rows of the text so far (of the positions `known` whose rows it holds), and runs
+// one step at a time (a view's step waits for another view's to end: they share the cache).
+// A run with `rows` gets every pattern; the cache's positions whose rows were not kept (steps
+// run without them) are run again for theirs. close() releases the session and the worker.
 export function pageBackend(client, manifest) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads;
   let rows = [],
+    known = 0,
     closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null } = options;
+    const { mask = null, lens = null, targets = null, rows: want = false } = options;
     const r = await client.call("run", {
       ids: Array.from(ids),
-      options: { mask: mask && Array.from(mask), lens, targets },
+      options: {
+        mask: mask && Array.from(mask),
+        lens,
+        targets,
+        rows: want,
+        most: want ? known : undefined,
+      },
     });
-    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    known = Math.min(known, r.P);
+    if (r.attn) {
+      rows = addRows(rows, r.attn, r.P, r.T, L, H);
+      known = r.P + r.T;
+    }
     return {
       logits: r.logits,
-      patterns: nestRows(rows, L, H),
+      patterns: want ? nestRows(rows, L, H) : null,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,

@@ -7,7 +7,7 @@
 // contribution to the logit of the chosen token.
 import { fromStored } from "./analysis.js";
 import { button, lifetime, make, parseSeed, report, show } from "./dom.js";
-import { byLogit, distribution, drawIndex, xorshift32 } from "./distribution.js";
+import { distribution, drawIndex, xorshift32 } from "./distribution.js";
 import { attentionPanel } from "./heads.js";
 import { connect, megabytes, startError } from "./live.js";
 import {
@@ -19,6 +19,16 @@ import {
   enable,
   layout,
 } from "./playground_draw.js";
+
+// During a run of draws, the text and the distribution are drawn every this many tokens.
+const RUN_DRAW_EVERY = 8;
+
+// The first index of the largest logit (what byLogit puts first), in one pass.
+function argmax(logits) {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  return best;
+}
 
 // The view's state and what it does: what is shown, the live model, drawing and computing.
 class Playground {
@@ -53,6 +63,7 @@ class Playground {
     this.live = null; // the backend, once started
     this.starting = null; // the promise of starting it
     this.busy = false;
+    this.queued = null; // the reader's latest action while another ran
     this.running = false; // a run of draws, which the stop button ends
     this.stopAsked = false;
     this.startedAt = null;
@@ -93,9 +104,11 @@ class Playground {
   }
 
   // --- computing --------------------------------------------------------------------------
-  // The analysis of the context: `full` (a single action of the reader) adds the logit lens of
-  // every stream and the heads' direct contributions to the most probable token's logit, at the
-  // cost of running the last position again; a step of a run computes only what the run needs.
+  // The analysis of the context, one step of the model: `full` (a single action of the reader)
+  // adds what the open panels show, at the last position: the logit lens of every stream when
+  // its panel is open; every head's attention rows and direct contribution to the most probable
+  // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
+  // logits only and draws nothing (the run draws every few tokens).
   async compute(full = true) {
     const { v, live } = this,
       ctx = this.promptIds.concat(this.path);
@@ -110,37 +123,34 @@ class Playground {
     }
     v.heads.style.display = "";
     const window = ctx.slice(-this.cfg.n_ctx); // past n_ctx the window slides, as gptlib.sampling.generate does
-    const r = await live.run(window, { mask: this.mask });
-    const a = {
+    const lensOn = full && v.lensPanel.open,
+      headsOn = full && v.headsPanel.open;
+    const r = await live.run(window, {
+      mask: this.mask,
+      lens: lensOn ? [...Array(this.cfg.n_layers + 1).keys()] : null,
+      targets: headsOn ? [-1] : null, // -1: the step's most probable token
+      rows: headsOn,
+    });
+    const n = this.model.get("lens_top");
+    this.current = {
       window,
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
-      lens: null,
-      direct: null,
-      target: null,
+      lens: r.lens
+        ? r.lens.map((t) => ({ ids: t.ids.slice(0, n), probs: t.probs.slice(0, n) }))
+        : null,
+      direct: r.direct,
+      target: headsOn ? argmax(r.logits) : null,
       live: true,
     };
-    let ms = r.ms;
-    if (full) {
-      a.target = byLogit(r.logits)[0];
-      const s = await live.run(window, {
-        mask: this.mask,
-        lens: [...Array(this.cfg.n_layers + 1).keys()],
-        targets: [a.target],
-      });
-      const n = this.model.get("lens_top");
-      a.lens = s.lens.map((r) => ({ ids: r.ids.slice(0, n), probs: r.probs.slice(0, n) }));
-      a.direct = s.direct;
-      a.patterns = s.patterns;
-      ms += s.ms;
-    }
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === undefined ? window.length : r.fed });
+    if (!full) return;
+    const shown = [lensOn && "the lens", headsOn && "the heads"].filter(Boolean);
     this.setStatus(
-      `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms${full ? ` (${ms.toFixed(0)} ms with the lens)` : ""}`,
+      `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`,
     );
-    this.current = a;
-    draw(this, full);
+    draw(this, headsOn);
     if (this.startedAt !== null) {
       // the time from "start" to the first result drawn
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
@@ -148,9 +158,14 @@ class Playground {
     }
   }
 
-  // One action of the reader at a time; a failure is said in the message line.
+  // One action of the reader at a time: one that comes during another waits, and only the latest
+  // that came waits (it supersedes those before it); a failure is said in the message line, a
+  // kernel that does not answer in the status line too.
   async act(f) {
-    if (this.busy) return;
+    if (this.busy) {
+      this.queued = f;
+      return;
+    }
     this.busy = true;
     enable(this);
     const t0 = performance.now();
@@ -159,12 +174,16 @@ class Playground {
       report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) }); // computing and drawing
     } catch (e) {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
+      if (e.timeout) this.setStatus(`live: ${this.live.describe}; ${e.message}.`, "timeout");
       report(this.v.root, { error: e.message });
     } finally {
       this.busy = this.running = false;
       enable(this);
       drawCircuits(this);
     }
+    const next = this.queued;
+    this.queued = null;
+    if (next) await this.act(next);
   }
 
   // The reader agrees to a large download (or not): a promise of true or false.
@@ -268,17 +287,29 @@ class Playground {
     const chat = this.v.chatBox.checked && this.live.chat;
     const text = chat ? chat.prefix + this.v.box.value + chat.suffix : this.v.box.value;
     this.promptIds = await this.live.encode(text);
+    this.encoded = this.textKey();
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
     await this.compute();
   }
 
+  // What the prompt is made of: the text and the chat switch.
+  textKey() {
+    return `${this.v.chatBox.checked && !!this.live?.chat}\n${this.v.box.value}`;
+  }
+
+  // True when the analysis shown is not the live model's on the text in the box (the stored one,
+  // or the box changed and its analysis was superseded by a later action of the reader).
+  stale() {
+    return !this.current?.live || this.encoded !== this.textKey();
+  }
+
   // The next token from the analysis shown: the most probable (greedy), or a seeded draw under
   // the sliders' settings.
   pick(greedy) {
     const { current } = this;
-    if (greedy) return byLogit(current.logits)[0];
+    if (greedy) return argmax(current.logits);
     const { T, k, tp } = this.settings();
     const d = distribution(current.logits, T, k, tp);
     const u = this.rng();
@@ -296,7 +327,7 @@ class Playground {
   // One more token, drawn from the live model's analysis.
   async drawNext(greedy) {
     if (!(await this.start())) return;
-    if (!this.current?.live) await this.retext(); // the stored analysis is not the model's
+    if (this.stale()) await this.retext(); // the stored analysis, or an older text
     if (!this.current || !this.promptIds.length) return;
     const id = this.pick(greedy);
     this.path.push(id);
@@ -306,11 +337,12 @@ class Playground {
     await this.compute();
   }
 
-  // A run of up to n draws (greedy or seeded), each step computing only the logits and the
-  // attention rows; the stop button, or a stop id in chat mode, ends it; then the lens.
+  // A run of up to n draws (greedy or seeded), each step computing only the logits (a bare step)
+  // and the text drawn every RUN_DRAW_EVERY tokens; the stop button, or a stop id in chat mode,
+  // ends it; then one step with what the open panels show (the rows of the run's tokens too).
   async generate(n, greedy) {
     if (!(await this.start())) return;
-    if (!this.current?.live) await this.retext();
+    if (this.stale()) await this.retext();
     if (!this.current || !this.promptIds.length) return;
     this.running = true;
     this.stopAsked = false;
@@ -332,8 +364,11 @@ class Playground {
           break;
         }
         if (steps < n) {
-          await this.compute(false);
-          await new Promise((r) => setTimeout(r, 0)); // let the page draw and the stop button act
+          await this.compute(false); // awaits the worker or the kernel: the stop button can act
+          if (steps % RUN_DRAW_EVERY === 0) {
+            drawTokens(this);
+            drawDistribution(this);
+          }
         }
       }
     } finally {
@@ -428,6 +463,12 @@ function listen(p, v, model, life) {
   });
   for (const n of ["temperature", "top_k", "top_p", "n_show"]) {
     life.on(`change:${n}`, () => drawDistribution(p));
+  }
+  // a panel opened shows what the last step did not compute: one step for it
+  for (const d of [v.lensPanel, v.headsPanel]) {
+    d.addEventListener("toggle", () => {
+      if (d.open && p.current?.live) p.act(() => p.compute());
+    });
   }
   life.on("change:layer", p.panel.redraw);
   life.on("change:head", p.panel.redraw);

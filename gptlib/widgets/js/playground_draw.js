@@ -122,6 +122,25 @@ function arrange(v, model) {
     v.ablation,
   );
   const section = (text) => make("div", "gptlib-play-section", text);
+  // a panel the reader can close: the model computes what it shows only while it is open
+  const panel = (cls, text, ...parts) => {
+    const d = make("details", cls);
+    d.open = true;
+    d.append(make("summary", "gptlib-play-section", text), ...parts);
+    return d;
+  };
+  v.lensPanel = panel(
+    "gptlib-play-lens-panel",
+    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
+    v.lens,
+  );
+  v.headsPanel = panel(
+    "gptlib-play-heads-panel",
+    "Every head on this text",
+    ablateRow,
+    v.direct,
+    v.heads,
+  );
   v.root.append(
     make("div", "gptlib-title", model.get("title")),
     v.box,
@@ -138,14 +157,8 @@ function arrange(v, model) {
     v.stats,
     v.chart,
     chartKey(),
-    section(
-      "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
-    ),
-    v.lens,
-    section("Every head on this text"),
-    ablateRow,
-    v.direct,
-    v.heads,
+    v.lensPanel,
+    v.headsPanel,
   );
 }
 
@@ -165,7 +178,7 @@ export function decodeBytes(bytes, ids) {
 // The logit lens: one row per residual stream, its top tokens shaded by probability.
 function drawLens(box, lens, labels, tokenStr) {
   if (!lens) {
-    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
+    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the panel is open)"));
     return;
   }
   box.replaceChildren(
@@ -325,10 +338,11 @@ export function draw(p, heads = true) {
   );
 }
 
-// The buttons that need the live model, enabled when it is ready.
+// The buttons that need the live model, enabled when it is ready (also during a step: the
+// reader's action then waits for it, see Playground.act; not during a run of draws).
 export function enable(p) {
   const { v, live, busy } = p;
-  const ready = !!live && !busy && p.promptIds.length > 0;
+  const ready = !!live && !p.running && p.promptIds.length > 0;
   v.sampleBtn.disabled = v.greedyBtn.disabled = v.runBtn.disabled = !ready && !!live;
   v.undoBtn.disabled = v.resetBtn.disabled = !ready || p.path.length === 0;
   v.stopBtn.disabled = !p.running;

@@ -865,19 +865,32 @@ function kernelLink(model) {
   };
   return ask;
 }
-async function pingKernel(ask, tries = 3, timeoutMs = 1e3) {
-  for (let i = 0; i < tries; i++) {
-    try {
-      await ask({ kind: "ping" }, timeoutMs);
-      return true;
-    } catch (e) {
-      if (e instanceof LiveError && e.message !== "no answer") return false;
-    }
-  }
-  return false;
+function pingKernel(ask, waits = [1e3, 2e3, 4e3, 8e3, 15e3]) {
+  return new Promise((resolve) => {
+    let done = false, timer = null, k = 0;
+    const finish = (yes) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      resolve(yes);
+    };
+    const ping = () => {
+      if (done) return;
+      ask({ kind: "ping" }).then(
+        () => finish(true),
+        (e) => {
+          if (e instanceof LiveError) finish(false);
+        }
+      );
+      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
+      else timer = setTimeout(() => finish(false), 0);
+    };
+    ping();
+  });
 }
+var STEP_TIMEOUT_MS = 6e4;
 var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-async function kernelBackend(ask) {
+async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
   const { msg } = await ask({ kind: "start" });
   const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
   return {
@@ -890,20 +903,28 @@ async function kernelBackend(ask) {
     chat: msg.chat || null,
     encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
     memory: () => null,
-    run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
       const t0 = performance.now();
-      const { buffers } = await ask({
-        kind: "step",
-        ids,
-        mask: mask && Array.from(mask),
-        lens,
-        targets
-      });
+      let answer;
+      try {
+        answer = await ask(
+          { kind: "step", ids, mask: mask && Array.from(mask), lens, targets, rows },
+          timeoutMs
+        );
+      } catch (e) {
+        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
+        const late = new LiveError(
+          `the kernel gave no answer within ${timeoutMs / 1e3} s (busy with a cell, interrupted or stopped?): try again once it is idle, or restart it`
+        );
+        late.timeout = true;
+        throw late;
+      }
+      const { buffers } = answer;
       const T = ids.length;
       const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
       return {
         logits: view(logits, Float32Array),
-        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        patterns: rows ? nestFlat(view(attn, Float32Array), L, H, T) : null,
         lens: lens ? lensTops(
           view(lensIds, BigInt64Array),
           view(lensLogits, Float32Array),
@@ -919,9 +940,9 @@ async function kernelBackend(ask) {
 }
 
 // gptlib/widgets/js/page.js
-var VERSION = 3;
+var VERSION = 4;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var $=t=>`${(t/1e6).toFixed(1)} MB`;function M(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),c=>Math.exp(c-e[r]))}))}var ie=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function G(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function J(t,n,e,o){let s=n===o?G(t,e):0;return s>=e.length&&(s=e.length-1),{keep:s,feed:e.slice(s)}}function V(t,n,e,{n_layers:o,n_kv_heads:s,d_head:r}){if(e===n)return t;let c=new Float32Array(o*2*s*e*r);for(let a=0;a<o*2*s;a++)c.set(t.subarray(a*n*r,a*n*r+e*r),a*e*r);return c}function z(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,c=o.n_kv_heads,a=o.d_head,y=o.d_vocab,f=e.lens_top,u=new Float32Array(s*r).fill(1),h=[],l="",d=new Float32Array(0),b=p=>BigInt64Array.from(p,g=>BigInt(g));return async(p,{mask:g=null,lens:k=null,targets:i=null}={})=>{let m=p.slice(-o.n_ctx),x=g?Float32Array.from(g):u,j=x.join(","),{keep:H,feed:F}=J(h,l,m,j),W=H,I=F.length,E=k?.length?k:[o.n_layers],S=i||[],_=await n.run({ids:new t.Tensor("int64",b(F),[1,I]),past:new t.Tensor("float32",V(d,h.length,W,o),[s,2,c,W,a]),head_mask:new t.Tensor("float32",x,[s,r]),lens:new t.Tensor("int64",b(E),[E.length]),targets:new t.Tensor("int64",b(S),[S.length])});try{let P={logits:_.logits.data.slice(0,y),attn:_.attn.data.slice(),P:W,T:I,lens:k?M(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,E.length,f):null,direct:S.length?_.direct.data.slice():null};return d=_.present.data,h=m.slice(),l=j,P}finally{for(let P of Object.values(_))P.dispose?.()}}}function D(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var B=new Float64Array(65536);for(let t=0;t<65536;t++)B[t]=D(t);var K={Q4_1:20,Q8_0:34};function Q(t,n,e){let o=K[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,c=n.rows,a=n.cols,y=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,h=new Float32Array(32);for(let l=0,d=0;l<s/32;l++,d+=o){let b=B[f[d]|f[d+1]<<8];if(o===20){let i=B[f[d+2]|f[d+3]<<8];for(let m=0;m<16;m++){let x=f[d+4+m];h[m]=u(u(b*(x&15))+i),h[m+16]=u(u(b*(x>>4))+i)}}else for(let i=0;i<32;i++)h[i]=u((f[d+2+i]<<24>>24)*b);let p=l*32,g=Math.floor(p/a),k=p-g*a;if(y)for(let i=0;i<32;i++)e[r+(k+i)*c+g]=h[i];else e.set(h,r+p)}}function N(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{Q(t,s,o),e(r)}),o}var R={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},q="gptlib-live-models";async function U(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function Y(){try{return globalThis.caches?await caches.open(q):null}catch{return null}}var X=(t,n)=>`${t}?sha256=${n}`,O=t=>t?.buffer.transfer?.(0);async function Z(t,n,e,o,s,r){let c=X(n,e.sha256),a=o.subarray(s,s+e.bytes),y=t&&await t.match(c).catch(()=>null);if(y){let l=new Uint8Array(await y.arrayBuffer());if(l.length===e.bytes&&await U(l)===e.sha256){a.set(l),r(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(n)}catch(l){throw new w(`could not fetch ${e.file} (${n}): ${l.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,h=f.body.getReader();for(;;){let{done:l,value:d}=await h.read();if(l)break;if(u+d.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(d,u),u+=d.length,r(d.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await U(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let l of await t.keys())l.url.startsWith(`${n}?sha256=`)&&await t.delete(l);await t.put(c,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${$(e.bytes)}: ${a.message}.`)}let r=0,c=[];for(let a of e.pieces)c.push(Z(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(c),s}var A=null,v=null,T=null,C=Promise.resolve();async function ee({base:t,manifestUrl:n,manifest:e},o){if(v)throw new Error("this worker holds a session already");let s=await Y(),r=e.weights?.blocks,c={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+c.bytes,y=0,f=i=>{y+=i,o(`downloading ${e.name}: ${$(y)} of ${$(a)}`,y/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=N(i,e.weights);return O(i),m},[h,l,d,b,p]=await Promise.all([import(t+R.ort),import(t+R.tokenizers),L(s,n,c,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(u):null]),g=new l.Tokenizer(JSON.parse(new TextDecoder().decode(d)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};p&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(p.buffer)}]),h.env.wasm.numThreads=1,h.env.wasm.proxy=!1,h.env.wasm.wasmPaths=t+R.ortDir,o("starting onnxruntime-web",1);try{v=await h.InferenceSession.create(b,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,O(p),O(b)}return A=z(h,v,e),T=g,!0}async function te(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ee(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!A)throw new w("the live model is not started (or was released)");let e=await A(t.ids,t.options||{}),o=[e.logits.buffer,e.attn.buffer];e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!T)throw new w("the live model is not started (or was released)");n({result:T.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=v;v=A=T=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{C=C.then(()=>te(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var w=class extends Error{};var x=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var fe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function V(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function q(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?V(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function K(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=e.length||t;for(;l<s;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}function C(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,u=new Float32Array(r*s).fill(1),d=K(r*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let j=y.slice(-o.n_ctx),M=g?Float32Array.from(g):u,N=M.join(","),{keep:J,feed:F}=q(c,h,j,N,v),A=J,S=F.length,W=k||[],E=i||[],z=m?[...Array(S).keys()]:[],_=await n.run({ids:new t.Tensor("int64",p(F),[1,S]),past:new t.Tensor("float32",d.past(A),[A,r,2,l,a]),head_mask:new t.Tensor("float32",M,[r,s]),lens:new t.Tensor("int64",p(W),[W.length]),targets:new t.Tensor("int64",p(E),[E.length]),queries:new t.Tensor("int64",p(z),[z.length])});try{let B={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:A,T:S,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,W.length,f):null,direct:E.length?_.direct.data.slice():null};return d.put(A,_.kv.data),c=j.slice(),h=N,B}finally{for(let B of Object.values(_))B.dispose?.()}}}function Q(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var R=new Float64Array(65536);for(let t=0;t<65536;t++)R[t]=Q(t);var Y={Q4_1:20,Q8_0:34};function X(t,n,e){let o=Y[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,d=new Float32Array(32);for(let c=0,h=0;c<r/32;c++,h+=o){let p=R[f[h]|f[h+1]<<8];if(o===20){let i=R[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];d[m]=u(u(p*(v&15))+i),d[m+16]=u(u(p*(v>>4))+i)}}else for(let i=0;i<32;i++)d[i]=u((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[s+(k+i)*l+g]=d[i];else e.set(d,s+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((r,s)=>{X(t,r,o),e(s)}),o}var O={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Z="gptlib-live-models";async function D(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function ee(){try{return globalThis.caches?await caches.open(Z):null}catch{return null}}var te=(t,n)=>`${t}?sha256=${n}`,I=t=>t?.buffer.transfer?.(0);async function ne(t,n,e,o,r,s){let l=te(n,e.sha256),a=o.subarray(r,r+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await D(c)===e.sha256){a.set(c),s(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,d=f.body.getReader();for(;;){let{done:c,value:h}=await d.read();if(c)break;if(u+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,u),u+=h.length,s(h.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await D(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${x(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(ne(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var T=null,$=null,P=null,G=Promise.resolve();async function oe({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let r=await ee(),s=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${x(b)} of ${x(a)}`,b/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return I(i),m},[d,c,h,p,y]=await Promise.all([import(t+O.ort),import(t+O.tokenizers),L(r,n,l,f),L(r,n,e.onnx,f),s?L(r,n,s,f).then(u):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),d.env.wasm.numThreads=1,d.env.wasm.proxy=!1,d.env.wasm.wasmPaths=t+O.ortDir,o("starting onnxruntime-web",1);try{$=await d.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,I(y),I(p)}return T=C(d,$,e),P=g,!0}async function se(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await oe(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!T)throw new w("the live model is not started (or was released)");let e=await T(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!P)throw new w("the live model is not started (or was released)");n({result:P.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=T=P=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{G=G.then(()=>se(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -1054,18 +1075,28 @@ function nestRows(rows, L, H) {
 }
 function pageBackend(client, manifest) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads;
-  let rows = [], closed = false;
+  let rows = [], known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null } = options;
+    const { mask = null, lens = null, targets = null, rows: want = false } = options;
     const r = await client.call("run", {
       ids: Array.from(ids),
-      options: { mask: mask && Array.from(mask), lens, targets }
+      options: {
+        mask: mask && Array.from(mask),
+        lens,
+        targets,
+        rows: want,
+        most: want ? known : void 0
+      }
     });
-    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    known = Math.min(known, r.P);
+    if (r.attn) {
+      rows = addRows(rows, r.attn, r.P, r.T, L, H);
+      known = r.P + r.T;
+    }
     return {
       logits: r.logits,
-      patterns: nestRows(rows, L, H),
+      patterns: want ? nestRows(rows, L, H) : null,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,
@@ -1135,7 +1166,7 @@ function connect(model) {
   const inPage = (hooks) => sharedPageBackend(model.get("source"), model.get("weights_sha256"), hooks);
   const start = async (hooks) => {
     if (answered) return kernelBackend(ask);
-    if (staticBase() && location.protocol !== "file:") return inPage(hooks);
+    if (staticBase() || location.protocol === "file:") return inPage(hooks);
     return await kernel ? kernelBackend(ask) : inPage(hooks);
   };
   let backend = null;
@@ -1258,6 +1289,24 @@ function arrange(v, model) {
     v.ablation
   );
   const section = (text) => make("div", "gptlib-play-section", text);
+  const panel = (cls, text, ...parts) => {
+    const d = make("details", cls);
+    d.open = true;
+    d.append(make("summary", "gptlib-play-section", text), ...parts);
+    return d;
+  };
+  v.lensPanel = panel(
+    "gptlib-play-lens-panel",
+    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
+    v.lens
+  );
+  v.headsPanel = panel(
+    "gptlib-play-heads-panel",
+    "Every head on this text",
+    ablateRow,
+    v.direct,
+    v.heads
+  );
   v.root.append(
     make("div", "gptlib-title", model.get("title")),
     v.box,
@@ -1274,14 +1323,8 @@ function arrange(v, model) {
     v.stats,
     v.chart,
     chartKey(),
-    section(
-      "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)"
-    ),
-    v.lens,
-    section("Every head on this text"),
-    ablateRow,
-    v.direct,
-    v.heads
+    v.lensPanel,
+    v.headsPanel
   );
 }
 function decodeBytes(bytes, ids) {
@@ -1296,7 +1339,7 @@ function decodeBytes(bytes, ids) {
 }
 function drawLens(box, lens, labels, tokenStr) {
   if (!lens) {
-    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the run stops)"));
+    box.replaceChildren(make("div", "gptlib-play-lens-row", "(read when the panel is open)"));
     return;
   }
   box.replaceChildren(
@@ -1430,7 +1473,7 @@ function draw(p, heads = true) {
 }
 function enable(p) {
   const { v, live, busy } = p;
-  const ready = !!live && !busy && p.promptIds.length > 0;
+  const ready = !!live && !p.running && p.promptIds.length > 0;
   v.sampleBtn.disabled = v.greedyBtn.disabled = v.runBtn.disabled = !ready && !!live;
   v.undoBtn.disabled = v.resetBtn.disabled = !ready || p.path.length === 0;
   v.stopBtn.disabled = !p.running;
@@ -1439,6 +1482,12 @@ function enable(p) {
 }
 
 // gptlib/widgets/js/playground.js
+var RUN_DRAW_EVERY = 8;
+function argmax(logits) {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  return best;
+}
 var Playground = class {
   constructor(model, v, life) {
     this.model = model;
@@ -1470,6 +1519,7 @@ var Playground = class {
     this.live = null;
     this.starting = null;
     this.busy = false;
+    this.queued = null;
     this.running = false;
     this.stopAsked = false;
     this.startedAt = null;
@@ -1503,9 +1553,11 @@ var Playground = class {
     return out;
   }
   // --- computing --------------------------------------------------------------------------
-  // The analysis of the context: `full` (a single action of the reader) adds the logit lens of
-  // every stream and the heads' direct contributions to the most probable token's logit, at the
-  // cost of running the last position again; a step of a run computes only what the run needs.
+  // The analysis of the context, one step of the model: `full` (a single action of the reader)
+  // adds what the open panels show, at the last position: the logit lens of every stream when
+  // its panel is open; every head's attention rows and direct contribution to the most probable
+  // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
+  // logits only and draws nothing (the run draws every few tokens).
   async compute(full = true) {
     const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {
@@ -1518,45 +1570,45 @@ var Playground = class {
     }
     v.heads.style.display = "";
     const window = ctx.slice(-this.cfg.n_ctx);
-    const r = await live.run(window, { mask: this.mask });
-    const a = {
+    const lensOn = full && v.lensPanel.open, headsOn = full && v.headsPanel.open;
+    const r = await live.run(window, {
+      mask: this.mask,
+      lens: lensOn ? [...Array(this.cfg.n_layers + 1).keys()] : null,
+      targets: headsOn ? [-1] : null,
+      // -1: the step's most probable token
+      rows: headsOn
+    });
+    const n = this.model.get("lens_top");
+    this.current = {
       window,
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
-      lens: null,
-      direct: null,
-      target: null,
+      lens: r.lens ? r.lens.map((t) => ({ ids: t.ids.slice(0, n), probs: t.probs.slice(0, n) })) : null,
+      direct: r.direct,
+      target: headsOn ? argmax(r.logits) : null,
       live: true
     };
-    let ms = r.ms;
-    if (full) {
-      a.target = byLogit(r.logits)[0];
-      const s = await live.run(window, {
-        mask: this.mask,
-        lens: [...Array(this.cfg.n_layers + 1).keys()],
-        targets: [a.target]
-      });
-      const n = this.model.get("lens_top");
-      a.lens = s.lens.map((r2) => ({ ids: r2.ids.slice(0, n), probs: r2.probs.slice(0, n) }));
-      a.direct = s.direct;
-      a.patterns = s.patterns;
-      ms += s.ms;
-    }
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
+    if (!full) return;
+    const shown = [lensOn && "the lens", headsOn && "the heads"].filter(Boolean);
     this.setStatus(
-      `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms${full ? ` (${ms.toFixed(0)} ms with the lens)` : ""}`
+      `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`
     );
-    this.current = a;
-    draw(this, full);
+    draw(this, headsOn);
     if (this.startedAt !== null) {
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
       this.startedAt = null;
     }
   }
-  // One action of the reader at a time; a failure is said in the message line.
+  // One action of the reader at a time: one that comes during another waits, and only the latest
+  // that came waits (it supersedes those before it); a failure is said in the message line, a
+  // kernel that does not answer in the status line too.
   async act(f) {
-    if (this.busy) return;
+    if (this.busy) {
+      this.queued = f;
+      return;
+    }
     this.busy = true;
     enable(this);
     const t0 = performance.now();
@@ -1565,12 +1617,16 @@ var Playground = class {
       report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) });
     } catch (e) {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
+      if (e.timeout) this.setStatus(`live: ${this.live.describe}; ${e.message}.`, "timeout");
       report(this.v.root, { error: e.message });
     } finally {
       this.busy = this.running = false;
       enable(this);
       drawCircuits(this);
     }
+    const next = this.queued;
+    this.queued = null;
+    if (next) await this.act(next);
   }
   // The reader agrees to a large download (or not): a promise of true or false.
   confirmDownload(manifest) {
@@ -1661,16 +1717,27 @@ var Playground = class {
     const chat = this.v.chatBox.checked && this.live.chat;
     const text = chat ? chat.prefix + this.v.box.value + chat.suffix : this.v.box.value;
     this.promptIds = await this.live.encode(text);
+    this.encoded = this.textKey();
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
     await this.compute();
   }
+  // What the prompt is made of: the text and the chat switch.
+  textKey() {
+    return `${this.v.chatBox.checked && !!this.live?.chat}
+${this.v.box.value}`;
+  }
+  // True when the analysis shown is not the live model's on the text in the box (the stored one,
+  // or the box changed and its analysis was superseded by a later action of the reader).
+  stale() {
+    return !this.current?.live || this.encoded !== this.textKey();
+  }
   // The next token from the analysis shown: the most probable (greedy), or a seeded draw under
   // the sliders' settings.
   pick(greedy) {
     const { current } = this;
-    if (greedy) return byLogit(current.logits)[0];
+    if (greedy) return argmax(current.logits);
     const { T, k, tp } = this.settings();
     const d = distribution(current.logits, T, k, tp);
     const u = this.rng();
@@ -1686,18 +1753,19 @@ var Playground = class {
   // One more token, drawn from the live model's analysis.
   async drawNext(greedy) {
     if (!await this.start()) return;
-    if (!this.current?.live) await this.retext();
+    if (this.stale()) await this.retext();
     if (!this.current || !this.promptIds.length) return;
     const id = this.pick(greedy);
     this.path.push(id);
     this.v.msg.textContent = this.stops(id) ? `The model ended its answer (${show(this.tokenStr(id))}).` : "";
     await this.compute();
   }
-  // A run of up to n draws (greedy or seeded), each step computing only the logits and the
-  // attention rows; the stop button, or a stop id in chat mode, ends it; then the lens.
+  // A run of up to n draws (greedy or seeded), each step computing only the logits (a bare step)
+  // and the text drawn every RUN_DRAW_EVERY tokens; the stop button, or a stop id in chat mode,
+  // ends it; then one step with what the open panels show (the rows of the run's tokens too).
   async generate(n, greedy) {
     if (!await this.start()) return;
-    if (!this.current?.live) await this.retext();
+    if (this.stale()) await this.retext();
     if (!this.current || !this.promptIds.length) return;
     this.running = true;
     this.stopAsked = false;
@@ -1719,7 +1787,10 @@ var Playground = class {
         }
         if (steps < n) {
           await this.compute(false);
-          await new Promise((r) => setTimeout(r, 0));
+          if (steps % RUN_DRAW_EVERY === 0) {
+            drawTokens(this);
+            drawDistribution(this);
+          }
         }
       }
     } finally {
@@ -1809,6 +1880,11 @@ function listen(p, v, model, life) {
   });
   for (const n of ["temperature", "top_k", "top_p", "n_show"]) {
     life.on(`change:${n}`, () => drawDistribution(p));
+  }
+  for (const d of [v.lensPanel, v.headsPanel]) {
+    d.addEventListener("toggle", () => {
+      if (d.open && p.current?.live) p.act(() => p.compute());
+    });
   }
   life.on("change:layer", p.panel.redraw);
   life.on("change:head", p.panel.redraw);
