@@ -1,7 +1,8 @@
 """The head view's arithmetic in JavaScript (gptlib/widgets/js/head.js, run with node) equals
-gptlib.head_trace's for the tiny GPT and ModernGPT: Python writes what a step hands the view (the
-rotated query, the keys and values as the cache holds them, W_O^h, ln_f's frozen normaliser and
-gain, W_U[:, v]) and every stage it computes to a JSON file; node runs traceHead on the inputs.
+gptlib.head_trace's for the tiny GPT and ModernGPT: Python writes what a step hands the view
+(gptlib.widgets.head.view_inputs: the rotated query, the keys and values as the cache holds them,
+W_O^h, ln_f's frozen normaliser and gain, W_U[:, v]) and every stage it computes to a JSON file;
+node runs traceHead on the inputs. The kernel's answer to a ``head`` request is those inputs.
 JavaScript computes in double precision from float32 inputs: ATOL = 1e-5, RTOL = 1e-4, as in
 tests/test_head_trace.py. Also: the view's equation numbers are the chapters' (counted from their
 labels as book_ext/book_equations.py numbers them), its folding and number format, and the panel
@@ -19,6 +20,8 @@ import pytest
 import torch
 
 from gptlib.head_trace import head_trace
+from gptlib.widgets.head import view_inputs
+from gptlib.widgets.live import LiveKernel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,27 +64,6 @@ def _node(script: str, data: object, tmp_path: Path) -> object:
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def view_inputs(model, tr) -> dict:
-    """What a step hands the view for this head, query and token (JSON-ready)."""
-    rope = None if tr.pair is None else {"base": model.config.rope_base, "pair": tr.pair}
-    return {
-        "layer": tr.layer,
-        "head": tr.head,
-        "kvHead": tr.kv_head,
-        "group": tr.group,
-        "position": tr.position,
-        "target": tr.target,
-        "bias": getattr(model.blocks[tr.layer].attn, "b_Q", None) is not None,
-        "q": tr.q.tolist(),
-        "k": tr.k.tolist(),
-        "v": tr.v.tolist(),
-        "W_O": tr.W_O.tolist(),
-        "ln": {"w": tr.ln_w.tolist(), "scale": tr.ln_scale, "centred": tr.ln_centred},
-        "unembed": tr.W_U_v.tolist(),
-        "rope": rope,
-    }
 
 
 # the JavaScript stage names and the HeadTrace fields they equal
@@ -198,3 +180,27 @@ def test_panel_shows_every_stage_with_its_equation(tiny_gpt, tiny_modern, tmp_pa
         assert "(4.6) (4.3) (4.2) (4.1)" in text and "(6.3)" in text
         assert ("(12.2)" in text) == (tr.pair is not None)
         assert f'query t = {tr.position} "w{tr.position}\u2423"' in panel["title"]
+
+
+class _Kernel(LiveKernel):
+    def __init__(self, model):
+        self._model = model
+
+
+def test_kernel_answers_a_head_request_with_the_views_inputs(tiny_gpt, tiny_modern):
+    for model, kw in _cases(tiny_gpt, tiny_modern):
+        ask = {"kind": "head", "ids": IDS, **kw}
+        msg, buffers = _Kernel(model)._reply(ask)
+        assert msg == {"kind": "head", "inputs": view_inputs(model, head_trace(model, IDS, **kw))}
+        assert buffers == []
+    kernel = _Kernel(tiny_gpt(seed=5))
+    for bad, name in (
+        ({"position": 8}, "position"),
+        ({"ids": "abc"}, "ids"),
+        ({"pair": 0}, "pair"),
+    ):
+        ask = {"kind": "head", "ids": IDS, "layer": 0, "head": 0, "position": 1, "target": 3}
+        with pytest.raises(ValueError, match=name):
+            kernel._reply(ask | bad)
+    with pytest.raises(ValueError, match="target"):
+        kernel._reply({"kind": "head", "ids": IDS, "layer": 0, "head": 0, "position": 1})
