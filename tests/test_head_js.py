@@ -174,7 +174,19 @@ def test_panel_shows_every_stage_with_its_equation(tiny_gpt, tiny_modern, tmp_pa
     for (_model, tr), panel in zip(traces, js):
         ids = [cls.split()[1].removeprefix("gptlib-head-") for cls, _ in panel["stages"]]
         rope = ["q", "pair"] if tr.pair is not None else []
-        assert ids == ["gqa", "q_raw", *rope, "keys", "sum", "z", "out", "ln_out", "contribution"]
+        assert ids == [
+            "gqa",
+            "q_raw",
+            *rope,
+            "k",
+            "keys",
+            "sum",
+            "v",
+            "z",
+            "out",
+            "ln_out",
+            "contribution",
+        ]
         text = " ".join(t for _, t in panel["stages"])
         assert "undefined" not in text and "NaN" not in text
         assert "(4.6) (4.3) (4.2) (4.1)" in text and "(6.3)" in text

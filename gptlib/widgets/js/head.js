@@ -182,7 +182,22 @@ export function stages(tr, inp) {
       text: `pair i = ${inp.rope.pair}: \u03b8_i = ${fmt(tr.theta)} rad per position; q turns by t\u03b8_i = ${fmt(tr.angleQ)}, key n by n\u03b8_i; the pair's score q_i \u03c1_(t\u2212n) k_i\u1d40 turns by (t\u2212n)\u03b8_i`,
     });
   }
+  const g = inp.group > 1 ? "\u1d4d" : "\u02b0"; // W_K^g, shared; W_K^h, its own
+  const kb = inp.bias ? " + b_K" : "";
   rows.push(
+    {
+      id: "k",
+      eq: eqs("ch04-head", ...(rope ? ["ch12-rope"] : [])),
+      text: rope
+        ? `K[n] = X[n] W_K${g}, then rope(K[n], n) = K[n] \u03c1_n (the rows the cache holds)`
+        : `K[n] = X[n] W_K${g}${kb}`,
+      rows: rope
+        ? [
+            ["before RoPE", tr.kRaw],
+            ["rotated", tr.k],
+          ]
+        : [["", tr.k]],
+    },
     {
       id: "keys",
       eq: eqs("ch04-attention", "ch04-scale", "ch04-mask", "ch04-softmax"),
@@ -190,6 +205,12 @@ export function stages(tr, inp) {
       table: true,
     },
     { id: "sum", eq: eqs("ch04-softmax"), text: "\u03a3_n A[t, n]", number: tr.sum },
+    {
+      id: "v",
+      eq: eqs("ch04-head"),
+      text: `V[n] = X[n] W_V${g}${inp.bias ? " + b_V" : ""}`,
+      rows: [["", tr.v]],
+    },
     { id: "z", eq: eqs("ch04-attention"), text: "z = \u03a3_n A[t, n] v_n", vector: tr.z },
     { id: "out", eq: eqs("ch04-head"), text: "o = z W_O\u02b0", vector: tr.out },
     {
@@ -225,6 +246,25 @@ function vectorCell(values) {
     cell.append(more);
   }
   return cell;
+}
+
+// The keys the panel shows first: the first two and the six of the largest weights.
+const keysShown = (tr) => fold(tr.pattern, { first: 2, largest: 6, weight: tr.pattern });
+
+// Rows of matrices, each [label, rows] (one row per key; a rotary model's keys before and after
+// RoPE side by side), behind a <details>: the shown keys' rows, folded like any wide vector.
+function rowsCell(matrices, { shown }) {
+  const more = make("details", "gptlib-head-more");
+  more.append(make("summary", null, `rows n = ${shown.join(", ")}`));
+  for (const n of shown) {
+    const line = make("div", "gptlib-head-row", `n = ${n}: `);
+    for (const [label, m] of matrices) {
+      if (label) line.append(make("span", "gptlib-head-label", label));
+      line.append(vectorCell(m[n]));
+    }
+    more.append(line);
+  }
+  return more;
 }
 
 // The per-key table: one column per key shown (the first keys and those of the largest weights),
@@ -269,9 +309,10 @@ export function headPanel(inp, { names } = {}) {
     const li = make("li", `gptlib-head-stage gptlib-head-${s.id}`);
     li.append(make("span", "gptlib-head-eq", s.eq), make("span", "gptlib-head-what", s.text));
     if (s.vector) li.append(vectorCell(s.vector));
+    if (s.rows) li.append(rowsCell(s.rows, keysShown(tr)));
     if (s.number !== undefined) li.append(make("span", "gptlib-head-number", fmt(s.number)));
     if (s.table) {
-      const { shown, rest } = fold(tr.pattern, { first: 2, largest: 6, weight: tr.pattern });
+      const { shown, rest } = keysShown(tr);
       li.append(keyTable(tr, inp, names, shown));
       if (rest.length) {
         const more = make("details", "gptlib-head-more");
