@@ -84,7 +84,13 @@ ROPE = {"angleK": "angle_k", "angleRel": "angle_rel", "pairScores": "pair_scores
 
 
 def _cases(tiny_gpt, tiny_modern):
+    """Cases of both models, their biases and norm gains drawn away from 0 and 1."""
     gpt, modern = tiny_gpt(seed=5), tiny_modern(seed=5)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in [*gpt.parameters(), *modern.parameters()]:
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
     return [
         (gpt, dict(layer=0, head=1, position=7, target=11)),
         (gpt, dict(layer=1, head=3, position=2, target=400)),

@@ -37,9 +37,27 @@ def close(actual, expected, msg=""):
     )
 
 
-@pytest.fixture(params=["gpt", "modern"])
+@pytest.fixture(params=["gpt", "gpt-post-ln", "gpt-parallel-no-bias", "modern"])
 def model(request, tiny_gpt, tiny_modern):
-    return tiny_gpt(seed=3) if request.param == "gpt" else tiny_modern(seed=3)
+    """The tiny models, with GPT's other block forms (the head reads X, not LN_1(X), in a post-LN
+    block) and without biases; their biases and norm gains drawn away from 0 and 1, so that
+    every bias and gain enters the comparisons."""
+    build = {
+        "gpt": lambda: tiny_gpt(seed=3),
+        "gpt-post-ln": lambda: tiny_gpt(seed=3, block="post_ln"),
+        "gpt-parallel-no-bias": lambda: tiny_gpt(seed=3, block="parallel", bias=False),
+        "modern": lambda: tiny_modern(seed=3),
+    }[request.param]
+    return _perturbed(build())
+
+
+def _perturbed(model):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # biases b_*, gains w, LayerNorm's b
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model
 
 
 def _attn_io(model, ids, layer):
