@@ -35,7 +35,7 @@ from .hooks import capture
 from .model import GPT
 from .modern import ModernGPT, RMSNorm, apply_rope, rope_angles
 from .positional import sinusoidal_frequencies
-from .runtime import check_ids, check_int
+from .runtime import check_finite_weights, check_ids, check_int
 
 __all__ = ["HeadTrace", "head_trace", "ln_f_frozen"]
 
@@ -195,7 +195,8 @@ def head_trace(
     >>> head_trace(modern, [5, 6, 7], 1, 3, 2, 9).angle_q
     2.0
 
-    Invalid arguments raise ``ValueError`` naming them:
+    Invalid arguments raise ``ValueError`` naming them, and a NaN or infinite pattern or
+    contribution raises it too (naming the weight at fault, if one is):
 
     >>> head_trace(model, [5, 6, 7], layer=0, head=4, position=2, target=9)
     Traceback (most recent call last):
@@ -247,6 +248,10 @@ def head_trace(
     out = z @ W_O  # (d_model,)
     ln_out, ln_scale = ln_f_frozen(model.ln_f, out, X_L[position])
     W_U_v = model.W_U[:, target]  # (d_model,)
+    contribution = ln_out @ W_U_v
+    if not bool(torch.isfinite(pattern).all() & torch.isfinite(contribution)):
+        check_finite_weights(model)  # names the weight at fault
+        raise ValueError("the head's pattern or contribution is NaN or infinite on these ids")
     return HeadTrace(
         layer=layer,
         head=head,
@@ -273,5 +278,5 @@ def head_trace(
         ln_centred=not isinstance(model.ln_f, RMSNorm),
         ln_out=ln_out,
         W_U_v=W_U_v.detach(),
-        contribution=float(ln_out @ W_U_v),
+        contribution=float(contribution),
     )

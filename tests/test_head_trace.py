@@ -223,3 +223,11 @@ def test_pair_and_model_are_checked(tiny_gpt, tiny_modern):
             head_trace(tiny_modern(), IDS, 0, 0, 2, TARGET, pair=bad)
     with pytest.raises(ValueError, match="model"):
         head_trace(torch.nn.Linear(2, 2), IDS, 0, 0, 2, TARGET)
+
+
+def test_a_non_finite_weight_is_named(tiny_modern):
+    model = tiny_modern(seed=0)
+    with torch.no_grad():
+        model.blocks[0].attn.W_K[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.W_K"):
+        head_trace(model, IDS, 1, 0, 2, TARGET)
