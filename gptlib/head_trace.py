@@ -166,8 +166,9 @@ def head_trace(
 ) -> HeadTrace:
     """Every stage of head ``head`` of block ``layer`` (both from 0) at the query ``position``
     of the context ``ids`` ((T,) or (1, T) ints), down to its direct contribution to the logit
-    of token ``target``; ``pair`` (a ModernGPT's RoPE coordinate pair, default 0) is the pair
-    whose angles are shown. The module docstring lists the stages.
+    of token ``target`` (-1: the model's most probable token at ``position``, the first argmax of
+    its logits there); ``pair`` (a ModernGPT's RoPE coordinate pair, default 0) is the pair whose
+    angles are shown. The module docstring lists the stages.
 
     Worked example: the tiny GPT, head 1 of block 0 at the last of three positions. The pattern
     row is a distribution over the three keys, z its average of the value rows, and the
@@ -208,7 +209,7 @@ def head_trace(
     layer = check_int("layer", layer, 0, c.n_layers - 1)
     head = check_int("head", head, 0, c.n_heads - 1)
     position = check_int("position", position, 0, T - 1)
-    target = check_int("target", target, 0, c.d_vocab - 1)
+    target = check_int("target", target, -1, c.d_vocab - 1)
     attn = model.blocks[layer].attn
     rotary = isinstance(model, ModernGPT)
     d_head = attn.d_head
@@ -247,6 +248,8 @@ def head_trace(
     z = pattern @ v  # (d_head,)
     out = z @ W_O  # (d_model,)
     ln_out, ln_scale = ln_f_frozen(model.ln_f, out, X_L[position])
+    if target == -1:  # the most probable token at the query: ln_f(X_L[t]) W_U's first argmax
+        target = int(model.read_out(X_L[position][None])[0].argmax())
     W_U_v = model.W_U[:, target]  # (d_model,)
     contribution = ln_out @ W_U_v
     if not bool(torch.isfinite(pattern).all() & torch.isfinite(contribution)):

@@ -200,7 +200,7 @@ def test_as_lists_is_json(model):
         ({"position": 7}, "position"),
         ({"position": -1}, "position"),
         ({"target": 10_000}, "target"),
-        ({"target": -1}, "target"),
+        ({"target": -2}, "target"),
         ({"ids": []}, "ids"),
         ({"ids": [1, 2.5]}, "ids"),
         ({"ids": [1, 100_000]}, "ids"),
@@ -231,3 +231,11 @@ def test_a_non_finite_weight_is_named(tiny_modern):
         model.blocks[0].attn.W_K[3, 1] = float("nan")
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.W_K"):
         head_trace(model, IDS, 1, 0, 2, TARGET)
+
+
+def test_target_minus_one_is_the_most_probable_token(model):
+    logits = model(torch.tensor([IDS]))[0].detach()  # (T, d_vocab)
+    for t in (1, len(IDS) - 1):
+        tr = head_trace(model, IDS, 1, 2, t, -1)
+        assert tr.target == int(logits[t].argmax())
+        assert tr.contribution == head_trace(model, IDS, 1, 2, t, tr.target).contribution
