@@ -5,6 +5,13 @@ The view computes every stage itself from these (``traceHead``), so the kernel a
 feed one piece of JavaScript: the query after RoPE, the keys and values of the shared key-value
 head as the KV cache holds them, W_O^h, ln_f's gain and frozen normaliser, W_U[:, v], and RoPE's
 base with the pair to show.
+
+For the page (onnxruntime-web) the step graph is to hand over, for the chosen layer ell, head h,
+query t (one of the step's new positions) and token v only: the query of head h at t after RoPE
+(d_head numbers), ln_f's normaliser at X_L[t] (one number), and, as gathers of its weights, W_O^h
+(d_head, d_model), ln_f's gain (d_model) and W_U[:, v] (d_model). The keys and values are the
+rows of the cache the page keeps (layer ell, key-value head h // G); ``rope_base``, whether ln_f
+centres (LayerNorm) and whether the model has biases come from the manifest's config.
 """
 
 from __future__ import annotations
