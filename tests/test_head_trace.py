@@ -5,8 +5,8 @@ ModernGPT), the pattern row that capture_patterns records, the attention layer's
 fused kernel) as the sum of its heads' outputs at the query plus b_O, RoPE's relative form
 q rho_(t-n) K[n]^T on the unrotated rows (Chapter 12), and the direct attribution of
 gptlib.step.step (at the last position of the context, or of a prefix ending at the query).
-Float32 throughout: every comparison is to ATOL = 1e-5, RTOL = 1e-4 (sums of at most 48
-products of numbers below 10 in the tiny models, a few units in the last place of float32).
+Float32 throughout: every comparison is to ATOL = 1e-5, RTOL = 1e-4 (the two sides sum the same
+products in other orders, over at most d_model = 64 terms).
 """
 
 from __future__ import annotations
