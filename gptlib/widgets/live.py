@@ -14,6 +14,9 @@ messages ``{"kind", "req", ...}`` and gets one answer each, with the same ``req`
   :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache, which computes only what
   is asked: the lens of the streams ``lens``, the contributions to ``targets`` (-1: the most
   probable token), every query's attention rows when ``rows`` is true (none otherwise);
+* ``head`` (``ids``, ``layer``, ``head``, ``position``, ``target``, ``pair``) -> ``head``
+  (``inputs``): one head at one query, what ``head.js`` draws
+  (:func:`gptlib.widgets.head.head_reply`);
 * anything else, or a failure -> ``error`` with the message, which the page shows.
 
 The page's own backend (onnxruntime-web) runs the same step, exported to ONNX, so both answer
@@ -34,6 +37,7 @@ from ..modern import ModernGPT
 from ..runtime import check_ids
 from ..step import LENS_TOP, step, step_inputs
 from ._base import token_strings
+from .head import head_reply
 
 __all__ = ["LiveKernel", "live_config", "STEP_BUFFERS", "LENS_TOP", "chat_frame", "weights_sha256"]
 
@@ -157,6 +161,8 @@ class LiveKernel:
                 content.get("rows", True),
             )
             return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in STEP_BUFFERS]
+        if kind == "head":
+            return head_reply(self._model, content), []
         raise ValueError(f"unknown request {kind!r}")
 
     def _answer(self, _widget, content: dict, _buffers) -> None:
