@@ -26,7 +26,7 @@ UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 # distributed runs, are made once); the chapters under strict nbval (`make nbval`); then the book
 # and the browser tests.
 test: tools install assets lint $(NODE_MODULES)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser" $(UNIT)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not browser" $(UNIT)
 	$(MAKE) --no-print-directory nbval
 	$(MAKE) --no-print-directory browser
 

@@ -26,6 +26,35 @@ def pytest_report_header(config):
     ]
 
 
+# --- the order of the unit stage ----------------------------------------------------------
+
+# The scopes that take longest (torch.onnx exports, the simulated Colab), measured with
+# ``--durations``. ``make test`` runs the unit stage with ``--dist loadscope
+# --no-loadscope-reorder``, so the scopes go to the two workers in the order collected here:
+# the long ones first, side by side, and the many short ones after them fill whichever worker is
+# free, instead of a long scope starting last while the other worker idles.
+LONG_FIRST = (
+    "tests/test_export.py",  # the tiny GPT's and ModernGPT's exports
+    "tests/test_data.py",  # the English model's validation loss, recomputed
+    "tests/test_export.py::TestTheEnglishExport",
+    "tests/test_export.py::TestCommandLineAndGGUF",
+    "tests/test_colab_setup.py",
+    "tests/test_inference.py",
+    "tests/test_tokenizers_fuzz.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The scopes of :data:`LONG_FIRST` first, in its order; the rest as collected."""
+
+    def rank(item):
+        # the longest entry that holds the item: a class before its module
+        holders = [s for s in LONG_FIRST if item.nodeid.split("[")[0].startswith(s + "::")]
+        return LONG_FIRST.index(max(holders, key=len)) if holders else len(LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a rank is the collected one
+
+
 # --- models and tokenizers -------------------------------------------------------------------
 
 

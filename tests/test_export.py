@@ -323,51 +323,92 @@ def test_onnx_equals_the_step(tiny, tiny_graph):
             np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
 
 
-@pytest.mark.slow
-def test_onnx_equals_the_step_on_the_english_model(english, english_onnx):
-    """Unicode prompts in one step and token by token, and a full n_ctx window."""
-    model, tok = english
-    s = _session(english_onnx)
-    window = torch.randint(
-        0, model.config.d_vocab, (1, model.config.n_ctx), generator=torch.Generator().manual_seed(0)
-    )
-    lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
-    worst = {}
-    for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
-        past, mask, lens_t, targets_t, _ = step_inputs(model, lens, targets)
-        cuts = (
-            [(0, ids.shape[1])]
-            if ids.shape[1] > 40
-            else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
+class TestTheEnglishExport:
+    """The English model exported as `make book` exports it, once: a class, so that under
+    ``--dist loadscope`` its export is a scope of its own and runs beside the tiny ones."""
+
+    @pytest.mark.slow
+    def test_onnx_equals_the_step_on_the_english_model(self, english, english_onnx):
+        """Unicode prompts in one step and token by token, and a full n_ctx window."""
+        model, tok = english
+        s = _session(english_onnx)
+        window = torch.randint(
+            0,
+            model.config.d_vocab,
+            (1, model.config.n_ctx),
+            generator=torch.Generator().manual_seed(0),
         )
-        for a, b in cuts:
-            args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
-            want, got = step(model, *args), _run(s, args)
-            for k in OUTPUTS:
-                worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
-            past = torch.cat([past, want["kv"]])
-    print(f"English graph vs step, max |difference|: {worst}")
-    assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
+        lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
+        worst = {}
+        for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
+            past, mask, lens_t, targets_t, _ = step_inputs(model, lens, targets)
+            cuts = (
+                [(0, ids.shape[1])]
+                if ids.shape[1] > 40
+                else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
+            )
+            for a, b in cuts:
+                args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
+                want, got = step(model, *args), _run(s, args)
+                for k in OUTPUTS:
+                    worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
+                past = torch.cat([past, want["kv"]])
+        print(f"English graph vs step, max |difference|: {worst}")
+        assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
 
+    @pytest.mark.slow  # the English model's export (make test); make check exports tiny models
+    def test_onnx_stores_the_weights_in_float16(self, english, english_onnx):
+        from onnx import TensorProto
 
-@pytest.mark.slow  # the English model's export (make test); make check exports tiny models
-def test_onnx_stores_the_weights_in_float16(english, english_onnx):
-    from onnx import TensorProto
+        model, _ = english
+        proto = onnx.load_from_string(english_onnx)
+        inits = {i.name: i for i in proto.graph.initializer}
+        big = [i for i in inits.values() if np.prod(i.dims) >= 1024]
+        assert big and all(i.data_type == TensorProto.FLOAT16 for i in big)
+        # every fp16 initializer is cast back to float32 under the name the graph uses
+        casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
+        assert all(
+            name in casts and casts[name] == name.removesuffix(".fp16")
+            for name, i in inits.items()
+            if i.data_type == TensorProto.FLOAT16
+        )
+        assert len(english_onnx) < 0.52 * 4 * model.num_parameters()  # about 2 bytes per parameter
+        assert not any(
+            n.metadata_props or n.doc_string for n in proto.graph.node
+        )  # no stack traces
 
-    model, _ = english
-    proto = onnx.load_from_string(english_onnx)
-    inits = {i.name: i for i in proto.graph.initializer}
-    big = [i for i in inits.values() if np.prod(i.dims) >= 1024]
-    assert big and all(i.data_type == TensorProto.FLOAT16 for i in big)
-    # every fp16 initializer is cast back to float32 under the name the graph uses
-    casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
-    assert all(
-        name in casts and casts[name] == name.removesuffix(".fp16")
-        for name, i in inits.items()
-        if i.data_type == TensorProto.FLOAT16
-    )
-    assert len(english_onnx) < 0.52 * 4 * model.num_parameters()  # about 2 bytes per parameter
-    assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no stack traces
+    @pytest.mark.slow  # the English model's export (make test); make check exports tiny models
+    def test_export_writes_the_three_files(self, english, exported, english_onnx):
+        model, tok = english
+        written = exported
+        assert [p.name for p in written] == [
+            "english.onnx.0",
+            "english.tokenizer.json",
+            "english.json",
+        ]
+        info = json.loads(written[2].read_text(encoding="utf-8"))
+        assert (
+            info["format"] == "gptlib-live"
+            and info["version"] == VERSION
+            and info["name"] == "english"
+        )
+        assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
+        assert info["config"] == {
+            "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
+            "n_kv_heads": 4, "d_head": 64,
+        }  # fmt: skip
+        assert info["onnx"]["bytes"] == len(english_onnx) == info["onnx"]["pieces"][0]["bytes"]
+        assert info["download_bytes"] == len(english_onnx) + written[1].stat().st_size
+        assert info["weights_sha256"] == weights_sha256(model)
+        assert info["special"] == {} and info["chat"] is None
+        assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
+        assert [base64.b64decode(b) for b in info["token_bytes"]] == [
+            tok.token_bytes(i) for i in range(4096)
+        ]
+        assert info == manifest(model, tok, "english", [english_onnx], written[1].read_bytes())
+        assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(
+            p.name for p in written
+        )  # no temporary file left
 
 
 def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
@@ -448,34 +489,6 @@ def test_weights_sha256_names_the_weights(tiny_gpt):
     assert weights_sha256(a) != weights_sha256(b)
 
 
-@pytest.mark.slow  # the English model's export (make test); make check exports tiny models
-def test_export_writes_the_three_files(english, exported, english_onnx):
-    model, tok = english
-    written = exported
-    assert [p.name for p in written] == ["english.onnx.0", "english.tokenizer.json", "english.json"]
-    info = json.loads(written[2].read_text(encoding="utf-8"))
-    assert (
-        info["format"] == "gptlib-live" and info["version"] == VERSION and info["name"] == "english"
-    )
-    assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
-    assert info["config"] == {
-        "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
-        "n_kv_heads": 4, "d_head": 64,
-    }  # fmt: skip
-    assert info["onnx"]["bytes"] == len(english_onnx) == info["onnx"]["pieces"][0]["bytes"]
-    assert info["download_bytes"] == len(english_onnx) + written[1].stat().st_size
-    assert info["weights_sha256"] == weights_sha256(model)
-    assert info["special"] == {} and info["chat"] is None
-    assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
-    assert [base64.b64decode(b) for b in info["token_bytes"]] == [
-        tok.token_bytes(i) for i in range(4096)
-    ]
-    assert info == manifest(model, tok, "english", [english_onnx], written[1].read_bytes())
-    assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(
-        p.name for p in written
-    )  # no temporary file left
-
-
 def test_export_checks_its_input_before_writing(tmp_path, english):
     model, _tok = english
     src = tmp_path / "model"
@@ -491,39 +504,87 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     assert not out.exists()
 
 
-@pytest.mark.slow
-def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
-    tmp_path, capsys, tiny_gpt
-):
-    """``python -m gptlib.export`` writes the three files; a second export of the same model gives
-    the same bytes; weights that float16 cannot hold exactly stay float32: nothing is lost."""
-    from onnx import TensorProto
+class TestCommandLineAndGGUF:
+    """The command line's export and a tiny GGUF's: a scope of their own, as above."""
 
-    src = tmp_path / "tiny"
-    tok = BPETokenizer.train("the cat sat on the mat " * 10, 269)  # all the merges the text allows
-    model = tiny_gpt(3, d_vocab=tok.vocab_size, n_ctx=8)
-    model.save(src)
-    tok.save(src / "tokenizer.json")
-    assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
-    assert "wrote" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "t.json",
-        "t.onnx.0",
-        "t.tokenizer.json",
-    ]
-    a = (tmp_path / "out" / "t.onnx.0").read_bytes()
-    assert to_onnx(GPT.load(src)) == a
-    proto = onnx.load_from_string(a)
-    assert all(
-        i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024
-    )
-    args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
-    got = _run(_session(a), args)
-    np.testing.assert_allclose(
-        got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
-    )
-    with pytest.raises(SystemExit):
-        main([str(src)])  # a model directory needs an output directory
+    @pytest.mark.slow
+    def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
+        self, tmp_path, capsys, tiny_gpt
+    ):
+        """``python -m gptlib.export`` writes the three files; a second export of the same model
+        gives the same bytes; weights that float16 cannot hold exactly stay float32: nothing is
+        lost."""
+        from onnx import TensorProto
+
+        src = tmp_path / "tiny"
+        tok = BPETokenizer.train(
+            "the cat sat on the mat " * 10, 269
+        )  # all the merges the text allows
+        model = tiny_gpt(3, d_vocab=tok.vocab_size, n_ctx=8)
+        model.save(src)
+        tok.save(src / "tokenizer.json")
+        assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
+        assert "wrote" in capsys.readouterr().out
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+            "t.json",
+            "t.onnx.0",
+            "t.tokenizer.json",
+        ]
+        a = (tmp_path / "out" / "t.onnx.0").read_bytes()
+        assert to_onnx(GPT.load(src)) == a
+        proto = onnx.load_from_string(a)
+        assert all(
+            i.data_type == TensorProto.FLOAT
+            for i in proto.graph.initializer
+            if np.prod(i.dims) >= 1024
+        )
+        args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
+        got = _run(_session(a), args)
+        np.testing.assert_allclose(
+            got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
+        )
+        with pytest.raises(SystemExit):
+            main([str(src)])  # a model directory needs an output directory
+
+    @pytest.mark.slow
+    def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(self, tmp_path, tiny_modern):
+        """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
+        (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
+        model's, bit for bit; the graph holds no unpacking and equals step()."""
+        from onnx import helper, numpy_helper
+        from test_gguf import write_gguf
+
+        from gptlib.export.q4 import store_gguf_blocks
+        from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
+
+        source = tiny_modern(d_mlp=64)
+        names = _gguf_names(source.config)
+        quantize = {t: "Q4_1" for t, tr in names.values() if tr} | {"token_embd.weight": "Q8_0"}
+        path = write_gguf(tmp_path / "t.gguf", source, quantize=quantize)
+        contents = read_gguf(path)
+        assert {t: contents.types[t] for t in quantize} == quantize
+        model = ModernGPT.from_state(*state_from_gguf(contents), source=str(path))
+        data, tensors, blocks = to_onnx_gguf(model, path, "t.weights")
+        assert {t["name"]: t["type"] for t in tensors}["model.W_E"] == "Q8_0"
+        assert {t["name"]: t["type"] for t in tensors}["model.blocks.0.attn.W_Q"] == "Q4_1"
+        assert len(blocks) == sum(t["blocks_bytes"] for t in tensors)
+        _check_external(data, tensors, blocks, model)
+        args = (IDS, *step_inputs(model, [0, 2], [5, -1], queries=[0, 9]))
+        got, want = (
+            _run(_external_session(data, tensors, blocks, tmp_path), args),
+            step(model, *args),
+        )
+        for k in OUTPUTS:
+            np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
+        # the float32 model the file was written from is not what its blocks hold
+        graph = helper.make_graph([], "g", [], [], initializer=[
+            numpy_helper.from_array(v.numpy(), f"model.{k}") for k, v in source.state_dict().items()
+        ])  # fmt: skip
+        with pytest.raises(
+            ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
+        ):
+            store_gguf_blocks(graph, source, path, "t.weights")
+        assert not _external(graph.SerializeToString())  # checked before the graph is changed
 
 
 # --- a hostile caller ---------------------------------------------------------------------------
@@ -609,44 +670,6 @@ def _check_external(graph: bytes, tensors: list[dict], blocks: bytes, model) -> 
         assert list(ext[t["name"]].dims) == list(w.shape)
         mine = flat[t["offset"] // 4 : (t["offset"] + t["bytes"]) // 4].reshape(w.shape)
         assert np.array_equal(mine.view(np.uint32), w.view(np.uint32)), t["name"]
-
-
-@pytest.mark.slow
-def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(tmp_path, tiny_modern):
-    """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
-    (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
-    model's, bit for bit; the graph holds no unpacking and equals step()."""
-    from onnx import helper, numpy_helper
-    from test_gguf import write_gguf
-
-    from gptlib.export.q4 import store_gguf_blocks
-    from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
-
-    source = tiny_modern(d_mlp=64)
-    names = _gguf_names(source.config)
-    quantize = {t: "Q4_1" for t, tr in names.values() if tr} | {"token_embd.weight": "Q8_0"}
-    path = write_gguf(tmp_path / "t.gguf", source, quantize=quantize)
-    contents = read_gguf(path)
-    assert {t: contents.types[t] for t in quantize} == quantize
-    model = ModernGPT.from_state(*state_from_gguf(contents), source=str(path))
-    data, tensors, blocks = to_onnx_gguf(model, path, "t.weights")
-    assert {t["name"]: t["type"] for t in tensors}["model.W_E"] == "Q8_0"
-    assert {t["name"]: t["type"] for t in tensors}["model.blocks.0.attn.W_Q"] == "Q4_1"
-    assert len(blocks) == sum(t["blocks_bytes"] for t in tensors)
-    _check_external(data, tensors, blocks, model)
-    args = (IDS, *step_inputs(model, [0, 2], [5, -1], queries=[0, 9]))
-    got, want = _run(_external_session(data, tensors, blocks, tmp_path), args), step(model, *args)
-    for k in OUTPUTS:
-        np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
-    # the float32 model the file was written from is not what its blocks hold
-    graph = helper.make_graph([], "g", [], [], initializer=[
-        numpy_helper.from_array(v.numpy(), f"model.{k}") for k, v in source.state_dict().items()
-    ])  # fmt: skip
-    with pytest.raises(
-        ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
-    ):
-        store_gguf_blocks(graph, source, path, "t.weights")
-    assert not _external(graph.SerializeToString())  # checked before the graph is changed
 
 
 # --- SmolLM2 as `make book` writes it (book_static/live) ------------------------------------------
