@@ -6,13 +6,13 @@ model without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked
 model) and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for
 each beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
 ``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the
-chapter does (the judged score and ``gptlib.rlhf.kl_to`` on the evaluation prompts). It sets one
-torch thread, as the chapter does, so it computes exactly what the page computes (the stored runs
-were computed with two threads; the runs the page repeats give the same histories with one): the
-page runs PPO (GRPO's baseline) at beta = 0.1 with seed 5 and DPO at beta = 0.1 with seed 6 itself,
-checks that each is the stored run (the same judged scores, every step's statistics within 1e-3:
-not the bits, which depend on the order in which the CPU's kernels add), and plots the stored
-beta = 0 run of seed 5.
+chapter does (the judged score and ``gptlib.rlhf.kl_to`` on the evaluation prompts; for DPO also
+the mean log-ratios to SFT of the training pairs, which the chapter reads). The reference's
+log-probabilities of the pairs are computed once and shared by every DPO run, as the chapter shares
+them. It sets one torch thread, as the chapter does: the page runs PPO (GRPO's baseline) at
+beta = 0.1 with seed 5 and DPO at beta = 0.1 with seed 6 itself, checks that each is the stored run
+(the same judged scores, every step's statistics within 1e-3: not the bits, which depend on the
+order in which the CPU's kernels add), and plots the stored beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
     python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out
@@ -63,7 +63,7 @@ def chapter_setup() -> dict:
     )
     demos = task.openings[task.judged(task.openings) == 1.0]
     perm = torch.randperm(len(demos), generator=torch.Generator().manual_seed(2))
-    policy_sft, _ = rlhf.sft(base, demos[perm[256:]], P, steps=40, lr=5e-5, seed=2)
+    policy_sft, _ = rlhf.sft(base, demos[perm[256:]], P, steps=20, lr=5e-5, seed=2)
     K = 4
     samples = rlhf.sample_responses(
         policy_sft, task.train_prompts[:128], Y_len, K, torch.Generator().manual_seed(3)
@@ -71,7 +71,7 @@ def chapter_setup() -> dict:
     Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(128, K))
     n_train = int(0.8 * len(Yw))
     rm, _ = rlhf.train_reward_model(
-        policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=4e-4, seed=4
+        policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=6e-4, seed=4, batch_size=16
     )
     return {
         "task": task,
@@ -83,12 +83,11 @@ def chapter_setup() -> dict:
 
 
 @torch.no_grad()
-def log_ratios(policy, ref, ids: torch.Tensor, prompt_len: int) -> float:
-    """The mean over the rows of ids of log policy(Y|X) - log ref(Y|X)."""
+def log_ratios(policy, ref_logprobs: torch.Tensor, ids: torch.Tensor, prompt_len: int) -> float:
+    """The mean over the rows of ids of log policy(Y|X) - log ref(Y|X), given the reference's
+    log ref(Y|X), (n,)."""
     m = rlhf.response_mask(ids, prompt_len)
-    return float(
-        (rlhf.sequence_logprob(policy, ids, m) - rlhf.sequence_logprob(ref, ids, m)).mean()
-    )
+    return float((rlhf.sequence_logprob(policy, ids, m) - ref_logprobs).mean())
 
 
 def _rounded(value):
@@ -111,7 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
+    ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.5])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
     ap.add_argument(
         "--rloo-betas",
@@ -120,15 +119,18 @@ def main() -> None:
         default=[0.1],
         help="the betas of the PPO runs with RLOO's baseline (--betas: with GRPO's)",
     )
-    ap.add_argument("--steps", type=int, default=18, help="PPO steps")
+    ap.add_argument("--steps", type=int, default=12, help="PPO steps")
     ap.add_argument("--dpo-betas", type=float, nargs="+", default=[0.1])
     ap.add_argument("--dpo-steps", type=int, default=20)
+    ap.add_argument("--dpo-batch", type=int, default=8, help="ranked pairs per DPO step")
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "rlhf_sweep.json")
     args = ap.parse_args()
     if any(b < 0 for b in args.betas + args.rloo_betas):
         raise ValueError(f"betas and rloo-betas must be >= 0, got {args.betas}, {args.rloo_betas}")
     if any(b <= 0 for b in args.dpo_betas):  # at beta = 0 DPO's loss is ln 2 with zero gradient
         raise ValueError(f"dpo-betas must be > 0, got {args.dpo_betas}")
+    if args.dpo_batch < 1:
+        raise ValueError(f"dpo-batch must be >= 1, got {args.dpo_batch}")
     t0 = time.time()
     s = chapter_setup()
     task, policy_sft = s["task"], s["policy_sft"]
@@ -151,10 +153,20 @@ def main() -> None:
 
     runs = []  # DPO first: its runs are the quickest
     chosen, rejected, P = s["chosen"], s["rejected"], task.prompt_len
+    # the reference's log-probabilities of the pairs, one scoring pass for every DPO run
+    ref_w, ref_l = rlhf.reference_logprobs(policy_sft, chosen, rejected, P)
     for beta in args.dpo_betas:
         for seed in args.seeds:
             policy, losses = rlhf.dpo(
-                policy_sft, chosen, rejected, P, beta=beta, steps=args.dpo_steps, seed=seed
+                policy_sft,
+                chosen,
+                rejected,
+                P,
+                beta=beta,
+                steps=args.dpo_steps,
+                seed=seed,
+                batch_size=args.dpo_batch,
+                ref_logprobs=(ref_w, ref_l),
             )
             runs.append(
                 {
@@ -164,9 +176,9 @@ def main() -> None:
                     "judged": judged(policy),
                     "kl_eval": kl_eval(policy),
                     "logratio_chosen": log_ratios(
-                        policy, policy_sft, chosen, P
+                        policy, ref_w, chosen, P
                     ),  # means over the training pairs
-                    "logratio_rejected": log_ratios(policy, policy_sft, rejected, P),
+                    "logratio_rejected": log_ratios(policy, ref_l, rejected, P),
                     "history": {"loss": losses},  # per DPO step
                 }
             )
@@ -209,6 +221,7 @@ def main() -> None:
         "seeds": args.seeds,
         "dpo_steps": args.dpo_steps,
         "dpo_betas": args.dpo_betas,
+        "dpo_batch": args.dpo_batch,
         "n_pairs": len(chosen),
         "score_sft": judged(policy_sft),
         "n_eval_prompts": len(task.eval_prompts),
