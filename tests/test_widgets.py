@@ -1049,6 +1049,32 @@ def test_head_scores_js_equals_python(tmp_path):
             assert got["uniform"] == pytest.approx(w["uniform"], abs=1e-12)
 
 
+def test_row_entropy_js_and_overview_cells(tmp_path):
+    """heads.js's entropy score is the entropy (nats) of each head's last attention row, with
+    log T (a uniform row's) as its top; the overview's cells are 14 to 28 px, the grid of a deep
+    model about 420 px tall."""
+    A = _patterns(2, 3, 7, seed=6)
+    A[1, 2, -1] = 0.0
+    A[1, 2, -1, 3] = 1.0  # a head on one key: entropy 0
+    js = _node(
+        tmp_path,
+        f"console.log(JSON.stringify([m.rowEntropy({json.dumps(A.tolist())}, 7),"
+        " m.rowEntropy([[[[1]]]], 1)]));",
+        "heads.js",
+    )
+    got, none = js
+    want = torch.special.entr(A[:, :, -1].double()).sum(-1)  # (L, H)
+    torch.testing.assert_close(
+        torch.tensor(got["values"], dtype=torch.float64), want, atol=1e-12, rtol=0
+    )
+    assert got["name"] == "entropy" and got["values"][1][2] == 0 and none is None
+    assert got["top"] == pytest.approx(math.log(7), abs=1e-15) and bool((want <= math.log(7)).all())
+    sizes = _node(
+        tmp_path, "console.log(JSON.stringify([1, 4, 12, 30, 48].map(m.cellSize)));", "overview.js"
+    )
+    assert sizes == [28, 28, 28, 14, 14] and 30 * sizes[3] <= 420
+
+
 def test_attention_js_colour_scale(tmp_path):
     js = _node(
         tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js"

@@ -1,9 +1,10 @@
 // Attention heads: the colour scale, the head scores of gptlib.circuits, and the panel that shows
-// every head as a thumbnail (layers down, heads across) with its scores, one head enlarged as a
-// heatmap (query tokens down, key tokens across) on a fixed scale from 0 to 1, and the text,
-// coloured by where a hovered token attends.
+// every head as one small cell (layers down, heads across, overview.js) coloured by a score the
+// reader chooses, one head in detail as a heatmap (query tokens down, key tokens across) on a
+// fixed scale from 0 to 1, and the text, coloured by where a hovered token attends.
 import { collapse, make, report } from "./dom.js";
-import { clearFocus, drawHeatmap, focus, heatmapState, named, thumbnail } from "./heatmap.js";
+import { clearFocus, drawHeatmap, focus, heatmapState, named } from "./heatmap.js";
+import { headGrid } from "./overview.js";
 
 // The colour scale, the book's one for attention weights (gptlib.figures.ATTENTION_STOPS draws
 // the static figures with the same stops): weight 0 is the page's background, and more weight
@@ -19,9 +20,9 @@ export const STOPS = [
 ];
 
 // The scale on a background [r, g, b]: the background, then the stops (reversed on a dark one).
-export function scaleOn(bg) {
+export function scaleOn(bg, stops = STOPS) {
   const dark = luminance(bg) < 0.35;
-  return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
+  return [bg, ...(dark ? [...stops].reverse() : stops).slice(1)];
 }
 
 // WCAG's relative luminance of an sRGB colour [r, g, b] (0 to 255).
@@ -53,7 +54,16 @@ export function backgroundOf(el) {
 
 // A scale's colours: as CSS, as the pixels of 256 steps for canvases (a thumbnail of T = 128 has
 // 8256 cells), and the ink that reads on each cell.
-function palette(stops) {
+// The negative side of a signed score (the direct contributions): white to dark red.
+export const NEGATIVE_STOPS = [
+  [255, 255, 255],
+  [252, 187, 161],
+  [251, 106, 74],
+  [203, 24, 29],
+  [103, 0, 13],
+];
+
+function palette(stops, negative = NEGATIVE_STOPS) {
   const lut = Uint8ClampedArray.from(
     { length: 256 * 3 },
     (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3],
@@ -62,6 +72,8 @@ function palette(stops) {
     stops,
     lut,
     heat: (a) => `rgb(${colour(a, stops).join(", ")})`,
+    // x in [-1, 1]: the background at 0, blue for positive values, red for negative ones
+    signed: (x) => `rgb(${colour(Math.abs(x), x < 0 ? negative : stops).join(", ")})`,
     ink: (a) => (luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"),
   };
 }
@@ -101,28 +113,66 @@ export function headScores(patterns, keys) {
   }));
 }
 
-const SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 const MEANING = {
   "previous token": "mean weight on key i\u22121",
   "first token": "mean weight on key 0",
   induction: "mean weight on the token that followed the last occurrence of the query's token",
+  entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's",
 };
 
-// The colour scale's legend, 0 to 1 (its bar is coloured by drawLegend).
+// The entropy (nats) of each head's last row: where the current query looks, spread (high) or
+// on one key (0). Its colour is the entropy over log T, the largest a row of T keys can have.
+export function rowEntropy(patterns, T) {
+  if (T < 2) return null;
+  const values = patterns.map((layer) =>
+    layer.map((A) => {
+      let e = 0;
+      for (let j = 0; j < T; j++) {
+        const a = A[T - 1][j];
+        if (a > 0) e -= a * Math.log(a);
+      }
+      return e;
+    }),
+  );
+  return { name: "entropy", values, uniform: Math.log(T), top: Math.log(T) };
+}
+
+// Where a score's value lies on its colour scale: 0 to 1 for weights (and entropy over its top),
+// -1 to 1 for a signed score (the direct contributions, over the largest |value|).
+function scaleFor(s) {
+  const all = s.values.flat();
+  if (all.some((x) => x < 0) || s.name === "direct") {
+    const m = Math.max(1e-9, ...all.map(Math.abs));
+    return { signed: true, at: (x) => x / m, ends: [-m, m] };
+  }
+  const top = s.top || 1;
+  return { signed: false, at: (x) => x / top, ends: [0, top] };
+}
+
+// The colour scale's legend (its bar coloured and its ends written by drawLegend).
 function legend() {
   const bar = make("div", "gptlib-attn-legend-bar");
   const ticks = make("div", "gptlib-attn-legend-ticks");
-  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
   const scale = make("div", "gptlib-attn-legend-scale");
   scale.append(bar, ticks);
   const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "", "attention weight"), scale);
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
   return box;
 }
-const drawLegend = (box, pal) => {
-  box.querySelector(".gptlib-attn-legend-bar").style.background =
-    `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(pal.heat).join(", ")})`;
-};
+const tick = (x) => (Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2))));
+function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => (sc?.signed ? pal.signed(a) : pal.heat(a))).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box
+    .querySelector(".gptlib-attn-legend-ticks")
+    .replaceChildren(
+      ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t))),
+    );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
 
 // A box that scrolls sideways when its content is wider than the page, with a cue that says so
 // while there is more to see: the edges that have more fade out, and a line under it.
@@ -143,12 +193,14 @@ function scroller(content) {
   return { box, cue, check };
 }
 
-// The panel's elements, appended to `root`.
-function panelLayout(root) {
+// The panel's elements, appended to `root`: the score key and the colour choice, then the
+// overview of every head (`grid`, overview.js) beside the detail of one head.
+function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
-    thumbs: make("div", "gptlib-attn-thumbs"),
     key: make("div", "gptlib-attn-score-key"),
+    colourSel: make("select", "gptlib-attn-colour"),
+    overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
     headSel: make("select", "gptlib-attn-head"),
     current: make("div", "gptlib-attn-current"),
@@ -161,19 +213,25 @@ function panelLayout(root) {
       "hover a token of the text, or a query row, to see where it looks",
     ),
   };
+  v.colourSel.setAttribute("aria-label", "colour every head by");
+  v.layerSel.setAttribute("aria-label", "layer");
+  v.headSel.setAttribute("aria-label", "head");
+  const choose = make("div", "gptlib-controls");
+  choose.append("colour every head by ", v.colourSel, v.overviewLegend);
+  const overview = make("div", "gptlib-attn-ov-box");
+  overview.append(grid.box);
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
-  v.thumbScroll = scroller(v.thumbs);
   v.gridScroll = scroller(v.grid);
+  const detail = make("div", "gptlib-attn-detail");
+  detail.append(controls, v.current, v.gridScroll.box, v.gridScroll.cue);
+  const both = make("div", "gptlib-attn-both");
+  both.append(overview, detail);
   root.append(
     v.title,
-    v.thumbScroll.box,
-    v.thumbScroll.cue,
     v.key,
-    controls,
-    v.current,
-    v.gridScroll.box,
-    v.gridScroll.cue,
+    choose,
+    both,
     make("div", "gptlib-attn-text-label", "text (hover a token):"),
     v.text,
     v.focus,
@@ -191,76 +249,20 @@ function setOptions(sel, labels) {
   );
 }
 
-// The thumbnails, one button per head with its scores (the best of each score in bold).
-// onPick(layer, head) is called on a click. Returns the buttons.
-function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  // Each head's column as wide as its thumbnail; a longer header wraps within it. Seven heads or
-  // more (SmolLM2's nine) get smaller thumbnails, so that a layer fits a 736 px column.
-  const dense = headLabels.length > 6;
-  thumbs.classList.toggle("dense", dense);
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
-  const best = scores.map((s) => Math.max(...s.values.flat()));
-  const buttons = [];
-  const items = [
-    make("div", ""),
-    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h)),
-  ];
-  patterns.forEach((layerPatterns, l) => {
-    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
-    layerPatterns.forEach((P, h) => {
-      const b = make("button", "gptlib-attn-thumb");
-      b.type = "button";
-      b.dataset.layer = String(l);
-      b.dataset.head = String(h);
-      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
-      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`); // screen readers, touch
-      b.append(thumbnail(P, tokens.length, pal.lut));
-      scores.forEach((s, n) => {
-        const v = s.values[l][h];
-        const line = make(
-          "div",
-          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
-          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`,
-        );
-        report(line, { name: s.name, value: v });
-        b.append(line);
-      });
-      b.addEventListener("click", () => onPick(l, h));
-      buttons.push(b);
-      items.push(b);
-    });
-  });
-  thumbs.replaceChildren(...items);
-  return buttons;
+// What the chosen score means, and the level of a uniform head.
+function scoreKey(s) {
+  if (!s) return "";
+  const meaning = s.meaning || MEANING[s.name] || "";
+  const uniform =
+    s.uniform === null || s.uniform === undefined
+      ? ""
+      : `; ${s.uniform.toFixed(2)} for a uniform head`;
+  return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
 
-// The playground's marks on the thumbnails: `groups[h]`, the key-value head that head h shares
-// (alternate groups shaded), and `mask` (n_layers * n_heads), the heads ablated (0) struck out.
-function markThumbs(buttons, { groups, mask, headLabels }) {
-  const H = headLabels.length;
-  buttons.forEach((b) => {
-    const l = Number(b.dataset.layer),
-      h = Number(b.dataset.head);
-    if (groups) {
-      b.dataset.kv = String(groups[h]);
-      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
-    }
-    const off = !!mask && mask[l * H + h] !== 1;
-    b.classList.toggle("ablated", off);
-    if (off) b.title += " (ablated)";
-  });
-}
-
-function scoreKey(scores) {
-  if (!scores.length) return "";
-  return `Scores on the text below: ${scores
-    .map(
-      (s) =>
-        `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` +
-        (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`),
-    )
-    .join(", ")}. Bold: the highest head of each score.`;
-}
+// A head's scores, as its hover text and the detail's line say them.
+const scoreText = (scores, l, h, digits) =>
+  scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
 
 // The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
 // A long text shows its first and last tokens around a button that puts the others back.
@@ -284,16 +286,29 @@ function drawText(box, tokens, onEnter, onLeave) {
   return words;
 }
 
-// The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)}.
-// update({title, tokens, patterns, layerLabels, headLabels, scores}) redraws it for new data;
-// redraw() draws the selected head again (after the state changed it).
+// The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)},
+// and may have pick(layer, head) -> true when it takes a click itself (the playground's ablation).
+// update({title, tokens, patterns, layerLabels, headLabels, scores, groups, mask}) redraws it for
+// new data; redraw() draws the selected head again (after the state changed it).
 export function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  const v = panelLayout(root);
   let data = null,
-    buttons = [];
-  let pal = palette(STOPS); // the colour scale on the page's background (scaleOn)
+    scores = [], // the data's scores and the entropy of the last rows
+    shown = null, // the head in the detail: [layer, head]
+    pending = null; // the head the pointer or the keyboard is on, drawn at the next frame
+  let pal = palette(STOPS); // the colour scales on the page's background (scaleOn)
   let drawnWidth = 0; // the width the heatmap was sized for
+  const grid = headGrid({
+    preview: (l, h) => {
+      pending = l === null ? "selected" : [l, h];
+      requestAnimationFrame(() => {
+        if (pending) drawDetail(...(pending === "selected" ? state.get() : pending));
+        pending = null;
+      });
+    },
+    pick: (l, h) => state.pick?.(l, h) || select(l, h),
+  });
+  const v = panelLayout(root, grid);
   const drawn = heatmapState(); // the text's spans and the enlarged head (heatmap.js)
   const focusQuery = (i) => {
     v.focus.textContent = focus(drawn, i, pal);
@@ -301,22 +316,16 @@ export function attentionPanel(root, state) {
   };
   const unfocus = () => clearFocus(drawn);
 
-  // The selected head: selectors, thumbnail outline, its scores, and the enlarged heatmap.
-  function drawHead() {
-    if (!data) return;
-    const [layer, head] = state.get();
-    const { layerLabels, headLabels, scores } = data;
+  // One head in the detail: selectors, its scores, and the enlarged heatmap.
+  function drawDetail(layer, head) {
+    if (!data?.patterns[layer]?.[head]) return;
+    const { layerLabels, headLabels } = data;
+    shown = [layer, head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    for (const b of buttons) {
-      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
-      b.classList.toggle("selected", on);
-    }
     v.current.textContent =
       `${layerLabels[layer]}, ${headLabels[head]}` +
-      (scores.length
-        ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}`
-        : "");
+      (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
     drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
@@ -329,9 +338,48 @@ export function attentionPanel(root, state) {
     });
   }
 
+  // The selected head, outlined in the overview and in the detail.
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    grid.choose(layer, head);
+    drawDetail(layer, head);
+  }
+
   function select(layer, head) {
     state.set(layer, head);
     drawHead();
+  }
+
+  // The overview's colours: the chosen score of every head.
+  function paint() {
+    const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+    v.key.textContent = scoreKey(s);
+    if (!s) {
+      grid.paint(
+        () => "",
+        () => "",
+        data.mask,
+      );
+      drawLegend(v.overviewLegend, pal);
+      return;
+    }
+    const sc = scaleFor(s);
+    const colourOf = (l, h) => {
+      const x = sc.at(s.values[l][h]);
+      return sc.signed ? pal.signed(x) : pal.heat(x);
+    };
+    const { layerLabels, headLabels } = data;
+    grid.paint(
+      colourOf,
+      (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+      data.mask,
+    );
+    drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+    report(root, {
+      colourBy: s.name,
+      scores: Object.fromEntries(scores.map((x) => [x.name, x.values])),
+    });
   }
 
   // One listener for the whole heatmap: a row (its query label or a cell) focuses its query.
@@ -342,11 +390,14 @@ export function attentionPanel(root, state) {
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+  v.colourSel.addEventListener("change", () => data && paint());
 
   // The scale follows the page's background (read again when the theme changes).
   function theme() {
-    const stops = scaleOn(backgroundOf(root));
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops)) pal = palette(stops);
+    const bg = backgroundOf(root),
+      stops = scaleOn(bg);
+    if (JSON.stringify(stops) !== JSON.stringify(pal.stops))
+      pal = palette(stops, scaleOn(bg, NEGATIVE_STOPS));
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -358,10 +409,19 @@ export function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
-    markThumbs(buttons, data);
-    requestAnimationFrame(v.thumbScroll.check);
-    v.key.textContent = scoreKey(data.scores);
+    const entropy = rowEntropy(data.patterns, data.tokens.length);
+    scores = entropy ? [...data.scores, entropy] : [...data.scores];
+    const chosen = v.colourSel.value;
+    v.colourSel.replaceChildren(
+      ...scores.map((s) => {
+        const o = make("option", "", s.name);
+        o.value = s.name;
+        return o;
+      }),
+    );
+    if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
+    grid.build(data.layerLabels, data.headLabels, data.groups || null);
+    paint();
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
     drawHead();
   }
@@ -369,9 +429,9 @@ export function attentionPanel(root, state) {
   // Drawn again when the space changes (a narrower window: smaller cells) or the theme does.
   if (typeof ResizeObserver !== "undefined") {
     new ResizeObserver(() => {
-      v.thumbScroll.check();
       v.gridScroll.check();
-      if (data && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24) drawHead();
+      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
+        drawDetail(...shown);
     }).observe(v.gridScroll.box);
   }
   if (typeof MutationObserver !== "undefined") {

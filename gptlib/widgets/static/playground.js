@@ -516,6 +516,109 @@ function clearFocus(d) {
   }
 }
 
+// gptlib/widgets/js/overview.js
+function cellSize(L) {
+  return Math.max(14, Math.min(28, Math.floor(420 / L)));
+}
+function headGrid(hooks) {
+  const box = make("div", "gptlib-attn-overview");
+  box.setAttribute("role", "group");
+  let cells = [], at = [0, 0];
+  function build(layerLabels, headLabels, groups) {
+    const L = layerLabels.length, H = headLabels.length, px = cellSize(L);
+    box.style.gridTemplateColumns = `max-content repeat(${H}, ${px}px)`;
+    box.style.gridAutoRows = `${px}px`;
+    box.setAttribute(
+      "aria-label",
+      `every head, ${L} layers down and ${H} heads across: the arrow keys move, Enter chooses`
+    );
+    const items = [make("div", "")];
+    for (let h = 0; h < H; h++) {
+      const c = make("div", "gptlib-attn-ov-head", String(h));
+      c.title = headLabels[h];
+      if (groups && h > 0 && groups[h] !== groups[h - 1]) c.classList.add("kv-start");
+      items.push(c);
+    }
+    cells = layerLabels.map((lab, l) => {
+      items.push(make("div", "gptlib-attn-ov-layer", lab));
+      return headLabels.map((hl, h) => {
+        const b = make("button", "gptlib-attn-thumb");
+        b.type = "button";
+        b.tabIndex = -1;
+        b.dataset.layer = String(l);
+        b.dataset.head = String(h);
+        b.setAttribute("aria-label", `${lab}, ${hl}`);
+        if (groups && h > 0 && groups[h] !== groups[h - 1]) b.classList.add("kv-start");
+        items.push(b);
+        return b;
+      });
+    });
+    box.replaceChildren(...items);
+    at = [Math.min(at[0], L - 1), Math.min(at[1], H - 1)];
+    cells[at[0]][at[1]].tabIndex = 0;
+  }
+  function paint(colourOf, titleOf, mask) {
+    cells.forEach((row, l) => {
+      row.forEach((b, h) => {
+        b.style.background = colourOf(l, h);
+        const off = !!mask && mask[l * row.length + h] !== 1;
+        b.classList.toggle("ablated", off);
+        b.title = titleOf(l, h) + (off ? " (ablated)" : "");
+      });
+    });
+  }
+  function choose(l, h) {
+    for (const row of cells) for (const b2 of row) b2.classList.remove("selected");
+    const b = cells[l]?.[h];
+    if (!b) return;
+    b.classList.add("selected");
+    if (!box.contains(document.activeElement)) moveTo(l, h, false);
+  }
+  function moveTo(l, h, focus2) {
+    cells[at[0]][at[1]].tabIndex = -1;
+    at = [l, h];
+    const b = cells[l][h];
+    b.tabIndex = 0;
+    if (focus2) b.focus();
+  }
+  const headOf = (e) => {
+    const b = e.target.closest?.(".gptlib-attn-thumb");
+    return b && box.contains(b) ? [Number(b.dataset.layer), Number(b.dataset.head)] : null;
+  };
+  box.addEventListener("mouseover", (e) => {
+    const lh = headOf(e);
+    if (lh) hooks.preview(...lh);
+  });
+  box.addEventListener("mouseleave", () => {
+    if (!box.contains(document.activeElement)) hooks.preview(null, null);
+  });
+  box.addEventListener("click", (e) => {
+    const lh = headOf(e);
+    if (lh) {
+      moveTo(...lh, false);
+      hooks.pick(...lh);
+    }
+  });
+  box.addEventListener("focusin", (e) => {
+    const lh = headOf(e);
+    if (lh) hooks.preview(...lh);
+  });
+  box.addEventListener("focusout", (e) => {
+    if (!box.contains(e.relatedTarget)) hooks.preview(null, null);
+  });
+  const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  box.addEventListener("keydown", (e) => {
+    const d = MOVES[e.key];
+    if (!d || !cells.length) return;
+    e.preventDefault();
+    const l = Math.min(cells.length - 1, Math.max(0, at[0] + d[0]));
+    const h = Math.min(cells[0].length - 1, Math.max(0, at[1] + d[1]));
+    moveTo(l, h, true);
+    report(box, { at: `${l}/${h}` });
+  });
+  return { box, build, paint, choose };
+}
+
 // gptlib/widgets/js/heads.js
 var STOPS = [
   [255, 255, 255],
@@ -524,9 +627,9 @@ var STOPS = [
   [33, 113, 181],
   [8, 48, 107]
 ];
-function scaleOn(bg) {
+function scaleOn(bg, stops = STOPS) {
   const dark = luminance(bg) < 0.35;
-  return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
+  return [bg, ...(dark ? [...stops].reverse() : stops).slice(1)];
 }
 function luminance(rgb) {
   const lin = rgb.map((c) => {
@@ -548,7 +651,14 @@ function backgroundOf(el) {
   }
   return [255, 255, 255];
 }
-function palette(stops) {
+var NEGATIVE_STOPS = [
+  [255, 255, 255],
+  [252, 187, 161],
+  [251, 106, 74],
+  [203, 24, 29],
+  [103, 0, 13]
+];
+function palette(stops, negative = NEGATIVE_STOPS) {
   const lut = Uint8ClampedArray.from(
     { length: 256 * 3 },
     (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
@@ -557,6 +667,8 @@ function palette(stops) {
     stops,
     lut,
     heat: (a) => `rgb(${colour(a, stops).join(", ")})`,
+    // x in [-1, 1]: the background at 0, blue for positive values, red for negative ones
+    signed: (x) => `rgb(${colour(Math.abs(x), x < 0 ? negative : stops).join(", ")})`,
     ink: (a) => luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"
   };
 }
@@ -587,25 +699,56 @@ function headScores(patterns, keys) {
     uniform: mean(pairs, (i) => uniform(i))
   }));
 }
-var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 var MEANING = {
   "previous token": "mean weight on key i−1",
   "first token": "mean weight on key 0",
-  induction: "mean weight on the token that followed the last occurrence of the query's token"
+  induction: "mean weight on the token that followed the last occurrence of the query's token",
+  entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's"
 };
+function rowEntropy(patterns, T) {
+  if (T < 2) return null;
+  const values = patterns.map(
+    (layer) => layer.map((A) => {
+      let e = 0;
+      for (let j = 0; j < T; j++) {
+        const a = A[T - 1][j];
+        if (a > 0) e -= a * Math.log(a);
+      }
+      return e;
+    })
+  );
+  return { name: "entropy", values, uniform: Math.log(T), top: Math.log(T) };
+}
+function scaleFor(s) {
+  const all = s.values.flat();
+  if (all.some((x) => x < 0) || s.name === "direct") {
+    const m = Math.max(1e-9, ...all.map(Math.abs));
+    return { signed: true, at: (x) => x / m, ends: [-m, m] };
+  }
+  const top = s.top || 1;
+  return { signed: false, at: (x) => x / top, ends: [0, top] };
+}
 function legend() {
   const bar = make("div", "gptlib-attn-legend-bar");
   const ticks = make("div", "gptlib-attn-legend-ticks");
-  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
   const scale = make("div", "gptlib-attn-legend-scale");
   scale.append(bar, ticks);
   const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "", "attention weight"), scale);
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
   return box;
 }
-var drawLegend = (box, pal) => {
-  box.querySelector(".gptlib-attn-legend-bar").style.background = `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(pal.heat).join(", ")})`;
-};
+var tick = (x) => Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2)));
+function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => sc?.signed ? pal.signed(a) : pal.heat(a)).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box.querySelector(".gptlib-attn-legend-ticks").replaceChildren(
+    ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t)))
+  );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
 function scroller(content) {
   const box = make("div", "gptlib-scroll");
   const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
@@ -622,11 +765,12 @@ function scroller(content) {
   box.addEventListener("scroll", check, { passive: true });
   return { box, cue, check };
 }
-function panelLayout(root) {
+function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
-    thumbs: make("div", "gptlib-attn-thumbs"),
     key: make("div", "gptlib-attn-score-key"),
+    colourSel: make("select", "gptlib-attn-colour"),
+    overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
     headSel: make("select", "gptlib-attn-head"),
     current: make("div", "gptlib-attn-current"),
@@ -639,19 +783,25 @@ function panelLayout(root) {
       "hover a token of the text, or a query row, to see where it looks"
     )
   };
+  v.colourSel.setAttribute("aria-label", "colour every head by");
+  v.layerSel.setAttribute("aria-label", "layer");
+  v.headSel.setAttribute("aria-label", "head");
+  const choose = make("div", "gptlib-controls");
+  choose.append("colour every head by ", v.colourSel, v.overviewLegend);
+  const overview = make("div", "gptlib-attn-ov-box");
+  overview.append(grid.box);
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
-  v.thumbScroll = scroller(v.thumbs);
   v.gridScroll = scroller(v.grid);
+  const detail = make("div", "gptlib-attn-detail");
+  detail.append(controls, v.current, v.gridScroll.box, v.gridScroll.cue);
+  const both = make("div", "gptlib-attn-both");
+  both.append(overview, detail);
   root.append(
     v.title,
-    v.thumbScroll.box,
-    v.thumbScroll.cue,
     v.key,
-    controls,
-    v.current,
-    v.gridScroll.box,
-    v.gridScroll.cue,
+    choose,
+    both,
     make("div", "gptlib-attn-text-label", "text (hover a token):"),
     v.text,
     v.focus
@@ -667,63 +817,13 @@ function setOptions(sel, labels) {
     })
   );
 }
-function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  const dense = headLabels.length > 6;
-  thumbs.classList.toggle("dense", dense);
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
-  const best = scores.map((s) => Math.max(...s.values.flat()));
-  const buttons = [];
-  const items = [
-    make("div", ""),
-    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
-  ];
-  patterns.forEach((layerPatterns, l) => {
-    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
-    layerPatterns.forEach((P, h) => {
-      const b = make("button", "gptlib-attn-thumb");
-      b.type = "button";
-      b.dataset.layer = String(l);
-      b.dataset.head = String(h);
-      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
-      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
-      b.append(thumbnail(P, tokens.length, pal.lut));
-      scores.forEach((s, n) => {
-        const v = s.values[l][h];
-        const line = make(
-          "div",
-          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
-          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
-        );
-        report(line, { name: s.name, value: v });
-        b.append(line);
-      });
-      b.addEventListener("click", () => onPick(l, h));
-      buttons.push(b);
-      items.push(b);
-    });
-  });
-  thumbs.replaceChildren(...items);
-  return buttons;
+function scoreKey(s) {
+  if (!s) return "";
+  const meaning = s.meaning || MEANING[s.name] || "";
+  const uniform = s.uniform === null || s.uniform === void 0 ? "" : `; ${s.uniform.toFixed(2)} for a uniform head`;
+  return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
-function markThumbs(buttons, { groups, mask, headLabels }) {
-  const H = headLabels.length;
-  buttons.forEach((b) => {
-    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
-    if (groups) {
-      b.dataset.kv = String(groups[h]);
-      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
-    }
-    const off = !!mask && mask[l * H + h] !== 1;
-    b.classList.toggle("ablated", off);
-    if (off) b.title += " (ablated)";
-  });
-}
-function scoreKey(scores) {
-  if (!scores.length) return "";
-  return `Scores on the text below: ${scores.map(
-    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
-  ).join(", ")}. Bold: the highest head of each score.`;
-}
+var scoreText = (scores, l, h, digits) => scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
 function drawText(box, tokens, onEnter, onLeave) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "↵\n"));
@@ -744,27 +844,33 @@ function drawText(box, tokens, onEnter, onLeave) {
 }
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  const v = panelLayout(root);
-  let data = null, buttons = [];
+  let data = null, scores = [], shown = null, pending = null;
   let pal = palette(STOPS);
   let drawnWidth = 0;
+  const grid = headGrid({
+    preview: (l, h) => {
+      pending = l === null ? "selected" : [l, h];
+      requestAnimationFrame(() => {
+        if (pending) drawDetail(...pending === "selected" ? state.get() : pending);
+        pending = null;
+      });
+    },
+    pick: (l, h) => state.pick?.(l, h) || select(l, h)
+  });
+  const v = panelLayout(root, grid);
   const drawn = heatmapState();
   const focusQuery = (i) => {
     v.focus.textContent = focus(drawn, i, pal);
     report(root, { focus: i });
   };
   const unfocus = () => clearFocus(drawn);
-  function drawHead() {
-    if (!data) return;
-    const [layer, head] = state.get();
-    const { layerLabels, headLabels, scores } = data;
+  function drawDetail(layer, head) {
+    if (!data?.patterns[layer]?.[head]) return;
+    const { layerLabels, headLabels } = data;
+    shown = [layer, head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    for (const b of buttons) {
-      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
-      b.classList.toggle("selected", on);
-    }
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
     drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
@@ -775,9 +881,44 @@ function attentionPanel(root, state) {
       pattern: A.map((r) => Array.from(r))
     });
   }
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    grid.choose(layer, head);
+    drawDetail(layer, head);
+  }
   function select(layer, head) {
     state.set(layer, head);
     drawHead();
+  }
+  function paint() {
+    const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+    v.key.textContent = scoreKey(s);
+    if (!s) {
+      grid.paint(
+        () => "",
+        () => "",
+        data.mask
+      );
+      drawLegend(v.overviewLegend, pal);
+      return;
+    }
+    const sc = scaleFor(s);
+    const colourOf = (l, h) => {
+      const x = sc.at(s.values[l][h]);
+      return sc.signed ? pal.signed(x) : pal.heat(x);
+    };
+    const { layerLabels, headLabels } = data;
+    grid.paint(
+      colourOf,
+      (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+      data.mask
+    );
+    drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+    report(root, {
+      colourBy: s.name,
+      scores: Object.fromEntries(scores.map((x) => [x.name, x.values]))
+    });
   }
   v.grid.addEventListener("mouseover", (e) => {
     const i = e.target.dataset ? e.target.dataset.i : void 0;
@@ -786,9 +927,11 @@ function attentionPanel(root, state) {
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+  v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
-    const stops = scaleOn(backgroundOf(root));
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops)) pal = palette(stops);
+    const bg = backgroundOf(root), stops = scaleOn(bg);
+    if (JSON.stringify(stops) !== JSON.stringify(pal.stops))
+      pal = palette(stops, scaleOn(bg, NEGATIVE_STOPS));
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -799,18 +942,27 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
-    markThumbs(buttons, data);
-    requestAnimationFrame(v.thumbScroll.check);
-    v.key.textContent = scoreKey(data.scores);
+    const entropy2 = rowEntropy(data.patterns, data.tokens.length);
+    scores = entropy2 ? [...data.scores, entropy2] : [...data.scores];
+    const chosen = v.colourSel.value;
+    v.colourSel.replaceChildren(
+      ...scores.map((s) => {
+        const o = make("option", "", s.name);
+        o.value = s.name;
+        return o;
+      })
+    );
+    if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
+    grid.build(data.layerLabels, data.headLabels, data.groups || null);
+    paint();
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
     drawHead();
   }
   if (typeof ResizeObserver !== "undefined") {
     new ResizeObserver(() => {
-      v.thumbScroll.check();
       v.gridScroll.check();
-      if (data && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24) drawHead();
+      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
+        drawDetail(...shown);
     }).observe(v.gridScroll.box);
   }
   if (typeof MutationObserver !== "undefined") {
