@@ -1541,6 +1541,38 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     )
 
 
+def test_kernel_sends_only_the_rows_the_page_lacks(bpe_tiny):
+    """With the heads panel's window, a step's attn holds only the rows of the queries from
+    rows_from on that the window keeps, cut to its keys (key 0 and the last W - 1), and a seventh
+    buffer each head's last-row entropy over every key; bad windows are refused, naming them."""
+    model, tok = bpe_tiny
+    w = PlaygroundView(model, tok, "the cat")
+    sent = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))
+    ids = tok.encode("the log sat on the mat")[:12]
+    T, W = len(ids), 4
+    assert T > W
+    asks = [(0, T), (T - 1, T)]  # a new text; one more token (the rest held)
+    for req, (rows_from, _) in enumerate(asks):
+        w._answer(
+            w, {"kind": "step", "req": req, "ids": ids, "window": W, "rows_from": rows_from}, []
+        )
+    w._answer(w, {"kind": "step", "req": 9, "ids": ids, "window": 0}, [])
+    _, patterns, _ = _plain_forward(model, ids, off=[])  # (L, H, T, T)
+    L, H = patterns.shape[:2]
+    keys = [0, *range(T - W + 1, T)]
+    for (content, buffers), (rows_from, _) in zip(sent, asks):
+        assert content["kind"] == "step" and len(buffers) == 7
+        first = max(rows_from, T - W + 1)
+        cut = torch.from_numpy(np.frombuffer(buffers[1], dtype=np.float32).copy())
+        want = patterns[:, :, first:][..., keys]  # (L, H, r, W)
+        torch.testing.assert_close(cut.view(want.shape), want, atol=1e-6, rtol=0)
+        ent = torch.from_numpy(np.frombuffer(buffers[6], dtype=np.float32).copy()).view(L, H)
+        want_ent = torch.special.entr(patterns[:, :, -1].double()).sum(-1).float()
+        torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=0)
+    assert sent[2][0]["kind"] == "error" and "window" in sent[2][0]["message"]
+
+
 def test_playground_refuses_bad_input(bpe_tiny):
     from gptlib.tokenizers import BPETokenizer
 
@@ -1812,7 +1844,8 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
         for content in [
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
-            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
+            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]}
+            | {"window": 128, "rows_from": 0},  # what the page asks: rows.js's window
             {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
         ]
     ]
@@ -1861,7 +1894,11 @@ console.log(JSON.stringify({{
     # what the page reads is what the model computes (its own forward pass, head (0, 1) removed)
     logits, patterns, streams = _plain_forward(model, ids, off=[(0, 1)])
     assert js["logits"] == pytest.approx(logits.tolist(), abs=1e-5)
-    np.testing.assert_allclose(np.array(js["patterns"]), patterns.numpy(), atol=1e-6, rtol=0)
+    for l, layer in enumerate(js["patterns"]):  # each row over its keys 0..i
+        for h, rows in enumerate(layer):
+            assert len(rows) == len(ids)
+            for i, row in enumerate(rows):
+                np.testing.assert_allclose(row, patterns[l, h, i, : i + 1].numpy(), atol=1e-6)
     for r, s in zip(js["lens"], streams):
         p = torch.softmax(model.read_out(s[:, -1:])[0, 0].double(), -1)
         top = torch.sort(p, descending=True, stable=True)

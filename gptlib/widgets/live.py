@@ -11,7 +11,11 @@ messages ``{"kind", "req", ...}`` and gets one answer each, with the same ``req`
 * ``encode`` (``text``) -> ``encoded`` (``ids``): the tokenizer's ids, special tokens as one id;
 * ``step`` (``ids``, ``mask``, ``lens``, ``targets``) -> ``step`` with six buffers: the outputs
   ``logits``, ``attn``, ``lens_ids``, ``lens_logits``, ``lens_lse``, ``direct`` of
-  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache;
+  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache; with ``window`` (the heads
+  panel's window W) and ``rows_from`` (the first query whose row the page lacks), ``attn`` holds
+  only the rows the page lacks, cut to the window's keys (:func:`window_rows`), and a seventh
+  buffer ``entropy`` each head's last-row entropy, so that a run of any length sends at most the
+  new rows of W keys;
 * anything else, or a failure -> ``error`` with the message, which the page shows.
 
 The page's own backend (onnxruntime-web) runs the same step, exported to ONNX, so both answer
@@ -29,11 +33,19 @@ import torch
 # The step and the files of the live model: every widget reaches them through here.
 from ..export import chat_frame, weights_sha256
 from ..modern import ModernGPT
-from ..runtime import check_ids
+from ..runtime import check_ids, check_int
 from ..step import LENS_TOP, step, step_inputs
 from ._base import token_strings
 
-__all__ = ["LiveKernel", "live_config", "STEP_BUFFERS", "LENS_TOP", "chat_frame", "weights_sha256"]
+__all__ = [
+    "LiveKernel",
+    "live_config",
+    "window_rows",
+    "STEP_BUFFERS",
+    "LENS_TOP",
+    "chat_frame",
+    "weights_sha256",
+]
 
 # The buffers of a ``step`` answer, in order (float32, but lens_ids int64).
 STEP_BUFFERS = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
@@ -55,6 +67,41 @@ def live_config(model) -> dict[str, int]:
         "n_kv_heads": getattr(c, "n_kv_heads", c.n_heads),
         "d_head": getattr(c, "d_head", c.d_model // c.n_heads),
     }
+
+
+def window_positions(T: int, window: int) -> list[int]:
+    """The keys a heads panel's window of ``window`` positions holds of T (rows.js's
+    ``windowPositions``): every position while T <= window, else key 0 and the last window - 1.
+
+    >>> window_positions(3, 4), window_positions(10, 4)
+    ([0, 1, 2], [0, 7, 8, 9])
+    """
+    lo = max(1, T - window + 1)
+    return [0, *range(lo, T)] if T else []
+
+
+def window_rows(
+    attn: torch.Tensor, rows_from: int, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the page lacks of the patterns ``attn`` (L, H, T, T): the rows of the queries from
+    ``rows_from`` on that the window keeps (the last one always: its entropy), each cut to the
+    window's keys, (L, H, r, len(window_positions(T, window))), and each head's last-row entropy
+    over all its keys, (L, H). Below, T = 5 and W = 3: queries 3 and 4 on keys 0, 3, 4 (uniform
+    rows of 5 keys: 0.2 each, entropy log 5).
+
+    >>> A = torch.tril(torch.ones(1, 1, 5, 5)); A = A / A.sum(-1, keepdim=True)
+    >>> cut, ent = window_rows(A, 1, 3)
+    >>> tuple(cut.shape), [round(a, 4) for a in cut[0, 0, -1].tolist()], round(float(ent), 4)
+    ((1, 1, 2, 3), [0.2, 0.2, 0.2], 1.6094)
+    """
+    T = attn.shape[-1]
+    window = check_int("window", window, 1, None)
+    rows_from = check_int("rows_from", rows_from, 0, T)
+    first = min(T - 1, max(rows_from, T - window + 1 if T > window else 0))
+    keys = torch.tensor(window_positions(T, window), device=attn.device)
+    cut = attn[:, :, first:].index_select(-1, keys)  # (L, H, r, n)
+    entropy = torch.special.entr(attn[:, :, -1].double()).sum(-1).float()  # (L, H)
+    return cut, entropy
 
 
 def _token_bytes(tokenizer, i: int) -> bytes:
@@ -148,7 +195,12 @@ class LiveKernel:
                 content.get("lens") or (),
                 content.get("targets") or (),
             )
-            return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in STEP_BUFFERS]
+            if content.get("window") is not None:
+                out["attn"], out["entropy"] = window_rows(
+                    out["attn"], content.get("rows_from", 0), content["window"]
+                )
+            names = STEP_BUFFERS + (("entropy",) if "entropy" in out else ())
+            return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in names]
         raise ValueError(f"unknown request {kind!r}")
 
     def _answer(self, _widget, content: dict, _buffers) -> None:

@@ -79,13 +79,14 @@ function palette(stops, negative = NEGATIVE_STOPS) {
 }
 
 // The query/key pairs of an induction head (gptlib.circuits.induction_pairs): query i whose
-// token last occurred at k, key k + 1, leaving out k + 1 = i.
-export function inductionPairs(keys) {
+// token last occurred at k, key k + 1, leaving out k + 1 = i. `pos`: the tokens' positions where
+// some are left out (the panel's window): k + 1 must then be the position after k's.
+export function inductionPairs(keys, pos = null) {
   const last = new Map(),
     pairs = [];
   keys.forEach((t, i) => {
     const k = last.get(t);
-    if (k !== undefined && k + 1 < i) pairs.push([i, k + 1]);
+    if (k !== undefined && k + 1 < i && (!pos || pos[k + 1] === pos[k] + 1)) pairs.push([i, k + 1]);
     last.set(t, i);
   });
   return pairs;
@@ -93,18 +94,21 @@ export function inductionPairs(keys) {
 
 // gptlib.circuits.head_scores: for patterns[l][h][i][j] on the tokens `keys`, the previous-token
 // and first-token scores (mean weight on key i - 1, on key 0, over queries 1..T-1) and, when a
-// token repeats, the induction score; each with a uniform causal head's score beside it.
-export function headScores(patterns, keys) {
+// token repeats, the induction score; each with a uniform causal head's score beside it. `pos`:
+// the tokens' positions in a window that leaves some out (rows.js; key 0 is always there): the
+// scores are then those of the queries in the window whose keys it holds.
+export function headScores(patterns, keys, pos = null) {
   const T = keys.length;
   if (T < 2) return [];
+  const at = (i) => (pos ? pos[i] : i);
   const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
-  const uniform = (i) => 1 / (i + 1);
+  const uniform = (i) => 1 / (at(i) + 1);
   const rows = [...Array(T - 1).keys()].map((i) => i + 1);
   const found = [
-    ["previous token", rows.map((i) => [i, i - 1])],
+    ["previous token", rows.filter((i) => at(i - 1) === at(i) - 1).map((i) => [i, i - 1])],
     ["first token", rows.map((i) => [i, 0])],
   ];
-  const induction = inductionPairs(keys);
+  const induction = inductionPairs(keys, pos);
   if (induction.length) found.push(["induction", induction]);
   return found.map(([name, pairs]) => ({
     name,
@@ -122,8 +126,10 @@ const MEANING = {
 
 // The entropy (nats) of each head's last row: where the current query looks, spread (high) or
 // on one key (0). Its colour is the entropy over log T, the largest a row of T keys can have.
-export function rowEntropy(patterns, T) {
+// `known`: the values, where the rows shown are cut (rows.js computes them on the whole rows).
+export function rowEntropy(patterns, T, known = null) {
   if (T < 2) return null;
+  if (known) return { name: "entropy", values: known, uniform: Math.log(T), top: Math.log(T) };
   const values = patterns.map((layer) =>
     layer.map((A) => {
       let e = 0;
@@ -199,6 +205,7 @@ function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
     key: make("div", "gptlib-attn-score-key"),
+    window: make("div", "gptlib-attn-score-key gptlib-attn-window"),
     colourSel: make("select", "gptlib-attn-colour"),
     overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
@@ -229,6 +236,7 @@ function panelLayout(root, grid) {
   both.append(overview, detail);
   root.append(
     v.title,
+    v.window,
     v.key,
     choose,
     both,
@@ -265,11 +273,12 @@ const scoreText = (scores, l, h, digits) =>
   scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
 
 // The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
-// A long text shows its first and last tokens around a button that puts the others back.
-function drawText(box, tokens, onEnter, onLeave) {
+// A long text shows its first and last tokens around a button that puts the others back; the
+// positions a window leaves out (`pos`) are marked after the first token.
+function drawText(box, tokens, onEnter, onLeave, pos = null) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "\u21b5\n"));
-    s.title = `token ${named(tokens, i)}`;
+    s.title = `token ${named(tokens, i, pos)}`;
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
@@ -282,6 +291,14 @@ function drawText(box, tokens, onEnter, onLeave) {
     s.append(" ", w);
     return s;
   });
+  if (pos && pos.length > 1 && pos[1] > 1) {
+    const gap = make(
+      "span",
+      "gptlib-attn-gap",
+      ` \u2026 (tokens 1 to ${pos[1] - 1} left out) \u2026 `,
+    );
+    items.splice(1, 0, gap);
+  }
   box.replaceChildren(...collapse(items));
   return words;
 }
@@ -327,9 +344,10 @@ export function attentionPanel(root, state) {
       `${layerLabels[layer]}, ${headLabels[head]}` +
       (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+    const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
-    });
+    };
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
     requestAnimationFrame(v.gridScroll.check);
     // What is drawn: the diagonal as a fingerprint, and the whole enlarged pattern.
     report(root, {
@@ -409,7 +427,13 @@ export function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    const entropy = rowEntropy(data.patterns, data.tokens.length);
+    const pos = data.positions || null,
+      S = pos ? pos[pos.length - 1] + 1 : data.tokens.length; // the positions of the text
+    const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+    v.window.textContent =
+      pos && pos[1] > 1
+        ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.`
+        : "";
     scores = entropy ? [...data.scores, entropy] : [...data.scores];
     const chosen = v.colourSel.value;
     v.colourSel.replaceChildren(
@@ -422,7 +446,7 @@ export function attentionPanel(root, state) {
     if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
     grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, pos);
     drawHead();
   }
 

@@ -1,6 +1,7 @@
 // The live model in the kernel (Jupyter, Colab): the widget's custom messages to its Python object,
 // which answers with PyTorch (gptlib/widgets/live.py: ping, start, encode, step).
-import { fromBase64, LiveError, lensTops, nestFlat } from "./backend.js";
+import { fromBase64, LiveError, lensTops } from "./backend.js";
+import { PANEL_WINDOW, rowsWanted, rowWindow } from "./rows.js";
 
 // Custom messages to the kernel, each answered by one message with the same `req`:
 // ask(content, timeoutMs) is a promise of {msg, buffers}. ask.close() stops listening, clears the
@@ -61,17 +62,28 @@ export async function pingKernel(ask, tries = 3, timeoutMs = 1000) {
   return false;
 }
 
+// How many leading entries a and b share.
+const sharedPrefix = (a, b) => {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+};
+
 const view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 
 // The kernel's backend: each run sends the whole window, and the kernel (gptlib.widgets.live's
-// LiveKernel) answers with step on an empty cache (PyTorch is fast enough there; nothing to keep
-// in step between the two sides).
+// LiveKernel) answers with step on an empty cache (PyTorch is fast enough there); of the
+// attention rows it sends only those the page lacks, cut to the heads panel's window (rows.js),
+// which this backend keeps with the ids and head mask they are of.
 export async function kernelBackend(ask) {
   const { msg } = await ask({ kind: "start" });
   const c = msg.config,
     L = c.n_layers,
     H = c.n_heads,
     K = msg.lens_top;
+  const win = rowWindow(L, H);
+  let heldIds = [],
+    heldMask = null;
   return {
     kind: "kernel",
     describe: "PyTorch in the kernel",
@@ -84,18 +96,30 @@ export async function kernelBackend(ask) {
     memory: () => null,
     run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
       const t0 = performance.now();
+      const T = ids.length,
+        m = mask ? Array.from(mask) : null,
+        mKey = m ? m.join(",") : "";
+      const from = Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(), T - 1);
       const { buffers } = await ask({
         kind: "step",
         ids,
-        mask: mask && Array.from(mask),
+        mask: m,
         lens,
         targets,
+        window: PANEL_WINDOW,
+        rows_from: from,
       });
-      const T = ids.length;
-      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct, entropy] = buffers;
+      const rows = rowsWanted(from, T - from);
+      win.addCut(view(attn, Float32Array), view(entropy, Float32Array), from, T - from, rows);
+      heldIds = ids.slice();
+      heldMask = mKey;
+      const heads = win.heads();
       return {
         logits: view(logits, Float32Array),
-        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        patterns: heads.patterns,
+        positions: heads.positions,
+        entropy: heads.entropy,
         lens: lens
           ? lensTops(
               view(lensIds, BigInt64Array),

@@ -6,6 +6,7 @@
 // One worker and one session per model per page (sharedPageBackend): every view of that model
 // uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
+import { rowWindow } from "./rows.js";
 
 const VERSION = 3;
 // Downloads above this many bytes wait for the reader to agree.
@@ -256,14 +257,15 @@ export function cacheStepper(ort, session, manifest) {
 }
 
 // The page's backend around the worker's session and tokenizer (`client`, workerClient): it keeps
-// the attention rows of the text so far, and runs one step at a time (a view's step waits for
+// the attention rows of the text so far (the heads panel's window of them, rows.js), and runs
+// one step at a time (a view's step waits for
 // another view's to end: they share the cache). close() releases the session and the worker.
 export function pageBackend(client, manifest) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads;
-  let rows = [],
-    closed = false;
+  const rows = rowWindow(L, H); // the heads panel's window of the rows (rows.js)
+  let closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
     const { mask = null, lens = null, targets = null } = options;
@@ -271,10 +273,12 @@ export function pageBackend(client, manifest) {
       ids: Array.from(ids),
       options: { mask: mask && Array.from(mask), lens, targets },
     });
-    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    const heads = rows.add(r.attn, r.P, r.T).heads();
     return {
       logits: r.logits,
-      patterns: nestRows(rows, L, H),
+      patterns: heads.patterns,
+      positions: heads.positions,
+      entropy: heads.entropy,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,

@@ -116,6 +116,8 @@ class Playground {
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
+      positions: r.positions, // the heads panel's window (rows.js)
+      entropy: r.entropy,
       lens: null,
       direct: null,
       target: null,
@@ -132,7 +134,7 @@ class Playground {
       const n = this.model.get("lens_top");
       a.lens = s.lens.map((r) => ({ ids: r.ids.slice(0, n), probs: r.probs.slice(0, n) }));
       a.direct = s.direct;
-      a.patterns = s.patterns;
+      Object.assign(a, { patterns: s.patterns, positions: s.positions, entropy: s.entropy });
       ms += s.ms;
     }
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === undefined ? window.length : r.fed });

@@ -76,41 +76,41 @@ function thumbnail(P, T, LUT) {
   ctx.putImageData(img, 0, 0);
   return canvas;
 }
-var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
+var named = (tokens, i, pos = null) => `${pos ? pos[i] : i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+function axisLabel(cls, tokens, i, k, what, pos) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
   const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
+  e.title = `${what} ${named(tokens, i, pos)}`;
   return e;
 }
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+function queryLabel(tokens, i, k, pos) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query", pos);
   q.dataset.i = String(i);
   return q;
 }
-var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+var cellTitle = (tokens, A, i, j, pos) => `query ${named(tokens, i, pos)} → key ${named(tokens, j, pos)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto";
   grid.style.gridAutoRows = `${cell}px`;
   const rows = tokens.map((_t, i) => [
-    queryLabel(tokens, i, k),
+    queryLabel(tokens, i, k, pos),
     ...tokens.map((_, j) => {
       const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
       c.dataset.i = String(i);
       if (j <= i) c.style.background = pal.heat(A[i][j]);
-      c.title = cellTitle(tokens, A, i, j);
+      c.title = cellTitle(tokens, A, i, j, pos);
       return c;
     })
   ]);
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
   grid.style.gridTemplateRows = "";
@@ -118,7 +118,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -131,7 +131,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   canvas.addEventListener("mousemove", (e) => {
     const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
     const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
+    canvas.title = cellTitle(tokens, A, i, j, pos);
     onQuery(i);
   });
   grid.replaceChildren(make("div", ""), keyRow, queries, box);
@@ -140,6 +140,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
 function heatmapState() {
   return {
     tokens: [],
+    positions: null,
     words: [],
     keys: [],
     rows: [],
@@ -149,24 +150,33 @@ function heatmapState() {
     focused: null
   };
 }
-function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
   const room = v.gridScroll.box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
   const k = labelEvery(cell);
   v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
   if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(
+      v.grid,
+      tokens,
+      A,
+      cell,
+      d.keys,
+      pal,
+      onQuery,
+      pos
+    ));
   } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
   }
   return room;
 }
 function focus(d, i, pal) {
-  const { A, tokens } = d;
+  const { A, tokens, positions: pos } = d;
   clearFocus(d);
   for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
   d.rows[i][0].style.fontWeight = "bold";
@@ -185,7 +195,7 @@ function focus(d, i, pal) {
   d.words[i].classList.add("gptlib-attn-hot");
   d.focused = i;
   const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
-  return `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
+  return `query ${named(tokens, i, pos)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j, pos)} (${a.toFixed(2)})`).join(", ");
 }
 function clearFocus(d) {
   d.focused = null;
@@ -367,8 +377,9 @@ var MEANING = {
   induction: "mean weight on the token that followed the last occurrence of the query's token",
   entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's"
 };
-function rowEntropy(patterns, T) {
+function rowEntropy(patterns, T, known = null) {
   if (T < 2) return null;
+  if (known) return { name: "entropy", values: known, uniform: Math.log(T), top: Math.log(T) };
   const values = patterns.map(
     (layer) => layer.map((A) => {
       let e = 0;
@@ -431,6 +442,7 @@ function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
     key: make("div", "gptlib-attn-score-key"),
+    window: make("div", "gptlib-attn-score-key gptlib-attn-window"),
     colourSel: make("select", "gptlib-attn-colour"),
     overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
@@ -461,6 +473,7 @@ function panelLayout(root, grid) {
   both.append(overview, detail);
   root.append(
     v.title,
+    v.window,
     v.key,
     choose,
     both,
@@ -486,10 +499,10 @@ function scoreKey(s) {
   return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
 var scoreText = (scores, l, h, digits) => scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
-function drawText(box, tokens, onEnter, onLeave) {
+function drawText(box, tokens, onEnter, onLeave, pos = null) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "↵\n"));
-    s.title = `token ${named(tokens, i)}`;
+    s.title = `token ${named(tokens, i, pos)}`;
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
@@ -501,6 +514,14 @@ function drawText(box, tokens, onEnter, onLeave) {
     s.append(" ", w);
     return s;
   });
+  if (pos && pos.length > 1 && pos[1] > 1) {
+    const gap = make(
+      "span",
+      "gptlib-attn-gap",
+      ` … (tokens 1 to ${pos[1] - 1} left out) … `
+    );
+    items.splice(1, 0, gap);
+  }
   box.replaceChildren(...collapse(items));
   return words;
 }
@@ -534,9 +555,10 @@ function attentionPanel(root, state) {
     v.headSel.value = String(head);
     v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+    const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
-    });
+    };
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
     requestAnimationFrame(v.gridScroll.check);
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
@@ -604,7 +626,9 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    const entropy = rowEntropy(data.patterns, data.tokens.length);
+    const pos = data.positions || null, S = pos ? pos[pos.length - 1] + 1 : data.tokens.length;
+    const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+    v.window.textContent = pos && pos[1] > 1 ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.` : "";
     scores = entropy ? [...data.scores, entropy] : [...data.scores];
     const chosen = v.colourSel.value;
     v.colourSel.replaceChildren(
@@ -617,7 +641,7 @@ function attentionPanel(root, state) {
     if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
     grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, pos);
     drawHead();
   }
   if (typeof ResizeObserver !== "undefined") {

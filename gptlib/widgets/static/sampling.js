@@ -297,15 +297,6 @@ function lensTops(ids, logits, lse, n, K) {
     probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
   }));
 }
-function nestFlat(flat, L, H, T) {
-  return [...Array(L).keys()].map(
-    (l) => [...Array(H).keys()].map(
-      (h) => [...Array(T).keys()].map(
-        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
-      )
-    )
-  );
-}
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
   if (!m?.usedJSHeapSize) return null;
@@ -313,6 +304,103 @@ function tabMemory() {
     bytes: m.usedJSHeapSize,
     limit: m.jsHeapSizeLimit,
     what: "the JavaScript heap (performance.memory)"
+  };
+}
+
+// gptlib/widgets/js/rows.js
+var PANEL_WINDOW = 128;
+function windowPositions(S, W = PANEL_WINDOW) {
+  const lo = Math.max(1, S - W + 1);
+  return S === 0 ? [] : [0, ...Array.from({ length: S - lo }, (_, k) => lo + k)];
+}
+function entropyOf(row) {
+  let e = 0;
+  for (const a of row) if (a > 0) e -= a * Math.log(a);
+  return e;
+}
+var firstKept = (K, W = PANEL_WINDOW) => K > W ? K - W + 1 : 0;
+var rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstKept(P + T, W));
+function rowWindow(L, H, W = PANEL_WINDOW) {
+  const lh = L * H;
+  let rows = [], los = [], from = 0, S = 0, entropy2 = null;
+  function begin(P0, K) {
+    const need = firstKept(K, W);
+    if (P0 <= need || S === 0) {
+      if (P0 > need) throw new Error(`rows of queries ${need} to ${P0 - 1} were never given`);
+      rows = Array.from({ length: lh }, () => []);
+      los = [];
+      from = need;
+    } else {
+      if (P0 > S || from > need) throw new Error(`rows of queries ${S} to ${P0 - 1} are missing`);
+      for (const r of rows) r.length = P0 - from;
+      los.length = P0 - from;
+      const drop = need - from;
+      if (drop > 0) {
+        for (const r of rows) r.splice(0, drop);
+        los.splice(0, drop);
+        from = need;
+      }
+    }
+    S = K;
+    return Math.max(1, need);
+  }
+  return {
+    add(attn, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K);
+      entropy2 = new Float64Array(lh);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t, o = (k * r + t) * K;
+          if (t === r - 1) entropy2[k] = entropyOf(attn.subarray(o, o + q + 1));
+          if (q < from) continue;
+          const row = new Float32Array(q === 0 ? 1 : q - lo + 2);
+          row[0] = attn[o];
+          if (q > 0) row.set(attn.subarray(o + lo, o + q + 1), 1);
+          rows[k].push(row);
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    addCut(cut, ent, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K), n = windowPositions(K, W).length;
+      entropy2 = Float64Array.from(ent);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t;
+          if (q < from) continue;
+          const c = q === 0 ? 0 : q - lo + 1, o = (k * r + t) * n;
+          rows[k].push(cut.slice(o, o + c + 1));
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    held: () => S,
+    heads() {
+      if (!S) return null;
+      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W));
+      const line = (k) => {
+        const out = from === 0 ? [] : [Float32Array.of(1)];
+        rows[k].forEach((row, i) => {
+          const q = from + i;
+          if (los[i] !== lo && q > 0) {
+            const cut = new Float32Array(q - lo + 2);
+            cut[0] = row[0];
+            cut.set(row.subarray(1 + lo - los[i]), 1);
+            rows[k][i] = row = cut;
+          }
+          out.push(row);
+        });
+        return out;
+      };
+      const patterns = [...Array(L).keys()].map(
+        (l) => [...Array(H).keys()].map((h) => line(l * H + h))
+      );
+      los = los.map(() => lo);
+      const ent = [...Array(L).keys()].map((l) => Array.from(entropy2.subarray(l * H, l * H + H)));
+      return { positions, patterns, entropy: ent };
+    }
   };
 }
 
@@ -366,10 +454,17 @@ async function pingKernel(ask, tries = 3, timeoutMs = 1e3) {
   }
   return false;
 }
+var sharedPrefix = (a, b) => {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+};
 var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 async function kernelBackend(ask) {
   const { msg } = await ask({ kind: "start" });
   const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
+  const win = rowWindow(L, H);
+  let heldIds = [], heldMask = null;
   return {
     kind: "kernel",
     describe: "PyTorch in the kernel",
@@ -382,18 +477,28 @@ async function kernelBackend(ask) {
     memory: () => null,
     run: async (ids, { mask = null, lens = null, targets = null } = {}) => {
       const t0 = performance.now();
+      const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
+      const from = Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(), T - 1);
       const { buffers } = await ask({
         kind: "step",
         ids,
-        mask: mask && Array.from(mask),
+        mask: m,
         lens,
-        targets
+        targets,
+        window: PANEL_WINDOW,
+        rows_from: from
       });
-      const T = ids.length;
-      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct, entropy2] = buffers;
+      const rows = rowsWanted(from, T - from);
+      win.addCut(view(attn, Float32Array), view(entropy2, Float32Array), from, T - from, rows);
+      heldIds = ids.slice();
+      heldMask = mKey;
+      const heads = win.heads();
       return {
         logits: view(logits, Float32Array),
-        patterns: nestFlat(view(attn, Float32Array), L, H, T),
+        patterns: heads.patterns,
+        positions: heads.positions,
+        entropy: heads.entropy,
         lens: lens ? lensTops(
           view(lensIds, BigInt64Array),
           view(lensLogits, Float32Array),
@@ -411,7 +516,7 @@ async function kernelBackend(ask) {
 // gptlib/widgets/js/page.js
 var VERSION = 3;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var $=t=>`${(t/1e6).toFixed(1)} MB`;function M(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),c=>Math.exp(c-e[r]))}))}var ie=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function G(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function J(t,n,e,o){let s=n===o?G(t,e):0;return s>=e.length&&(s=e.length-1),{keep:s,feed:e.slice(s)}}function V(t,n,e,{n_layers:o,n_kv_heads:s,d_head:r}){if(e===n)return t;let c=new Float32Array(o*2*s*e*r);for(let a=0;a<o*2*s;a++)c.set(t.subarray(a*n*r,a*n*r+e*r),a*e*r);return c}function z(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,c=o.n_kv_heads,a=o.d_head,y=o.d_vocab,f=e.lens_top,u=new Float32Array(s*r).fill(1),h=[],l="",d=new Float32Array(0),b=p=>BigInt64Array.from(p,g=>BigInt(g));return async(p,{mask:g=null,lens:k=null,targets:i=null}={})=>{let m=p.slice(-o.n_ctx),x=g?Float32Array.from(g):u,j=x.join(","),{keep:H,feed:F}=J(h,l,m,j),W=H,I=F.length,E=k?.length?k:[o.n_layers],S=i||[],_=await n.run({ids:new t.Tensor("int64",b(F),[1,I]),past:new t.Tensor("float32",V(d,h.length,W,o),[s,2,c,W,a]),head_mask:new t.Tensor("float32",x,[s,r]),lens:new t.Tensor("int64",b(E),[E.length]),targets:new t.Tensor("int64",b(S),[S.length])});try{let P={logits:_.logits.data.slice(0,y),attn:_.attn.data.slice(),P:W,T:I,lens:k?M(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,E.length,f):null,direct:S.length?_.direct.data.slice():null};return d=_.present.data,h=m.slice(),l=j,P}finally{for(let P of Object.values(_))P.dispose?.()}}}function D(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var B=new Float64Array(65536);for(let t=0;t<65536;t++)B[t]=D(t);var K={Q4_1:20,Q8_0:34};function Q(t,n,e){let o=K[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,c=n.rows,a=n.cols,y=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,h=new Float32Array(32);for(let l=0,d=0;l<s/32;l++,d+=o){let b=B[f[d]|f[d+1]<<8];if(o===20){let i=B[f[d+2]|f[d+3]<<8];for(let m=0;m<16;m++){let x=f[d+4+m];h[m]=u(u(b*(x&15))+i),h[m+16]=u(u(b*(x>>4))+i)}}else for(let i=0;i<32;i++)h[i]=u((f[d+2+i]<<24>>24)*b);let p=l*32,g=Math.floor(p/a),k=p-g*a;if(y)for(let i=0;i<32;i++)e[r+(k+i)*c+g]=h[i];else e.set(h,r+p)}}function N(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{Q(t,s,o),e(r)}),o}var R={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},q="gptlib-live-models";async function U(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function Y(){try{return globalThis.caches?await caches.open(q):null}catch{return null}}var X=(t,n)=>`${t}?sha256=${n}`,O=t=>t?.buffer.transfer?.(0);async function Z(t,n,e,o,s,r){let c=X(n,e.sha256),a=o.subarray(s,s+e.bytes),y=t&&await t.match(c).catch(()=>null);if(y){let l=new Uint8Array(await y.arrayBuffer());if(l.length===e.bytes&&await U(l)===e.sha256){a.set(l),r(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(n)}catch(l){throw new w(`could not fetch ${e.file} (${n}): ${l.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,h=f.body.getReader();for(;;){let{done:l,value:d}=await h.read();if(l)break;if(u+d.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(d,u),u+=d.length,r(d.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await U(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let l of await t.keys())l.url.startsWith(`${n}?sha256=`)&&await t.delete(l);await t.put(c,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${$(e.bytes)}: ${a.message}.`)}let r=0,c=[];for(let a of e.pieces)c.push(Z(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(c),s}var A=null,v=null,T=null,C=Promise.resolve();async function ee({base:t,manifestUrl:n,manifest:e},o){if(v)throw new Error("this worker holds a session already");let s=await Y(),r=e.weights?.blocks,c={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+c.bytes,y=0,f=i=>{y+=i,o(`downloading ${e.name}: ${$(y)} of ${$(a)}`,y/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=N(i,e.weights);return O(i),m},[h,l,d,b,p]=await Promise.all([import(t+R.ort),import(t+R.tokenizers),L(s,n,c,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(u):null]),g=new l.Tokenizer(JSON.parse(new TextDecoder().decode(d)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};p&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(p.buffer)}]),h.env.wasm.numThreads=1,h.env.wasm.proxy=!1,h.env.wasm.wasmPaths=t+R.ortDir,o("starting onnxruntime-web",1);try{v=await h.InferenceSession.create(b,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,O(p),O(b)}return A=z(h,v,e),T=g,!0}async function te(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ee(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!A)throw new w("the live model is not started (or was released)");let e=await A(t.ids,t.options||{}),o=[e.logits.buffer,e.attn.buffer];e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!T)throw new w("the live model is not started (or was released)");n({result:T.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=v;v=A=T=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{C=C.then(()=>te(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var p=class extends Error{};var A=t=>`${(t/1e6).toFixed(1)} MB`;function M(t,o,e,n,r){return[...Array(n).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(o.slice(s*r,(s+1)*r),c=>Math.exp(c-e[s]))}))}var fe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function q(t,o){let e=0;for(;e<t.length&&e<o.length&&t[e]===o[e];)e++;return e}function G(t,o,e,n){let r=o===n?q(t,e):0;return r>=e.length&&(r=e.length-1),{keep:r,feed:e.slice(r)}}function H(t,o,e,{n_layers:n,n_kv_heads:r,d_head:s}){if(e===o)return t;let c=new Float32Array(n*2*r*e*s);for(let a=0;a<n*2*r;a++)c.set(t.subarray(a*o*s,a*o*s+e*s),a*e*s);return c}function j(t,o,e){let n=e.config,r=n.n_layers,s=n.n_heads,c=n.n_kv_heads,a=n.d_head,w=n.d_vocab,f=e.lens_top,d=new Float32Array(r*s).fill(1),h=[],l="",u=new Float32Array(0),b=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null}={})=>{let m=y.slice(-n.n_ctx),x=g?Float32Array.from(g):d,P=x.join(","),{keep:D,feed:F}=G(h,l,m,P),E=D,I=F.length,T=k?.length?k:[n.n_layers],O=i||[],_=await o.run({ids:new t.Tensor("int64",b(F),[1,I]),past:new t.Tensor("float32",H(u,h.length,E,n),[r,2,c,E,a]),head_mask:new t.Tensor("float32",x,[r,s]),lens:new t.Tensor("int64",b(T),[T.length]),targets:new t.Tensor("int64",b(O),[O.length])});try{let N={logits:_.logits.data.slice(0,w),attn:_.attn.data.slice(),P:E,T:I,lens:k?M(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,T.length,f):null,direct:O.length?_.direct.data.slice():null};return u=_.present.data,h=m.slice(),l=P,N}finally{for(let N of Object.values(_))N.dispose?.()}}}function J(t){let o=t&32768?-1:1,e=t>>10&31,n=t&1023;return e===0?o*n*2**-24:e===31?n?Number.NaN:o*Number.POSITIVE_INFINITY:o*(1024+n)*2**(e-25)}var S=new Float64Array(65536);for(let t=0;t<65536;t++)S[t]=J(t);var K={Q4_1:20,Q8_0:34};function V(t,o,e){let n=K[o.type];if(!n)throw new Error(`${o.name}: blocks of type ${o.type}; Q4_1 or Q8_0 expected`);let r=o.rows*o.cols;if(o.blocks_bytes!==r/32*n||o.bytes!==r*4||o.cols%32)throw new Error(`${o.name}: the table\'s sizes do not agree with its shape`);if(o.blocks_offset+o.blocks_bytes>t.length||(o.offset+o.bytes)/4>e.length)throw new Error(`${o.name}: its bytes lie outside the files`);let s=o.offset/4,c=o.rows,a=o.cols,w=o.transpose,f=t.subarray(o.blocks_offset,o.blocks_offset+o.blocks_bytes),d=Math.fround,h=new Float32Array(32);for(let l=0,u=0;l<r/32;l++,u+=n){let b=S[f[u]|f[u+1]<<8];if(n===20){let i=S[f[u+2]|f[u+3]<<8];for(let m=0;m<16;m++){let x=f[u+4+m];h[m]=d(d(b*(x&15))+i),h[m+16]=d(d(b*(x>>4))+i)}}else for(let i=0;i<32;i++)h[i]=d((f[u+2+i]<<24>>24)*b);let y=l*32,g=Math.floor(y/a),k=y-g*a;if(w)for(let i=0;i<32;i++)e[s+(k+i)*c+g]=h[i];else e.set(h,s+y)}}function z(t,o,e=()=>{}){let n=new Float32Array(o.bytes/4);return o.tensors.forEach((r,s)=>{V(t,r,n),e(s)}),n}var B={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Q="gptlib-live-models";async function U(t){let o=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(o,e=>e.toString(16).padStart(2,"0")).join("")}async function Y(){try{return globalThis.caches?await caches.open(Q):null}catch{return null}}var X=(t,o)=>`${t}?sha256=${o}`,L=t=>t?.buffer.transfer?.(0);async function Z(t,o,e,n,r,s){let c=X(o,e.sha256),a=n.subarray(r,r+e.bytes),w=t&&await t.match(c).catch(()=>null);if(w){let l=new Uint8Array(await w.arrayBuffer());if(l.length===e.bytes&&await U(l)===e.sha256){a.set(l),s(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(o)}catch(l){throw new p(`could not fetch ${e.file} (${o}): ${l.message}`)}if(!f.ok)throw new p(`could not fetch ${e.file} (${o}): HTTP ${f.status}`);let d=0,h=f.body.getReader();for(;;){let{done:l,value:u}=await h.read();if(l)break;if(d+u.length>e.bytes)throw new p(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(u,d),d+=u.length,s(u.length)}if(d!==e.bytes)throw new p(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await U(a)!==e.sha256)throw new p(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let l of await t.keys())l.url.startsWith(`${o}?sha256=`)&&await t.delete(l);await t.put(c,new Response(a))}catch{}}async function R(t,o,e,n){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new p(`This tab cannot hold ${A(e.bytes)}: ${a.message}.`)}let s=0,c=[];for(let a of e.pieces)c.push(Z(t,new URL(a.file,o).href,a,r,s,n)),s+=a.bytes;return await Promise.all(c),r}var v=null,$=null,W=null,C=Promise.resolve();async function ee({base:t,manifestUrl:o,manifest:e},n){if($)throw new Error("this worker holds a session already");let r=await Y(),s=e.weights?.blocks,c={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+c.bytes,w=0,f=i=>{w+=i,n(`downloading ${e.name}: ${A(w)} of ${A(a)}`,w/a)};f(0);let d=i=>{n("unpacking the 4-bit weights into float32",1);let m=z(i,e.weights);return L(i),m},[h,l,u,b,y]=await Promise.all([import(t+B.ort),import(t+B.tokenizers),R(r,o,c,f),R(r,o,e.onnx,f),s?R(r,o,s,f).then(d):null]),g=new l.Tokenizer(JSON.parse(new TextDecoder().decode(u)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),h.env.wasm.numThreads=1,h.env.wasm.proxy=!1,h.env.wasm.wasmPaths=t+B.ortDir,n("starting onnxruntime-web",1);try{$=await h.InferenceSession.create(b,k)}catch(i){throw new p(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,L(y),L(b)}return v=j(h,$,e),W=g,!0}async function te(t){let o=(e,n=[])=>self.postMessage({id:t.id,...e},n);try{if(t.type==="start")o({result:await ee(t,(e,n)=>o({type:"progress",text:e,fraction:n}))});else if(t.type==="run"){if(!v)throw new p("the live model is not started (or was released)");let e=await v(t.ids,t.options||{}),n=[e.logits.buffer,e.attn.buffer];e.direct&&n.push(e.direct.buffer),o({result:e},n)}else if(t.type==="encode"){if(!W)throw new p("the live model is not started (or was released)");o({result:W.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=v=W=null,e&&await e.release(),o({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){o({error:e?.message||String(e),live:e instanceof p})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{C=C.then(()=>te(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -526,25 +631,10 @@ async function browserBackend(source, weightsSha, hooks) {
   });
   return pageBackend(client, manifest);
 }
-function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    if (!rows[lh]) rows[lh] = [];
-    const r = rows[lh];
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
-}
 function pageBackend(client, manifest) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads;
-  let rows = [], closed = false;
+  const rows = rowWindow(L, H);
+  let closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
     const { mask = null, lens = null, targets = null } = options;
@@ -552,10 +642,12 @@ function pageBackend(client, manifest) {
       ids: Array.from(ids),
       options: { mask: mask && Array.from(mask), lens, targets }
     });
-    rows = addRows(rows, r.attn, r.P, r.T, L, H);
+    const heads = rows.add(r.attn, r.P, r.T).heads();
     return {
       logits: r.logits,
-      patterns: nestRows(rows, L, H),
+      patterns: heads.patterns,
+      positions: heads.positions,
+      entropy: heads.entropy,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,
