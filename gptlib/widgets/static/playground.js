@@ -573,7 +573,8 @@ function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
   const room = v.gridScroll.box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
-  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const least = T > CANVAS_FROM ? 2 : 4;
+  const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   const k = labelEvery(cell);
   v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
   Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
