@@ -3,7 +3,16 @@
 // reader chooses, one head in detail as a heatmap (query tokens down, key tokens across) on a
 // fixed scale from 0 to 1, and the text, coloured by where a hovered token attends.
 import { collapse, make, report } from "./dom.js";
-import { clearFocus, drawHeatmap, focus, heatmapState, named } from "./heatmap.js";
+import {
+  clearFocus,
+  drawHeatmap,
+  drawLegend,
+  focus,
+  heatmapState,
+  legend,
+  named,
+  scroller,
+} from "./heatmap.js";
 import { headGrid } from "./overview.js";
 
 // The colour scale, the book's one for attention weights (gptlib.figures.ATTENTION_STOPS draws
@@ -155,50 +164,6 @@ function scaleFor(s) {
   return { signed: false, at: (x) => x / top, ends: [0, top] };
 }
 
-// The colour scale's legend (its bar coloured and its ends written by drawLegend).
-function legend() {
-  const bar = make("div", "gptlib-attn-legend-bar");
-  const ticks = make("div", "gptlib-attn-legend-ticks");
-  const scale = make("div", "gptlib-attn-legend-scale");
-  scale.append(bar, ticks);
-  const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
-  return box;
-}
-const tick = (x) => (Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2))));
-function drawLegend(box, pal, name = "attention weight", sc = null) {
-  const bar = box.querySelector(".gptlib-attn-legend-bar");
-  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
-  bar.style.background = `linear-gradient(to right, ${at.map((a) => (sc?.signed ? pal.signed(a) : pal.heat(a))).join(", ")})`;
-  const [lo, hi] = sc ? sc.ends : [0, 1];
-  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
-  box
-    .querySelector(".gptlib-attn-legend-ticks")
-    .replaceChildren(
-      ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t))),
-    );
-  box.querySelector(".gptlib-attn-legend-name").textContent = name;
-}
-
-// A box that scrolls sideways when its content is wider than the page, with a cue that says so
-// while there is more to see: the edges that have more fade out, and a line under it.
-function scroller(content) {
-  const box = make("div", "gptlib-scroll");
-  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest \u2194");
-  box.append(content);
-  const check = () => {
-    const more = box.scrollWidth > box.clientWidth + 1;
-    cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle(
-      "gptlib-more-right",
-      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1,
-    );
-  };
-  box.addEventListener("scroll", check, { passive: true });
-  return { box, cue, check };
-}
-
 // The panel's elements, appended to `root`: the score key and the colour choice, then the
 // overview of every head (`grid`, overview.js) beside the detail of one head.
 function panelLayout(root, grid) {
@@ -303,6 +268,95 @@ function drawText(box, tokens, onEnter, onLeave, pos = null) {
   return words;
 }
 
+// The overview's colours (grid, overview.js): the score chosen in v.colourSel of every head,
+// its key and legend.
+function paintOverview(grid, v, data, scores, pal, root) {
+  const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+  v.key.textContent = scoreKey(s);
+  if (!s) {
+    grid.paint(
+      () => "",
+      () => "",
+      data.mask,
+    );
+    drawLegend(v.overviewLegend, pal);
+    return;
+  }
+  const sc = scaleFor(s);
+  const colourOf = (l, h) => {
+    const x = sc.at(s.values[l][h]);
+    return sc.signed ? pal.signed(x) : pal.heat(x);
+  };
+  const { layerLabels, headLabels } = data;
+  grid.paint(
+    colourOf,
+    (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+    data.mask,
+  );
+  drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+  report(root, {
+    colourBy: s.name,
+    scores: Object.fromEntries(scores.map((x) => [x.name, x.values])),
+  });
+}
+
+// The scores the overview can be coloured by, the reader's choice kept where it still exists.
+function setScores(sel, scores) {
+  const chosen = sel.value;
+  sel.replaceChildren(
+    ...scores.map((s) => {
+      const o = make("option", "", s.name);
+      o.value = s.name;
+      return o;
+    }),
+  );
+  if (scores.some((s) => s.name === chosen)) sel.value = chosen;
+}
+
+// resized() when the box of `scroll` (a scroller) changes size, themed() when the page's theme
+// does, until `root` leaves the page.
+function watch(root, scroll, { resized, themed }) {
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      scroll.check();
+      resized();
+    }).observe(scroll.box);
+  }
+  if (typeof MutationObserver !== "undefined") {
+    const seen = new MutationObserver(() => {
+      if (!root.isConnected) seen.disconnect();
+      else themed();
+    });
+    seen.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"],
+    });
+  }
+}
+
+// The palette on the background of `root` (`pal` itself while that has not changed).
+function paletteOn(root, pal) {
+  const bg = backgroundOf(root),
+    stops = scaleOn(bg);
+  if (JSON.stringify(stops) === JSON.stringify(pal.stops)) return pal;
+  return palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+}
+
+// The panel's scores for `data` (its own and the last rows' entropy) and the note on the window
+// of positions shown (rows.js), "" when it shows them all.
+function panelScores(data) {
+  const pos = data.positions || null,
+    S = pos ? pos[pos.length - 1] + 1 : data.tokens.length; // the positions of the text
+  const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+  const note =
+    pos && pos[1] > 1
+      ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} ` +
+        "positions, and of the first (key 0), where many heads put their spare weight: a row's " +
+        "weights on the keys left out are not shown."
+      : "";
+  return { scores: entropy ? [...data.scores, entropy] : [...data.scores], note };
+}
+
 // The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)},
 // and may have pick(layer, head) -> true when it takes a click itself (the playground's ablation).
 // update({title, tokens, patterns, layerLabels, headLabels, scores, groups, mask}) redraws it for
@@ -312,17 +366,10 @@ export function attentionPanel(root, state) {
   let data = null,
     scores = [], // the data's scores and the entropy of the last rows
     shown = null, // the head in the detail: [layer, head]
-    pending = null; // the head the pointer or the keyboard is on, drawn at the next frame
-  let pal = palette(STOPS); // the colour scales on the page's background (scaleOn)
-  let drawnWidth = 0; // the width the heatmap was sized for
+    pal = palette(STOPS), // the colour scales on the page's background (scaleOn)
+    drawnWidth = 0; // the width the heatmap was sized for
   const grid = headGrid({
-    preview: (l, h) => {
-      pending = l === null ? "selected" : [l, h];
-      requestAnimationFrame(() => {
-        if (pending) drawDetail(...(pending === "selected" ? state.get() : pending));
-        pending = null;
-      });
-    },
+    preview: (l, h) => drawDetail(...(l === null ? state.get() : [l, h])),
     pick: (l, h) => state.pick?.(l, h) || select(l, h),
   });
   const v = panelLayout(root, grid);
@@ -369,41 +416,11 @@ export function attentionPanel(root, state) {
     drawHead();
   }
 
-  // The overview's colours: the chosen score of every head.
-  function paint() {
-    const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
-    v.key.textContent = scoreKey(s);
-    if (!s) {
-      grid.paint(
-        () => "",
-        () => "",
-        data.mask,
-      );
-      drawLegend(v.overviewLegend, pal);
-      return;
-    }
-    const sc = scaleFor(s);
-    const colourOf = (l, h) => {
-      const x = sc.at(s.values[l][h]);
-      return sc.signed ? pal.signed(x) : pal.heat(x);
-    };
-    const { layerLabels, headLabels } = data;
-    grid.paint(
-      colourOf,
-      (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
-      data.mask,
-    );
-    drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
-    report(root, {
-      colourBy: s.name,
-      scores: Object.fromEntries(scores.map((x) => [x.name, x.values])),
-    });
-  }
+  const paint = () => paintOverview(grid, v, data, scores, pal, root);
 
   // One listener for the whole heatmap: a row (its query label or a cell) focuses its query.
   v.grid.addEventListener("mouseover", (e) => {
-    const i = e.target.dataset ? e.target.dataset.i : undefined;
-    if (i !== undefined) focusQuery(Number(i));
+    if (e.target.dataset?.i !== undefined) focusQuery(Number(e.target.dataset.i));
   });
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
@@ -412,10 +429,7 @@ export function attentionPanel(root, state) {
 
   // The scale follows the page's background (read again when the theme changes).
   function theme() {
-    const bg = backgroundOf(root),
-      stops = scaleOn(bg);
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops))
-      pal = palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+    pal = paletteOn(root, pal);
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -427,47 +441,22 @@ export function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    const pos = data.positions || null,
-      S = pos ? pos[pos.length - 1] + 1 : data.tokens.length; // the positions of the text
-    const entropy = rowEntropy(data.patterns, S, data.entropy || null);
-    v.window.textContent =
-      pos && pos[1] > 1
-        ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.`
-        : "";
-    scores = entropy ? [...data.scores, entropy] : [...data.scores];
-    const chosen = v.colourSel.value;
-    v.colourSel.replaceChildren(
-      ...scores.map((s) => {
-        const o = make("option", "", s.name);
-        o.value = s.name;
-        return o;
-      }),
-    );
-    if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
+    ({ scores, note: v.window.textContent } = panelScores(data));
+    setScores(v.colourSel, scores);
     grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, pos);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
 
   // Drawn again when the space changes (a narrower window: smaller cells) or the theme does.
-  if (typeof ResizeObserver !== "undefined") {
-    new ResizeObserver(() => {
-      v.gridScroll.check();
+  watch(root, v.gridScroll, {
+    resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
-    }).observe(v.gridScroll.box);
-  }
-  if (typeof MutationObserver !== "undefined") {
-    const watch = new MutationObserver(() => {
-      if (!root.isConnected) watch.disconnect();
-      else if (data) update(data);
-    });
-    watch.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"],
-    });
-  }
+    },
+    themed: () => data && update(data),
+  });
 
   return { update, select, redraw: drawHead };
 }

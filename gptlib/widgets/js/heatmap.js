@@ -210,3 +210,47 @@ export function clearFocus(d) {
     w.classList.remove("gptlib-attn-hot");
   }
 }
+
+// The colour scale's legend (its bar coloured and its ends written by drawLegend).
+export function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
+  return box;
+}
+const tick = (x) => (Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2))));
+export function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => (sc?.signed ? pal.signed(a) : pal.heat(a))).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box
+    .querySelector(".gptlib-attn-legend-ticks")
+    .replaceChildren(
+      ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t))),
+    );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
+
+// A box that scrolls sideways when its content is wider than the page, with a cue that says so
+// while there is more to see: the edges that have more fade out, and a line under it.
+export function scroller(content) {
+  const box = make("div", "gptlib-scroll");
+  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest \u2194");
+  box.append(content);
+  const check = () => {
+    const more = box.scrollWidth > box.clientWidth + 1;
+    cue.style.display = more ? "" : "none";
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1,
+    );
+  };
+  box.addEventListener("scroll", check, { passive: true });
+  return { box, cue, check };
+}

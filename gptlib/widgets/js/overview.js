@@ -11,9 +11,19 @@ export function cellSize(L) {
 }
 
 // The overview's element and its methods. hooks: preview(l, h) (the pointer or the keyboard is on
-// a head; null, null when it leaves), pick(l, h) (a click, Enter or Space on a head).
+// a head; null, null when it leaves; called at most once a frame, with the latest),
+// pick(l, h) (a click, Enter or Space on a head).
 export function headGrid(hooks) {
   const box = make("div", "gptlib-attn-overview");
+  let next; // the head to preview at the next frame (null: none), or undefined when none waits
+  const preview = (l, h) => {
+    if (next === undefined)
+      requestAnimationFrame(() => {
+        hooks.preview(...next);
+        next = undefined;
+      });
+    next = [l, h];
+  };
   box.setAttribute("role", "group");
   let cells = [], // cells[l][h]: the head's button
     at = [0, 0]; // the cell the keyboard is on (the one in the tab order)
@@ -86,41 +96,52 @@ export function headGrid(hooks) {
     if (focus) b.focus();
   }
 
+  listen(box, preview, hooks.pick, {
+    size: () => [cells.length, cells[0]?.length || 0],
+    at: () => at,
+    moveTo,
+  });
+
+  return { box, build, paint, choose };
+}
+
+// The overview's pointer and keys: preview(l, h) for the head under the pointer or the keyboard's
+// focus (null, null when both leave), pick(l, h) for a click, Enter or Space; nav: size() ->
+// [layers, heads], at() -> the keyboard's cell, moveTo(l, h, focus).
+function listen(box, preview, pick, nav) {
   const headOf = (e) => {
     const b = e.target.closest?.(".gptlib-attn-thumb");
     return b && box.contains(b) ? [Number(b.dataset.layer), Number(b.dataset.head)] : null;
   };
   box.addEventListener("mouseover", (e) => {
     const lh = headOf(e);
-    if (lh) hooks.preview(...lh);
+    if (lh) preview(...lh);
   });
   box.addEventListener("mouseleave", () => {
-    if (!box.contains(document.activeElement)) hooks.preview(null, null);
+    if (!box.contains(document.activeElement)) preview(null, null);
   });
   box.addEventListener("click", (e) => {
     const lh = headOf(e);
     if (lh) {
-      moveTo(...lh, false);
-      hooks.pick(...lh);
+      nav.moveTo(...lh, false);
+      pick(...lh);
     }
   });
   box.addEventListener("focusin", (e) => {
     const lh = headOf(e);
-    if (lh) hooks.preview(...lh);
+    if (lh) preview(...lh);
   });
   box.addEventListener("focusout", (e) => {
-    if (!box.contains(e.relatedTarget)) hooks.preview(null, null);
+    if (!box.contains(e.relatedTarget)) preview(null, null);
   });
   const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
   box.addEventListener("keydown", (e) => {
     const d = MOVES[e.key];
-    if (!d || !cells.length) return;
+    if (!d || !nav.size()[0]) return;
     e.preventDefault();
-    const l = Math.min(cells.length - 1, Math.max(0, at[0] + d[0]));
-    const h = Math.min(cells[0].length - 1, Math.max(0, at[1] + d[1]));
-    moveTo(l, h, true);
+    const l = Math.min(nav.size()[0] - 1, Math.max(0, nav.at()[0] + d[0]));
+    const h = Math.min(nav.size()[1] - 1, Math.max(0, nav.at()[1] + d[1]));
+    nav.moveTo(l, h, true);
     report(box, { at: `${l}/${h}` });
   });
-
-  return { box, build, paint, choose };
 }

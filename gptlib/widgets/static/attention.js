@@ -215,6 +215,43 @@ function clearFocus(d) {
     w.classList.remove("gptlib-attn-hot");
   }
 }
+function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
+  return box;
+}
+var tick = (x) => Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2)));
+function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => sc?.signed ? pal.signed(a) : pal.heat(a)).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box.querySelector(".gptlib-attn-legend-ticks").replaceChildren(
+    ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t)))
+  );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
+function scroller(content) {
+  const box = make("div", "gptlib-scroll");
+  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
+  box.append(content);
+  const check = () => {
+    const more = box.scrollWidth > box.clientWidth + 1;
+    cue.style.display = more ? "" : "none";
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
+  };
+  box.addEventListener("scroll", check, { passive: true });
+  return { box, cue, check };
+}
 
 // gptlib/widgets/js/overview.js
 function cellSize(L) {
@@ -222,6 +259,15 @@ function cellSize(L) {
 }
 function headGrid(hooks) {
   const box = make("div", "gptlib-attn-overview");
+  let next;
+  const preview = (l, h) => {
+    if (next === void 0)
+      requestAnimationFrame(() => {
+        hooks.preview(...next);
+        next = void 0;
+      });
+    next = [l, h];
+  };
   box.setAttribute("role", "group");
   let cells = [], at = [0, 0];
   function build(layerLabels, headLabels, groups) {
@@ -281,42 +327,49 @@ function headGrid(hooks) {
     b.tabIndex = 0;
     if (focus2) b.focus();
   }
+  listen(box, preview, hooks.pick, {
+    size: () => [cells.length, cells[0]?.length || 0],
+    at: () => at,
+    moveTo
+  });
+  return { box, build, paint, choose };
+}
+function listen(box, preview, pick, nav) {
   const headOf = (e) => {
     const b = e.target.closest?.(".gptlib-attn-thumb");
     return b && box.contains(b) ? [Number(b.dataset.layer), Number(b.dataset.head)] : null;
   };
   box.addEventListener("mouseover", (e) => {
     const lh = headOf(e);
-    if (lh) hooks.preview(...lh);
+    if (lh) preview(...lh);
   });
   box.addEventListener("mouseleave", () => {
-    if (!box.contains(document.activeElement)) hooks.preview(null, null);
+    if (!box.contains(document.activeElement)) preview(null, null);
   });
   box.addEventListener("click", (e) => {
     const lh = headOf(e);
     if (lh) {
-      moveTo(...lh, false);
-      hooks.pick(...lh);
+      nav.moveTo(...lh, false);
+      pick(...lh);
     }
   });
   box.addEventListener("focusin", (e) => {
     const lh = headOf(e);
-    if (lh) hooks.preview(...lh);
+    if (lh) preview(...lh);
   });
   box.addEventListener("focusout", (e) => {
-    if (!box.contains(e.relatedTarget)) hooks.preview(null, null);
+    if (!box.contains(e.relatedTarget)) preview(null, null);
   });
   const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
   box.addEventListener("keydown", (e) => {
     const d = MOVES[e.key];
-    if (!d || !cells.length) return;
+    if (!d || !nav.size()[0]) return;
     e.preventDefault();
-    const l = Math.min(cells.length - 1, Math.max(0, at[0] + d[0]));
-    const h = Math.min(cells[0].length - 1, Math.max(0, at[1] + d[1]));
-    moveTo(l, h, true);
+    const l = Math.min(nav.size()[0] - 1, Math.max(0, nav.at()[0] + d[0]));
+    const h = Math.min(nav.size()[1] - 1, Math.max(0, nav.at()[1] + d[1]));
+    nav.moveTo(l, h, true);
     report(box, { at: `${l}/${h}` });
   });
-  return { box, build, paint, choose };
 }
 
 // gptlib/widgets/js/heads.js
@@ -401,43 +454,6 @@ function scaleFor(s) {
   }
   const top = s.top || 1;
   return { signed: false, at: (x) => x / top, ends: [0, top] };
-}
-function legend() {
-  const bar = make("div", "gptlib-attn-legend-bar");
-  const ticks = make("div", "gptlib-attn-legend-ticks");
-  const scale = make("div", "gptlib-attn-legend-scale");
-  scale.append(bar, ticks);
-  const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
-  return box;
-}
-var tick = (x) => Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2)));
-function drawLegend(box, pal, name = "attention weight", sc = null) {
-  const bar = box.querySelector(".gptlib-attn-legend-bar");
-  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
-  bar.style.background = `linear-gradient(to right, ${at.map((a) => sc?.signed ? pal.signed(a) : pal.heat(a)).join(", ")})`;
-  const [lo, hi] = sc ? sc.ends : [0, 1];
-  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
-  box.querySelector(".gptlib-attn-legend-ticks").replaceChildren(
-    ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t)))
-  );
-  box.querySelector(".gptlib-attn-legend-name").textContent = name;
-}
-function scroller(content) {
-  const box = make("div", "gptlib-scroll");
-  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
-  box.append(content);
-  const check = () => {
-    const more = box.scrollWidth > box.clientWidth + 1;
-    cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle(
-      "gptlib-more-right",
-      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
-    );
-  };
-  box.addEventListener("scroll", check, { passive: true });
-  return { box, cue, check };
 }
 function panelLayout(root, grid) {
   const v = {
@@ -526,19 +542,80 @@ function drawText(box, tokens, onEnter, onLeave, pos = null) {
   box.replaceChildren(...collapse(items));
   return words;
 }
+function paintOverview(grid, v, data, scores, pal, root) {
+  const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+  v.key.textContent = scoreKey(s);
+  if (!s) {
+    grid.paint(
+      () => "",
+      () => "",
+      data.mask
+    );
+    drawLegend(v.overviewLegend, pal);
+    return;
+  }
+  const sc = scaleFor(s);
+  const colourOf = (l, h) => {
+    const x = sc.at(s.values[l][h]);
+    return sc.signed ? pal.signed(x) : pal.heat(x);
+  };
+  const { layerLabels, headLabels } = data;
+  grid.paint(
+    colourOf,
+    (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+    data.mask
+  );
+  drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+  report(root, {
+    colourBy: s.name,
+    scores: Object.fromEntries(scores.map((x) => [x.name, x.values]))
+  });
+}
+function setScores(sel, scores) {
+  const chosen = sel.value;
+  sel.replaceChildren(
+    ...scores.map((s) => {
+      const o = make("option", "", s.name);
+      o.value = s.name;
+      return o;
+    })
+  );
+  if (scores.some((s) => s.name === chosen)) sel.value = chosen;
+}
+function watch(root, scroll, { resized, themed }) {
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      scroll.check();
+      resized();
+    }).observe(scroll.box);
+  }
+  if (typeof MutationObserver !== "undefined") {
+    const seen = new MutationObserver(() => {
+      if (!root.isConnected) seen.disconnect();
+      else themed();
+    });
+    seen.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
+  }
+}
+function paletteOn(root, pal) {
+  const bg = backgroundOf(root), stops = scaleOn(bg);
+  if (JSON.stringify(stops) === JSON.stringify(pal.stops)) return pal;
+  return palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+}
+function panelScores(data) {
+  const pos = data.positions || null, S = pos ? pos[pos.length - 1] + 1 : data.tokens.length;
+  const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+  const note = pos && pos[1] > 1 ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.` : "";
+  return { scores: entropy ? [...data.scores, entropy] : [...data.scores], note };
+}
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  let data = null, scores = [], shown = null, pending = null;
-  let pal = palette(STOPS);
-  let drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), drawnWidth = 0;
   const grid = headGrid({
-    preview: (l, h) => {
-      pending = l === null ? "selected" : [l, h];
-      requestAnimationFrame(() => {
-        if (pending) drawDetail(...pending === "selected" ? state.get() : pending);
-        pending = null;
-      });
-    },
+    preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
     pick: (l, h) => state.pick?.(l, h) || select(l, h)
   });
   const v = panelLayout(root, grid);
@@ -576,47 +653,16 @@ function attentionPanel(root, state) {
     state.set(layer, head);
     drawHead();
   }
-  function paint() {
-    const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
-    v.key.textContent = scoreKey(s);
-    if (!s) {
-      grid.paint(
-        () => "",
-        () => "",
-        data.mask
-      );
-      drawLegend(v.overviewLegend, pal);
-      return;
-    }
-    const sc = scaleFor(s);
-    const colourOf = (l, h) => {
-      const x = sc.at(s.values[l][h]);
-      return sc.signed ? pal.signed(x) : pal.heat(x);
-    };
-    const { layerLabels, headLabels } = data;
-    grid.paint(
-      colourOf,
-      (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
-      data.mask
-    );
-    drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
-    report(root, {
-      colourBy: s.name,
-      scores: Object.fromEntries(scores.map((x) => [x.name, x.values]))
-    });
-  }
+  const paint = () => paintOverview(grid, v, data, scores, pal, root);
   v.grid.addEventListener("mouseover", (e) => {
-    const i = e.target.dataset ? e.target.dataset.i : void 0;
-    if (i !== void 0) focusQuery(Number(i));
+    if (e.target.dataset?.i !== void 0) focusQuery(Number(e.target.dataset.i));
   });
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
   v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
-    const bg = backgroundOf(root), stops = scaleOn(bg);
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops))
-      pal = palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+    pal = paletteOn(root, pal);
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -627,41 +673,20 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    const pos = data.positions || null, S = pos ? pos[pos.length - 1] + 1 : data.tokens.length;
-    const entropy = rowEntropy(data.patterns, S, data.entropy || null);
-    v.window.textContent = pos && pos[1] > 1 ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.` : "";
-    scores = entropy ? [...data.scores, entropy] : [...data.scores];
-    const chosen = v.colourSel.value;
-    v.colourSel.replaceChildren(
-      ...scores.map((s) => {
-        const o = make("option", "", s.name);
-        o.value = s.name;
-        return o;
-      })
-    );
-    if (scores.some((s) => s.name === chosen)) v.colourSel.value = chosen;
+    ({ scores, note: v.window.textContent } = panelScores(data));
+    setScores(v.colourSel, scores);
     grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, pos);
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  if (typeof ResizeObserver !== "undefined") {
-    new ResizeObserver(() => {
-      v.gridScroll.check();
+  watch(root, v.gridScroll, {
+    resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
-    }).observe(v.gridScroll.box);
-  }
-  if (typeof MutationObserver !== "undefined") {
-    const watch = new MutationObserver(() => {
-      if (!root.isConnected) watch.disconnect();
-      else if (data) update(data);
-    });
-    watch.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+    },
+    themed: () => data && update(data)
+  });
   return { update, select, redraw: drawHead };
 }
 
