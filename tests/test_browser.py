@@ -171,18 +171,28 @@ def check_attention_view(root) -> list[str]:
     layers = root.locator(".gptlib-attn-layer option").count()
     heads = root.locator(".gptlib-attn-head option").count()
     thumbs = root.locator(".gptlib-attn-thumb")
-    assert thumbs.count() == layers * heads, "one thumbnail per head"
-    assert root.locator(".gptlib-attn-thumb canvas").count() == layers * heads
+    assert thumbs.count() == layers * heads, "one cell per head in the overview"
+    labels = [t.get_attribute("aria-label") for t in thumbs.all()]
+    assert len(set(labels)) == layers * heads and all(", " in x for x in labels)
     names = ["previous token", "first token"] + (["induction"] if repeats else [])
-    assert root.locator(".gptlib-attn-score").count() == layers * heads * len(names)
     assert root.locator(".gptlib-attn-thumb.selected").count() == 1
     # the colour scale's legend: a gradient from the colour of 0 to the colour of 1
-    legend = root.locator(".gptlib-attn-legend-bar").evaluate("e => e.style.background")
+    legend = root.locator(".gptlib-attn-legend-bar").last.evaluate("e => e.style.background")
     assert _rgb(0) in legend and _rgb(1) in legend, legend
-    # click the last thumbnail: it is enlarged, and its scores are those of the shown pattern
+    # each cell is coloured by the chosen score (the first: previous token)
+    scores = json.loads(root.get_attribute("data-scores"))
+    assert list(scores)[: len(names)] == names and root.get_attribute("data-colour-by") == names[0]
+    first = thumbs.first.evaluate("e => e.style.background")
+    assert first == _rgb(scores[names[0]][0][0]), first
+    # the pointer on the last cell shows its head; a click keeps it, and its scores are those of
+    # the shown pattern
     last = thumbs.last
     l, h = int(last.get_attribute("data-layer")), int(last.get_attribute("data-head"))
     before = root.get_attribute("data-view")
+    last.hover()
+    root.page.wait_for_function(
+        "([e, v]) => e.dataset.view.startsWith(v)", arg=[root.element_handle(), f"{l}/{h}:"]
+    )
     last.click()
     assert (
         root.get_attribute("data-view").startswith(f"{l}/{h}:")
@@ -196,16 +206,28 @@ def check_attention_view(root) -> list[str]:
     want = {"previous token": previous_token_score(A), "first token": first_token_score(A)}
     if repeats:
         want["induction"] = induction_score(A, tokens)
-    shown = {
-        e.get_attribute("data-name"): float(e.get_attribute("data-value"))
-        for e in last.locator(".gptlib-attn-score").all()
-    }
-    assert shown.keys() == want.keys()
     for name, value in want.items():
-        assert abs(shown[name] - float(value)) <= 1e-3 + 1e-9, (name, shown[name], float(value))
+        shown = scores[name][l][h]
+        assert abs(shown - float(value)) <= 1e-3 + 1e-9, (name, shown, float(value))
     assert all(
         f"{name} score" in root.locator(".gptlib-attn-current").text_content() for name in names
     )
+    # another score colours the cells; the arrow keys move to a head and show it
+    root.locator(".gptlib-attn-colour").select_option(names[1])
+    assert thumbs.first.evaluate("e => e.style.background") == _rgb(scores[names[1]][0][0])
+    last.focus()
+    last.press("ArrowUp" if l > 0 else "ArrowLeft")
+    moved = (l - 1, h) if l > 0 else (l, h - 1)
+    root.page.wait_for_function(
+        "([e, v]) => e.dataset.view.startsWith(v)",
+        arg=[root.element_handle(), f"{moved[0]}/{moved[1]}:"],
+    )
+    root.page.keyboard.press("Enter")  # Enter keeps the head the keyboard is on
+    sel = root.locator(".gptlib-attn-thumb.selected")
+    assert (sel.get_attribute("data-layer"), sel.get_attribute("data-head")) == tuple(
+        map(str, moved)
+    )
+    root.page.evaluate("() => document.activeElement.blur()")
     # the selector still works and moves the selection
     root.locator(".gptlib-attn-head").select_option("0")
     root.locator(".gptlib-attn-layer").select_option("0")

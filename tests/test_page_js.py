@@ -124,10 +124,12 @@ const client = { async call(type, p) { calls.push(type);
     if (p.ids.length === 9) throw new Error("boom");
     const P = Math.min(p.ids.length - 1, p.options.most ?? 1e9), T = p.ids.length - P;
     fed.push([P, T, p.options.rows]);
-    return { logits: new Float32Array(4), P, T, lens: null, direct: null,
+    return { logits: new Float32Array(4), P, T, R: p.options.rows ? T : 0, lens: null,
+             direct: null,
              attn: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null }; },
   terminated: 0, terminate() { this.terminated++; } };
-const manifest = { name: "t", config: { n_layers: 1, n_heads: 1 }, tokens: [], token_bytes: [] };
+const manifest = { name: "t", config: { n_layers: 1, n_heads: 1, n_ctx: 64 }, tokens: [],
+                   token_bytes: [] };
 const be = m.pageBackend(client, manifest, null);
 await be.run([1], { rows: true });
 out.bare = (await be.run([1, 2])).patterns;  // no rows asked: none kept for position 1

@@ -1049,6 +1049,32 @@ def test_head_scores_js_equals_python(tmp_path):
             assert got["uniform"] == pytest.approx(w["uniform"], abs=1e-12)
 
 
+def test_row_entropy_js_and_overview_cells(tmp_path):
+    """heads.js's entropy score is the entropy (nats) of each head's last attention row, with
+    log T (a uniform row's) as its top; the overview's cells are 14 to 28 px, the grid of a deep
+    model about 420 px tall."""
+    A = _patterns(2, 3, 7, seed=6)
+    A[1, 2, -1] = 0.0
+    A[1, 2, -1, 3] = 1.0  # a head on one key: entropy 0
+    js = _node(
+        tmp_path,
+        f"console.log(JSON.stringify([m.rowEntropy({json.dumps(A.tolist())}, 7),"
+        " m.rowEntropy([[[[1]]]], 1)]));",
+        "heads.js",
+    )
+    got, none = js
+    want = torch.special.entr(A[:, :, -1].double()).sum(-1)  # (L, H)
+    torch.testing.assert_close(
+        torch.tensor(got["values"], dtype=torch.float64), want, atol=1e-12, rtol=0
+    )
+    assert got["name"] == "entropy" and got["values"][1][2] == 0 and none is None
+    assert got["top"] == pytest.approx(math.log(7), abs=1e-15) and bool((want <= math.log(7)).all())
+    sizes = _node(
+        tmp_path, "console.log(JSON.stringify([1, 4, 12, 30, 48].map(m.cellSize)));", "overview.js"
+    )
+    assert sizes == [28, 28, 28, 14, 14] and 30 * sizes[3] <= 420
+
+
 def test_attention_js_colour_scale(tmp_path):
     js = _node(
         tmp_path, "console.log(JSON.stringify([0, 0.25, 0.5, 1, -1, 2].map(m.colour)));", "heads.js"
@@ -1516,6 +1542,40 @@ def test_playground_answers_the_page_with_pytorch(bpe_tiny):
     )
 
 
+def test_kernel_sends_only_the_rows_the_page_lacks(bpe_tiny):
+    """With the heads panel's window, a step's attn holds only the rows of the queries from
+    rows_from on that the window keeps, cut to its keys (key 0 and the last W - 1), and a seventh
+    buffer each head's last-row entropy over every key; bad windows are refused, naming them."""
+    model, tok = bpe_tiny
+    w = PlaygroundView(model, tok, "the cat")
+    sent = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))
+    ids = tok.encode("the log sat on the mat")[:12]
+    T, W = len(ids), 4
+    assert T > W
+    asks = [(0, T), (T - 1, T)]  # a new text; one more token (the rest held)
+    for req, (rows_from, _) in enumerate(asks):
+        w._answer(
+            w, {"kind": "step", "req": req, "ids": ids, "window": W, "rows_from": rows_from}, []
+        )
+    w._answer(w, {"kind": "step", "req": 9, "ids": ids, "window": 0}, [])
+    w._answer(w, {"kind": "step", "req": 10, "ids": ids, "window": W, "rows": False}, [])
+    _, patterns, _ = _plain_forward(model, ids, off=[])  # (L, H, T, T)
+    L, H = patterns.shape[:2]
+    keys = [0, *range(T - W + 1, T)]
+    for (content, buffers), (rows_from, _) in zip(sent, asks):
+        assert content["kind"] == "step" and len(buffers) == 7
+        first = max(rows_from, T - W + 1)
+        cut = torch.from_numpy(np.frombuffer(buffers[1], dtype=np.float32).copy())
+        want = patterns[:, :, first:][..., keys]  # (L, H, r, W)
+        torch.testing.assert_close(cut.view(want.shape), want, atol=1e-6, rtol=0)
+        ent = torch.from_numpy(np.frombuffer(buffers[6], dtype=np.float32).copy()).view(L, H)
+        want_ent = torch.special.entr(patterns[:, :, -1].double()).sum(-1).float()
+        torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=0)
+    assert sent[2][0]["kind"] == "error" and "window" in sent[2][0]["message"]
+    assert sent[3][0]["kind"] == "error" and "rows must be true" in sent[3][0]["message"]
+
+
 def test_playground_refuses_bad_input(bpe_tiny):
     from gptlib.tokenizers import BPETokenizer
 
@@ -1560,8 +1620,8 @@ def test_live_js_cache_plan_and_rows(tmp_path):
     """The page's cache (page.js): the longest cached prefix under the same mask is kept (no more
     than the positions whose rows are held, when the rows are wanted), the last position runs
     again when nothing is new, a mask change recomputes everything; the cache, position first, is
-    fed as a view of its first P positions and grows by doubling; the attention rows grow by the
-    step's rows and are cut back on undo."""
+    fed as a view of its first P positions and grows by doubling (the attention rows it keeps:
+    tests/test_rows_js.py)."""
     js = _node(
         tmp_path,
         """
@@ -1581,16 +1641,6 @@ store.put(2, Float32Array.from([3, 3, 4, 4, 5, 5]));  // grows to 8 positions
 const view = store.past(4);
 store.put(1, Float32Array.from([9, 9]));  // a step from position 1: what came after is stale
 out.store = { capacity: store.capacity, past: Array.from(store.past(3)), shared: view[2] };
-// one layer, one head: a first step of two positions, then one more, then undo to two
-const a1 = Float32Array.from([1, 0, 0.5, 0.5]);  // (1, 1, 2, 2)
-let rows = m.addRows([], a1, 0, 2, 1, 1);
-rows = m.addRows(rows, Float32Array.from([0.2, 0.3, 0.5]), 2, 1, 1, 1);
-out.rows3 = rows[0].map((r) => Array.from(r));
-rows = m.addRows(rows, Float32Array.from([0.6, 0.4]), 1, 1, 1, 1);
-out.rows2 = rows[0].map((r) => Array.from(r));
-const nested = m.nestRows(rows, 1, 1);  // copies: a later step changes the cache's rows
-rows = m.addRows(rows, Float32Array.from([1]), 0, 1, 1, 1);
-out.nested = nested[0][0].length;
 out.lens = n.lensTops(BigInt64Array.from([5n, 2n, 7n, 1n]), Float32Array.from([0, -1, 2, 1]),
                       Float32Array.from([1, 3]), 2, 2);
 console.log(JSON.stringify(out));
@@ -1608,9 +1658,6 @@ console.log(JSON.stringify(out));
         {"keep": 1, "feed": [2, 3, 4, 5]},
     ]
     assert js["store"] == {"capacity": 8, "past": [1, 1, 9, 9, 3, 3], "shared": 9}
-    assert js["rows3"] == [[1], [0.5, 0.5], [pytest.approx(0.2), pytest.approx(0.3), 0.5]]
-    assert js["rows2"] == [[1], [pytest.approx(0.6), pytest.approx(0.4)]]
-    assert js["nested"] == 2  # what a step returned is not cut back by the next one
     assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
     assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
     assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
@@ -1793,7 +1840,8 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
         for content in [
             {"kind": "start"},
             {"kind": "encode", "text": "the dog sat"},
-            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]},
+            {"kind": "step", "ids": ids, "mask": mask, "lens": [0, 1, 2], "targets": [7]}
+            | {"window": 128, "rows_from": 0},  # what the page asks: rows.js's window
             {"kind": "step", "ids": ids, "mask": None, "lens": [], "targets": [-1], "rows": False},
             {"kind": "step", "ids": [-1], "mask": None, "lens": None, "targets": None},
         ]
@@ -1803,10 +1851,12 @@ def test_playground_js_talks_to_the_kernel(tmp_path, bpe_tiny):
         f"""
 const replies = {json.dumps(replies)};
 let listener = null, pings = 0, next = 0;
+const windows = [];  // each step's window and rows_from: only a step with rows has them
 const fake = {{
   on: (name, f) => {{ listener = f; }},
   off: () => {{}},
   send: (content) => setTimeout(() => {{
+    if (content.kind === "step") windows.push([content.window ?? null, content.rows_from ?? null]);
     if (content.kind === "ping") {{
       if (pings++ > 0) listener({{ kind: "pong", req: content.req }}, []);
       return;
@@ -1843,7 +1893,7 @@ try {{ await k4.run([1]); }}
 catch (e) {{ timeout = [e.message, e.timeout]; }}
 mute.close(); slow.close();
 console.log(JSON.stringify({{
-  pinged, pings, alone, kind: k.kind, config: k.config, tokens: k.tokens,
+  pinged, pings, alone, windows, kind: k.kind, config: k.config, tokens: k.tokens,
   bytes: k.bytes.map((b) => Array.from(b)), ids, logits: Array.from(r.logits),
   patterns: r.patterns.map((l) => l.map((h) => h.map((q) => Array.from(q)))),
   lens: r.lens, direct: Array.from(r.direct), chat: k.chat, error, busy, timeout,
@@ -1852,13 +1902,18 @@ console.log(JSON.stringify({{
         "kernel.js",
     )
     assert js["pinged"] and js["pings"] == 2 and not js["alone"]
+    assert js["windows"] == [[128, 0], [None, None], [None, None]]
     assert js["kind"] == "kernel" and js["config"] == w.config and js["ids"] == ids
     assert js["tokens"] == [tok.token_str(i) for i in range(tok.vocab_size)]
     assert [bytes(b) for b in js["bytes"]] == [tok.token_bytes(i) for i in range(tok.vocab_size)]
     # what the page reads is what the model computes (its own forward pass, head (0, 1) removed)
     logits, patterns, streams = _plain_forward(model, ids, off=[(0, 1)])
     assert js["logits"] == pytest.approx(logits.tolist(), abs=1e-5)
-    np.testing.assert_allclose(np.array(js["patterns"]), patterns.numpy(), atol=1e-6, rtol=0)
+    for l, layer in enumerate(js["patterns"]):  # each row over its keys 0..i
+        for h, rows in enumerate(layer):
+            assert len(rows) == len(ids)
+            for i, row in enumerate(rows):
+                np.testing.assert_allclose(row, patterns[l, h, i, : i + 1].numpy(), atol=1e-6)
     for r, s in zip(js["lens"], streams):
         p = torch.softmax(model.read_out(s[:, -1:])[0, 0].double(), -1)
         top = torch.sort(p, descending=True, stable=True)

@@ -1,4 +1,4 @@
-"""Chapter 4's attention view: every head as a thumbnail, one enlarged, per-head scores.
+"""Chapter 4's attention view: every head as a cell coloured by a score, one in detail.
 
 The scores (previous-token, first-token, induction) are the small pure functions of
 :mod:`gptlib.circuits`. The widget computes them once, in Python, and stores them rounded in its
@@ -34,11 +34,13 @@ def _as_nested(patterns):
 class AttentionView(BookWidget):
     """Attention patterns of shape (n_layers, n_heads, T, T) with token strings on both axes.
 
-    The view shows every head as a thumbnail (layers down, heads across) with its scores
-    (:func:`head_scores`: previous token, first token, and induction when a token repeats); a
-    click enlarges a head into a heatmap with a colour scale and its legend. Row i of a pattern is
-    the distribution of query i over keys j <= i. Hovering a token of the text (or a query row)
-    colours the text by where that token attends and lists the keys it attends to most. Patterns
+    The view shows every head as one small cell (layers down, heads across) coloured by the score
+    the reader chooses (:func:`head_scores`: previous token, first token, and induction when a
+    token repeats; and the entropy of the last row); the head under the pointer, or the keyboard's
+    (arrow keys), is drawn in detail as a heatmap with a colour scale and its legend, and a click
+    or Enter keeps it. Row i of a pattern is the distribution of query i over keys j <= i.
+    Hovering a token of the text (or a query row) colours the text by where that token attends
+    and lists the keys it attends to most. Patterns
     may be a torch tensor, a numpy array or nested lists; they are stored rounded to 6 decimals,
     the scores to 3.
 

@@ -9,11 +9,16 @@ messages ``{"kind", "req", ...}`` and gets one answer each, with the same ``req`
 * ``start`` -> ``started``: the model's shape (:func:`live_config`), ``lens_top``, every token's
   string and bytes (base64), the special tokens and the chat frame (or None);
 * ``encode`` (``text``) -> ``encoded`` (``ids``): the tokenizer's ids, special tokens as one id;
-* ``step`` (``ids``, ``mask``, ``lens``, ``targets``, ``rows``) -> ``step`` with six buffers: the
-  outputs ``logits``, ``attn``, ``lens_ids``, ``lens_logits``, ``lens_lse``, ``direct`` of
-  :func:`gptlib.step.step` on the whole of ``ids`` from an empty cache, which computes only what
-  is asked: the lens of the streams ``lens``, the contributions to ``targets`` (-1: the most
-  probable token), every query's attention rows when ``rows`` is true (none otherwise);
+* ``step`` (``ids``, ``mask``, ``lens``, ``targets``, ``rows``, ``window``, ``rows_from``) ->
+  ``step`` with six buffers: the outputs ``logits``, ``attn``, ``lens_ids``, ``lens_logits``,
+  ``lens_lse``, ``direct`` of :func:`gptlib.step.step` on the whole of ``ids`` from an empty
+  cache, which computes only what is asked: the lens of the streams ``lens``, the contributions
+  to ``targets`` (-1: the most probable token), every query's attention rows when ``rows`` is
+  true (none otherwise). With ``rows`` and ``window`` (the heads panel's window W) and
+  ``rows_from`` (the first query whose row the page lacks), the step computes and ``attn`` holds
+  only the rows the page lacks that the window keeps, cut to the window's keys
+  (:func:`window_rows`), and a seventh buffer ``entropy`` each head's last-row entropy, so that a
+  run of any length computes and sends at most the new rows of W keys;
 * ``head`` (``ids``, ``layer``, ``head``, ``position``, ``target``, ``pair``) -> ``head``
   (``inputs``): one head at one query, what ``head.js`` draws
   (:func:`gptlib.widgets.head.head_reply`);
@@ -34,12 +39,21 @@ import torch
 # The step and the files of the live model: every widget reaches them through here.
 from ..export import chat_frame, weights_sha256
 from ..modern import ModernGPT
-from ..runtime import check_ids
+from ..runtime import check_ids, check_int
 from ..step import LENS_TOP, step, step_inputs
 from ._base import token_strings
 from .head import head_reply
 
-__all__ = ["LiveKernel", "live_config", "STEP_BUFFERS", "LENS_TOP", "chat_frame", "weights_sha256"]
+__all__ = [
+    "LiveKernel",
+    "live_config",
+    "window_first",
+    "window_rows",
+    "STEP_BUFFERS",
+    "LENS_TOP",
+    "chat_frame",
+    "weights_sha256",
+]
 
 # The buffers of a ``step`` answer, in order (float32, but lens_ids int64).
 STEP_BUFFERS = ("logits", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
@@ -61,6 +75,47 @@ def live_config(model) -> dict[str, int]:
         "n_kv_heads": getattr(c, "n_kv_heads", c.n_heads),
         "d_head": getattr(c, "d_head", c.d_model // c.n_heads),
     }
+
+
+def window_positions(T: int, window: int) -> list[int]:
+    """The keys a heads panel's window of ``window`` positions holds of T (rows.js's
+    ``windowPositions``): every position while T <= window, else key 0 and the last window - 1.
+
+    >>> window_positions(3, 4), window_positions(10, 4)
+    ([0, 1, 2], [0, 7, 8, 9])
+    """
+    lo = max(1, T - window + 1)
+    return [0, *range(lo, T)] if T else []
+
+
+def window_first(T: int, rows_from: int, window: int) -> int:
+    """The first query of T whose row the page lacks (from ``rows_from`` on) and a heads panel's
+    window of ``window`` positions keeps (rows.js's ``firstKept``); the last query always, for
+    its entropy.
+
+    >>> window_first(5, 1, 3), window_first(5, 4, 3), window_first(5, 5, 3), window_first(3, 0, 4)
+    (3, 4, 4, 0)
+    """
+    return min(T - 1, max(rows_from, T - window + 1 if T > window else 0))
+
+
+def window_rows(attn: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``attn`` (L, H, r, T) of the last r queries of T positions, cut to a heads
+    panel's window of ``window`` positions (its keys :func:`window_positions`): (L, H, r, n),
+    n = len(window_positions(T, window)); and each head's last-row entropy over all its keys,
+    (L, H). Below, T = 5 and W = 3: queries 3 and 4 on keys 0, 3, 4 (uniform rows of 5 keys:
+    0.2 each, entropy log 5).
+
+    >>> A = torch.tril(torch.ones(1, 1, 5, 5)); A = A / A.sum(-1, keepdim=True)
+    >>> cut, ent = window_rows(A[:, :, window_first(5, 1, 3) :], 3)
+    >>> tuple(cut.shape), [round(a, 4) for a in cut[0, 0, -1].tolist()], round(float(ent), 4)
+    ((1, 1, 2, 3), [0.2, 0.2, 0.2], 1.6094)
+    """
+    T = attn.shape[-1]
+    keys = torch.tensor(window_positions(T, window), device=attn.device)
+    cut = attn.index_select(-1, keys)  # (L, H, r, n)
+    entropy = torch.special.entr(attn[:, :, -1].double()).sum(-1).float()  # (L, H)
+    return cut, entropy
 
 
 def _token_bytes(tokenizer, i: int) -> bytes:
@@ -93,17 +148,30 @@ class LiveKernel:
             return self._tokenizer.encode(text, allowed_special="all")
         return self._tokenizer.encode(text)
 
-    def _step(self, ids, mask=None, lens=(), targets=(), rows=True) -> dict[str, torch.Tensor]:
+    def _step(
+        self, ids, mask=None, lens=(), targets=(), rows=True, window=None, rows_from=0
+    ) -> dict[str, torch.Tensor]:
         """:func:`gptlib.step.step` on ``ids`` (1 to n_ctx tokens) from an empty cache, on the
         CPU; ``mask`` n_layers * n_heads numbers (None keeps every head); every query's attention
-        rows if ``rows``, else none. NaN or infinite logits or patterns are an error."""
+        rows if ``rows``, else none; with ``window`` (and ``rows``), only the rows from
+        ``rows_from`` on that the window keeps (:func:`window_first`), cut to its keys, and each
+        head's last-row ``entropy`` (:func:`window_rows`). NaN or infinite logits or patterns
+        are an error."""
         c = self._model.config
         check_ids(ids, c.d_vocab)
         if not 1 <= len(ids) <= c.n_ctx:
             raise ValueError(f"ids must hold 1 to n_ctx={c.n_ctx} tokens, got {len(ids)}")
         if not isinstance(rows, bool):
             raise ValueError(f"rows must be true or false, got {rows!r}")
-        queries = range(len(ids)) if rows else ()
+        T = len(ids)
+        if window is None:
+            queries = range(T) if rows else ()
+        else:
+            if not rows:
+                raise ValueError("window is the window of the attention rows: rows must be true")
+            window = check_int("window", window, 1, None)
+            rows_from = check_int("rows_from", rows_from, 0, T)
+            queries = range(window_first(T, rows_from, window), T)
         past, ones, lens_t, targets_t, queries_t = step_inputs(
             self._model, lens=lens, targets=targets, queries=queries
         )
@@ -122,6 +190,8 @@ class LiveKernel:
                     f"the model gives non-finite {name} (NaN or inf) on this text; it cannot be "
                     "shown"
                 )
+        if window is not None:
+            out["attn"], out["entropy"] = window_rows(out["attn"], window)
         return {k: v.cpu() for k, v in out.items()}
 
     def _started(self) -> dict:
@@ -159,8 +229,11 @@ class LiveKernel:
                 content.get("lens") or (),
                 content.get("targets") or (),
                 content.get("rows", True),
+                content.get("window"),
+                content.get("rows_from", 0),
             )
-            return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in STEP_BUFFERS]
+            names = STEP_BUFFERS + (("entropy",) if "entropy" in out else ())
+            return {"kind": "step"}, [out[k].contiguous().numpy().tobytes() for k in names]
         if kind == "head":
             return head_reply(self._model, content), []
         raise ValueError(f"unknown request {kind!r}")

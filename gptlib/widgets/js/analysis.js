@@ -2,6 +2,7 @@
 // `stored`), as the page draws it before the live model starts; and the heads' direct
 // contributions, largest first.
 import { fromBase64 } from "./backend.js";
+import { PANEL_WINDOW, rowWindow } from "./rows.js";
 
 // A large vocabulary's patterns come as bytes round(255 a), the lower triangles row by row.
 export function patternsFromBytes(b64, L, H, T) {
@@ -35,7 +36,30 @@ export function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_hea
     });
     rest = { temps: stored.top.temperatures, logZ: stored.top.rest_logz };
   }
-  return { window, logits, rest, patterns, lens: stored.lens, direct: null, target: null };
+  return {
+    window,
+    logits,
+    rest,
+    ...windowed(patterns, L, H, window.length),
+    lens: stored.lens,
+    direct: null,
+    target: null,
+  };
+}
+
+// Patterns of T positions as the heads panel shows them: those of a longer text than its window
+// cut to it (rows.js), with each head's last-row entropy.
+export function windowed(patterns, L, H, T, W = PANEL_WINDOW) {
+  if (T <= W) return { patterns, positions: null, entropy: null };
+  const flat = new Float32Array(L * H * T * T);
+  patterns.forEach((layer, l) => {
+    layer.forEach((A, h) => {
+      A.forEach((row, i) => {
+        flat.set(Array.from(row).slice(0, i + 1), ((l * H + h) * T + i) * T);
+      });
+    });
+  });
+  return rowWindow(L, H, W).add(flat, 0, T).heads();
 }
 
 // The others' log-weight at temperature T (null where every logit is known, or at T = 0): the

@@ -1,9 +1,19 @@
 // Attention heads: the colour scale, the head scores of gptlib.circuits, and the panel that shows
-// every head as a thumbnail (layers down, heads across) with its scores, one head enlarged as a
-// heatmap (query tokens down, key tokens across) on a fixed scale from 0 to 1, and the text,
-// coloured by where a hovered token attends.
+// every head as one small cell (layers down, heads across, overview.js) coloured by a score the
+// reader chooses, one head in detail as a heatmap (query tokens down, key tokens across) on a
+// fixed scale from 0 to 1, and the text, coloured by where a hovered token attends.
 import { collapse, make, report } from "./dom.js";
-import { clearFocus, drawHeatmap, focus, heatmapState, named, thumbnail } from "./heatmap.js";
+import {
+  clearFocus,
+  drawHeatmap,
+  drawLegend,
+  focus,
+  heatmapState,
+  legend,
+  named,
+  scroller,
+} from "./heatmap.js";
+import { headGrid } from "./overview.js";
 
 // The colour scale, the book's one for attention weights (gptlib.figures.ATTENTION_STOPS draws
 // the static figures with the same stops): weight 0 is the page's background, and more weight
@@ -19,9 +29,9 @@ export const STOPS = [
 ];
 
 // The scale on a background [r, g, b]: the background, then the stops (reversed on a dark one).
-export function scaleOn(bg) {
+export function scaleOn(bg, stops = STOPS) {
   const dark = luminance(bg) < 0.35;
-  return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
+  return [bg, ...(dark ? [...stops].reverse() : stops).slice(1)];
 }
 
 // WCAG's relative luminance of an sRGB colour [r, g, b] (0 to 255).
@@ -53,7 +63,16 @@ export function backgroundOf(el) {
 
 // A scale's colours: as CSS, as the pixels of 256 steps for canvases (a thumbnail of T = 128 has
 // 8256 cells), and the ink that reads on each cell.
-function palette(stops) {
+// The negative side of a signed score (the direct contributions): white to dark red.
+export const NEGATIVE_STOPS = [
+  [255, 255, 255],
+  [252, 187, 161],
+  [251, 106, 74],
+  [203, 24, 29],
+  [103, 0, 13],
+];
+
+function palette(stops, negative = NEGATIVE_STOPS) {
   const lut = Uint8ClampedArray.from(
     { length: 256 * 3 },
     (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3],
@@ -62,18 +81,21 @@ function palette(stops) {
     stops,
     lut,
     heat: (a) => `rgb(${colour(a, stops).join(", ")})`,
+    // x in [-1, 1]: the background at 0, blue for positive values, red for negative ones
+    signed: (x) => `rgb(${colour(Math.abs(x), x < 0 ? negative : stops).join(", ")})`,
     ink: (a) => (luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"),
   };
 }
 
 // The query/key pairs of an induction head (gptlib.circuits.induction_pairs): query i whose
-// token last occurred at k, key k + 1, leaving out k + 1 = i.
-export function inductionPairs(keys) {
+// token last occurred at k, key k + 1, leaving out k + 1 = i. `pos`: the tokens' positions where
+// some are left out (the panel's window): k + 1 must then be the position after k's.
+export function inductionPairs(keys, pos = null) {
   const last = new Map(),
     pairs = [];
   keys.forEach((t, i) => {
     const k = last.get(t);
-    if (k !== undefined && k + 1 < i) pairs.push([i, k + 1]);
+    if (k !== undefined && k + 1 < i && (!pos || pos[k + 1] === pos[k] + 1)) pairs.push([i, k + 1]);
     last.set(t, i);
   });
   return pairs;
@@ -81,18 +103,21 @@ export function inductionPairs(keys) {
 
 // gptlib.circuits.head_scores: for patterns[l][h][i][j] on the tokens `keys`, the previous-token
 // and first-token scores (mean weight on key i - 1, on key 0, over queries 1..T-1) and, when a
-// token repeats, the induction score; each with a uniform causal head's score beside it.
-export function headScores(patterns, keys) {
+// token repeats, the induction score; each with a uniform causal head's score beside it. `pos`:
+// the tokens' positions in a window that leaves some out (rows.js; key 0 is always there): the
+// scores are then those of the queries in the window whose keys it holds.
+export function headScores(patterns, keys, pos = null) {
   const T = keys.length;
   if (T < 2) return [];
+  const at = (i) => (pos ? pos[i] : i);
   const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
-  const uniform = (i) => 1 / (i + 1);
+  const uniform = (i) => 1 / (at(i) + 1);
   const rows = [...Array(T - 1).keys()].map((i) => i + 1);
   const found = [
-    ["previous token", rows.map((i) => [i, i - 1])],
+    ["previous token", rows.filter((i) => at(i - 1) === at(i) - 1).map((i) => [i, i - 1])],
     ["first token", rows.map((i) => [i, 0])],
   ];
-  const induction = inductionPairs(keys);
+  const induction = inductionPairs(keys, pos);
   if (induction.length) found.push(["induction", induction]);
   return found.map(([name, pairs]) => ({
     name,
@@ -101,54 +126,53 @@ export function headScores(patterns, keys) {
   }));
 }
 
-const SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 const MEANING = {
   "previous token": "mean weight on key i\u22121",
   "first token": "mean weight on key 0",
   induction: "mean weight on the token that followed the last occurrence of the query's token",
+  entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's",
 };
 
-// The colour scale's legend, 0 to 1 (its bar is coloured by drawLegend).
-function legend() {
-  const bar = make("div", "gptlib-attn-legend-bar");
-  const ticks = make("div", "gptlib-attn-legend-ticks");
-  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
-  const scale = make("div", "gptlib-attn-legend-scale");
-  scale.append(bar, ticks);
-  const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "", "attention weight"), scale);
-  return box;
-}
-const drawLegend = (box, pal) => {
-  box.querySelector(".gptlib-attn-legend-bar").style.background =
-    `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(pal.heat).join(", ")})`;
-};
-
-// A box that scrolls sideways when its content is wider than the page, with a cue that says so
-// while there is more to see: the edges that have more fade out, and a line under it.
-function scroller(content) {
-  const box = make("div", "gptlib-scroll");
-  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest \u2194");
-  box.append(content);
-  const check = () => {
-    const more = box.scrollWidth > box.clientWidth + 1;
-    cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle(
-      "gptlib-more-right",
-      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1,
-    );
-  };
-  box.addEventListener("scroll", check, { passive: true });
-  return { box, cue, check };
+// The entropy (nats) of each head's last row: where the current query looks, spread (high) or
+// on one key (0). Its colour is the entropy over log T, the largest a row of T keys can have.
+// `known`: the values, where the rows shown are cut (rows.js computes them on the whole rows).
+export function rowEntropy(patterns, T, known = null) {
+  if (T < 2) return null;
+  if (known) return { name: "entropy", values: known, uniform: Math.log(T), top: Math.log(T) };
+  const values = patterns.map((layer) =>
+    layer.map((A) => {
+      let e = 0;
+      for (let j = 0; j < T; j++) {
+        const a = A[T - 1][j];
+        if (a > 0) e -= a * Math.log(a);
+      }
+      return e;
+    }),
+  );
+  return { name: "entropy", values, uniform: Math.log(T), top: Math.log(T) };
 }
 
-// The panel's elements, appended to `root`.
-function panelLayout(root) {
+// Where a score's value lies on its colour scale: 0 to 1 for weights (and entropy over its top),
+// -1 to 1 for a signed score (the direct contributions, over the largest |value|).
+function scaleFor(s) {
+  const all = s.values.flat();
+  if (all.some((x) => x < 0) || s.name === "direct") {
+    const m = Math.max(1e-9, ...all.map(Math.abs));
+    return { signed: true, at: (x) => x / m, ends: [-m, m] };
+  }
+  const top = s.top || 1;
+  return { signed: false, at: (x) => x / top, ends: [0, top] };
+}
+
+// The panel's elements, appended to `root`: the score key and the colour choice, then the
+// overview of every head (`grid`, overview.js) beside the detail of one head.
+function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
-    thumbs: make("div", "gptlib-attn-thumbs"),
     key: make("div", "gptlib-attn-score-key"),
+    window: make("div", "gptlib-attn-score-key gptlib-attn-window"),
+    colourSel: make("select", "gptlib-attn-colour"),
+    overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
     headSel: make("select", "gptlib-attn-head"),
     current: make("div", "gptlib-attn-current"),
@@ -161,19 +185,26 @@ function panelLayout(root) {
       "hover a token of the text, or a query row, to see where it looks",
     ),
   };
+  v.colourSel.setAttribute("aria-label", "colour every head by");
+  v.layerSel.setAttribute("aria-label", "layer");
+  v.headSel.setAttribute("aria-label", "head");
+  const choose = make("div", "gptlib-controls");
+  choose.append("colour every head by ", v.colourSel, v.overviewLegend);
+  const overview = make("div", "gptlib-attn-ov-box");
+  overview.append(grid.box);
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
-  v.thumbScroll = scroller(v.thumbs);
   v.gridScroll = scroller(v.grid);
+  const detail = make("div", "gptlib-attn-detail");
+  detail.append(controls, v.current, v.gridScroll.box, v.gridScroll.cue);
+  const both = make("div", "gptlib-attn-both");
+  both.append(overview, detail);
   root.append(
     v.title,
-    v.thumbScroll.box,
-    v.thumbScroll.cue,
+    v.window,
     v.key,
-    controls,
-    v.current,
-    v.gridScroll.box,
-    v.gridScroll.cue,
+    choose,
+    both,
     make("div", "gptlib-attn-text-label", "text (hover a token):"),
     v.text,
     v.focus,
@@ -191,83 +222,28 @@ function setOptions(sel, labels) {
   );
 }
 
-// The thumbnails, one button per head with its scores (the best of each score in bold).
-// onPick(layer, head) is called on a click. Returns the buttons.
-function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  // Each head's column as wide as its thumbnail; a longer header wraps within it. Seven heads or
-  // more (SmolLM2's nine) get smaller thumbnails, so that a layer fits a 736 px column.
-  const dense = headLabels.length > 6;
-  thumbs.classList.toggle("dense", dense);
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
-  const best = scores.map((s) => Math.max(...s.values.flat()));
-  const buttons = [];
-  const items = [
-    make("div", ""),
-    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h)),
-  ];
-  patterns.forEach((layerPatterns, l) => {
-    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
-    layerPatterns.forEach((P, h) => {
-      const b = make("button", "gptlib-attn-thumb");
-      b.type = "button";
-      b.dataset.layer = String(l);
-      b.dataset.head = String(h);
-      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
-      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`); // screen readers, touch
-      b.append(thumbnail(P, tokens.length, pal.lut));
-      scores.forEach((s, n) => {
-        const v = s.values[l][h];
-        const line = make(
-          "div",
-          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
-          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`,
-        );
-        report(line, { name: s.name, value: v });
-        b.append(line);
-      });
-      b.addEventListener("click", () => onPick(l, h));
-      buttons.push(b);
-      items.push(b);
-    });
-  });
-  thumbs.replaceChildren(...items);
-  return buttons;
+// What the chosen score means, and the level of a uniform head.
+function scoreKey(s) {
+  if (!s) return "";
+  const meaning = s.meaning || MEANING[s.name] || "";
+  const uniform =
+    s.uniform === null || s.uniform === undefined
+      ? ""
+      : `; ${s.uniform.toFixed(2)} for a uniform head`;
+  return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
 
-// The playground's marks on the thumbnails: `groups[h]`, the key-value head that head h shares
-// (alternate groups shaded), and `mask` (n_layers * n_heads), the heads ablated (0) struck out.
-function markThumbs(buttons, { groups, mask, headLabels }) {
-  const H = headLabels.length;
-  buttons.forEach((b) => {
-    const l = Number(b.dataset.layer),
-      h = Number(b.dataset.head);
-    if (groups) {
-      b.dataset.kv = String(groups[h]);
-      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
-    }
-    const off = !!mask && mask[l * H + h] !== 1;
-    b.classList.toggle("ablated", off);
-    if (off) b.title += " (ablated)";
-  });
-}
-
-function scoreKey(scores) {
-  if (!scores.length) return "";
-  return `Scores on the text below: ${scores
-    .map(
-      (s) =>
-        `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` +
-        (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`),
-    )
-    .join(", ")}. Bold: the highest head of each score.`;
-}
+// A head's scores, as its hover text and the detail's line say them.
+const scoreText = (scores, l, h, digits) =>
+  scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
 
 // The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
-// A long text shows its first and last tokens around a button that puts the others back.
-function drawText(box, tokens, onEnter, onLeave) {
+// A long text shows its first and last tokens around a button that puts the others back; the
+// positions a window leaves out (`pos`) are marked after the first token.
+function drawText(box, tokens, onEnter, onLeave, pos = null) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "\u21b5\n"));
-    s.title = `token ${named(tokens, i)}`;
+    s.title = `token ${named(tokens, i, pos)}`;
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
@@ -280,20 +256,123 @@ function drawText(box, tokens, onEnter, onLeave) {
     s.append(" ", w);
     return s;
   });
+  if (pos && pos.length > 1 && pos[1] > 1) {
+    const gap = make(
+      "span",
+      "gptlib-attn-gap",
+      ` \u2026 (tokens 1 to ${pos[1] - 1} left out) \u2026 `,
+    );
+    items.splice(1, 0, gap);
+  }
   box.replaceChildren(...collapse(items));
   return words;
 }
 
-// The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)}.
-// update({title, tokens, patterns, layerLabels, headLabels, scores}) redraws it for new data;
-// redraw() draws the selected head again (after the state changed it).
+// The overview's colours (grid, overview.js): the score chosen in v.colourSel of every head,
+// its key and legend.
+function paintOverview(grid, v, data, scores, pal, root) {
+  const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+  v.key.textContent = scoreKey(s);
+  if (!s) {
+    grid.paint(
+      () => "",
+      () => "",
+      data.mask,
+    );
+    drawLegend(v.overviewLegend, pal);
+    return;
+  }
+  const sc = scaleFor(s);
+  const colourOf = (l, h) => {
+    const x = sc.at(s.values[l][h]);
+    return sc.signed ? pal.signed(x) : pal.heat(x);
+  };
+  const { layerLabels, headLabels } = data;
+  grid.paint(
+    colourOf,
+    (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+    data.mask,
+  );
+  drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+  report(root, {
+    colourBy: s.name,
+    scores: Object.fromEntries(scores.map((x) => [x.name, x.values])),
+  });
+}
+
+// The scores the overview can be coloured by, the reader's choice kept where it still exists.
+function setScores(sel, scores) {
+  const chosen = sel.value;
+  sel.replaceChildren(
+    ...scores.map((s) => {
+      const o = make("option", "", s.name);
+      o.value = s.name;
+      return o;
+    }),
+  );
+  if (scores.some((s) => s.name === chosen)) sel.value = chosen;
+}
+
+// resized() when the box of `scroll` (a scroller) changes size, themed() when the page's theme
+// does, until `root` leaves the page.
+function watch(root, scroll, { resized, themed }) {
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      scroll.check();
+      resized();
+    }).observe(scroll.box);
+  }
+  if (typeof MutationObserver !== "undefined") {
+    const seen = new MutationObserver(() => {
+      if (!root.isConnected) seen.disconnect();
+      else themed();
+    });
+    seen.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"],
+    });
+  }
+}
+
+// The palette on the background of `root` (`pal` itself while that has not changed).
+function paletteOn(root, pal) {
+  const bg = backgroundOf(root),
+    stops = scaleOn(bg);
+  if (JSON.stringify(stops) === JSON.stringify(pal.stops)) return pal;
+  return palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+}
+
+// The panel's scores for `data` (its own and the last rows' entropy) and the note on the window
+// of positions shown (rows.js), "" when it shows them all.
+function panelScores(data) {
+  const pos = data.positions || null,
+    S = pos ? pos[pos.length - 1] + 1 : data.tokens.length; // the positions of the text
+  const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+  const note =
+    pos && pos[1] > 1
+      ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} ` +
+        "positions, and of the first (key 0), where many heads put their spare weight: a row's " +
+        "weights on the keys left out are not shown."
+      : "";
+  return { scores: entropy ? [...data.scores, entropy] : [...data.scores], note };
+}
+
+// The panel. `state` gets and sets the selected head: {get: () => [layer, head], set(layer, head)},
+// and may have pick(layer, head) -> true when it takes a click itself (the playground's ablation).
+// update({title, tokens, patterns, layerLabels, headLabels, scores, groups, mask}) redraws it for
+// new data; redraw() draws the selected head again (after the state changed it).
 export function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  const v = panelLayout(root);
   let data = null,
-    buttons = [];
-  let pal = palette(STOPS); // the colour scale on the page's background (scaleOn)
-  let drawnWidth = 0; // the width the heatmap was sized for
+    scores = [], // the data's scores and the entropy of the last rows
+    shown = null, // the head in the detail: [layer, head]
+    pal = palette(STOPS), // the colour scales on the page's background (scaleOn)
+    drawnWidth = 0; // the width the heatmap was sized for
+  const grid = headGrid({
+    preview: (l, h) => drawDetail(...(l === null ? state.get() : [l, h])),
+    pick: (l, h) => state.pick?.(l, h) || select(l, h),
+  });
+  const v = panelLayout(root, grid);
   const drawn = heatmapState(); // the text's spans and the enlarged head (heatmap.js)
   const focusQuery = (i) => {
     v.focus.textContent = focus(drawn, i, pal);
@@ -301,26 +380,21 @@ export function attentionPanel(root, state) {
   };
   const unfocus = () => clearFocus(drawn);
 
-  // The selected head: selectors, thumbnail outline, its scores, and the enlarged heatmap.
-  function drawHead() {
-    if (!data) return;
-    const [layer, head] = state.get();
-    const { layerLabels, headLabels, scores } = data;
+  // One head in the detail: selectors, its scores, and the enlarged heatmap.
+  function drawDetail(layer, head) {
+    if (!data?.patterns[layer]?.[head]) return;
+    const { layerLabels, headLabels } = data;
+    shown = [layer, head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    for (const b of buttons) {
-      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
-      b.classList.toggle("selected", on);
-    }
     v.current.textContent =
       `${layerLabels[layer]}, ${headLabels[head]}` +
-      (scores.length
-        ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}`
-        : "");
+      (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+    const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
-    });
+    };
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
     requestAnimationFrame(v.gridScroll.check);
     // What is drawn: the diagonal as a fingerprint, and the whole enlarged pattern.
     report(root, {
@@ -329,24 +403,33 @@ export function attentionPanel(root, state) {
     });
   }
 
+  // The selected head, outlined in the overview and in the detail.
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    grid.choose(layer, head);
+    drawDetail(layer, head);
+  }
+
   function select(layer, head) {
     state.set(layer, head);
     drawHead();
   }
 
+  const paint = () => paintOverview(grid, v, data, scores, pal, root);
+
   // One listener for the whole heatmap: a row (its query label or a cell) focuses its query.
   v.grid.addEventListener("mouseover", (e) => {
-    const i = e.target.dataset ? e.target.dataset.i : undefined;
-    if (i !== undefined) focusQuery(Number(i));
+    if (e.target.dataset?.i !== undefined) focusQuery(Number(e.target.dataset.i));
   });
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+  v.colourSel.addEventListener("change", () => data && paint());
 
   // The scale follows the page's background (read again when the theme changes).
   function theme() {
-    const stops = scaleOn(backgroundOf(root));
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops)) pal = palette(stops);
+    pal = paletteOn(root, pal);
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -358,32 +441,22 @@ export function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
-    markThumbs(buttons, data);
-    requestAnimationFrame(v.thumbScroll.check);
-    v.key.textContent = scoreKey(data.scores);
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    ({ scores, note: v.window.textContent } = panelScores(data));
+    setScores(v.colourSel, scores);
+    grid.build(data.layerLabels, data.headLabels, data.groups || null);
+    paint();
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
 
   // Drawn again when the space changes (a narrower window: smaller cells) or the theme does.
-  if (typeof ResizeObserver !== "undefined") {
-    new ResizeObserver(() => {
-      v.thumbScroll.check();
-      v.gridScroll.check();
-      if (data && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24) drawHead();
-    }).observe(v.gridScroll.box);
-  }
-  if (typeof MutationObserver !== "undefined") {
-    const watch = new MutationObserver(() => {
-      if (!root.isConnected) watch.disconnect();
-      else if (data) update(data);
-    });
-    watch.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"],
-    });
-  }
+  watch(root, v.gridScroll, {
+    resized: () => {
+      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
+        drawDetail(...shown);
+    },
+    themed: () => data && update(data),
+  });
 
   return { update, select, redraw: drawHead };
 }

@@ -30,7 +30,9 @@ export function thumbnail(P, T, LUT) {
 }
 
 // A token with its position, as hover texts and the focus line name it: 3 "␣the".
-export const named = (tokens, i) => `${i} \u201c${show(tokens[i])}\u201d`;
+// `pos`: the tokens' positions in the text, where they are not 0, 1, 2, ... (the panel's window).
+export const named = (tokens, i, pos = null) =>
+  `${pos ? pos[i] : i} \u201c${show(tokens[i])}\u201d`;
 
 // The labels of the heatmap's keys (across) and queries (down): every token in full, rotated
 // across, where a cell is wide enough for a line of text; on smaller cells every k-th token, with
@@ -38,38 +40,39 @@ export const named = (tokens, i) => `${i} \u201c${show(tokens[i])}\u201d`;
 function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+function axisLabel(cls, tokens, i, k, what, pos) {
+  const text =
+    k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
   const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
+  e.title = `${what} ${named(tokens, i, pos)}`;
   return e;
 }
 
 // The label of query i; `data-i` tells the heatmap's hover listener which query a row is.
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+function queryLabel(tokens, i, k, pos) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query", pos);
   q.dataset.i = String(i);
   return q;
 }
 
-const cellTitle = (tokens, A, i, j) =>
-  `query ${named(tokens, i)} \u2192 key ${named(tokens, j)}: ` +
+const cellTitle = (tokens, A, i, j, pos) =>
+  `query ${named(tokens, i, pos)} \u2192 key ${named(tokens, j, pos)}: ` +
   (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
 
 // The enlarged head for short texts: one element per cell. Returns the rows [query, ...cells].
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
   const T = tokens.length,
     k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto"; // the keys' row as tall as its longest label
   grid.style.gridAutoRows = `${cell}px`;
   const rows = tokens.map((_t, i) => [
-    queryLabel(tokens, i, k),
+    queryLabel(tokens, i, k, pos),
     ...tokens.map((_, j) => {
       const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
       c.dataset.i = String(i);
       if (j <= i) c.style.background = pal.heat(A[i][j]);
-      c.title = cellTitle(tokens, A, i, j);
+      c.title = cellTitle(tokens, A, i, j, pos);
       return c;
     }),
   ]);
@@ -80,7 +83,7 @@ function cellHeatmap(grid, tokens, A, cell, keys, pal) {
 // The enlarged head for long texts: the cells are the pixels of one canvas (T * T elements would
 // take the page seconds to lay out); the labels stay elements, and a band marks the hovered
 // query. onQuery(i) is called as the pointer moves over row i. Returns {rows, band}.
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const T = tokens.length,
     k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
@@ -89,7 +92,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -102,7 +105,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   canvas.addEventListener("mousemove", (e) => {
     const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
     const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
+    canvas.title = cellTitle(tokens, A, i, j, pos);
     onQuery(i);
   });
   grid.replaceChildren(make("div", ""), keyRow, queries, box);
@@ -115,6 +118,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
 export function heatmapState() {
   return {
     tokens: [],
+    positions: null,
     words: [],
     keys: [],
     rows: [],
@@ -127,21 +131,32 @@ export function heatmapState() {
 
 // The pattern A of a head over `tokens`, into the panel's grid (v.grid, in v.gridScroll). Cells
 // shrink for long texts so that the heatmap stays about as wide as the space it has (528 px of
-// cells at most, beside the query labels; never under 4 px a cell). onQuery(i): the pointer is on
+// cells at most, beside the query labels; never under 4 px a cell, or 2 px on the canvas of a long
+// text, so that the panel's whole window fits a phone). onQuery(i): the pointer is on
 // row i of a canvas. Returns the width drawn for.
-export function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
   const room = v.gridScroll.box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
-  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const least = T > CANVAS_FROM ? 2 : 4;
+  const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   const k = labelEvery(cell);
   v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
   if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(
+      v.grid,
+      tokens,
+      A,
+      cell,
+      d.keys,
+      pal,
+      onQuery,
+      pos,
+    ));
   } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
   }
   return room;
 }
@@ -149,7 +164,7 @@ export function drawHeatmap(d, v, tokens, A, pal, onQuery) {
 // Query i in focus: its row outlined, every key and text token coloured by the weight i gives it
 // (later tokens are out of its sight). Returns the line that says where it attends most.
 export function focus(d, i, pal) {
-  const { A, tokens } = d;
+  const { A, tokens, positions: pos } = d;
   clearFocus(d);
   for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
   d.rows[i][0].style.fontWeight = "bold";
@@ -173,8 +188,8 @@ export function focus(d, i, pal) {
     .sort((x, y) => y[0] - x[0])
     .slice(0, 3);
   return (
-    `query ${named(tokens, i)} attends to ` +
-    top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ")
+    `query ${named(tokens, i, pos)} attends to ` +
+    top.map(([a, j]) => `key ${named(tokens, j, pos)} (${a.toFixed(2)})`).join(", ")
   );
 }
 
@@ -194,4 +209,48 @@ export function clearFocus(d) {
     w.style.color = "";
     w.classList.remove("gptlib-attn-hot");
   }
+}
+
+// The colour scale's legend (its bar coloured and its ends written by drawLegend).
+export function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
+  return box;
+}
+const tick = (x) => (Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2))));
+export function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => (sc?.signed ? pal.signed(a) : pal.heat(a))).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box
+    .querySelector(".gptlib-attn-legend-ticks")
+    .replaceChildren(
+      ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t))),
+    );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
+
+// A box that scrolls sideways when its content is wider than the page, with a cue that says so
+// while there is more to see: the edges that have more fade out, and a line under it.
+export function scroller(content) {
+  const box = make("div", "gptlib-scroll");
+  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest \u2194");
+  box.append(content);
+  const check = () => {
+    const more = box.scrollWidth > box.clientWidth + 1;
+    cue.style.display = more ? "" : "none";
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1,
+    );
+  };
+  box.addEventListener("scroll", check, { passive: true });
+  return { box, cue, check };
 }

@@ -1,6 +1,8 @@
 // The live model in the kernel (Jupyter, Colab): the widget's custom messages to its Python object,
 // which answers with PyTorch (gptlib/widgets/live.py: ping, start, encode, step).
-import { fromBase64, LiveError, lensTops, nestFlat } from "./backend.js";
+import { fromBase64, LiveError, lensTops } from "./backend.js";
+import { sharedPrefix } from "./page.js";
+import { PANEL_WINDOW, rowsWanted, rowWindow } from "./rows.js";
 
 // Custom messages to the kernel, each answered by one message with the same `req`:
 // ask(content, timeoutMs) is a promise of {msg, buffers}. ask.close() stops listening, clears the
@@ -85,15 +87,21 @@ const view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteL
 
 // The kernel's backend: each run sends the whole window, and the kernel (gptlib.widgets.live's
 // LiveKernel) answers with step on an empty cache (PyTorch is fast enough there; nothing to keep
-// in step between the two sides), computing only what is asked (the rows only with `rows`). A
-// step the kernel does not answer within timeoutMs fails with a LiveError that says so (its
-// `timeout` true); a late answer is dropped.
+// in step between the two sides but the rows), computing only what is asked. A run with `rows`
+// gets the heads panel's window of the patterns (rows.js): the kernel computes and sends only
+// the rows the page lacks, cut to the window, which this backend keeps with the ids and head
+// mask they are of; a run without gets none (patterns null). A step the kernel does not answer
+// within timeoutMs fails with a LiveError that says so (its `timeout` true); a late answer is
+// dropped.
 export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
   const { msg } = await ask({ kind: "start" });
   const c = msg.config,
     L = c.n_layers,
     H = c.n_heads,
     K = msg.lens_top;
+  const win = rowWindow(L, H);
+  let heldIds = [],
+    heldMask = null;
   return {
     kind: "kernel",
     describe: "PyTorch in the kernel",
@@ -106,12 +114,18 @@ export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     memory: () => null,
     run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
       const t0 = performance.now();
+      const T = ids.length,
+        m = mask ? Array.from(mask) : null,
+        mKey = m ? m.join(",") : "";
+      // the first query whose row the page lacks: the rows held are of heldIds under heldMask
+      const from = rows
+        ? Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(T), T - 1)
+        : 0;
+      const request = { kind: "step", ids, mask: m, lens, targets, rows };
+      if (rows) Object.assign(request, { window: PANEL_WINDOW, rows_from: from });
       let answer;
       try {
-        answer = await ask(
-          { kind: "step", ids, mask: mask && Array.from(mask), lens, targets, rows },
-          timeoutMs,
-        );
+        answer = await ask(request, timeoutMs);
       } catch (e) {
         if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
         const late = new LiveError(
@@ -121,12 +135,18 @@ export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
         late.timeout = true;
         throw late;
       }
-      const { buffers } = answer;
-      const T = ids.length;
-      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
+      const [logits, attn, lensIds, lensLogits, lensLse, direct, entropy] = answer.buffers;
+      let heads = { patterns: null, positions: null, entropy: null }; // none without rows
+      if (rows) {
+        const r = rowsWanted(from, T - from);
+        win.addCut(view(attn, Float32Array), view(entropy, Float32Array), from, T - from, r);
+        heldIds = ids.slice();
+        heldMask = mKey;
+        heads = win.heads();
+      }
       return {
         logits: view(logits, Float32Array),
-        patterns: rows ? nestFlat(view(attn, Float32Array), L, H, T) : null,
+        ...heads,
         lens: lens
           ? lensTops(
               view(lensIds, BigInt64Array),

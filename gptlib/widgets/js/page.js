@@ -6,6 +6,7 @@
 // One worker and one session per model per page (sharedPageBackend): every view of that model
 // uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
+import { firstKept, rowsWanted, rowWindow } from "./rows.js";
 
 const VERSION = 4;
 // Downloads above this many bytes wait for the reader to agree.
@@ -192,35 +193,14 @@ export function kvStore(per, capacity = 64) {
   };
 }
 
-// The attention rows kept per head: rows[l * H + h][i] holds query i's weights on keys 0..i.
-// addRows appends the step's rows `attn` (n_layers, n_heads, T, P + T) for queries P .. P+T-1.
-export function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    if (!rows[lh]) rows[lh] = [];
-    const r = rows[lh];
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-
-// The patterns (n_layers, n_heads, T, T) as nested rows: patterns[l][h][i] (keys 0..i at least).
-// Each head's list of rows is a copy: a later step (of this view or another) changes the cache's.
-export function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
-}
-
 // One step at a time on a session of the step graph (in the worker), keeping the cache between
 // steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, attn
-// (n_layers, n_heads, T, P + T) when `rows`, else null, P, T, lens, direct}. Only what is asked
-// is computed: no lens (null or []), no targets, no rows make a bare step; a target -1 is the
-// most probable token. The cache changes only once a step has succeeded: a step that fails (an
-// exception, out of memory) leaves it as it was, so the next step is fed the keys and values of
-// the ids it says it holds.
+// (n_layers, n_heads, R, P + T) when `rows`, else null, P, T, R, lens, direct}: `rows` asks for
+// the rows of the last R = rowsWanted(P, T) of the T new queries, those the heads panel's window
+// keeps (rows.js). Only what is asked is computed: no lens (null or []), no targets, no rows
+// make a bare step; a target -1 is the most probable token. The cache changes only once a step
+// has succeeded: a step that fails (an exception, out of memory) leaves it as it was, so the
+// next step is fed the keys and values of the ids it says it holds.
 export function cacheStepper(ort, session, manifest) {
   const c = manifest.config,
     L = c.n_layers,
@@ -243,7 +223,8 @@ export function cacheStepper(ort, session, manifest) {
       T = feed.length;
     const ls = lens || [],
       tg = targets || [],
-      qs = rows ? [...Array(T).keys()] : [];
+      R = rows ? rowsWanted(P, T) : 0,
+      qs = Array.from({ length: R }, (_, k) => T - R + k);
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", store.past(P), [P, L, 2, G, D]),
@@ -258,6 +239,7 @@ export function cacheStepper(ort, session, manifest) {
         attn: rows ? out.attn.data.slice() : null,
         P,
         T,
+        R,
         lens: lens
           ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, ls.length, K)
           : null,
@@ -274,20 +256,24 @@ export function cacheStepper(ort, session, manifest) {
 }
 
 // The page's backend around the worker's session and tokenizer (`client`, workerClient): it keeps
-// the attention rows of the text so far (of the positions `known` whose rows it holds), and runs
-// one step at a time (a view's step waits for another view's to end: they share the cache).
-// A run with `rows` gets every pattern; the cache's positions whose rows were not kept (steps
-// run without them) are run again for theirs. close() releases the session and the worker.
+// the heads panel's window of the attention rows of the text so far (rows.js; of the `known`
+// leading positions of the cache), and runs one step at a time (a view's step waits for another
+// view's to end: they share the cache). A run with `rows` gets the window's patterns; the
+// cache's positions whose rows the window needs but lacks (steps run without them) are run
+// again for theirs. close() releases the session and the worker.
 export function pageBackend(client, manifest) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads;
-  let rows = [],
-    known = 0,
+  const rows = rowWindow(L, H); // the heads panel's window of the rows (rows.js)
+  let known = 0, // the leading positions of the cache whose rows `rows` holds
     closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
     const { mask = null, lens = null, targets = null, rows: want = false } = options;
+    // the cache may keep the positions whose rows the window holds (while a context of K can
+    // use them: rows.held) and those before the first row it keeps
+    const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
       options: {
@@ -295,17 +281,18 @@ export function pageBackend(client, manifest) {
         lens,
         targets,
         rows: want,
-        most: want ? known : undefined,
+        most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : undefined,
       },
     });
     known = Math.min(known, r.P);
     if (r.attn) {
-      rows = addRows(rows, r.attn, r.P, r.T, L, H);
+      rows.add(r.attn, r.P, r.T, r.R);
       known = r.P + r.T;
     }
+    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
-      patterns: want ? nestRows(rows, L, H) : null,
+      ...heads,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,

@@ -137,6 +137,8 @@ class Playground {
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
+      positions: r.positions, // the heads panel's window (rows.js)
+      entropy: r.entropy,
       lens: r.lens
         ? r.lens.map((t) => ({ ids: t.ids.slice(0, n), probs: t.probs.slice(0, n) }))
         : null,

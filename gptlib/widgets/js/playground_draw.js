@@ -283,7 +283,9 @@ export function drawCircuits(p) {
 export function drawHeads(p) {
   const { current, cfg } = p;
   const { n_layers: L, n_heads: H } = cfg;
-  const scores = headScores(current.patterns, current.window);
+  const pos = current.positions || null; // the heads panel's window of the context (rows.js)
+  const ids = pos ? pos.map((i) => current.window[i]) : current.window;
+  const scores = headScores(current.patterns, ids, pos);
   if (current.direct) {
     scores.push({
       name: "direct",
@@ -295,7 +297,9 @@ export function drawHeads(p) {
     });
   }
   p.panel.update({
-    tokens: current.window.map((id) => p.tokenStr(id)),
+    tokens: ids.map((id) => p.tokenStr(id)),
+    positions: pos,
+    entropy: current.entropy || null,
     patterns: current.patterns,
     layerLabels: p.layerLabels,
     headLabels: p.headLabels,

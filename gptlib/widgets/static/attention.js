@@ -76,41 +76,41 @@ function thumbnail(P, T, LUT) {
   ctx.putImageData(img, 0, 0);
   return canvas;
 }
-var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
+var named = (tokens, i, pos = null) => `${pos ? pos[i] : i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+function axisLabel(cls, tokens, i, k, what, pos) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
   const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
+  e.title = `${what} ${named(tokens, i, pos)}`;
   return e;
 }
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+function queryLabel(tokens, i, k, pos) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query", pos);
   q.dataset.i = String(i);
   return q;
 }
-var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+var cellTitle = (tokens, A, i, j, pos) => `query ${named(tokens, i, pos)} → key ${named(tokens, j, pos)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto";
   grid.style.gridAutoRows = `${cell}px`;
   const rows = tokens.map((_t, i) => [
-    queryLabel(tokens, i, k),
+    queryLabel(tokens, i, k, pos),
     ...tokens.map((_, j) => {
       const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
       c.dataset.i = String(i);
       if (j <= i) c.style.background = pal.heat(A[i][j]);
-      c.title = cellTitle(tokens, A, i, j);
+      c.title = cellTitle(tokens, A, i, j, pos);
       return c;
     })
   ]);
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
   grid.style.gridTemplateRows = "";
@@ -118,7 +118,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -131,7 +131,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   canvas.addEventListener("mousemove", (e) => {
     const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
     const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
+    canvas.title = cellTitle(tokens, A, i, j, pos);
     onQuery(i);
   });
   grid.replaceChildren(make("div", ""), keyRow, queries, box);
@@ -140,6 +140,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
 function heatmapState() {
   return {
     tokens: [],
+    positions: null,
     words: [],
     keys: [],
     rows: [],
@@ -149,24 +150,34 @@ function heatmapState() {
     focused: null
   };
 }
-function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
   const room = v.gridScroll.box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
-  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const least = T > CANVAS_FROM ? 2 : 4;
+  const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   const k = labelEvery(cell);
   v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
   if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(
+      v.grid,
+      tokens,
+      A,
+      cell,
+      d.keys,
+      pal,
+      onQuery,
+      pos
+    ));
   } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
   }
   return room;
 }
 function focus(d, i, pal) {
-  const { A, tokens } = d;
+  const { A, tokens, positions: pos } = d;
   clearFocus(d);
   for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
   d.rows[i][0].style.fontWeight = "bold";
@@ -185,7 +196,7 @@ function focus(d, i, pal) {
   d.words[i].classList.add("gptlib-attn-hot");
   d.focused = i;
   const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
-  return `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
+  return `query ${named(tokens, i, pos)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j, pos)} (${a.toFixed(2)})`).join(", ");
 }
 function clearFocus(d) {
   d.focused = null;
@@ -204,6 +215,162 @@ function clearFocus(d) {
     w.classList.remove("gptlib-attn-hot");
   }
 }
+function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
+  return box;
+}
+var tick = (x) => Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2)));
+function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => sc?.signed ? pal.signed(a) : pal.heat(a)).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box.querySelector(".gptlib-attn-legend-ticks").replaceChildren(
+    ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t)))
+  );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
+function scroller(content) {
+  const box = make("div", "gptlib-scroll");
+  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
+  box.append(content);
+  const check = () => {
+    const more = box.scrollWidth > box.clientWidth + 1;
+    cue.style.display = more ? "" : "none";
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
+  };
+  box.addEventListener("scroll", check, { passive: true });
+  return { box, cue, check };
+}
+
+// gptlib/widgets/js/overview.js
+function cellSize(L) {
+  return Math.max(14, Math.min(28, Math.floor(420 / L)));
+}
+function headGrid(hooks) {
+  const box = make("div", "gptlib-attn-overview");
+  let next;
+  const preview = (l, h) => {
+    if (next === void 0)
+      requestAnimationFrame(() => {
+        hooks.preview(...next);
+        next = void 0;
+      });
+    next = [l, h];
+  };
+  box.setAttribute("role", "group");
+  let cells = [], at = [0, 0];
+  function build(layerLabels, headLabels, groups) {
+    const L = layerLabels.length, H = headLabels.length, px = cellSize(L);
+    box.style.gridTemplateColumns = `max-content repeat(${H}, ${px}px)`;
+    box.style.gridAutoRows = `${px}px`;
+    box.setAttribute(
+      "aria-label",
+      `every head, ${L} layers down and ${H} heads across: the arrow keys move, Enter chooses`
+    );
+    const items = [make("div", "")];
+    for (let h = 0; h < H; h++) {
+      const c = make("div", "gptlib-attn-ov-head", String(h));
+      c.title = headLabels[h];
+      if (groups && h > 0 && groups[h] !== groups[h - 1]) c.classList.add("kv-start");
+      items.push(c);
+    }
+    cells = layerLabels.map((lab, l) => {
+      items.push(make("div", "gptlib-attn-ov-layer", lab));
+      return headLabels.map((hl, h) => {
+        const b = make("button", "gptlib-attn-thumb");
+        b.type = "button";
+        b.tabIndex = -1;
+        b.dataset.layer = String(l);
+        b.dataset.head = String(h);
+        b.setAttribute("aria-label", `${lab}, ${hl}`);
+        if (groups && h > 0 && groups[h] !== groups[h - 1]) b.classList.add("kv-start");
+        items.push(b);
+        return b;
+      });
+    });
+    box.replaceChildren(...items);
+    at = [Math.min(at[0], L - 1), Math.min(at[1], H - 1)];
+    cells[at[0]][at[1]].tabIndex = 0;
+  }
+  function paint(colourOf, titleOf, mask) {
+    cells.forEach((row, l) => {
+      row.forEach((b, h) => {
+        b.style.background = colourOf(l, h);
+        const off = !!mask && mask[l * row.length + h] !== 1;
+        b.classList.toggle("ablated", off);
+        b.title = titleOf(l, h) + (off ? " (ablated)" : "");
+      });
+    });
+  }
+  function choose(l, h) {
+    for (const row of cells) for (const b2 of row) b2.classList.remove("selected");
+    const b = cells[l]?.[h];
+    if (!b) return;
+    b.classList.add("selected");
+    if (!box.contains(document.activeElement)) moveTo(l, h, false);
+  }
+  function moveTo(l, h, focus2) {
+    cells[at[0]][at[1]].tabIndex = -1;
+    at = [l, h];
+    const b = cells[l][h];
+    b.tabIndex = 0;
+    if (focus2) b.focus();
+  }
+  listen(box, preview, hooks.pick, {
+    size: () => [cells.length, cells[0]?.length || 0],
+    at: () => at,
+    moveTo
+  });
+  return { box, build, paint, choose };
+}
+function listen(box, preview, pick, nav) {
+  const headOf = (e) => {
+    const b = e.target.closest?.(".gptlib-attn-thumb");
+    return b && box.contains(b) ? [Number(b.dataset.layer), Number(b.dataset.head)] : null;
+  };
+  box.addEventListener("mouseover", (e) => {
+    const lh = headOf(e);
+    if (lh) preview(...lh);
+  });
+  box.addEventListener("mouseleave", () => {
+    if (!box.contains(document.activeElement)) preview(null, null);
+  });
+  box.addEventListener("click", (e) => {
+    const lh = headOf(e);
+    if (lh) {
+      nav.moveTo(...lh, false);
+      pick(...lh);
+    }
+  });
+  box.addEventListener("focusin", (e) => {
+    const lh = headOf(e);
+    if (lh) preview(...lh);
+  });
+  box.addEventListener("focusout", (e) => {
+    if (!box.contains(e.relatedTarget)) preview(null, null);
+  });
+  const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  box.addEventListener("keydown", (e) => {
+    const d = MOVES[e.key];
+    if (!d || !nav.size()[0]) return;
+    e.preventDefault();
+    const l = Math.min(nav.size()[0] - 1, Math.max(0, nav.at()[0] + d[0]));
+    const h = Math.min(nav.size()[1] - 1, Math.max(0, nav.at()[1] + d[1]));
+    nav.moveTo(l, h, true);
+    report(box, { at: `${l}/${h}` });
+  });
+}
 
 // gptlib/widgets/js/heads.js
 var STOPS = [
@@ -213,9 +380,9 @@ var STOPS = [
   [33, 113, 181],
   [8, 48, 107]
 ];
-function scaleOn(bg) {
+function scaleOn(bg, stops = STOPS) {
   const dark = luminance(bg) < 0.35;
-  return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
+  return [bg, ...(dark ? [...stops].reverse() : stops).slice(1)];
 }
 function luminance(rgb) {
   const lin = rgb.map((c) => {
@@ -237,7 +404,14 @@ function backgroundOf(el) {
   }
   return [255, 255, 255];
 }
-function palette(stops) {
+var NEGATIVE_STOPS = [
+  [255, 255, 255],
+  [252, 187, 161],
+  [251, 106, 74],
+  [203, 24, 29],
+  [103, 0, 13]
+];
+function palette(stops, negative = NEGATIVE_STOPS) {
   const lut = Uint8ClampedArray.from(
     { length: 256 * 3 },
     (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
@@ -246,49 +420,48 @@ function palette(stops) {
     stops,
     lut,
     heat: (a) => `rgb(${colour(a, stops).join(", ")})`,
+    // x in [-1, 1]: the background at 0, blue for positive values, red for negative ones
+    signed: (x) => `rgb(${colour(Math.abs(x), x < 0 ? negative : stops).join(", ")})`,
     ink: (a) => luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"
   };
 }
-var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 var MEANING = {
   "previous token": "mean weight on key i−1",
   "first token": "mean weight on key 0",
-  induction: "mean weight on the token that followed the last occurrence of the query's token"
+  induction: "mean weight on the token that followed the last occurrence of the query's token",
+  entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's"
 };
-function legend() {
-  const bar = make("div", "gptlib-attn-legend-bar");
-  const ticks = make("div", "gptlib-attn-legend-ticks");
-  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
-  const scale = make("div", "gptlib-attn-legend-scale");
-  scale.append(bar, ticks);
-  const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "", "attention weight"), scale);
-  return box;
+function rowEntropy(patterns, T, known = null) {
+  if (T < 2) return null;
+  if (known) return { name: "entropy", values: known, uniform: Math.log(T), top: Math.log(T) };
+  const values = patterns.map(
+    (layer) => layer.map((A) => {
+      let e = 0;
+      for (let j = 0; j < T; j++) {
+        const a = A[T - 1][j];
+        if (a > 0) e -= a * Math.log(a);
+      }
+      return e;
+    })
+  );
+  return { name: "entropy", values, uniform: Math.log(T), top: Math.log(T) };
 }
-var drawLegend = (box, pal) => {
-  box.querySelector(".gptlib-attn-legend-bar").style.background = `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(pal.heat).join(", ")})`;
-};
-function scroller(content) {
-  const box = make("div", "gptlib-scroll");
-  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
-  box.append(content);
-  const check = () => {
-    const more = box.scrollWidth > box.clientWidth + 1;
-    cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle(
-      "gptlib-more-right",
-      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
-    );
-  };
-  box.addEventListener("scroll", check, { passive: true });
-  return { box, cue, check };
+function scaleFor(s) {
+  const all = s.values.flat();
+  if (all.some((x) => x < 0) || s.name === "direct") {
+    const m = Math.max(1e-9, ...all.map(Math.abs));
+    return { signed: true, at: (x) => x / m, ends: [-m, m] };
+  }
+  const top = s.top || 1;
+  return { signed: false, at: (x) => x / top, ends: [0, top] };
 }
-function panelLayout(root) {
+function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
-    thumbs: make("div", "gptlib-attn-thumbs"),
     key: make("div", "gptlib-attn-score-key"),
+    window: make("div", "gptlib-attn-score-key gptlib-attn-window"),
+    colourSel: make("select", "gptlib-attn-colour"),
+    overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
     headSel: make("select", "gptlib-attn-head"),
     current: make("div", "gptlib-attn-current"),
@@ -301,19 +474,26 @@ function panelLayout(root) {
       "hover a token of the text, or a query row, to see where it looks"
     )
   };
+  v.colourSel.setAttribute("aria-label", "colour every head by");
+  v.layerSel.setAttribute("aria-label", "layer");
+  v.headSel.setAttribute("aria-label", "head");
+  const choose = make("div", "gptlib-controls");
+  choose.append("colour every head by ", v.colourSel, v.overviewLegend);
+  const overview = make("div", "gptlib-attn-ov-box");
+  overview.append(grid.box);
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
-  v.thumbScroll = scroller(v.thumbs);
   v.gridScroll = scroller(v.grid);
+  const detail = make("div", "gptlib-attn-detail");
+  detail.append(controls, v.current, v.gridScroll.box, v.gridScroll.cue);
+  const both = make("div", "gptlib-attn-both");
+  both.append(overview, detail);
   root.append(
     v.title,
-    v.thumbScroll.box,
-    v.thumbScroll.cue,
+    v.window,
     v.key,
-    controls,
-    v.current,
-    v.gridScroll.box,
-    v.gridScroll.cue,
+    choose,
+    both,
     make("div", "gptlib-attn-text-label", "text (hover a token):"),
     v.text,
     v.focus
@@ -329,67 +509,17 @@ function setOptions(sel, labels) {
     })
   );
 }
-function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  const dense = headLabels.length > 6;
-  thumbs.classList.toggle("dense", dense);
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
-  const best = scores.map((s) => Math.max(...s.values.flat()));
-  const buttons = [];
-  const items = [
-    make("div", ""),
-    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
-  ];
-  patterns.forEach((layerPatterns, l) => {
-    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
-    layerPatterns.forEach((P, h) => {
-      const b = make("button", "gptlib-attn-thumb");
-      b.type = "button";
-      b.dataset.layer = String(l);
-      b.dataset.head = String(h);
-      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
-      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
-      b.append(thumbnail(P, tokens.length, pal.lut));
-      scores.forEach((s, n) => {
-        const v = s.values[l][h];
-        const line = make(
-          "div",
-          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
-          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
-        );
-        report(line, { name: s.name, value: v });
-        b.append(line);
-      });
-      b.addEventListener("click", () => onPick(l, h));
-      buttons.push(b);
-      items.push(b);
-    });
-  });
-  thumbs.replaceChildren(...items);
-  return buttons;
+function scoreKey(s) {
+  if (!s) return "";
+  const meaning = s.meaning || MEANING[s.name] || "";
+  const uniform = s.uniform === null || s.uniform === void 0 ? "" : `; ${s.uniform.toFixed(2)} for a uniform head`;
+  return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
-function markThumbs(buttons, { groups, mask, headLabels }) {
-  const H = headLabels.length;
-  buttons.forEach((b) => {
-    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
-    if (groups) {
-      b.dataset.kv = String(groups[h]);
-      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
-    }
-    const off = !!mask && mask[l * H + h] !== 1;
-    b.classList.toggle("ablated", off);
-    if (off) b.title += " (ablated)";
-  });
-}
-function scoreKey(scores) {
-  if (!scores.length) return "";
-  return `Scores on the text below: ${scores.map(
-    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
-  ).join(", ")}. Bold: the highest head of each score.`;
-}
-function drawText(box, tokens, onEnter, onLeave) {
+var scoreText = (scores, l, h, digits) => scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
+function drawText(box, tokens, onEnter, onLeave, pos = null) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "↵\n"));
-    s.title = `token ${named(tokens, i)}`;
+    s.title = `token ${named(tokens, i, pos)}`;
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
@@ -401,56 +531,138 @@ function drawText(box, tokens, onEnter, onLeave) {
     s.append(" ", w);
     return s;
   });
+  if (pos && pos.length > 1 && pos[1] > 1) {
+    const gap = make(
+      "span",
+      "gptlib-attn-gap",
+      ` … (tokens 1 to ${pos[1] - 1} left out) … `
+    );
+    items.splice(1, 0, gap);
+  }
   box.replaceChildren(...collapse(items));
   return words;
 }
+function paintOverview(grid, v, data, scores, pal, root) {
+  const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+  v.key.textContent = scoreKey(s);
+  if (!s) {
+    grid.paint(
+      () => "",
+      () => "",
+      data.mask
+    );
+    drawLegend(v.overviewLegend, pal);
+    return;
+  }
+  const sc = scaleFor(s);
+  const colourOf = (l, h) => {
+    const x = sc.at(s.values[l][h]);
+    return sc.signed ? pal.signed(x) : pal.heat(x);
+  };
+  const { layerLabels, headLabels } = data;
+  grid.paint(
+    colourOf,
+    (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+    data.mask
+  );
+  drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+  report(root, {
+    colourBy: s.name,
+    scores: Object.fromEntries(scores.map((x) => [x.name, x.values]))
+  });
+}
+function setScores(sel, scores) {
+  const chosen = sel.value;
+  sel.replaceChildren(
+    ...scores.map((s) => {
+      const o = make("option", "", s.name);
+      o.value = s.name;
+      return o;
+    })
+  );
+  if (scores.some((s) => s.name === chosen)) sel.value = chosen;
+}
+function watch(root, scroll, { resized, themed }) {
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      scroll.check();
+      resized();
+    }).observe(scroll.box);
+  }
+  if (typeof MutationObserver !== "undefined") {
+    const seen = new MutationObserver(() => {
+      if (!root.isConnected) seen.disconnect();
+      else themed();
+    });
+    seen.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
+  }
+}
+function paletteOn(root, pal) {
+  const bg = backgroundOf(root), stops = scaleOn(bg);
+  if (JSON.stringify(stops) === JSON.stringify(pal.stops)) return pal;
+  return palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+}
+function panelScores(data) {
+  const pos = data.positions || null, S = pos ? pos[pos.length - 1] + 1 : data.tokens.length;
+  const entropy = rowEntropy(data.patterns, S, data.entropy || null);
+  const note = pos && pos[1] > 1 ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.` : "";
+  return { scores: entropy ? [...data.scores, entropy] : [...data.scores], note };
+}
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  const v = panelLayout(root);
-  let data = null, buttons = [];
-  let pal = palette(STOPS);
-  let drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), drawnWidth = 0;
+  const grid = headGrid({
+    preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
+    pick: (l, h) => state.pick?.(l, h) || select(l, h)
+  });
+  const v = panelLayout(root, grid);
   const drawn = heatmapState();
   const focusQuery = (i) => {
     v.focus.textContent = focus(drawn, i, pal);
     report(root, { focus: i });
   };
   const unfocus = () => clearFocus(drawn);
-  function drawHead() {
-    if (!data) return;
-    const [layer, head] = state.get();
-    const { layerLabels, headLabels, scores } = data;
+  function drawDetail(layer, head) {
+    if (!data?.patterns[layer]?.[head]) return;
+    const { layerLabels, headLabels } = data;
+    shown = [layer, head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    for (const b of buttons) {
-      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
-      b.classList.toggle("selected", on);
-    }
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+    const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
-    });
+    };
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
     requestAnimationFrame(v.gridScroll.check);
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
       pattern: A.map((r) => Array.from(r))
     });
   }
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    grid.choose(layer, head);
+    drawDetail(layer, head);
+  }
   function select(layer, head) {
     state.set(layer, head);
     drawHead();
   }
+  const paint = () => paintOverview(grid, v, data, scores, pal, root);
   v.grid.addEventListener("mouseover", (e) => {
-    const i = e.target.dataset ? e.target.dataset.i : void 0;
-    if (i !== void 0) focusQuery(Number(i));
+    if (e.target.dataset?.i !== void 0) focusQuery(Number(e.target.dataset.i));
   });
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+  v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
-    const stops = scaleOn(backgroundOf(root));
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops)) pal = palette(stops);
+    pal = paletteOn(root, pal);
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -461,30 +673,20 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
-    markThumbs(buttons, data);
-    requestAnimationFrame(v.thumbScroll.check);
-    v.key.textContent = scoreKey(data.scores);
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    ({ scores, note: v.window.textContent } = panelScores(data));
+    setScores(v.colourSel, scores);
+    grid.build(data.layerLabels, data.headLabels, data.groups || null);
+    paint();
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  if (typeof ResizeObserver !== "undefined") {
-    new ResizeObserver(() => {
-      v.thumbScroll.check();
-      v.gridScroll.check();
-      if (data && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24) drawHead();
-    }).observe(v.gridScroll.box);
-  }
-  if (typeof MutationObserver !== "undefined") {
-    const watch = new MutationObserver(() => {
-      if (!root.isConnected) watch.disconnect();
-      else if (data) update(data);
-    });
-    watch.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+  watch(root, v.gridScroll, {
+    resized: () => {
+      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
+        drawDetail(...shown);
+    },
+    themed: () => data && update(data)
+  });
   return { update, select, redraw: drawHead };
 }
 

@@ -22,15 +22,6 @@ function lensTops(ids, logits, lse, n, K) {
     probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
   }));
 }
-function nestFlat(flat, L, H, T) {
-  return [...Array(L).keys()].map(
-    (l) => [...Array(H).keys()].map(
-      (h) => [...Array(T).keys()].map(
-        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
-      )
-    )
-  );
-}
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
   if (!m?.usedJSHeapSize) return null;
@@ -38,6 +29,103 @@ function tabMemory() {
     bytes: m.usedJSHeapSize,
     limit: m.jsHeapSizeLimit,
     what: "the JavaScript heap (performance.memory)"
+  };
+}
+
+// gptlib/widgets/js/rows.js
+var PANEL_WINDOW = 128;
+function windowPositions(S, W = PANEL_WINDOW) {
+  const lo = Math.max(1, S - W + 1);
+  return S === 0 ? [] : [0, ...Array.from({ length: S - lo }, (_, k) => lo + k)];
+}
+function entropyOf(row) {
+  let e = 0;
+  for (const a of row) if (a > 0) e -= a * Math.log(a);
+  return e;
+}
+var firstKept = (K, W = PANEL_WINDOW) => K > W ? K - W + 1 : 0;
+var rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstKept(P + T, W));
+function rowWindow(L, H, W = PANEL_WINDOW) {
+  const lh = L * H;
+  let rows = [], los = [], from = 0, S = 0, entropy2 = null;
+  function begin(P0, K) {
+    const need = firstKept(K, W);
+    if (P0 <= need || S === 0) {
+      if (P0 > need) throw new Error(`rows of queries ${need} to ${P0 - 1} were never given`);
+      rows = Array.from({ length: lh }, () => []);
+      los = [];
+      from = need;
+    } else {
+      if (P0 > S || from > need) throw new Error(`rows of queries ${S} to ${P0 - 1} are missing`);
+      for (const r of rows) r.length = P0 - from;
+      los.length = P0 - from;
+      const drop = need - from;
+      if (drop > 0) {
+        for (const r of rows) r.splice(0, drop);
+        los.splice(0, drop);
+        from = need;
+      }
+    }
+    S = K;
+    return Math.max(1, need);
+  }
+  return {
+    add(attn, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K);
+      entropy2 = new Float64Array(lh);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t, o = (k * r + t) * K;
+          if (t === r - 1) entropy2[k] = entropyOf(attn.subarray(o, o + q + 1));
+          if (q < from) continue;
+          const row = new Float32Array(q === 0 ? 1 : q - lo + 2);
+          row[0] = attn[o];
+          if (q > 0) row.set(attn.subarray(o + lo, o + q + 1), 1);
+          rows[k].push(row);
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    addCut(cut, ent, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K), n = windowPositions(K, W).length;
+      entropy2 = Float64Array.from(ent);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t;
+          if (q < from) continue;
+          const c = q === 0 ? 0 : q - lo + 1, o = (k * r + t) * n;
+          rows[k].push(cut.slice(o, o + c + 1));
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    held: (K = S) => from <= firstKept(K, W) ? S : 0,
+    heads() {
+      if (!S) return null;
+      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W));
+      const line = (k) => {
+        const out = from === 0 ? [] : [Float32Array.of(1)];
+        rows[k].forEach((row, i) => {
+          const q = from + i;
+          if (los[i] !== lo && q > 0) {
+            const cut = new Float32Array(q - lo + 2);
+            cut[0] = row[0];
+            cut.set(row.subarray(1 + lo - los[i]), 1);
+            rows[k][i] = row = cut;
+          }
+          out.push(row);
+        });
+        return out;
+      };
+      const patterns = [...Array(L).keys()].map(
+        (l) => [...Array(H).keys()].map((h) => line(l * H + h))
+      );
+      los = los.map(() => lo);
+      const ent = [...Array(L).keys()].map((l) => Array.from(entropy2.subarray(l * H, l * H + H)));
+      return { positions, patterns, entropy: ent };
+    }
   };
 }
 
@@ -66,7 +154,27 @@ function fromStored(stored, { n_ctx: nCtx, d_vocab: V, n_layers: L, n_heads: H }
     });
     rest = { temps: stored.top.temperatures, logZ: stored.top.rest_logz };
   }
-  return { window, logits, rest, patterns, lens: stored.lens, direct: null, target: null };
+  return {
+    window,
+    logits,
+    rest,
+    ...windowed(patterns, L, H, window.length),
+    lens: stored.lens,
+    direct: null,
+    target: null
+  };
+}
+function windowed(patterns, L, H, T, W = PANEL_WINDOW) {
+  if (T <= W) return { patterns, positions: null, entropy: null };
+  const flat = new Float32Array(L * H * T * T);
+  patterns.forEach((layer, l) => {
+    layer.forEach((A, h) => {
+      A.forEach((row, i) => {
+        flat.set(Array.from(row).slice(0, i + 1), ((l * H + h) * T + i) * T);
+      });
+    });
+  });
+  return rowWindow(L, H, W).add(flat, 0, T).heads();
 }
 function restLogZAt(rest, T) {
   if (!rest || T === 0) return null;
@@ -387,41 +495,41 @@ function thumbnail(P, T, LUT) {
   ctx.putImageData(img, 0, 0);
   return canvas;
 }
-var named = (tokens, i) => `${i} “${show(tokens[i])}”`;
+var named = (tokens, i, pos = null) => `${pos ? pos[i] : i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
-function axisLabel(cls, tokens, i, k, what) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${i} ${show(tokens[i])}` : "";
+function axisLabel(cls, tokens, i, k, what, pos) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
   const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i)}`;
+  e.title = `${what} ${named(tokens, i, pos)}`;
   return e;
 }
-function queryLabel(tokens, i, k) {
-  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query");
+function queryLabel(tokens, i, k, pos) {
+  const q = axisLabel("gptlib-attn-query", tokens, i, k, "query", pos);
   q.dataset.i = String(i);
   return q;
 }
-var cellTitle = (tokens, A, i, j) => `query ${named(tokens, i)} → key ${named(tokens, j)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
-function cellHeatmap(grid, tokens, A, cell, keys, pal) {
+var cellTitle = (tokens, A, i, j, pos) => `query ${named(tokens, i, pos)} → key ${named(tokens, j, pos)}: ` + (j > i ? "masked (a key after the query)" : `weight ${A[i][j].toFixed(3)}`);
+function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content repeat(${T}, ${cell}px)`;
   grid.style.gridTemplateRows = "auto";
   grid.style.gridAutoRows = `${cell}px`;
   const rows = tokens.map((_t, i) => [
-    queryLabel(tokens, i, k),
+    queryLabel(tokens, i, k, pos),
     ...tokens.map((_, j) => {
       const c = make("div", `gptlib-attn-cell${j > i ? " masked" : ""}`);
       c.dataset.i = String(i);
       if (j <= i) c.style.background = pal.heat(A[i][j]);
-      c.title = cellTitle(tokens, A, i, j);
+      c.title = cellTitle(tokens, A, i, j, pos);
       return c;
     })
   ]);
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
+function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const T = tokens.length, k = labelEvery(cell);
   grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
   grid.style.gridTemplateRows = "";
@@ -429,7 +537,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   const keyRow = make("div", "gptlib-attn-keys");
   keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
   keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k)]);
+  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
@@ -442,7 +550,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
   canvas.addEventListener("mousemove", (e) => {
     const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
     const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j);
+    canvas.title = cellTitle(tokens, A, i, j, pos);
     onQuery(i);
   });
   grid.replaceChildren(make("div", ""), keyRow, queries, box);
@@ -451,6 +559,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery) {
 function heatmapState() {
   return {
     tokens: [],
+    positions: null,
     words: [],
     keys: [],
     rows: [],
@@ -460,24 +569,34 @@ function heatmapState() {
     focused: null
   };
 }
-function drawHeatmap(d, v, tokens, A, pal, onQuery) {
+function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
   const room = v.gridScroll.box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
-  const cell = Math.max(4, Math.min(22, Math.floor(budget / T)));
+  const least = T > CANVAS_FROM ? 2 : 4;
+  const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   const k = labelEvery(cell);
   v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key"));
+  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
+  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
   if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(v.grid, tokens, A, cell, d.keys, pal, onQuery));
+    ({ rows: d.rows, band: d.band } = canvasHeatmap(
+      v.grid,
+      tokens,
+      A,
+      cell,
+      d.keys,
+      pal,
+      onQuery,
+      pos
+    ));
   } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal);
+    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
   }
   return room;
 }
 function focus(d, i, pal) {
-  const { A, tokens } = d;
+  const { A, tokens, positions: pos } = d;
   clearFocus(d);
   for (const c of d.rows[i]) c.style.outline = "1px solid #c00";
   d.rows[i][0].style.fontWeight = "bold";
@@ -496,7 +615,7 @@ function focus(d, i, pal) {
   d.words[i].classList.add("gptlib-attn-hot");
   d.focused = i;
   const top = [...A[i]].map((a, j) => [a, j]).filter(([, j]) => j <= i).sort((x, y) => y[0] - x[0]).slice(0, 3);
-  return `query ${named(tokens, i)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j)} (${a.toFixed(2)})`).join(", ");
+  return `query ${named(tokens, i, pos)} attends to ` + top.map(([a, j]) => `key ${named(tokens, j, pos)} (${a.toFixed(2)})`).join(", ");
 }
 function clearFocus(d) {
   d.focused = null;
@@ -515,6 +634,162 @@ function clearFocus(d) {
     w.classList.remove("gptlib-attn-hot");
   }
 }
+function legend() {
+  const bar = make("div", "gptlib-attn-legend-bar");
+  const ticks = make("div", "gptlib-attn-legend-ticks");
+  const scale = make("div", "gptlib-attn-legend-scale");
+  scale.append(bar, ticks);
+  const box = make("div", "gptlib-attn-legend");
+  box.append(make("div", "gptlib-attn-legend-name", "attention weight"), scale);
+  return box;
+}
+var tick = (x) => Math.abs(x) >= 10 ? x.toFixed(0) : String(Number(x.toFixed(2)));
+function drawLegend(box, pal, name = "attention weight", sc = null) {
+  const bar = box.querySelector(".gptlib-attn-legend-bar");
+  const at = sc?.signed ? [-1, -0.5, 0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+  bar.style.background = `linear-gradient(to right, ${at.map((a) => sc?.signed ? pal.signed(a) : pal.heat(a)).join(", ")})`;
+  const [lo, hi] = sc ? sc.ends : [0, 1];
+  const ticks = sc?.signed ? [lo, 0, hi] : [lo, (lo + hi) / 2, hi];
+  box.querySelector(".gptlib-attn-legend-ticks").replaceChildren(
+    ...(sc ? ticks : [0, 0.25, 0.5, 0.75, 1]).map((t) => make("div", "", tick(t)))
+  );
+  box.querySelector(".gptlib-attn-legend-name").textContent = name;
+}
+function scroller(content) {
+  const box = make("div", "gptlib-scroll");
+  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
+  box.append(content);
+  const check = () => {
+    const more = box.scrollWidth > box.clientWidth + 1;
+    cue.style.display = more ? "" : "none";
+    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
+    box.classList.toggle(
+      "gptlib-more-right",
+      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
+    );
+  };
+  box.addEventListener("scroll", check, { passive: true });
+  return { box, cue, check };
+}
+
+// gptlib/widgets/js/overview.js
+function cellSize(L) {
+  return Math.max(14, Math.min(28, Math.floor(420 / L)));
+}
+function headGrid(hooks) {
+  const box = make("div", "gptlib-attn-overview");
+  let next;
+  const preview = (l, h) => {
+    if (next === void 0)
+      requestAnimationFrame(() => {
+        hooks.preview(...next);
+        next = void 0;
+      });
+    next = [l, h];
+  };
+  box.setAttribute("role", "group");
+  let cells = [], at = [0, 0];
+  function build(layerLabels, headLabels, groups) {
+    const L = layerLabels.length, H = headLabels.length, px = cellSize(L);
+    box.style.gridTemplateColumns = `max-content repeat(${H}, ${px}px)`;
+    box.style.gridAutoRows = `${px}px`;
+    box.setAttribute(
+      "aria-label",
+      `every head, ${L} layers down and ${H} heads across: the arrow keys move, Enter chooses`
+    );
+    const items = [make("div", "")];
+    for (let h = 0; h < H; h++) {
+      const c = make("div", "gptlib-attn-ov-head", String(h));
+      c.title = headLabels[h];
+      if (groups && h > 0 && groups[h] !== groups[h - 1]) c.classList.add("kv-start");
+      items.push(c);
+    }
+    cells = layerLabels.map((lab, l) => {
+      items.push(make("div", "gptlib-attn-ov-layer", lab));
+      return headLabels.map((hl, h) => {
+        const b = make("button", "gptlib-attn-thumb");
+        b.type = "button";
+        b.tabIndex = -1;
+        b.dataset.layer = String(l);
+        b.dataset.head = String(h);
+        b.setAttribute("aria-label", `${lab}, ${hl}`);
+        if (groups && h > 0 && groups[h] !== groups[h - 1]) b.classList.add("kv-start");
+        items.push(b);
+        return b;
+      });
+    });
+    box.replaceChildren(...items);
+    at = [Math.min(at[0], L - 1), Math.min(at[1], H - 1)];
+    cells[at[0]][at[1]].tabIndex = 0;
+  }
+  function paint(colourOf, titleOf, mask) {
+    cells.forEach((row, l) => {
+      row.forEach((b, h) => {
+        b.style.background = colourOf(l, h);
+        const off = !!mask && mask[l * row.length + h] !== 1;
+        b.classList.toggle("ablated", off);
+        b.title = titleOf(l, h) + (off ? " (ablated)" : "");
+      });
+    });
+  }
+  function choose(l, h) {
+    for (const row of cells) for (const b2 of row) b2.classList.remove("selected");
+    const b = cells[l]?.[h];
+    if (!b) return;
+    b.classList.add("selected");
+    if (!box.contains(document.activeElement)) moveTo(l, h, false);
+  }
+  function moveTo(l, h, focus2) {
+    cells[at[0]][at[1]].tabIndex = -1;
+    at = [l, h];
+    const b = cells[l][h];
+    b.tabIndex = 0;
+    if (focus2) b.focus();
+  }
+  listen(box, preview, hooks.pick, {
+    size: () => [cells.length, cells[0]?.length || 0],
+    at: () => at,
+    moveTo
+  });
+  return { box, build, paint, choose };
+}
+function listen(box, preview, pick, nav) {
+  const headOf = (e) => {
+    const b = e.target.closest?.(".gptlib-attn-thumb");
+    return b && box.contains(b) ? [Number(b.dataset.layer), Number(b.dataset.head)] : null;
+  };
+  box.addEventListener("mouseover", (e) => {
+    const lh = headOf(e);
+    if (lh) preview(...lh);
+  });
+  box.addEventListener("mouseleave", () => {
+    if (!box.contains(document.activeElement)) preview(null, null);
+  });
+  box.addEventListener("click", (e) => {
+    const lh = headOf(e);
+    if (lh) {
+      nav.moveTo(...lh, false);
+      pick(...lh);
+    }
+  });
+  box.addEventListener("focusin", (e) => {
+    const lh = headOf(e);
+    if (lh) preview(...lh);
+  });
+  box.addEventListener("focusout", (e) => {
+    if (!box.contains(e.relatedTarget)) preview(null, null);
+  });
+  const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  box.addEventListener("keydown", (e) => {
+    const d = MOVES[e.key];
+    if (!d || !nav.size()[0]) return;
+    e.preventDefault();
+    const l = Math.min(nav.size()[0] - 1, Math.max(0, nav.at()[0] + d[0]));
+    const h = Math.min(nav.size()[1] - 1, Math.max(0, nav.at()[1] + d[1]));
+    nav.moveTo(l, h, true);
+    report(box, { at: `${l}/${h}` });
+  });
+}
 
 // gptlib/widgets/js/heads.js
 var STOPS = [
@@ -524,9 +799,9 @@ var STOPS = [
   [33, 113, 181],
   [8, 48, 107]
 ];
-function scaleOn(bg) {
+function scaleOn(bg, stops = STOPS) {
   const dark = luminance(bg) < 0.35;
-  return [bg, ...(dark ? [...STOPS].reverse() : STOPS).slice(1)];
+  return [bg, ...(dark ? [...stops].reverse() : stops).slice(1)];
 }
 function luminance(rgb) {
   const lin = rgb.map((c) => {
@@ -548,7 +823,14 @@ function backgroundOf(el) {
   }
   return [255, 255, 255];
 }
-function palette(stops) {
+var NEGATIVE_STOPS = [
+  [255, 255, 255],
+  [252, 187, 161],
+  [251, 106, 74],
+  [203, 24, 29],
+  [103, 0, 13]
+];
+function palette(stops, negative = NEGATIVE_STOPS) {
   const lut = Uint8ClampedArray.from(
     { length: 256 * 3 },
     (_, k) => colour(Math.floor(k / 3) / 255, stops)[k % 3]
@@ -557,29 +839,32 @@ function palette(stops) {
     stops,
     lut,
     heat: (a) => `rgb(${colour(a, stops).join(", ")})`,
+    // x in [-1, 1]: the background at 0, blue for positive values, red for negative ones
+    signed: (x) => `rgb(${colour(Math.abs(x), x < 0 ? negative : stops).join(", ")})`,
     ink: (a) => luminance(colour(a, stops)) > 0.3 ? "#000" : "#fff"
   };
 }
-function inductionPairs(keys) {
+function inductionPairs(keys, pos = null) {
   const last = /* @__PURE__ */ new Map(), pairs = [];
   keys.forEach((t, i) => {
     const k = last.get(t);
-    if (k !== void 0 && k + 1 < i) pairs.push([i, k + 1]);
+    if (k !== void 0 && k + 1 < i && (!pos || pos[k + 1] === pos[k] + 1)) pairs.push([i, k + 1]);
     last.set(t, i);
   });
   return pairs;
 }
-function headScores(patterns, keys) {
+function headScores(patterns, keys, pos = null) {
   const T = keys.length;
   if (T < 2) return [];
+  const at = (i) => pos ? pos[i] : i;
   const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
-  const uniform = (i) => 1 / (i + 1);
+  const uniform = (i) => 1 / (at(i) + 1);
   const rows = [...Array(T - 1).keys()].map((i) => i + 1);
   const found = [
-    ["previous token", rows.map((i) => [i, i - 1])],
+    ["previous token", rows.filter((i) => at(i - 1) === at(i) - 1).map((i) => [i, i - 1])],
     ["first token", rows.map((i) => [i, 0])]
   ];
-  const induction = inductionPairs(keys);
+  const induction = inductionPairs(keys, pos);
   if (induction.length) found.push(["induction", induction]);
   return found.map(([name, pairs]) => ({
     name,
@@ -587,46 +872,43 @@ function headScores(patterns, keys) {
     uniform: mean(pairs, (i) => uniform(i))
   }));
 }
-var SHORT = { "previous token": "prev", "first token": "first", induction: "ind" };
 var MEANING = {
   "previous token": "mean weight on key i−1",
   "first token": "mean weight on key 0",
-  induction: "mean weight on the token that followed the last occurrence of the query's token"
+  induction: "mean weight on the token that followed the last occurrence of the query's token",
+  entropy: "of the last query's row, in nats; coloured as a share of log T, a uniform row's"
 };
-function legend() {
-  const bar = make("div", "gptlib-attn-legend-bar");
-  const ticks = make("div", "gptlib-attn-legend-ticks");
-  ticks.append(...["0", "0.25", "0.5", "0.75", "1"].map((t) => make("div", "", t)));
-  const scale = make("div", "gptlib-attn-legend-scale");
-  scale.append(bar, ticks);
-  const box = make("div", "gptlib-attn-legend");
-  box.append(make("div", "", "attention weight"), scale);
-  return box;
+function rowEntropy(patterns, T, known = null) {
+  if (T < 2) return null;
+  if (known) return { name: "entropy", values: known, uniform: Math.log(T), top: Math.log(T) };
+  const values = patterns.map(
+    (layer) => layer.map((A) => {
+      let e = 0;
+      for (let j = 0; j < T; j++) {
+        const a = A[T - 1][j];
+        if (a > 0) e -= a * Math.log(a);
+      }
+      return e;
+    })
+  );
+  return { name: "entropy", values, uniform: Math.log(T), top: Math.log(T) };
 }
-var drawLegend = (box, pal) => {
-  box.querySelector(".gptlib-attn-legend-bar").style.background = `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map(pal.heat).join(", ")})`;
-};
-function scroller(content) {
-  const box = make("div", "gptlib-scroll");
-  const cue = make("div", "gptlib-scroll-cue", "scroll sideways to see the rest ↔");
-  box.append(content);
-  const check = () => {
-    const more = box.scrollWidth > box.clientWidth + 1;
-    cue.style.display = more ? "" : "none";
-    box.classList.toggle("gptlib-more-left", more && box.scrollLeft > 1);
-    box.classList.toggle(
-      "gptlib-more-right",
-      more && box.scrollLeft + box.clientWidth < box.scrollWidth - 1
-    );
-  };
-  box.addEventListener("scroll", check, { passive: true });
-  return { box, cue, check };
+function scaleFor(s) {
+  const all = s.values.flat();
+  if (all.some((x) => x < 0) || s.name === "direct") {
+    const m = Math.max(1e-9, ...all.map(Math.abs));
+    return { signed: true, at: (x) => x / m, ends: [-m, m] };
+  }
+  const top = s.top || 1;
+  return { signed: false, at: (x) => x / top, ends: [0, top] };
 }
-function panelLayout(root) {
+function panelLayout(root, grid) {
   const v = {
     title: make("div", "gptlib-title"),
-    thumbs: make("div", "gptlib-attn-thumbs"),
     key: make("div", "gptlib-attn-score-key"),
+    window: make("div", "gptlib-attn-score-key gptlib-attn-window"),
+    colourSel: make("select", "gptlib-attn-colour"),
+    overviewLegend: legend(),
     layerSel: make("select", "gptlib-attn-layer"),
     headSel: make("select", "gptlib-attn-head"),
     current: make("div", "gptlib-attn-current"),
@@ -639,19 +921,26 @@ function panelLayout(root) {
       "hover a token of the text, or a query row, to see where it looks"
     )
   };
+  v.colourSel.setAttribute("aria-label", "colour every head by");
+  v.layerSel.setAttribute("aria-label", "layer");
+  v.headSel.setAttribute("aria-label", "head");
+  const choose = make("div", "gptlib-controls");
+  choose.append("colour every head by ", v.colourSel, v.overviewLegend);
+  const overview = make("div", "gptlib-attn-ov-box");
+  overview.append(grid.box);
   const controls = make("div", "gptlib-controls");
   controls.append("layer ", v.layerSel, " head ", v.headSel, v.legend);
-  v.thumbScroll = scroller(v.thumbs);
   v.gridScroll = scroller(v.grid);
+  const detail = make("div", "gptlib-attn-detail");
+  detail.append(controls, v.current, v.gridScroll.box, v.gridScroll.cue);
+  const both = make("div", "gptlib-attn-both");
+  both.append(overview, detail);
   root.append(
     v.title,
-    v.thumbScroll.box,
-    v.thumbScroll.cue,
+    v.window,
     v.key,
-    controls,
-    v.current,
-    v.gridScroll.box,
-    v.gridScroll.cue,
+    choose,
+    both,
     make("div", "gptlib-attn-text-label", "text (hover a token):"),
     v.text,
     v.focus
@@ -667,67 +956,17 @@ function setOptions(sel, labels) {
     })
   );
 }
-function drawThumbs(thumbs, { tokens, patterns, layerLabels, headLabels, scores }, pal, onPick) {
-  const dense = headLabels.length > 6;
-  thumbs.classList.toggle("dense", dense);
-  thumbs.style.gridTemplateColumns = `max-content repeat(${headLabels.length}, minmax(${dense ? 60 : 76}px, max-content))`;
-  const best = scores.map((s) => Math.max(...s.values.flat()));
-  const buttons = [];
-  const items = [
-    make("div", ""),
-    ...headLabels.map((h) => make("div", "gptlib-attn-thumb-head", h))
-  ];
-  patterns.forEach((layerPatterns, l) => {
-    items.push(make("div", "gptlib-attn-thumb-layer", layerLabels[l]));
-    layerPatterns.forEach((P, h) => {
-      const b = make("button", "gptlib-attn-thumb");
-      b.type = "button";
-      b.dataset.layer = String(l);
-      b.dataset.head = String(h);
-      b.title = `${layerLabels[l]}, ${headLabels[h]}: click to enlarge`;
-      b.setAttribute("aria-label", `${layerLabels[l]}, ${headLabels[h]}`);
-      b.append(thumbnail(P, tokens.length, pal.lut));
-      scores.forEach((s, n) => {
-        const v = s.values[l][h];
-        const line = make(
-          "div",
-          `gptlib-attn-score${v === best[n] ? " best" : ""}`,
-          `${SHORT[s.name] || s.name} ${v.toFixed(2)}`
-        );
-        report(line, { name: s.name, value: v });
-        b.append(line);
-      });
-      b.addEventListener("click", () => onPick(l, h));
-      buttons.push(b);
-      items.push(b);
-    });
-  });
-  thumbs.replaceChildren(...items);
-  return buttons;
+function scoreKey(s) {
+  if (!s) return "";
+  const meaning = s.meaning || MEANING[s.name] || "";
+  const uniform = s.uniform === null || s.uniform === void 0 ? "" : `; ${s.uniform.toFixed(2)} for a uniform head`;
+  return `Each cell is a head, coloured by its ${s.name} score (${meaning}${uniform}). The pointer or the arrow keys on a cell show that head below; a click or Enter keeps it.`;
 }
-function markThumbs(buttons, { groups, mask, headLabels }) {
-  const H = headLabels.length;
-  buttons.forEach((b) => {
-    const l = Number(b.dataset.layer), h = Number(b.dataset.head);
-    if (groups) {
-      b.dataset.kv = String(groups[h]);
-      b.classList.toggle("kv-odd", groups[h] % 2 === 1);
-    }
-    const off = !!mask && mask[l * H + h] !== 1;
-    b.classList.toggle("ablated", off);
-    if (off) b.title += " (ablated)";
-  });
-}
-function scoreKey(scores) {
-  if (!scores.length) return "";
-  return `Scores on the text below: ${scores.map(
-    (s) => `${SHORT[s.name] || s.name} = ${s.name} (${s.meaning || MEANING[s.name] || ""}` + (s.uniform === null ? ")" : `; ${s.uniform.toFixed(2)} for a uniform head)`)
-  ).join(", ")}. Bold: the highest head of each score.`;
-}
-function drawText(box, tokens, onEnter, onLeave) {
+var scoreText = (scores, l, h, digits) => scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
+function drawText(box, tokens, onEnter, onLeave, pos = null) {
   const words = tokens.map((t, i) => {
     const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "↵\n"));
-    s.title = `token ${named(tokens, i)}`;
+    s.title = `token ${named(tokens, i, pos)}`;
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
@@ -739,56 +978,138 @@ function drawText(box, tokens, onEnter, onLeave) {
     s.append(" ", w);
     return s;
   });
+  if (pos && pos.length > 1 && pos[1] > 1) {
+    const gap = make(
+      "span",
+      "gptlib-attn-gap",
+      ` … (tokens 1 to ${pos[1] - 1} left out) … `
+    );
+    items.splice(1, 0, gap);
+  }
   box.replaceChildren(...collapse(items));
   return words;
 }
+function paintOverview(grid, v, data, scores, pal, root) {
+  const s = scores.find((x) => x.name === v.colourSel.value) || scores[0];
+  v.key.textContent = scoreKey(s);
+  if (!s) {
+    grid.paint(
+      () => "",
+      () => "",
+      data.mask
+    );
+    drawLegend(v.overviewLegend, pal);
+    return;
+  }
+  const sc = scaleFor(s);
+  const colourOf = (l, h) => {
+    const x = sc.at(s.values[l][h]);
+    return sc.signed ? pal.signed(x) : pal.heat(x);
+  };
+  const { layerLabels, headLabels } = data;
+  grid.paint(
+    colourOf,
+    (l, h) => `${layerLabels[l]}, ${headLabels[h]}: ${scoreText(scores, l, h, 2)}`,
+    data.mask
+  );
+  drawLegend(v.overviewLegend, pal, `${s.name} score`, sc);
+  report(root, {
+    colourBy: s.name,
+    scores: Object.fromEntries(scores.map((x) => [x.name, x.values]))
+  });
+}
+function setScores(sel, scores) {
+  const chosen = sel.value;
+  sel.replaceChildren(
+    ...scores.map((s) => {
+      const o = make("option", "", s.name);
+      o.value = s.name;
+      return o;
+    })
+  );
+  if (scores.some((s) => s.name === chosen)) sel.value = chosen;
+}
+function watch(root, scroll, { resized, themed }) {
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      scroll.check();
+      resized();
+    }).observe(scroll.box);
+  }
+  if (typeof MutationObserver !== "undefined") {
+    const seen = new MutationObserver(() => {
+      if (!root.isConnected) seen.disconnect();
+      else themed();
+    });
+    seen.observe(document.documentElement, {
+      attributes: true,
+      attributeFilter: ["data-theme", "class"]
+    });
+  }
+}
+function paletteOn(root, pal) {
+  const bg = backgroundOf(root), stops = scaleOn(bg);
+  if (JSON.stringify(stops) === JSON.stringify(pal.stops)) return pal;
+  return palette(stops, scaleOn(bg, NEGATIVE_STOPS));
+}
+function panelScores(data) {
+  const pos = data.positions || null, S = pos ? pos[pos.length - 1] + 1 : data.tokens.length;
+  const entropy2 = rowEntropy(data.patterns, S, data.entropy || null);
+  const note = pos && pos[1] > 1 ? `The heads' patterns below are those of the last ${pos.length - 1} of the ${S} positions, and of the first (key 0), where many heads put their spare weight: a row's weights on the keys left out are not shown.` : "";
+  return { scores: entropy2 ? [...data.scores, entropy2] : [...data.scores], note };
+}
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  const v = panelLayout(root);
-  let data = null, buttons = [];
-  let pal = palette(STOPS);
-  let drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), drawnWidth = 0;
+  const grid = headGrid({
+    preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
+    pick: (l, h) => state.pick?.(l, h) || select(l, h)
+  });
+  const v = panelLayout(root, grid);
   const drawn = heatmapState();
   const focusQuery = (i) => {
     v.focus.textContent = focus(drawn, i, pal);
     report(root, { focus: i });
   };
   const unfocus = () => clearFocus(drawn);
-  function drawHead() {
-    if (!data) return;
-    const [layer, head] = state.get();
-    const { layerLabels, headLabels, scores } = data;
+  function drawDetail(layer, head) {
+    if (!data?.patterns[layer]?.[head]) return;
+    const { layerLabels, headLabels } = data;
+    shown = [layer, head];
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
-    for (const b of buttons) {
-      const on = b.dataset.layer === String(layer) && b.dataset.head === String(head);
-      b.classList.toggle("selected", on);
-    }
-    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scores.map((s) => `${s.name} score ${s.values[layer][head].toFixed(3)}`).join(", ")}` : "");
+    v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
     const A = data.patterns[layer][head];
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, (i) => {
+    const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
-    });
+    };
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
     requestAnimationFrame(v.gridScroll.check);
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
       pattern: A.map((r) => Array.from(r))
     });
   }
+  function drawHead() {
+    if (!data) return;
+    const [layer, head] = state.get();
+    grid.choose(layer, head);
+    drawDetail(layer, head);
+  }
   function select(layer, head) {
     state.set(layer, head);
     drawHead();
   }
+  const paint = () => paintOverview(grid, v, data, scores, pal, root);
   v.grid.addEventListener("mouseover", (e) => {
-    const i = e.target.dataset ? e.target.dataset.i : void 0;
-    if (i !== void 0) focusQuery(Number(i));
+    if (e.target.dataset?.i !== void 0) focusQuery(Number(e.target.dataset.i));
   });
   v.grid.addEventListener("mouseleave", unfocus);
   v.layerSel.addEventListener("change", () => select(Number(v.layerSel.value), state.get()[1]));
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
+  v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
-    const stops = scaleOn(backgroundOf(root));
-    if (JSON.stringify(stops) !== JSON.stringify(pal.stops)) pal = palette(stops);
+    pal = paletteOn(root, pal);
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
@@ -799,150 +1120,27 @@ function attentionPanel(root, state) {
     v.title.style.display = data.title ? "" : "none";
     setOptions(v.layerSel, data.layerLabels);
     setOptions(v.headSel, data.headLabels);
-    buttons = drawThumbs(v.thumbs, data, pal, (l, h) => state.pick?.(l, h) || select(l, h));
-    markThumbs(buttons, data);
-    requestAnimationFrame(v.thumbScroll.check);
-    v.key.textContent = scoreKey(data.scores);
-    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus);
+    ({ scores, note: v.window.textContent } = panelScores(data));
+    setScores(v.colourSel, scores);
+    grid.build(data.layerLabels, data.headLabels, data.groups || null);
+    paint();
+    drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  if (typeof ResizeObserver !== "undefined") {
-    new ResizeObserver(() => {
-      v.thumbScroll.check();
-      v.gridScroll.check();
-      if (data && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24) drawHead();
-    }).observe(v.gridScroll.box);
-  }
-  if (typeof MutationObserver !== "undefined") {
-    const watch = new MutationObserver(() => {
-      if (!root.isConnected) watch.disconnect();
-      else if (data) update(data);
-    });
-    watch.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+  watch(root, v.gridScroll, {
+    resized: () => {
+      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
+        drawDetail(...shown);
+    },
+    themed: () => data && update(data)
+  });
   return { update, select, redraw: drawHead };
-}
-
-// gptlib/widgets/js/kernel.js
-function kernelLink(model) {
-  let req = 0;
-  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
-  const listener = (msg, buffers) => {
-    const w = msg && waiting.get(msg.req);
-    if (!w) return;
-    waiting.delete(msg.req);
-    if (msg.kind === "error") w.reject(new LiveError(msg.message));
-    else w.resolve({ msg, buffers: buffers || [] });
-  };
-  model.on("msg:custom", listener);
-  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
-    const id = ++req;
-    waiting.set(id, { resolve, reject });
-    try {
-      model.send({ ...content, req: id });
-    } catch (e) {
-      waiting.delete(id);
-      reject(e);
-      return;
-    }
-    if (timeoutMs) {
-      const t = setTimeout(() => {
-        timers.delete(t);
-        if (waiting.delete(id)) reject(new LiveError("no answer"));
-      }, timeoutMs);
-      timers.add(t);
-    }
-  });
-  ask.close = () => {
-    model.off("msg:custom", listener);
-    timers.forEach(clearTimeout);
-    timers.clear();
-    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
-    waiting.clear();
-  };
-  return ask;
-}
-function pingKernel(ask, waits = [1e3, 2e3, 4e3, 8e3, 15e3]) {
-  return new Promise((resolve) => {
-    let done = false, timer = null, k = 0;
-    const finish = (yes) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      resolve(yes);
-    };
-    const ping = () => {
-      if (done) return;
-      ask({ kind: "ping" }).then(
-        () => finish(true),
-        (e) => {
-          if (e instanceof LiveError) finish(false);
-        }
-      );
-      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
-      else timer = setTimeout(() => finish(false), 0);
-    };
-    ping();
-  });
-}
-var STEP_TIMEOUT_MS = 6e4;
-var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
-  const { msg } = await ask({ kind: "start" });
-  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
-  return {
-    kind: "kernel",
-    describe: "PyTorch in the kernel",
-    config: c,
-    tokens: msg.tokens,
-    bytes: msg.token_bytes.map(fromBase64),
-    special: msg.special || {},
-    chat: msg.chat || null,
-    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
-    memory: () => null,
-    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
-      const t0 = performance.now();
-      let answer;
-      try {
-        answer = await ask(
-          { kind: "step", ids, mask: mask && Array.from(mask), lens, targets, rows },
-          timeoutMs
-        );
-      } catch (e) {
-        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
-        const late = new LiveError(
-          `the kernel gave no answer within ${timeoutMs / 1e3} s (busy with a cell, interrupted or stopped?): try again once it is idle, or restart it`
-        );
-        late.timeout = true;
-        throw late;
-      }
-      const { buffers } = answer;
-      const T = ids.length;
-      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
-      return {
-        logits: view(logits, Float32Array),
-        patterns: rows ? nestFlat(view(attn, Float32Array), L, H, T) : null,
-        lens: lens ? lensTops(
-          view(lensIds, BigInt64Array),
-          view(lensLogits, Float32Array),
-          view(lensLse, Float32Array),
-          lens.length,
-          K
-        ) : null,
-        direct: targets?.length ? view(direct, Float32Array) : null,
-        ms: performance.now() - t0
-      };
-    }
-  };
 }
 
 // gptlib/widgets/js/page.js
 var VERSION = 4;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var x=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var fe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function V(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function q(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?V(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function K(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=e.length||t;for(;l<s;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}function C(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,u=new Float32Array(r*s).fill(1),d=K(r*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let j=y.slice(-o.n_ctx),M=g?Float32Array.from(g):u,N=M.join(","),{keep:J,feed:F}=q(c,h,j,N,v),A=J,S=F.length,W=k||[],E=i||[],z=m?[...Array(S).keys()]:[],_=await n.run({ids:new t.Tensor("int64",p(F),[1,S]),past:new t.Tensor("float32",d.past(A),[A,r,2,l,a]),head_mask:new t.Tensor("float32",M,[r,s]),lens:new t.Tensor("int64",p(W),[W.length]),targets:new t.Tensor("int64",p(E),[E.length]),queries:new t.Tensor("int64",p(z),[z.length])});try{let B={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:A,T:S,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,W.length,f):null,direct:E.length?_.direct.data.slice():null};return d.put(A,_.kv.data),c=j.slice(),h=N,B}finally{for(let B of Object.values(_))B.dispose?.()}}}function Q(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var R=new Float64Array(65536);for(let t=0;t<65536;t++)R[t]=Q(t);var Y={Q4_1:20,Q8_0:34};function X(t,n,e){let o=Y[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,d=new Float32Array(32);for(let c=0,h=0;c<r/32;c++,h+=o){let p=R[f[h]|f[h+1]<<8];if(o===20){let i=R[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];d[m]=u(u(p*(v&15))+i),d[m+16]=u(u(p*(v>>4))+i)}}else for(let i=0;i<32;i++)d[i]=u((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[s+(k+i)*l+g]=d[i];else e.set(d,s+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((r,s)=>{X(t,r,o),e(s)}),o}var O={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Z="gptlib-live-models";async function D(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function ee(){try{return globalThis.caches?await caches.open(Z):null}catch{return null}}var te=(t,n)=>`${t}?sha256=${n}`,I=t=>t?.buffer.transfer?.(0);async function ne(t,n,e,o,r,s){let l=te(n,e.sha256),a=o.subarray(r,r+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await D(c)===e.sha256){a.set(c),s(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,d=f.body.getReader();for(;;){let{done:c,value:h}=await d.read();if(c)break;if(u+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,u),u+=h.length,s(h.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await D(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${x(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(ne(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var T=null,$=null,P=null,G=Promise.resolve();async function oe({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let r=await ee(),s=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${x(b)} of ${x(a)}`,b/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return I(i),m},[d,c,h,p,y]=await Promise.all([import(t+O.ort),import(t+O.tokenizers),L(r,n,l,f),L(r,n,e.onnx,f),s?L(r,n,s,f).then(u):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),d.env.wasm.numThreads=1,d.env.wasm.proxy=!1,d.env.wasm.wasmPaths=t+O.ortDir,o("starting onnxruntime-web",1);try{$=await d.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,I(y),I(p)}return T=C(d,$,e),P=g,!0}async function se(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await oe(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!T)throw new w("the live model is not started (or was released)");let e=await T(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!P)throw new w("the live model is not started (or was released)");n({result:P.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=T=P=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{G=G.then(()=>se(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var w=class extends Error{};var A=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),l=>Math.exp(l-e[r]))}))}var C=(t,n=128)=>t>n?t-n+1:0,q=(t,n,e=128)=>t+n-Math.max(t,C(t+n,e));var be=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Y(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function X(t,n,e,o,s=Number.POSITIVE_INFINITY){let r=n===o?Y(t,e):0;return r=Math.min(r,s,e.length-1),{keep:r,feed:e.slice(r)}}function Z(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,s){let r=o*t+s.length;if(r>e.length){let l=e.length||t;for(;l<r;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(s,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,d=new Float32Array(s*r).fill(1),u=Z(s*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let R=y.slice(-o.n_ctx),F=g?Float32Array.from(g):d,j=F.join(","),{keep:V,feed:z}=X(c,h,R,j,v),x=V,T=z.length,O=k||[],P=i||[],I=m?q(x,T):0,D=Array.from({length:I},(W,Q)=>T-I+Q),_=await n.run({ids:new t.Tensor("int64",p(z),[1,T]),past:new t.Tensor("float32",u.past(x),[x,s,2,l,a]),head_mask:new t.Tensor("float32",F,[s,r]),lens:new t.Tensor("int64",p(O),[O.length]),targets:new t.Tensor("int64",p(P),[P.length]),queries:new t.Tensor("int64",p(D),[D.length])});try{let W={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:x,T,R:I,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,O.length,f):null,direct:P.length?_.direct.data.slice():null};return u.put(x,_.kv.data),c=R.slice(),h=j,W}finally{for(let W of Object.values(_))W.dispose?.()}}}function ee(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var M=new Float64Array(65536);for(let t=0;t<65536;t++)M[t]=ee(t);var te={Q4_1:20,Q8_0:34};function ne(t,n,e){let o=te[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,u=new Float32Array(32);for(let c=0,h=0;c<s/32;c++,h+=o){let p=M[f[h]|f[h+1]<<8];if(o===20){let i=M[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];u[m]=d(d(p*(v&15))+i),u[m+16]=d(d(p*(v>>4))+i)}}else for(let i=0;i<32;i++)u[i]=d((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[r+(k+i)*l+g]=u[i];else e.set(u,r+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{ne(t,s,o),e(r)}),o}var S={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},oe="gptlib-live-models";async function K(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function re(){try{return globalThis.caches?await caches.open(oe):null}catch{return null}}var se=(t,n)=>`${t}?sha256=${n}`,B=t=>t?.buffer.transfer?.(0);async function ae(t,n,e,o,s,r){let l=se(n,e.sha256),a=o.subarray(s,s+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await K(c)===e.sha256){a.set(c),r(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let d=0,u=f.body.getReader();for(;;){let{done:c,value:h}=await u.read();if(c)break;if(d+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,d),d+=h.length,r(h.length)}if(d!==e.bytes)throw new w(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await K(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${A(e.bytes)}: ${a.message}.`)}let r=0,l=[];for(let a of e.pieces)l.push(ae(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(l),s}var E=null,$=null,N=null,J=Promise.resolve();async function ie({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let s=await re(),r=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${A(b)} of ${A(a)}`,b/a)};f(0);let d=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return B(i),m},[u,c,h,p,y]=await Promise.all([import(t+S.ort),import(t+S.tokenizers),L(s,n,l,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),u.env.wasm.numThreads=1,u.env.wasm.proxy=!1,u.env.wasm.wasmPaths=t+S.ortDir,o("starting onnxruntime-web",1);try{$=await u.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,B(y),B(p)}return E=G(u,$,e),N=g,!0}async function le(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ie(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!E)throw new w("the live model is not started (or was released)");let e=await E(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!N)throw new w("the live model is not started (or was released)");n({result:N.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=E=N=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{J=J.then(()=>le(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -1057,28 +1255,19 @@ async function browserBackend(source, weightsSha, hooks) {
   });
   return pageBackend(client, manifest);
 }
-function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    if (!rows[lh]) rows[lh] = [];
-    const r = rows[lh];
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
 }
 function pageBackend(client, manifest) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads;
-  let rows = [], known = 0, closed = false;
+  const rows = rowWindow(L, H);
+  let known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
     const { mask = null, lens = null, targets = null, rows: want = false } = options;
+    const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
       options: {
@@ -1086,17 +1275,18 @@ function pageBackend(client, manifest) {
         lens,
         targets,
         rows: want,
-        most: want ? known : void 0
+        most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : void 0
       }
     });
     known = Math.min(known, r.P);
     if (r.attn) {
-      rows = addRows(rows, r.attn, r.P, r.T, L, H);
+      rows.add(r.attn, r.P, r.T, r.R);
       known = r.P + r.T;
     }
+    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
-      patterns: want ? nestRows(rows, L, H) : null,
+      ...heads,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,
@@ -1153,6 +1343,128 @@ function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
     );
   }
   return started.get(key);
+}
+
+// gptlib/widgets/js/kernel.js
+function kernelLink(model) {
+  let req = 0;
+  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
+  const listener = (msg, buffers) => {
+    const w = msg && waiting.get(msg.req);
+    if (!w) return;
+    waiting.delete(msg.req);
+    if (msg.kind === "error") w.reject(new LiveError(msg.message));
+    else w.resolve({ msg, buffers: buffers || [] });
+  };
+  model.on("msg:custom", listener);
+  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
+    const id = ++req;
+    waiting.set(id, { resolve, reject });
+    try {
+      model.send({ ...content, req: id });
+    } catch (e) {
+      waiting.delete(id);
+      reject(e);
+      return;
+    }
+    if (timeoutMs) {
+      const t = setTimeout(() => {
+        timers.delete(t);
+        if (waiting.delete(id)) reject(new LiveError("no answer"));
+      }, timeoutMs);
+      timers.add(t);
+    }
+  });
+  ask.close = () => {
+    model.off("msg:custom", listener);
+    timers.forEach(clearTimeout);
+    timers.clear();
+    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
+    waiting.clear();
+  };
+  return ask;
+}
+function pingKernel(ask, waits = [1e3, 2e3, 4e3, 8e3, 15e3]) {
+  return new Promise((resolve) => {
+    let done = false, timer = null, k = 0;
+    const finish = (yes) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      resolve(yes);
+    };
+    const ping = () => {
+      if (done) return;
+      ask({ kind: "ping" }).then(
+        () => finish(true),
+        (e) => {
+          if (e instanceof LiveError) finish(false);
+        }
+      );
+      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
+      else timer = setTimeout(() => finish(false), 0);
+    };
+    ping();
+  });
+}
+var STEP_TIMEOUT_MS = 6e4;
+var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
+  const { msg } = await ask({ kind: "start" });
+  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
+  const win = rowWindow(L, H);
+  let heldIds = [], heldMask = null;
+  return {
+    kind: "kernel",
+    describe: "PyTorch in the kernel",
+    config: c,
+    tokens: msg.tokens,
+    bytes: msg.token_bytes.map(fromBase64),
+    special: msg.special || {},
+    chat: msg.chat || null,
+    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
+    memory: () => null,
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
+      const t0 = performance.now();
+      const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
+      const from = rows ? Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(T), T - 1) : 0;
+      const request = { kind: "step", ids, mask: m, lens, targets, rows };
+      if (rows) Object.assign(request, { window: PANEL_WINDOW, rows_from: from });
+      let answer;
+      try {
+        answer = await ask(request, timeoutMs);
+      } catch (e) {
+        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
+        const late = new LiveError(
+          `the kernel gave no answer within ${timeoutMs / 1e3} s (busy with a cell, interrupted or stopped?): try again once it is idle, or restart it`
+        );
+        late.timeout = true;
+        throw late;
+      }
+      const [logits, attn, lensIds, lensLogits, lensLse, direct, entropy2] = answer.buffers;
+      let heads = { patterns: null, positions: null, entropy: null };
+      if (rows) {
+        const r = rowsWanted(from, T - from);
+        win.addCut(view(attn, Float32Array), view(entropy2, Float32Array), from, T - from, r);
+        heldIds = ids.slice();
+        heldMask = mKey;
+        heads = win.heads();
+      }
+      return {
+        logits: view(logits, Float32Array),
+        ...heads,
+        lens: lens ? lensTops(
+          view(lensIds, BigInt64Array),
+          view(lensLogits, Float32Array),
+          view(lensLse, Float32Array),
+          lens.length,
+          K
+        ) : null,
+        direct: targets?.length ? view(direct, Float32Array) : null,
+        ms: performance.now() - t0
+      };
+    }
+  };
 }
 
 // gptlib/widgets/js/live.js
@@ -1418,7 +1730,9 @@ function drawCircuits(p) {
 function drawHeads(p) {
   const { current, cfg } = p;
   const { n_layers: L, n_heads: H } = cfg;
-  const scores = headScores(current.patterns, current.window);
+  const pos = current.positions || null;
+  const ids = pos ? pos.map((i) => current.window[i]) : current.window;
+  const scores = headScores(current.patterns, ids, pos);
   if (current.direct) {
     scores.push({
       name: "direct",
@@ -1430,7 +1744,9 @@ function drawHeads(p) {
     });
   }
   p.panel.update({
-    tokens: current.window.map((id) => p.tokenStr(id)),
+    tokens: ids.map((id) => p.tokenStr(id)),
+    positions: pos,
+    entropy: current.entropy || null,
     patterns: current.patterns,
     layerLabels: p.layerLabels,
     headLabels: p.headLabels,
@@ -1584,6 +1900,9 @@ var Playground = class {
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
+      positions: r.positions,
+      // the heads panel's window (rows.js)
+      entropy: r.entropy,
       lens: r.lens ? r.lens.map((t) => ({ ids: t.ids.slice(0, n), probs: t.probs.slice(0, n) })) : null,
       direct: r.direct,
       target: headsOn ? argmax(r.logits) : null,
@@ -1818,7 +2137,7 @@ ${this.v.box.value}`;
     if (this.live) await this.compute();
   }
 };
-function listen(p, v, model, life) {
+function listen2(p, v, model, life) {
   let typing = null;
   life.atEnd(() => clearTimeout(typing));
   v.box.addEventListener("input", () => {
@@ -1900,7 +2219,7 @@ function render({ model, el }) {
   const v = layout(model);
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
-  const startAndRetext = listen(p, v, model, life);
+  const startAndRetext = listen2(p, v, model, life);
   p.setStatus(
     "This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
     "off"

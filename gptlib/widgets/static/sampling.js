@@ -297,15 +297,6 @@ function lensTops(ids, logits, lse, n, K) {
     probs: Array.from(logits.slice(s * K, (s + 1) * K), (y) => Math.exp(y - lse[s]))
   }));
 }
-function nestFlat(flat, L, H, T) {
-  return [...Array(L).keys()].map(
-    (l) => [...Array(H).keys()].map(
-      (h) => [...Array(T).keys()].map(
-        (i) => flat.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)
-      )
-    )
-  );
-}
 function tabMemory() {
   const m = globalThis.performance && performance.memory;
   if (!m?.usedJSHeapSize) return null;
@@ -316,115 +307,99 @@ function tabMemory() {
   };
 }
 
-// gptlib/widgets/js/kernel.js
-function kernelLink(model) {
-  let req = 0;
-  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
-  const listener = (msg, buffers) => {
-    const w = msg && waiting.get(msg.req);
-    if (!w) return;
-    waiting.delete(msg.req);
-    if (msg.kind === "error") w.reject(new LiveError(msg.message));
-    else w.resolve({ msg, buffers: buffers || [] });
-  };
-  model.on("msg:custom", listener);
-  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
-    const id = ++req;
-    waiting.set(id, { resolve, reject });
-    try {
-      model.send({ ...content, req: id });
-    } catch (e) {
-      waiting.delete(id);
-      reject(e);
-      return;
-    }
-    if (timeoutMs) {
-      const t = setTimeout(() => {
-        timers.delete(t);
-        if (waiting.delete(id)) reject(new LiveError("no answer"));
-      }, timeoutMs);
-      timers.add(t);
-    }
-  });
-  ask.close = () => {
-    model.off("msg:custom", listener);
-    timers.forEach(clearTimeout);
-    timers.clear();
-    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
-    waiting.clear();
-  };
-  return ask;
+// gptlib/widgets/js/rows.js
+var PANEL_WINDOW = 128;
+function windowPositions(S, W = PANEL_WINDOW) {
+  const lo = Math.max(1, S - W + 1);
+  return S === 0 ? [] : [0, ...Array.from({ length: S - lo }, (_, k) => lo + k)];
 }
-function pingKernel(ask, waits = [1e3, 2e3, 4e3, 8e3, 15e3]) {
-  return new Promise((resolve) => {
-    let done = false, timer = null, k = 0;
-    const finish = (yes) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      resolve(yes);
-    };
-    const ping = () => {
-      if (done) return;
-      ask({ kind: "ping" }).then(
-        () => finish(true),
-        (e) => {
-          if (e instanceof LiveError) finish(false);
-        }
-      );
-      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
-      else timer = setTimeout(() => finish(false), 0);
-    };
-    ping();
-  });
+function entropyOf(row) {
+  let e = 0;
+  for (const a of row) if (a > 0) e -= a * Math.log(a);
+  return e;
 }
-var STEP_TIMEOUT_MS = 6e4;
-var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
-  const { msg } = await ask({ kind: "start" });
-  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
-  return {
-    kind: "kernel",
-    describe: "PyTorch in the kernel",
-    config: c,
-    tokens: msg.tokens,
-    bytes: msg.token_bytes.map(fromBase64),
-    special: msg.special || {},
-    chat: msg.chat || null,
-    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
-    memory: () => null,
-    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
-      const t0 = performance.now();
-      let answer;
-      try {
-        answer = await ask(
-          { kind: "step", ids, mask: mask && Array.from(mask), lens, targets, rows },
-          timeoutMs
-        );
-      } catch (e) {
-        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
-        const late = new LiveError(
-          `the kernel gave no answer within ${timeoutMs / 1e3} s (busy with a cell, interrupted or stopped?): try again once it is idle, or restart it`
-        );
-        late.timeout = true;
-        throw late;
+var firstKept = (K, W = PANEL_WINDOW) => K > W ? K - W + 1 : 0;
+var rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstKept(P + T, W));
+function rowWindow(L, H, W = PANEL_WINDOW) {
+  const lh = L * H;
+  let rows = [], los = [], from = 0, S = 0, entropy2 = null;
+  function begin(P0, K) {
+    const need = firstKept(K, W);
+    if (P0 <= need || S === 0) {
+      if (P0 > need) throw new Error(`rows of queries ${need} to ${P0 - 1} were never given`);
+      rows = Array.from({ length: lh }, () => []);
+      los = [];
+      from = need;
+    } else {
+      if (P0 > S || from > need) throw new Error(`rows of queries ${S} to ${P0 - 1} are missing`);
+      for (const r of rows) r.length = P0 - from;
+      los.length = P0 - from;
+      const drop = need - from;
+      if (drop > 0) {
+        for (const r of rows) r.splice(0, drop);
+        los.splice(0, drop);
+        from = need;
       }
-      const { buffers } = answer;
-      const T = ids.length;
-      const [logits, attn, lensIds, lensLogits, lensLse, direct] = buffers;
-      return {
-        logits: view(logits, Float32Array),
-        patterns: rows ? nestFlat(view(attn, Float32Array), L, H, T) : null,
-        lens: lens ? lensTops(
-          view(lensIds, BigInt64Array),
-          view(lensLogits, Float32Array),
-          view(lensLse, Float32Array),
-          lens.length,
-          K
-        ) : null,
-        direct: targets?.length ? view(direct, Float32Array) : null,
-        ms: performance.now() - t0
+    }
+    S = K;
+    return Math.max(1, need);
+  }
+  return {
+    add(attn, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K);
+      entropy2 = new Float64Array(lh);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t, o = (k * r + t) * K;
+          if (t === r - 1) entropy2[k] = entropyOf(attn.subarray(o, o + q + 1));
+          if (q < from) continue;
+          const row = new Float32Array(q === 0 ? 1 : q - lo + 2);
+          row[0] = attn[o];
+          if (q > 0) row.set(attn.subarray(o + lo, o + q + 1), 1);
+          rows[k].push(row);
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    addCut(cut, ent, P, T, r = T) {
+      const K = P + T, lo = begin(K - r, K), n = windowPositions(K, W).length;
+      entropy2 = Float64Array.from(ent);
+      for (let k = 0; k < lh; k++) {
+        for (let t = 0; t < r; t++) {
+          const q = K - r + t;
+          if (q < from) continue;
+          const c = q === 0 ? 0 : q - lo + 1, o = (k * r + t) * n;
+          rows[k].push(cut.slice(o, o + c + 1));
+          if (k === 0) los.push(lo);
+        }
+      }
+      return this;
+    },
+    held: (K = S) => from <= firstKept(K, W) ? S : 0,
+    heads() {
+      if (!S) return null;
+      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W));
+      const line = (k) => {
+        const out = from === 0 ? [] : [Float32Array.of(1)];
+        rows[k].forEach((row, i) => {
+          const q = from + i;
+          if (los[i] !== lo && q > 0) {
+            const cut = new Float32Array(q - lo + 2);
+            cut[0] = row[0];
+            cut.set(row.subarray(1 + lo - los[i]), 1);
+            rows[k][i] = row = cut;
+          }
+          out.push(row);
+        });
+        return out;
       };
+      const patterns = [...Array(L).keys()].map(
+        (l) => [...Array(H).keys()].map((h) => line(l * H + h))
+      );
+      los = los.map(() => lo);
+      const ent = [...Array(L).keys()].map((l) => Array.from(entropy2.subarray(l * H, l * H + H)));
+      return { positions, patterns, entropy: ent };
     }
   };
 }
@@ -432,7 +407,7 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
 // gptlib/widgets/js/page.js
 var VERSION = 4;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var x=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var fe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function V(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function q(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?V(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function K(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=e.length||t;for(;l<s;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}function C(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,u=new Float32Array(r*s).fill(1),d=K(r*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let j=y.slice(-o.n_ctx),M=g?Float32Array.from(g):u,N=M.join(","),{keep:J,feed:F}=q(c,h,j,N,v),A=J,S=F.length,W=k||[],E=i||[],z=m?[...Array(S).keys()]:[],_=await n.run({ids:new t.Tensor("int64",p(F),[1,S]),past:new t.Tensor("float32",d.past(A),[A,r,2,l,a]),head_mask:new t.Tensor("float32",M,[r,s]),lens:new t.Tensor("int64",p(W),[W.length]),targets:new t.Tensor("int64",p(E),[E.length]),queries:new t.Tensor("int64",p(z),[z.length])});try{let B={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:A,T:S,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,W.length,f):null,direct:E.length?_.direct.data.slice():null};return d.put(A,_.kv.data),c=j.slice(),h=N,B}finally{for(let B of Object.values(_))B.dispose?.()}}}function Q(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var R=new Float64Array(65536);for(let t=0;t<65536;t++)R[t]=Q(t);var Y={Q4_1:20,Q8_0:34};function X(t,n,e){let o=Y[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,d=new Float32Array(32);for(let c=0,h=0;c<r/32;c++,h+=o){let p=R[f[h]|f[h+1]<<8];if(o===20){let i=R[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];d[m]=u(u(p*(v&15))+i),d[m+16]=u(u(p*(v>>4))+i)}}else for(let i=0;i<32;i++)d[i]=u((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[s+(k+i)*l+g]=d[i];else e.set(d,s+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((r,s)=>{X(t,r,o),e(s)}),o}var O={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Z="gptlib-live-models";async function D(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function ee(){try{return globalThis.caches?await caches.open(Z):null}catch{return null}}var te=(t,n)=>`${t}?sha256=${n}`,I=t=>t?.buffer.transfer?.(0);async function ne(t,n,e,o,r,s){let l=te(n,e.sha256),a=o.subarray(r,r+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await D(c)===e.sha256){a.set(c),s(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,d=f.body.getReader();for(;;){let{done:c,value:h}=await d.read();if(c)break;if(u+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,u),u+=h.length,s(h.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await D(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${x(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(ne(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var T=null,$=null,P=null,G=Promise.resolve();async function oe({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let r=await ee(),s=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${x(b)} of ${x(a)}`,b/a)};f(0);let u=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return I(i),m},[d,c,h,p,y]=await Promise.all([import(t+O.ort),import(t+O.tokenizers),L(r,n,l,f),L(r,n,e.onnx,f),s?L(r,n,s,f).then(u):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),d.env.wasm.numThreads=1,d.env.wasm.proxy=!1,d.env.wasm.wasmPaths=t+O.ortDir,o("starting onnxruntime-web",1);try{$=await d.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,I(y),I(p)}return T=C(d,$,e),P=g,!0}async function se(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await oe(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!T)throw new w("the live model is not started (or was released)");let e=await T(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!P)throw new w("the live model is not started (or was released)");n({result:P.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=T=P=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{G=G.then(()=>se(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var w=class extends Error{};var A=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),l=>Math.exp(l-e[r]))}))}var C=(t,n=128)=>t>n?t-n+1:0,q=(t,n,e=128)=>t+n-Math.max(t,C(t+n,e));var be=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Y(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function X(t,n,e,o,s=Number.POSITIVE_INFINITY){let r=n===o?Y(t,e):0;return r=Math.min(r,s,e.length-1),{keep:r,feed:e.slice(r)}}function Z(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,s){let r=o*t+s.length;if(r>e.length){let l=e.length||t;for(;l<r;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(s,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,d=new Float32Array(s*r).fill(1),u=Z(s*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let R=y.slice(-o.n_ctx),F=g?Float32Array.from(g):d,j=F.join(","),{keep:V,feed:z}=X(c,h,R,j,v),x=V,T=z.length,O=k||[],P=i||[],I=m?q(x,T):0,D=Array.from({length:I},(W,Q)=>T-I+Q),_=await n.run({ids:new t.Tensor("int64",p(z),[1,T]),past:new t.Tensor("float32",u.past(x),[x,s,2,l,a]),head_mask:new t.Tensor("float32",F,[s,r]),lens:new t.Tensor("int64",p(O),[O.length]),targets:new t.Tensor("int64",p(P),[P.length]),queries:new t.Tensor("int64",p(D),[D.length])});try{let W={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:x,T,R:I,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,O.length,f):null,direct:P.length?_.direct.data.slice():null};return u.put(x,_.kv.data),c=R.slice(),h=j,W}finally{for(let W of Object.values(_))W.dispose?.()}}}function ee(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var M=new Float64Array(65536);for(let t=0;t<65536;t++)M[t]=ee(t);var te={Q4_1:20,Q8_0:34};function ne(t,n,e){let o=te[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,u=new Float32Array(32);for(let c=0,h=0;c<s/32;c++,h+=o){let p=M[f[h]|f[h+1]<<8];if(o===20){let i=M[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];u[m]=d(d(p*(v&15))+i),u[m+16]=d(d(p*(v>>4))+i)}}else for(let i=0;i<32;i++)u[i]=d((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[r+(k+i)*l+g]=u[i];else e.set(u,r+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{ne(t,s,o),e(r)}),o}var S={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},oe="gptlib-live-models";async function K(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function re(){try{return globalThis.caches?await caches.open(oe):null}catch{return null}}var se=(t,n)=>`${t}?sha256=${n}`,B=t=>t?.buffer.transfer?.(0);async function ae(t,n,e,o,s,r){let l=se(n,e.sha256),a=o.subarray(s,s+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await K(c)===e.sha256){a.set(c),r(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let d=0,u=f.body.getReader();for(;;){let{done:c,value:h}=await u.read();if(c)break;if(d+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,d),d+=h.length,r(h.length)}if(d!==e.bytes)throw new w(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await K(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${A(e.bytes)}: ${a.message}.`)}let r=0,l=[];for(let a of e.pieces)l.push(ae(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(l),s}var E=null,$=null,N=null,J=Promise.resolve();async function ie({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let s=await re(),r=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${A(b)} of ${A(a)}`,b/a)};f(0);let d=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return B(i),m},[u,c,h,p,y]=await Promise.all([import(t+S.ort),import(t+S.tokenizers),L(s,n,l,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),u.env.wasm.numThreads=1,u.env.wasm.proxy=!1,u.env.wasm.wasmPaths=t+S.ortDir,o("starting onnxruntime-web",1);try{$=await u.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,B(y),B(p)}return E=G(u,$,e),N=g,!0}async function le(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ie(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!E)throw new w("the live model is not started (or was released)");let e=await E(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!N)throw new w("the live model is not started (or was released)");n({result:N.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=E=N=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{J=J.then(()=>le(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -547,28 +522,19 @@ async function browserBackend(source, weightsSha, hooks) {
   });
   return pageBackend(client, manifest);
 }
-function addRows(rows, attn, P, T, L, H) {
-  const S = P + T;
-  for (let lh = 0; lh < L * H; lh++) {
-    if (!rows[lh]) rows[lh] = [];
-    const r = rows[lh];
-    r.length = P;
-    for (let t = 0; t < T; t++) {
-      const o = (lh * T + t) * S;
-      r.push(attn.slice(o, o + P + t + 1));
-    }
-  }
-  return rows;
-}
-function nestRows(rows, L, H) {
-  return [...Array(L).keys()].map((l) => [...Array(H).keys()].map((h) => rows[l * H + h].slice()));
+function sharedPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
 }
 function pageBackend(client, manifest) {
   const c = manifest.config, L = c.n_layers, H = c.n_heads;
-  let rows = [], known = 0, closed = false;
+  const rows = rowWindow(L, H);
+  let known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
     const { mask = null, lens = null, targets = null, rows: want = false } = options;
+    const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
       options: {
@@ -576,17 +542,18 @@ function pageBackend(client, manifest) {
         lens,
         targets,
         rows: want,
-        most: want ? known : void 0
+        most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : void 0
       }
     });
     known = Math.min(known, r.P);
     if (r.attn) {
-      rows = addRows(rows, r.attn, r.P, r.T, L, H);
+      rows.add(r.attn, r.P, r.T, r.R);
       known = r.P + r.T;
     }
+    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
-      patterns: want ? nestRows(rows, L, H) : null,
+      ...heads,
       lens: r.lens,
       direct: r.direct,
       ms: performance.now() - t0,
@@ -643,6 +610,128 @@ function sharedPageBackend(source, weightsSha, hooks, start = browserBackend) {
     );
   }
   return started.get(key);
+}
+
+// gptlib/widgets/js/kernel.js
+function kernelLink(model) {
+  let req = 0;
+  const waiting = /* @__PURE__ */ new Map(), timers = /* @__PURE__ */ new Set();
+  const listener = (msg, buffers) => {
+    const w = msg && waiting.get(msg.req);
+    if (!w) return;
+    waiting.delete(msg.req);
+    if (msg.kind === "error") w.reject(new LiveError(msg.message));
+    else w.resolve({ msg, buffers: buffers || [] });
+  };
+  model.on("msg:custom", listener);
+  const ask = (content, timeoutMs) => new Promise((resolve, reject) => {
+    const id = ++req;
+    waiting.set(id, { resolve, reject });
+    try {
+      model.send({ ...content, req: id });
+    } catch (e) {
+      waiting.delete(id);
+      reject(e);
+      return;
+    }
+    if (timeoutMs) {
+      const t = setTimeout(() => {
+        timers.delete(t);
+        if (waiting.delete(id)) reject(new LiveError("no answer"));
+      }, timeoutMs);
+      timers.add(t);
+    }
+  });
+  ask.close = () => {
+    model.off("msg:custom", listener);
+    timers.forEach(clearTimeout);
+    timers.clear();
+    for (const w of waiting.values()) w.reject(new LiveError("the view was closed"));
+    waiting.clear();
+  };
+  return ask;
+}
+function pingKernel(ask, waits = [1e3, 2e3, 4e3, 8e3, 15e3]) {
+  return new Promise((resolve) => {
+    let done = false, timer = null, k = 0;
+    const finish = (yes) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      resolve(yes);
+    };
+    const ping = () => {
+      if (done) return;
+      ask({ kind: "ping" }).then(
+        () => finish(true),
+        (e) => {
+          if (e instanceof LiveError) finish(false);
+        }
+      );
+      if (k < waits.length) timer = setTimeout(ping, waits[k++]);
+      else timer = setTimeout(() => finish(false), 0);
+    };
+    ping();
+  });
+}
+var STEP_TIMEOUT_MS = 6e4;
+var view = (b, T) => new T(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
+  const { msg } = await ask({ kind: "start" });
+  const c = msg.config, L = c.n_layers, H = c.n_heads, K = msg.lens_top;
+  const win = rowWindow(L, H);
+  let heldIds = [], heldMask = null;
+  return {
+    kind: "kernel",
+    describe: "PyTorch in the kernel",
+    config: c,
+    tokens: msg.tokens,
+    bytes: msg.token_bytes.map(fromBase64),
+    special: msg.special || {},
+    chat: msg.chat || null,
+    encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
+    memory: () => null,
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
+      const t0 = performance.now();
+      const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
+      const from = rows ? Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(T), T - 1) : 0;
+      const request = { kind: "step", ids, mask: m, lens, targets, rows };
+      if (rows) Object.assign(request, { window: PANEL_WINDOW, rows_from: from });
+      let answer;
+      try {
+        answer = await ask(request, timeoutMs);
+      } catch (e) {
+        if (!(e instanceof LiveError) || e.message !== "no answer") throw e;
+        const late = new LiveError(
+          `the kernel gave no answer within ${timeoutMs / 1e3} s (busy with a cell, interrupted or stopped?): try again once it is idle, or restart it`
+        );
+        late.timeout = true;
+        throw late;
+      }
+      const [logits, attn, lensIds, lensLogits, lensLse, direct, entropy2] = answer.buffers;
+      let heads = { patterns: null, positions: null, entropy: null };
+      if (rows) {
+        const r = rowsWanted(from, T - from);
+        win.addCut(view(attn, Float32Array), view(entropy2, Float32Array), from, T - from, r);
+        heldIds = ids.slice();
+        heldMask = mKey;
+        heads = win.heads();
+      }
+      return {
+        logits: view(logits, Float32Array),
+        ...heads,
+        lens: lens ? lensTops(
+          view(lensIds, BigInt64Array),
+          view(lensLogits, Float32Array),
+          view(lensLse, Float32Array),
+          lens.length,
+          K
+        ) : null,
+        direct: targets?.length ? view(direct, Float32Array) : null,
+        ms: performance.now() - t0
+      };
+    }
+  };
 }
 
 // gptlib/widgets/js/live.js
