@@ -36,6 +36,7 @@ from .model import GPT
 from .modern import ModernGPT, RMSNorm, apply_rope, rope_angles
 from .positional import sinusoidal_frequencies
 from .runtime import check_finite_weights, check_ids, check_int
+from .step import frozen_scale
 
 __all__ = ["HeadTrace", "head_trace", "ln_f_frozen"]
 
@@ -105,13 +106,11 @@ def ln_f_frozen(ln: LayerNorm | RMSNorm, o: Tensor, x: Tensor) -> tuple[Tensor, 
     >>> [round(x, 4) for x in o.tolist()], round(scale, 4)
     ([0.2828, 0.0], 0.2828)
     """
-    if isinstance(ln, RMSNorm):
-        scale = torch.rsqrt(x.pow(2).mean() + ln.eps)  # 1 / rms(x)
-        return o * ln.w * scale, float(scale)
-    if not isinstance(ln, LayerNorm):
+    if not isinstance(ln, (LayerNorm, RMSNorm)):
         raise ValueError(f"ln must be a LayerNorm or RMSNorm, got {type(ln).__name__}")
-    centred = x - x.mean()
-    scale = torch.rsqrt(centred.pow(2).mean() + ln.eps)  # 1 / sigma(x)
+    scale = frozen_scale(ln, x)  # step's own normaliser: 1 / rms(x) or 1 / sigma(x)
+    if isinstance(ln, RMSNorm):
+        return o * ln.w * scale, float(scale)
     return (o - o.mean(dim=-1, keepdim=True)) * ln.w * scale, float(scale)
 
 

@@ -29,7 +29,7 @@ from .model import GPT
 from .modern import ModernGPT, RMSNorm
 from .runtime import check_finite_weights, check_ids, check_int
 
-__all__ = ["OUTPUTS", "INPUTS", "LENS_TOP", "step", "step_inputs"]
+__all__ = ["OUTPUTS", "INPUTS", "LENS_TOP", "frozen_scale", "step", "step_inputs"]
 
 OUTPUTS = ("logits", "kv", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
 INPUTS = ("ids", "past", "head_mask", "lens", "targets", "queries")
@@ -64,17 +64,28 @@ def _shape(model: nn.Module) -> tuple[int, int, int, int, int, int]:
     return c.n_layers, attn.n_heads, n_kv, attn.d_head, c.d_vocab, c.n_ctx
 
 
+def frozen_scale(ln: nn.Module, x: Tensor) -> Tensor:
+    """ln_f's normaliser at the stream row x (d_model,), the factor that the direct attribution
+    freezes: 1 / rms(x) for an RMSNorm, 1 / sigma(x) (biased variance) for a LayerNorm.
+
+    >>> round(float(frozen_scale(RMSNorm(2, eps=0.0), torch.tensor([3.0, 4.0]))), 4)
+    0.2828
+    """
+    if isinstance(ln, RMSNorm):
+        return torch.rsqrt(x.pow(2).mean() + ln.eps)  # 1 / rms(x)
+    centred = x - x.mean()
+    return torch.rsqrt(centred.pow(2).mean() + ln.eps)  # 1 / sigma(x)
+
+
 def _ln_f_dual(model: nn.Module, W: Tensor, x_last: Tensor) -> Tensor:
     """The columns W (d_model, m) pulled back through ln_f's linear part with its normaliser frozen
     at x_last (d_model,): the u with o . u = N(o) . w_t for every row o, N(o) = o w / rms(x_last)
     (RMSNorm) or (o - mean o) w / sigma(x_last) (LayerNorm, whose centring moves onto u)."""
     ln = model.ln_f
-    if isinstance(ln, RMSNorm):
-        scale = torch.rsqrt(x_last.pow(2).mean() + ln.eps)  # 1 / rms(X_L[-1])
-        return W * ln.w[:, None] * scale
-    centred = x_last - x_last.mean()
-    scale = torch.rsqrt(centred.pow(2).mean() + ln.eps)  # 1 / sigma(X_L[-1]), biased variance
+    scale = frozen_scale(ln, x_last)  # at X_L[-1]
     u = W * ln.w[:, None]
+    if isinstance(ln, RMSNorm):
+        return u * scale
     return (u - u.mean(dim=0, keepdim=True)) * scale
 
 
