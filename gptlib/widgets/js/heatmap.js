@@ -132,32 +132,39 @@ export function heatmapState() {
 // The pattern A of a head over `tokens`, into the panel's grid (v.grid, in v.gridScroll). Cells
 // shrink for long texts so that the heatmap stays about as wide as the space it has (528 px of
 // cells at most, beside the query labels; never under 4 px a cell, or 2 px on the canvas of a long
-// text, so that the panel's whole window fits a phone). onQuery(i): the pointer is on
-// row i of a canvas. Returns the width drawn for.
+// text, so that the panel's whole window fits a phone); where the query labels are wider than the
+// 110 px first allowed them, the cells shrink once more to leave them room. onQuery(i): the
+// pointer is on row i of a canvas. Returns the width drawn for.
 export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
-  const room = v.gridScroll.box.clientWidth || 640;
+  const box = v.gridScroll.box;
+  const room = box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const least = T > CANVAS_FROM ? 2 : 4;
+  const draw = (cell) => {
+    const k = labelEvery(cell);
+    v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
+    Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
+    d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
+    if (T > CANVAS_FROM) {
+      ({ rows: d.rows, band: d.band } = canvasHeatmap(
+        v.grid,
+        tokens,
+        A,
+        cell,
+        d.keys,
+        pal,
+        onQuery,
+        pos,
+      ));
+    } else {
+      d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
+    }
+  };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
-  const k = labelEvery(cell);
-  v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
-  if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(
-      v.grid,
-      tokens,
-      A,
-      cell,
-      d.keys,
-      pal,
-      onQuery,
-      pos,
-    ));
-  } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
-  }
+  draw(cell);
+  const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
+  if (over > 0 && cell > least) draw(Math.max(least, cell - Math.ceil(over / T)));
   return room;
 }
 

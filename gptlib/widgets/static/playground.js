@@ -571,28 +571,34 @@ function heatmapState() {
 }
 function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   const T = tokens.length;
-  const room = v.gridScroll.box.clientWidth || 640;
+  const box = v.gridScroll.box;
+  const room = box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const least = T > CANVAS_FROM ? 2 : 4;
+  const draw2 = (cell2) => {
+    const k = labelEvery(cell2);
+    v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell2 - 2) : 10}px`;
+    Object.assign(d, { tokens, positions: pos, A, cellPx: cell2, band: null, focused: null });
+    d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
+    if (T > CANVAS_FROM) {
+      ({ rows: d.rows, band: d.band } = canvasHeatmap(
+        v.grid,
+        tokens,
+        A,
+        cell2,
+        d.keys,
+        pal,
+        onQuery,
+        pos
+      ));
+    } else {
+      d.rows = cellHeatmap(v.grid, tokens, A, cell2, d.keys, pal, pos);
+    }
+  };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
-  const k = labelEvery(cell);
-  v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
-  Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
-  d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
-  if (T > CANVAS_FROM) {
-    ({ rows: d.rows, band: d.band } = canvasHeatmap(
-      v.grid,
-      tokens,
-      A,
-      cell,
-      d.keys,
-      pal,
-      onQuery,
-      pos
-    ));
-  } else {
-    d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
-  }
+  draw2(cell);
+  const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
+  if (over > 0 && cell > least) draw2(Math.max(least, cell - Math.ceil(over / T)));
   return room;
 }
 function focus(d, i, pal) {
