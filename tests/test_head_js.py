@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from node_support import import_as, run_node
 
 from gptlib.head_trace import head_trace
 from gptlib.widgets.head import view_inputs
@@ -44,26 +43,16 @@ globalThis.document = { createElement: (tag) => new El(tag) };
 
 
 def _node(script: str, data: object, tmp_path: Path) -> object:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(data))
     head = (
-        f"import * as m from {json.dumps(HEAD_JS.as_uri())};\n"
-        'import { readFileSync } from "node:fs";\n'
-        f"const data = JSON.parse(readFileSync({json.dumps(str(path))}, 'utf8'));\n"
-        "const plain = (x) => JSON.stringify(x, (k, v) => "
-        "(typeof v === 'number' && !Number.isFinite(v) ? null : v));\n"
+        import_as("m", HEAD_JS)
+        + 'import { readFileSync } from "node:fs";\n'
+        + f"const data = JSON.parse(readFileSync({json.dumps(str(path))}, 'utf8'));\n"
+        + "const plain = (x) => JSON.stringify(x, (k, v) => "
+        + "(typeof v === 'number' && !Number.isFinite(v) ? null : v));\n"
     )
-    out = subprocess.run(
-        [node, "--input-type=module", "-e", FAKE_DOM + head + script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_node(FAKE_DOM + head + script)
 
 
 # the JavaScript stage names and the HeadTrace fields they equal

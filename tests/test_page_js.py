@@ -6,30 +6,11 @@ inlined into the views' bundles (scripts/build_widgets.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-JS = ROOT / "gptlib" / "widgets" / "js"
+from node_support import JS, import_as, run_node
 
 
 def _node(script: str) -> dict:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    head = f"import * as m from {json.dumps((JS / 'page.js').as_uri())};\n"
-    out = subprocess.run(
-        [node, "--input-type=module", "-e", head + script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_node(import_as("m", "page.js") + script)
 
 
 # A session of one layer, one kv head, d_head 1: the cache holds each position's id (as key and

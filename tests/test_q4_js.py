@@ -6,28 +6,22 @@ operation rounded once (Math.fround), on blocks whose d and m run through float1
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from node_support import import_as, run_node
 
 from gptlib.export.q4 import BLOCK_BYTES, unpack_external, unpack_q4_1
-
-ROOT = Path(__file__).resolve().parents[1]
-Q4_JS = ROOT / "gptlib" / "widgets" / "js" / "q4.js"
 
 
 def _js_unpack(tmp_path: Path, blocks: bytes, weights: dict) -> bytes:
     """q4.js's unpackWeights on ``blocks`` and the table ``weights``, run by node."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
     (tmp_path / "blocks.bin").write_bytes(blocks)
     (tmp_path / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
-    script = f"""
-import * as q from {json.dumps(Q4_JS.as_uri())};
+    script = (
+        import_as("q", "q4.js")
+        + f"""
 import {{ readFileSync, writeFileSync }} from "node:fs";
 const dir = {json.dumps(str(tmp_path))};
 const blocks = new Uint8Array(readFileSync(dir + "/blocks.bin"));
@@ -35,10 +29,8 @@ const weights = JSON.parse(readFileSync(dir + "/weights.json", "utf8"));
 const out = q.unpackWeights(blocks, weights);
 writeFileSync(dir + "/out.bin", new Uint8Array(out.buffer));
 """
-    run = subprocess.run(
-        [node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=300
     )
-    assert run.returncode == 0, run.stderr
+    run_node(script, timeout=300)
     return (tmp_path / "out.bin").read_bytes()
 
 

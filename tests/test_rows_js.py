@@ -8,32 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-
-JS = Path(__file__).resolve().parents[1] / "gptlib" / "widgets" / "js"
+from node_support import import_as, run_node
 
 
 def _node(script: str):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    head = (
-        f"import * as m from {json.dumps((JS / 'rows.js').as_uri())};\n"
+    head = import_as("m", "rows.js") + (
         "const plain = (k, v) => (ArrayBuffer.isView(v) ? Array.from(v) : v);\n"
     )
-    out = subprocess.run(
-        [node, "--input-type=module", "-e", head + script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_node(head + script)
 
 
 def _patterns(L, H, S, seed):

@@ -8,14 +8,13 @@ import base64
 import json
 import math
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from browser_support import load_module
+from node_support import import_as, run_node
 from page_twins import xorshift32
 
 from gptlib.circuits import (
@@ -834,24 +833,8 @@ def _node(tmp_path, script_body: str, module: str = "distribution.js", also: str
     """Run an ES module snippet with node that imports the named exports of one of the widgets'
     source modules (gptlib/widgets/js/, from which their bundles are built) as ``m`` (and of a
     second one, ``also``, as ``n``)."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed: the browser test still compares the two")
-    target = (WIDGETS / "js" / module).as_uri()
-    second = f"import * as n from {json.dumps((WIDGETS / 'js' / also).as_uri())};\n" if also else ""
-    out = subprocess.run(
-        [
-            node,
-            "--input-type=module",
-            "-e",
-            f"import * as m from {json.dumps(target)};\n" + second + script_body,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    second = import_as("n", also) if also else ""
+    return run_node(import_as("m", module) + second + script_body)
 
 
 def _cases():
