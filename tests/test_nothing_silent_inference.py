@@ -28,6 +28,7 @@ from gptlib.inference.quantize import (
 )
 from gptlib.inference.speculative import (
     accept_or_resample,
+    acceptance_rate,
     residual_distribution,
     sequence_distribution,
     speculative_round,
@@ -161,6 +162,17 @@ def test_residual_distribution_refuses_negative_probabilities():
         residual_distribution(torch.tensor([-0.2, 1.2]), torch.tensor([0.5, 0.5]))
     with pytest.raises(ValueError, match="shape"):
         residual_distribution(torch.tensor([0.5, 0.5]), torch.tensor([1.0]))
+
+
+def test_the_distribution_check_names_p_or_q_for_every_bad_entry():
+    good = torch.tensor([[0.25, 0.75]], dtype=torch.float64)
+    for bad in (float("nan"), float("inf"), -float("inf"), -0.1):
+        row = torch.tensor([[bad, 0.5]])  # float32 beside float64: both checked
+        with pytest.raises(ValueError, match="^p must"):
+            acceptance_rate(row, good.float())
+        with pytest.raises(ValueError, match="^q must"):
+            accept_or_resample(good, row.double(), torch.tensor([0]))
+    assert float(acceptance_rate(good, good.flip(-1))) == 0.5  # the two rows valid: no error
 
 
 def test_speculative_round_checks_its_tokens():

@@ -51,11 +51,15 @@ def _check_distributions(p: object, q: object) -> None:
             f"p and q must have one shape (..., d_vocab), got {tuple(p.shape)}, {tuple(q.shape)}"
         )
     tol = max(1e-4, 8 * torch.finfo(p.dtype).eps)
+
+    def valid(t: Tensor) -> Tensor:  # NaN and -inf fail t >= 0, +inf fails the row sums
+        return (t >= 0).all() & ((t.double().sum(-1) - 1).abs() <= tol).all()
+
+    # both at once (the check runs on every round of a sampling loop); named on failure
+    if bool(valid(torch.stack((p.double(), q.double())))):
+        return
     for name, t in (("p", p), ("q", q)):
-        ok = (
-            torch.isfinite(t).all() & (t >= 0).all() & ((t.double().sum(-1) - 1).abs() <= tol).all()
-        )
-        if not bool(ok):
+        if not bool(valid(t)):
             raise ValueError(
                 f"{name} must hold probability distributions (entries >= 0, each row summing to "
                 "1): softmax logits first"
