@@ -6,7 +6,8 @@ model without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked
 model) and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for
 each beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
 ``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the
-chapter does (the judged score and ``gptlib.rlhf.kl_to`` on the evaluation prompts; for DPO also
+chapter does (``gptlib.rlhf.evaluate_policy``: the judged score and the KL to SFT of ``kl_to`` on
+one set of samples of the evaluation prompts; for DPO also
 the mean log-ratios to SFT of the training pairs, which the chapter reads). The reference's
 log-probabilities of the pairs are computed once and shared by every DPO run, as the chapter shares
 them. It sets one torch thread, as the chapter does: the page runs PPO (GRPO's baseline) at
@@ -136,11 +137,9 @@ def main() -> None:
     task, policy_sft = s["task"], s["policy_sft"]
     Y_len = task.response_len
 
-    def judged(policy) -> float:  # held-out prompts, one sample each (the chapter's evaluate)
-        return rlhf.judged_score(policy, task.eval_prompts, Y_len, task.judged, seed=1)
-
-    def kl_eval(policy) -> float:  # Monte Carlo KL to SFT on the same samples
-        return rlhf.kl_to(policy, policy_sft, task.eval_prompts, Y_len, seed=1)
+    def measured(policy) -> dict:  # the chapter's evaluate: one sample per held-out prompt
+        ev = rlhf.evaluate_policy(policy, policy_sft, task.eval_prompts, Y_len, task.judged, seed=1)
+        return {"judged": ev.score, "kl_eval": ev.kl}  # Monte Carlo KL to SFT, same samples
 
     def report(run: dict) -> None:
         print(
@@ -173,8 +172,7 @@ def main() -> None:
                     "method": "dpo",
                     "beta": beta,
                     "seed": seed,
-                    "judged": judged(policy),
-                    "kl_eval": kl_eval(policy),
+                    **measured(policy),
                     "logratio_chosen": log_ratios(
                         policy, ref_w, chosen, P
                     ),  # means over the training pairs
@@ -202,8 +200,7 @@ def main() -> None:
                         "method": method,
                         "beta": beta,
                         "seed": seed,
-                        "judged": judged(policy),
-                        "kl_eval": kl_eval(policy),
+                        **measured(policy),
                         "kl_last5": sum(hist["kl"][-5:])
                         / 5,  # mean KL of the last 5 training batches
                         "reward_last5": sum(hist["reward"][-5:]) / 5,
@@ -223,7 +220,9 @@ def main() -> None:
         "dpo_betas": args.dpo_betas,
         "dpo_batch": args.dpo_batch,
         "n_pairs": len(chosen),
-        "score_sft": judged(policy_sft),
+        "score_sft": rlhf.evaluate_policy(
+            policy_sft, None, task.eval_prompts, Y_len, task.judged, seed=1
+        ).score,
         "n_eval_prompts": len(task.eval_prompts),
         "torch": torch.__version__,
         "seconds": round(time.time() - t0, 1),

@@ -419,6 +419,32 @@ def test_kl_to_itself_is_zero_and_to_another_model_positive():
     assert rlhf.judged_score(a, x, Y, lambda s: (s == ids).all(dim=1).float(), seed=2) == 1.0
 
 
+def test_evaluate_policy_is_judged_score_and_kl_to_on_one_set_of_samples():
+    a, b, x = tiny_gpt(0), tiny_gpt(1), prompts(64)
+
+    def judge(s):  # any function of the sequences: here the share of low tokens
+        return (s[:, P:] < 256).float().mean(dim=1)
+
+    ev = rlhf.evaluate_policy(a, b, x, Y, judge, seed=2)
+    # the samples of judged_score and kl_to for the same seed, drawn once
+    assert torch.equal(ev.ids, rlhf.sample_responses(a, x, Y, 1, torch.Generator().manual_seed(2)))
+    assert ev.score == rlhf.judged_score(a, x, Y, judge, seed=2)
+    # float64 log-softmax against kl_to's float32: equal to float32's rounding
+    assert ev.kl == pytest.approx(rlhf.kl_to(a, b, x, Y, seed=2), rel=1e-5)
+    assert ev.log_ratio.shape == ev.exact_kl.shape == (64, Y)
+    assert bool((ev.exact_kl > 0).all())  # two different models: positive at every prefix
+    gap = ev.log_ratio.sum(dim=1) - ev.exact_kl.sum(dim=1)  # k1 is unbiased for the exact sum
+    assert abs(float(gap.mean())) < 4 * float(gap.std()) / math.sqrt(len(gap))
+    same = rlhf.evaluate_policy(a, a, x, Y, judge, seed=2)  # KL to itself: 0 exactly
+    assert same.kl == 0.0 and bool((same.exact_kl.abs() < 1e-12).all())
+    alone = rlhf.evaluate_policy(a, None, x, Y, judge, seed=2)  # no reference: no scoring pass
+    assert alone.score == ev.score and alone.log_ratio is None and alone.exact_kl is None
+    with pytest.raises(ValueError, match="ref"):
+        _ = alone.kl
+    with pytest.raises(ValueError, match="response_len"):
+        rlhf.evaluate_policy(a, b, x, 0, judge)
+
+
 # --- chapter 9's toy task ----------------------------------------------------------------------
 
 

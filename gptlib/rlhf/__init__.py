@@ -2,13 +2,16 @@
 
 ``objectives``: the sequence log-probability, the losses (eq. 14, the KL penalty of eq. 15, PPO's
 clipped surrogate, DPO), the group advantage and the reward model, as small pure functions.
-``loops``: the training loops that use them, with every input passed explicitly.
+``loops``: the training loops that use them, with every input passed explicitly,
+and ``evaluate_policy``: a policy's judged score and KL measured on one set of samples.
 ``toy_task``: the chapter's prompts and its stand-in labeller (imported by name, not re-exported
 here).
 """
 
 from .loops import (
+    Evaluation,
     dpo,
+    evaluate_policy,
     judged_score,
     kl_to,
     ppo,
@@ -55,4 +58,6 @@ __all__ = [
     "kl_to",
     "reference_logprobs",
     "judged_score",
+    "Evaluation",
+    "evaluate_policy",
 ]

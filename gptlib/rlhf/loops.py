@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -44,6 +45,8 @@ __all__ = [
     "reference_logprobs",
     "kl_to",
     "judged_score",
+    "Evaluation",
+    "evaluate_policy",
     "ADVANTAGES",
 ]
 
@@ -330,8 +333,69 @@ def judged_score(
     policy, prompts: Tensor, response_len: int, judge: Callable[[Tensor], Tensor], seed: int = 1
 ) -> float:
     """The mean of ``judge`` over one sampled response per prompt (the same samples as
-    :func:`kl_to`'s)."""
+    :func:`kl_to`'s; :func:`evaluate_policy` draws them once for both)."""
     ids = sample_responses(
         policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
     )  # (n, T)
     return float(judge(ids).mean())
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """A policy measured on one sampled response per prompt, every statistic from the same
+    samples (:func:`evaluate_policy`).
+
+    ``log_ratio`` and ``exact_kl`` are ``None`` when no reference was given.
+    """
+
+    ids: Tensor  # (n, P + |Y|): the prompts and their sampled responses
+    judged: Tensor  # (n,): the judge's score of each response
+    log_ratio: Tensor | None  # (n, |Y|) float64: log policy(y_j | h_j) - log ref(y_j | h_j)
+    exact_kl: Tensor | None  # (n, |Y|) float64: KL(policy(. | h_j) || ref(. | h_j))
+
+    @property
+    def score(self) -> float:
+        """The mean judged score: :func:`judged_score` on the same samples."""
+        return float(self.judged.mean())
+
+    @property
+    def kl(self) -> float:
+        """The Monte Carlo KL(policy || ref) per response, the mean of the summed log-ratios
+        (the estimator k1): :func:`kl_to` on the same samples."""
+        if self.log_ratio is None:
+            raise ValueError("this evaluation has no reference: pass ref to evaluate_policy")
+        return float(self.log_ratio.sum(dim=1).mean())
+
+
+@torch.no_grad()
+def evaluate_policy(
+    policy,
+    ref,
+    prompts: Tensor,
+    response_len: int,
+    judge: Callable[[Tensor], Tensor],
+    seed: int = 1,
+) -> Evaluation:
+    """Draw one response per prompt from ``policy`` once (the samples of :func:`judged_score`
+    and :func:`kl_to` for the same ``seed``) and measure everything on them: the judged scores
+    and, if ``ref`` is not ``None``, one scoring pass of each model giving the log-ratio of
+    every sampled response token and the exact KL between the two next-token distributions at
+    every response prefix (float64, from the two softmaxes).
+
+    prompts: (n, P). ``Evaluation.score`` and ``Evaluation.kl`` are :func:`judged_score` and
+    :func:`kl_to` (up to float32 rounding) at the cost of one sampling instead of two.
+    """
+    ids = sample_responses(
+        policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
+    )  # (n, P + |Y|)
+    judged = judge(ids)  # (n,)
+    if ref is None:
+        return Evaluation(ids, judged, None, None)
+    P = prompts.shape[1]
+    # the distributions of the response tokens y_1 .. y_|Y|: (n, |Y|, d_vocab) each
+    logp = torch.log_softmax(policy(ids)[:, P - 1 : -1].double(), dim=-1)
+    logp_ref = torch.log_softmax(ref(ids)[:, P - 1 : -1].double(), dim=-1)
+    y = ids[:, P:, None]  # (n, |Y|, 1): the sampled tokens
+    log_ratio = (logp.gather(-1, y) - logp_ref.gather(-1, y))[..., 0]  # (n, |Y|)
+    exact_kl = (logp.exp() * (logp - logp_ref)).sum(dim=-1)  # (n, |Y|)
+    return Evaluation(ids, judged, log_ratio, exact_kl)
