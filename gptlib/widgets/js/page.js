@@ -8,7 +8,7 @@
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
 import { firstKept, rowsWanted, rowWindow } from "./rows.js";
 
-const VERSION = 4;
+const VERSION = 5;
 // Downloads above this many bytes wait for the reader to agree.
 export const CONFIRM_ABOVE = 20e6;
 // The worker's code: scripts/build_widgets.py bundles page_worker.js and defines this as its text.
@@ -42,7 +42,7 @@ const addsUp = (listed) =>
   listed.pieces.length > 0 &&
   listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 
-// The manifest at `url`, checked: version 4 (the step graph's inputs and outputs of gptlib.step), pieces that add up (the graph's, and the blocks'
+// The manifest at `url`, checked: version 5 (the step graph's inputs and outputs of gptlib.step), pieces that add up (the graph's, and the blocks'
 // of external weights).
 export function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
