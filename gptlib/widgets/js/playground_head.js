@@ -65,6 +65,7 @@ export function mountHeadPanel(p, life) {
   // the reader's choices; null: follow the default (the last position; the next token)
   const chosen = { position: null, target: null };
   const rotary = { yes: false };
+  let answers = 0; // how many the panel has drawn (for tests)
 
   const syncHead = () => {
     v.layer.value = String(model.get("layer"));
@@ -108,9 +109,11 @@ export function mountHeadPanel(p, life) {
     v.note.textContent =
       "A click on a token of the context picks the query; a click on a head in the panel above " +
       "picks the head. The row A[t, \u00b7] is the heads panel's row t of this head.";
+    const { mask, ...asked } = req;
+    answers += 1;
     report(
       p.v.root,
-      { headMs: (performance.now() - t0).toFixed(1), headAsked: req },
+      { headMs: (performance.now() - t0).toFixed(1), headAsked: asked, headN: answers },
       { headInputs: inputs, headTrace: traceHead(inputs) },
     );
   }

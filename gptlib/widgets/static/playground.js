@@ -2144,6 +2144,7 @@ function mountHeadPanel(p, life) {
   p.v.root.append(v.details);
   const chosen = { position: null, target: null };
   const rotary = { yes: false };
+  let answers = 0;
   const syncHead = () => {
     v.layer.value = String(model.get("layer"));
     v.head.value = String(model.get("head"));
@@ -2180,9 +2181,11 @@ function mountHeadPanel(p, life) {
     const names = window.map((id) => p.tokenStr(id));
     v.view.replaceChildren(headPanel(inputs, { names }));
     v.note.textContent = "A click on a token of the context picks the query; a click on a head in the panel above picks the head. The row A[t, ·] is the heads panel's row t of this head.";
+    const { mask, ...asked } = req;
+    answers += 1;
     report(
       p.v.root,
-      { headMs: (performance.now() - t0).toFixed(1), headAsked: req },
+      { headMs: (performance.now() - t0).toFixed(1), headAsked: asked, headN: answers },
       { headInputs: inputs, headTrace: traceHead(inputs) }
     );
   }
