@@ -34,15 +34,15 @@ function layout(cfg) {
       "One head, step by step: its query, keys, scores, softmax, values and direct contribution",
     ),
   );
-  v.layer = make("select", "gptlib-head-layer");
-  v.head = make("select", "gptlib-head-head");
+  v.layer = make("select", "gptlib-head-pick-layer");
+  v.head = make("select", "gptlib-head-pick-head");
   for (let l = 0; l < cfg.n_layers; l++) v.layer.append(new Option(`layer ${l}`, String(l)));
   for (let h = 0; h < cfg.n_heads; h++) v.head.append(new Option(`head ${h}`, String(h)));
   v.layer.setAttribute("aria-label", "layer");
   v.head.setAttribute("aria-label", "head");
-  const [position, positionLabel] = numberBox("gptlib-head-position", "query t");
-  const [target, targetLabel] = numberBox("gptlib-head-target", "token v (id)");
-  const [pair, pairLabel] = numberBox("gptlib-head-pair", "RoPE pair i");
+  const [position, positionLabel] = numberBox("gptlib-head-pick-position", "query t");
+  const [target, targetLabel] = numberBox("gptlib-head-pick-target", "token v (id)");
+  const [pair, pairLabel] = numberBox("gptlib-head-pick-pair", "RoPE pair i");
   Object.assign(v, { position, target, pair, pairLabel });
   target.max = String(cfg.d_vocab - 1);
   pair.value = "0";
