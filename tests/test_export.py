@@ -357,6 +357,7 @@ class TestTheEnglishExport:
             )
             for a, b in cuts:
                 args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
+                args += (head_input(model, [(a % 4, 2, b - a - 1, 11)]),)  # the last query
                 want, got = step(model, *args), _run(s, args)
                 for k in OUTPUTS:
                     worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
