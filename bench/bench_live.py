@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from gptlib.export import export, export_smollm2
-from gptlib.step import INPUTS, OUTPUTS, step, step_inputs
+from gptlib.step import INPUTS, OUTPUTS, head_input, step, step_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = ROOT / "book_static" / "live"
@@ -115,6 +115,7 @@ def bench(name: str, repeats: int) -> None:
         for what, (lens_l, targets_l, queries_l) in asked.items():
             _, mask, lens, targets, queries = step_inputs(model, lens_l, targets_l, 0, queries_l)
             args = (torch.randint(0, V, (1, 1), generator=g), past, mask, lens, targets, queries)
+            args += (head_input(model, [(L - 1, 0, 0, 0)] if what == "all" else []),)
             feed = {k: t.numpy() for k, t in zip(INPUTS, args)}
             runs = {
                 "onnx": lambda: session.run(list(OUTPUTS), feed),

@@ -359,6 +359,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.b_Q = self.b_K = self.b_V = self.b_O = None
         self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
+        self.hook_q = HookPoint()  # (B, n_heads, T, d_head): the queries
         self.attn_drop = nn.Dropout(dropout)
         self.resid_drop = nn.Dropout(dropout)
 
@@ -405,6 +406,7 @@ class MultiHeadAttention(nn.Module):
             t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
             for t in self.qkv(x.reshape(B * T, self.d_model))
         )
+        q = self.hook_q(q)
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, n_heads, T_k, d_head), T_k = offset + T
         p_drop = self.dropout if self.training else 0.0

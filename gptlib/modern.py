@@ -219,6 +219,7 @@ class GroupedQueryAttention(nn.Module):
         self.W_V = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
         self.W_O = nn.Parameter(torch.randn(n_heads * d_head, d_model) * 0.02)
         self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
+        self.hook_q = HookPoint()  # (B, n_heads, T, d_head): the queries after RoPE
 
     def head_weights(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_Q^h, W_K^g, W_V^g (d_model, d_head) and W_O^h (d_head, d_model), g = h // group."""
@@ -246,7 +247,7 @@ class GroupedQueryAttention(nn.Module):
         angles = rope_angles(
             T, self.d_head, self.rope_base, offset=offset, device=x.device
         )  # (T, d_head/2)
-        q, k = apply_rope(q, angles), apply_rope(k, angles)
+        q, k = self.hook_q(apply_rope(q, angles)), apply_rope(k, angles)
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = offset + T
         z = attend(

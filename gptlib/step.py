@@ -11,13 +11,17 @@ traces into the graph the HTML book runs.
 
 Each read-out costs only what is asked of it: the lens reads the streams listed in ``lens`` (none:
 no projection onto the vocabulary), ``direct`` the targets listed (none: nothing), ``attn`` the
-rows of the queries listed (none: no rows copied out); so a step that asks for nothing costs the
-model's forward pass and the final read-out. The cache is position-major, (P, L, 2, n_kv, d_head),
-and the step returns only the new positions' keys and values: a caller keeps one buffer of n_ctx
-positions, hands its first P as ``past`` and appends ``kv``, and copies no whole cache per step.
+rows of the queries listed (none: no rows copied out), ``head`` the heads listed (none: nothing
+gathered); so a step that asks for nothing costs the model's forward pass and the final read-out.
+The cache is position-major, (P, L, 2, n_kv, d_head), and the step returns only the new
+positions' keys and values: a caller keeps one buffer of n_ctx positions, hands its first P as
+``past`` and appends ``kv``, and copies no whole cache per step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -29,10 +33,13 @@ from .model import GPT
 from .modern import ModernGPT, RMSNorm
 from .runtime import check_finite_weights, check_ids, check_int
 
-__all__ = ["OUTPUTS", "INPUTS", "LENS_TOP", "frozen_scale", "step", "step_inputs"]
+__all__ = ["OUTPUTS", "INPUTS", "HEAD_OUTPUTS", "LENS_TOP", "frozen_scale", "step", "step_inputs"]
+__all__ += ["head_input"]
 
-OUTPUTS = ("logits", "kv", "attn", "lens_ids", "lens_logits", "lens_lse", "direct")
-INPUTS = ("ids", "past", "head_mask", "lens", "targets", "queries")
+# what one head at one query needs beyond the cache's keys and values (head.js, gptlib.head_trace)
+HEAD_OUTPUTS = ("head_q", "head_W_O", "head_ln_scale", "head_ln_w", "head_W_U")
+OUTPUTS = ("logits", "kv", "attn", "lens_ids", "lens_logits", "lens_lse", "direct", *HEAD_OUTPUTS)
+INPUTS = ("ids", "past", "head_mask", "lens", "targets", "queries", "head")
 LENS_TOP = 10
 
 
@@ -65,16 +72,17 @@ def _shape(model: nn.Module) -> tuple[int, int, int, int, int, int]:
 
 
 def frozen_scale(ln: nn.Module, x: Tensor) -> Tensor:
-    """ln_f's normaliser at the stream row x (d_model,), the factor that the direct attribution
-    freezes: 1 / rms(x) for an RMSNorm, 1 / sigma(x) (biased variance) for a LayerNorm.
+    """ln_f's normaliser at the stream rows x (..., d_model), the factor that the direct
+    attribution freezes: 1 / rms(x) for an RMSNorm, 1 / sigma(x) (biased variance) for a
+    LayerNorm; one number per row, shape (...).
 
     >>> round(float(frozen_scale(RMSNorm(2, eps=0.0), torch.tensor([3.0, 4.0]))), 4)
     0.2828
     """
     if isinstance(ln, RMSNorm):
-        return torch.rsqrt(x.pow(2).mean() + ln.eps)  # 1 / rms(x)
-    centred = x - x.mean()
-    return torch.rsqrt(centred.pow(2).mean() + ln.eps)  # 1 / sigma(x)
+        return torch.rsqrt(x.pow(2).mean(dim=-1) + ln.eps)  # 1 / rms(x)
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return torch.rsqrt(centred.pow(2).mean(dim=-1) + ln.eps)  # 1 / sigma(x)
 
 
 def _ln_f_dual(model: nn.Module, W: Tensor, x_last: Tensor) -> Tensor:
@@ -97,6 +105,7 @@ def _step(
     lens: Tensor,
     targets: Tensor,
     queries: Tensor,
+    head: Tensor,
 ) -> dict[str, Tensor]:
     """:func:`step` without the checks of its arguments (what the graph traces)."""
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
@@ -109,7 +118,12 @@ def _step(
         * head_mask[layer][:, None].expand(H, d_head).reshape(H * d_head, 1)  # (H d_head, 1)
         for layer in range(L)
     }
-    with capture(model, "hook_resid") as streams, capture_patterns(model) as patterns:
+    layers, heads, at, tokens = head.unbind(1)  # (s,) each: the asked heads, s = 0 for none
+    with (
+        capture(model, "hook_resid") as streams,
+        capture_patterns(model) as patterns,
+        _queries_of(model, heads, at) as picked,
+    ):
         functional_call(model, masked, (ids, cache), {"check_ids": False}, strict=False)
     resid = torch.stack([x[0, -1] for x in streams])  # (L + 1, d_model): X_0 .. X_L, last row
     # the asked rows only: r = len(queries) of the T new queries' rows, each layer's cut first
@@ -137,6 +151,14 @@ def _step(
     vals = torch.stack([cache.v[layer][0] for layer in range(L)])  # (L, n_kv, P + T, d_head)
     z = torch.einsum("lgrs,lgsd->lgrd", last, vals).reshape(L, H, d_head)  # z_h, no copies of V
     direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou)  # (L, H, m)
+    # one head at one query, for each of the s asked (head.js): its query, the gathers of its
+    # slice W_O^h (the mask's rows scaled as above), ln_f's normaliser at X_L[t] and gain, and
+    # W_U[:, v]; each layer's rows gathered first, then the asked layer's picked, so that s = 0
+    # gathers nothing
+    s = head.shape[0]
+    pick = lambda per_layer: per_layer[layers, torch.arange(s)]  # noqa: E731 (L, s, ..) -> (s, ..)
+    W_Oh = pick(torch.stack([w.view(H, d_head, -1).index_select(0, heads) for w in W_O]))
+    X_L = streams[-1][0].index_select(0, at)  # (s, d_model): X_L at the asked queries
     return {
         "logits": logits,
         "kv": kv,
@@ -145,7 +167,31 @@ def _step(
         "lens_logits": top.values[:n],
         "lens_lse": lse[:n],
         "direct": direct,
+        "head_q": pick(torch.stack(picked)),  # (s, d_head)
+        "head_W_O": W_Oh,  # (s, d_head, d_model)
+        "head_ln_scale": frozen_scale(model.ln_f, X_L),  # (s,)
+        "head_ln_w": model.ln_f.w[None].expand(s, -1).clone(),  # (s, d_model)
+        "head_W_U": model.W_U.index_select(1, tokens).T.contiguous(),  # (s, d_model)
     }
+
+
+@contextmanager
+def _queries_of(model: nn.Module, heads: Tensor, at: Tensor) -> Iterator[list[Tensor]]:
+    """Each layer's queries (after RoPE, as its attention layer computes them) of the heads
+    ``heads`` (s,) at the new positions ``at`` (s,), gathered in the layer's forward pass: a list
+    of L tensors (s, d_head), filled during the ``with`` block."""
+    picked: list[Tensor] = []
+    handles = [
+        blk.attn.hook_q.register_forward_hook(
+            lambda m, args, q: picked.append(q[0][heads, at])  # (s, d_head)
+        )
+        for blk in model.blocks
+    ]
+    try:
+        yield picked
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _last_rows(patterns: list[Tensor], n_kv: int) -> Tensor:
@@ -220,6 +266,7 @@ def step(
     lens: Tensor,
     targets: Tensor,
     queries: Tensor,
+    head: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """One step of ``model`` (in eval mode) on new tokens, given the keys and values before them.
 
@@ -235,7 +282,10 @@ def step(
       last new position (none: no lens);
     * ``targets`` int64 (m,), 0 <= m: the token ids whose logits ``direct`` decomposes; -1 stands
       for the step's most probable token (the first argmax of ``logits``);
-    * ``queries`` int64 (r,), 0 <= r: which of the T new queries' attention rows ``attn`` holds.
+    * ``queries`` int64 (r,), 0 <= r: which of the T new queries' attention rows ``attn`` holds;
+    * ``head`` int64 (s, 4), 0 <= s (None: s = 0): rows (layer, h, t, v), each one head h of block
+      ``layer`` (both from 0) at the new query t (of the T) and a token id v, for the
+      ``head_*`` outputs (:func:`head_input` makes it).
 
     Outputs (float32 unless stated), in the order of :data:`OUTPUTS`:
 
@@ -249,7 +299,13 @@ def step(
       the logsumexp of the whole row, so that p = exp(logit - lse);
     * ``direct`` (L, H, m): head h's output at the last position, z_h W_O^h (times its mask),
       through ln_f's linear part with the normaliser frozen at X_L's last row, dotted with
-      W_U[:, t] for each target t.
+      W_U[:, t] for each target t;
+    * for each row (layer, h, t, v) of ``head`` (what :mod:`gptlib.widgets.head`'s view needs
+      beyond the cache's keys and values, :func:`gptlib.head_trace.head_trace`'s inputs):
+      ``head_q`` (s, d_head) head h's query at t (after RoPE for a ModernGPT), ``head_W_O``
+      (s, d_head, d_model) its slice W_O^h times its mask, ``head_ln_scale`` (s,) ln_f's
+      normaliser 1 / rms or 1 / sigma of X_L at t, ``head_ln_w`` (s, d_model) ln_f's gain and
+      ``head_W_U`` (s, d_model) W_U[:, v].
 
     The model itself computes: a :class:`~gptlib.kvcache.KVCache` that starts from ``past``,
     its forward pass with W_O's rows scaled by the mask, hooks reading the patterns and the
@@ -260,12 +316,16 @@ def step(
     >>> model = GPT(GPTConfig.preset("tiny", n_ctx=8)).eval()
     >>> ids = torch.tensor([[5, 6, 7]])
     >>> first = step(model, ids[:, :2], *step_inputs(model, [0, 2], [7, -1], queries=[0, 1]))
-    >>> {k: tuple(v.shape) for k, v in first.items()}  # doctest: +NORMALIZE_WHITESPACE
+    >>> {k: tuple(v.shape) for k, v in first.items() if k[:5] != "head_"}
+    ... # doctest: +NORMALIZE_WHITESPACE
     {'logits': (1, 512), 'kv': (2, 2, 2, 4, 16), 'attn': (2, 4, 2, 2),
      'lens_ids': (2, 10), 'lens_logits': (2, 10), 'lens_lse': (2,), 'direct': (2, 4, 2)}
     >>> then = step(model, ids[:, 2:], first["kv"], *step_inputs(model)[1:])
     >>> torch.allclose(then["logits"], model(ids)[:, -1], atol=1e-5), tuple(then["attn"].shape)
     (True, (2, 4, 0, 3))
+    >>> one = step(model, ids, *step_inputs(model), head_input(model, [(1, 3, 2, 9)]))
+    >>> [tuple(one[k].shape) for k in HEAD_OUTPUTS]
+    [(1, 16), (1, 16, 64), (1,), (1, 64), (1, 64)]
 
     Every argument is checked: a wrong dtype or shape, an id out of range, a stream beyond X_L, a
     query beyond T or more positions than n_ctx raise ``ValueError`` naming the argument.
@@ -298,9 +358,20 @@ def step(
     if queries.numel() and not bool(((queries >= 0) & (queries < T)).all()):
         raise ValueError(f"queries must be new positions in [0, {T}), got {queries.tolist()}")
     device = next(model.parameters()).device
-    args = (ids, past, head_mask, lens, targets, queries)
+    if head is None:
+        head = torch.zeros(0, 4, dtype=torch.int64, device=device)
+    _check_tensor("head", head, torch.int64, (None, 4))
+    hi = torch.tensor([L, H, T, V], device=head.device)
+    if head.numel() and not bool(((head >= 0) & (head < hi)).all()):
+        raise ValueError(
+            f"head must hold rows (layer, h, t, v) in [0, {L}) x [0, {H}) x [0, {T}) x [0, {V}), "
+            f"got {head.tolist()}"
+        )
+    args = (ids, past, head_mask, lens, targets, queries, head)
     if any(t.device != device for t in args):
-        raise ValueError(f"ids, past, head_mask, lens, targets and queries must be on {device}")
+        raise ValueError(
+            f"ids, past, head_mask, lens, targets, queries and head must be on {device}"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -340,3 +411,30 @@ def step_inputs(
         torch.tensor(targets, **i64),
         torch.tensor(queries, **i64),
     )
+
+
+def head_input(model: GPT | ModernGPT, heads: list[tuple[int, int, int, int]] = ()) -> Tensor:
+    """:func:`step`'s ``head`` (s, 4) int64 on the model's device: one row (layer, h, t, v) per
+    head asked (t, the new query, is checked against T by the step, which knows it).
+
+    >>> from gptlib.model import GPTConfig
+    >>> model = GPT(GPTConfig.preset("tiny"))
+    >>> head_input(model, [(1, 3, 0, 9)]).tolist(), tuple(head_input(model).shape)
+    ([[1, 3, 0, 9]], (0, 4))
+    """
+    _check_model(model)
+    L, H, _, _, V, n_ctx = _shape(model)
+    rows = []
+    for k, row in enumerate(heads):
+        if not isinstance(row, (tuple, list)) or len(row) != 4:
+            raise ValueError(f"heads[{k}] must be (layer, h, t, v), got {row!r}")
+        rows.append(
+            [
+                check_int(f"heads[{k}] layer", row[0], 0, L - 1),
+                check_int(f"heads[{k}] h", row[1], 0, H - 1),
+                check_int(f"heads[{k}] t", row[2], 0, n_ctx - 1),
+                check_int(f"heads[{k}] v", row[3], 0, V - 1),
+            ]
+        )
+    device = next(model.parameters()).device
+    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(rows), 4)

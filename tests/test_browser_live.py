@@ -480,6 +480,102 @@ def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(browser,
     page.close()
 
 
+def _head_shown(page, before: str | None) -> dict:
+    """Wait for the head panel's next answer (after ``before``, its last ``data-head-n``) and
+    return what it asked and the view's stages (head.js's traceHead)."""
+    page.page.wait_for_function(
+        "(before) => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.headN && r.dataset.headN !== before && r.dataset.busy === '0'; }",
+        arg=before,
+        timeout=60_000,
+    )
+    page.wait_idle()
+    asked = json.loads(page.play.get_attribute("data-head-asked"))
+    trace = page.js(
+        "JSON.parse(JSON.stringify(root.__gptlib.headTrace, (k, v) =>"
+        " typeof v === 'number' && !Number.isFinite(v) ? null : v))"
+    )
+    return {"asked": asked, "trace": trace, "key": page.play.get_attribute("data-head-n")}
+
+
+def _check_head(model, window: list[int], shown: dict, removed=(), tol=1e-4) -> dict:
+    """Every stage the view shows equals head_trace's on the same window (the removed heads
+    ablated, as the step's mask removes them; RoPE's stages for a rotary model), to ``tol``
+    times the stage's largest entry (at least 1); returns the largest such relative difference
+    of each stage."""
+    from gptlib.circuits import ablate_heads
+    from gptlib.head_trace import head_trace
+
+    a, got = shown["asked"], shown["trace"]
+    with ablate_heads(model, list(removed)):
+        tr = head_trace(
+            model, window, a["layer"], a["head"], a["position"], a["target"], a.get("pair")
+        )
+    names = ["q", "k", "v", "scores", "scaled", "pattern", "z", "out"]
+    names = {**dict(zip(names, names)), "lnOut": "ln_out", "qRaw": "q_raw", "kRaw": "k_raw"}
+    if tr.pair is not None:
+        names |= {"angleRel": "angle_rel", "pairScores": "pair_scores"}
+    worst = {}
+    for name, field in names.items():
+        want = getattr(tr, field).double()
+        diff = float((torch.tensor(got[name], dtype=torch.float64) - want).abs().max())
+        worst[name] = diff / max(1.0, float(want.abs().max()))
+        assert worst[name] <= tol, (name, diff)
+    assert got["contribution"] == pytest.approx(tr.contribution, abs=tol, rel=tol)
+    assert got["sum"] == pytest.approx(1.0, abs=1e-9)
+    return worst
+
+
+def test_one_head_step_by_step(browser, site, english):
+    """The head panel, closed, costs nothing; opened, it shows the selected head at the last query
+    with the step's most probable token: its softmax row is the heads panel's row of that head,
+    its contribution the step's direct attribution, and every stage head_trace's. A click on a
+    token moves the query (the token v is then the one that follows), the layer and head
+    selectors the head; with a head ablated the view is the ablated model's."""
+    model, tok = english
+    H = model.config.n_heads
+    page = Page(browser, site.url + "/index.html")
+    page.start()
+    assert page.play.get_attribute("data-head-asked") is None  # closed: no head computed
+    window = tok.encode(OPENING)
+    page.js("(root.querySelector('.gptlib-play-head-panel').open = true)")
+    shown = _head_shown(page, None)
+    layer, head = shown["asked"]["layer"], shown["asked"]["head"]
+    T = len(window)
+    top = int(torch.tensor(page.js("Array.from(root.__gptlib.logits)")).argmax())
+    assert shown["asked"]["position"] == T - 1 and shown["asked"]["target"] == top
+    row = page.js(f"Array.from(root.__gptlib.patterns[{layer}][{head}][{T - 1}])")
+    assert (
+        float((torch.tensor(shown["trace"]["pattern"]) - torch.tensor(row[:T])).abs().max()) <= 1e-6
+    )
+    direct = page.js(f"root.__gptlib.direct[{layer * H + head}]")
+    assert shown["trace"]["contribution"] == pytest.approx(direct, abs=1e-5, rel=1e-4)
+    _check_head(model, window, shown)
+    panel = page.play.locator(".gptlib-head").text_content()
+    assert "(4.6) (4.3) (4.2) (4.1)" in panel and "NaN" not in panel
+    # a click on token 2: the query moves there, v is token 3
+    page.play.locator(".gptlib-play-tok").nth(2).click()
+    shown = _head_shown(page, shown["key"])
+    assert shown["asked"]["position"] == 2 and shown["asked"]["target"] == window[3]
+    _check_head(model, window, shown)
+    # another layer and head by the selectors
+    page.play.locator(".gptlib-head-pick-layer").select_option("1")
+    shown = _head_shown(page, shown["key"])
+    page.play.locator(".gptlib-head-pick-head").select_option("3")
+    shown = _head_shown(page, shown["key"])
+    assert (shown["asked"]["layer"], shown["asked"]["head"]) == (1, 3)
+    _check_head(model, window, shown)
+    # head 0 of layer 0 ablated (a click on it in ablation mode): the streams after it change,
+    # and the view, computed again, is the ablated model's
+    page.play.locator(".gptlib-play-ablate-mode").check()
+    page.play.locator(".gptlib-attn-thumb[data-layer='0'][data-head='0']").click()
+    shown = _head_shown(page, shown["key"])
+    assert json.loads(page.play.get_attribute("data-ablated")) == [[0, 0]]
+    _check_head(model, window, shown, removed=[(0, 0)])
+    page.check_offline()
+    page.close()
+
+
 def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
     """@huggingface/tokenizers on the exported tokenizer.json, in the browser, against
     BPETokenizer.encode on fuzzed text (emoji, accents, digits, whitespace runs); and the page's

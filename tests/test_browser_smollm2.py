@@ -16,7 +16,16 @@ import time
 import pytest
 import torch
 from page_twins import xorshift32
-from test_browser_live import ARTIFACTS, STATIC, Page, Served, _settings, reference
+from test_browser_live import (
+    ARTIFACTS,
+    STATIC,
+    Page,
+    Served,
+    _check_head,
+    _head_shown,
+    _settings,
+    reference,
+)
 
 from gptlib.sampling import next_token_probs
 from gptlib.step import step, step_inputs
@@ -297,4 +306,56 @@ def test_smollm2_ablation_and_direct_contributions_equal_pytorch(smol_page, smol
     page.play.locator(".gptlib-play-restore").click()
     page.wait_idle()
     assert json.loads(page.play.get_attribute("data-ablated")) == []
+    page.check_offline()
+
+
+def test_smollm2_one_head_step_by_step(smol_page, smollm2, summary):
+    """The head panel on SmolLM2, chat off, on eight words typed twice (Chapter 12's text): the
+    induction head 18.6 at the last token, then RoPE's pair 5, then the query moved by a click;
+    every stage, RoPE's included, equals head_trace's, the softmax row is the heads panel's row
+    and the contribution the step's direct attribution."""
+    page, _, _ = smol_page
+    model, tok = smollm2
+    H = model.config.n_heads
+    words = "orbit tulip seven lantern copper violin marsh pepper"
+    page.play.locator(".gptlib-play-chat").uncheck()
+    page.type(f"{words} {words}")
+    window = tok.encode(f"{words} {words}")
+    T = len(window)
+    page.page.wait_for_function(
+        "(ids) => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.ids === JSON.stringify(ids) && r.dataset.busy === '0'; }",
+        arg=window,
+        timeout=60_000,
+    )
+    page.js("(root.querySelector('.gptlib-play-head-panel').open = true)")
+    shown = _head_shown(page, page.play.get_attribute("data-head-n"))
+    page.play.locator(".gptlib-head-pick-layer").select_option("18")
+    shown = _head_shown(page, shown["key"])
+    page.play.locator(".gptlib-head-pick-head").select_option("6")
+    shown = _head_shown(page, shown["key"])
+    a = shown["asked"]
+    assert (a["layer"], a["head"], a["position"]) == (18, 6, T - 1)
+    row = page.js(f"Array.from(root.__gptlib.patterns[18][6][{T - 1}])")
+    assert (
+        float((torch.tensor(shown["trace"]["pattern"]) - torch.tensor(row[:T])).abs().max()) <= 1e-5
+    )
+    direct = page.js(f"root.__gptlib.direct[{18 * H + 6}]")
+    assert shown["trace"]["contribution"] == pytest.approx(direct, abs=1e-4, rel=1e-3)
+    worst = _check_head(model, window, shown, tol=1e-3)
+    assert int(torch.tensor(shown["trace"]["pattern"]).argmax()) == T // 2  # ' orbit', copied
+    page.play.locator(".gptlib-head-pick-pair").fill("5")
+    page.play.locator(".gptlib-head-pick-pair").dispatch_event("change")
+    shown = _head_shown(page, shown["key"])
+    assert shown["asked"]["pair"] == 5
+    _check_head(model, window, shown, tol=1e-3)
+    page.play.locator(".gptlib-play-tok").nth(T - 3).click()
+    shown = _head_shown(page, shown["key"])
+    assert shown["asked"]["position"] == T - 3 and shown["asked"]["target"] == window[T - 2]
+    _check_head(model, window, shown, tol=1e-3)
+    summary(
+        "SmolLM2 in the page",
+        "\n[smollm2] one head step by step (18.6), max |page - head_trace| / max(1, |stage|): "
+        + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()),
+    )
     page.check_offline()

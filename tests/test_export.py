@@ -35,7 +35,7 @@ from gptlib.hooks import capture, capture_patterns, logit_lens
 from gptlib.kvcache import KVCache
 from gptlib.model import GPT
 from gptlib.modern import ModernGPT
-from gptlib.step import INPUTS, LENS_TOP, OUTPUTS, step, step_inputs
+from gptlib.step import INPUTS, LENS_TOP, OUTPUTS, head_input, step, step_inputs
 from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +61,10 @@ def _session(data: bytes):
 
 
 def _run(session, args) -> dict[str, np.ndarray]:
-    return dict(
-        zip(OUTPUTS, session.run(list(OUTPUTS), {k: t.numpy() for k, t in zip(INPUTS, args)}))
-    )
+    """The graph's outputs on step()'s arguments (without ``head``: none asked)."""
+    feed = {k: t.numpy() for k, t in zip(INPUTS, args)}
+    feed.setdefault("head", np.zeros((0, 4), dtype=np.int64))
+    return dict(zip(OUTPUTS, session.run(list(OUTPUTS), feed)))
 
 
 @pytest.fixture(scope="module", params=["gpt", "modern"])
@@ -262,6 +263,7 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
     past, mask, lens, targets, queries = step_inputs(model)
     ids = torch.tensor([[1, 2]])
     good = dict(ids=ids, past=past, head_mask=mask, lens=lens, targets=targets, queries=queries)
+    good["head"] = head_input(model)
     bad = [
         ("ids", torch.tensor([1, 2])),
         ("ids", torch.zeros(1, 0, dtype=torch.int64)),
@@ -281,6 +283,11 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
         ("queries", torch.tensor([2])),  # T = 2 new queries: 0 and 1
         ("queries", torch.tensor([-1])),
         ("queries", torch.tensor([0.0])),
+        ("head", torch.tensor([[0, 0, 2, 1]])),  # t = 2: not a new query
+        ("head", torch.tensor([[2, 0, 0, 1]])),  # layer 2 of 2
+        ("head", torch.tensor([[0, 0, 0, 512]])),
+        ("head", torch.tensor([0, 0, 0, 1])),
+        ("head", torch.tensor([[0.0, 0, 0, 1]])),
     ]
     for name, value in bad:
         with pytest.raises(ValueError, match=name):
@@ -307,16 +314,17 @@ def test_onnx_equals_the_step(tiny, tiny_graph):
     L, H = tiny.config.n_layers, tiny.config.n_heads
     mask = torch.ones(L, H)
     mask[1, 2], mask[0, 0] = 0.0, 0.5
-    for a, b, lens, targets, queries in [
-        (0, 3, [0, 1, 3], [3, 4], [0, 1, 2]),
-        (0, 1, [], [], []),
-        (3, 11, [2], [1, -1], [7]),
-        (10, 11, [], [5, 6, 7], []),
-        (4, 8, [], [-1], [3, 0]),
+    for a, b, lens, targets, queries, heads in [
+        (0, 3, [0, 1, 3], [3, 4], [0, 1, 2], [(2, 3, 1, 7)]),
+        (0, 1, [], [], [], []),
+        (3, 11, [2], [1, -1], [7], [(0, 0, 7, 2), (1, 2, 0, 250), (2, 1, 3, 5)]),
+        (10, 11, [], [5, 6, 7], [], [(1, 2, 0, 9)]),
+        (4, 8, [], [-1], [3, 0], []),
     ]:
         past = _steps(tiny, IDS[:, :a], [])[-1]["past"] if a else step_inputs(tiny)[0]
         i64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
         args = (IDS[:, a:b], past, mask, i64(lens), i64(targets), i64(queries))
+        args += (head_input(tiny, heads),)
         want, got = step(tiny, *args), _run(s, args)
         for k in OUTPUTS:
             assert got[k].shape == tuple(want[k].shape) and got[k].dtype == want[k].numpy().dtype, k
@@ -349,6 +357,7 @@ class TestTheEnglishExport:
             )
             for a, b in cuts:
                 args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
+                args += (head_input(model, [(a % 4, 2, b - a - 1, 11)]),)  # the last query
                 want, got = step(model, *args), _run(s, args)
                 for k in OUTPUTS:
                     worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
@@ -395,7 +404,8 @@ class TestTheEnglishExport:
         assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
         assert info["config"] == {
             "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
-            "n_kv_heads": 4, "d_head": 64,
+            "n_kv_heads": 4, "d_head": 64, "rope_base": None, "ln_f_centred": True,
+            "attn_bias": True,
         }  # fmt: skip
         assert info["onnx"]["bytes"] == len(english_onnx) == info["onnx"]["pieces"][0]["bytes"]
         assert info["download_bytes"] == len(english_onnx) + written[1].stat().st_size
@@ -715,7 +725,8 @@ def test_smollm2_files_are_pieces_of_the_gguf_graph(smollm2, smollm2_files):
     )
     assert info["config"] == {
         "d_vocab": 49152, "n_ctx": 8192, "d_model": 576, "n_layers": 30, "n_heads": 9,
-        "n_kv_heads": 3, "d_head": 64,
+        "n_kv_heads": 3, "d_head": 64, "rope_base": model.blocks[0].attn.rope_base,
+        "ln_f_centred": False, "attn_bias": False,
     }  # fmt: skip
     assert all(p["bytes"] <= 95_000_000 for p in info["onnx"]["pieces"])
     assert (
@@ -760,8 +771,10 @@ def test_smollm2_graph_equals_the_step(smollm2, smollm2_files, smollm2_session):
     past, mask, lens, targets, _ = step_inputs(model, [0, 15, 30], [5, 1000, -1])
     mask[3, 4] = 0.0
     worst = {}
-    for _ in range(6):
+    for k in range(6):
         args = (ids, past, mask, lens, targets, torch.arange(ids.shape[1]))
+        # one head at the last query (the ablated one once), to the greedy token's logit
+        args += (head_input(model, [(3 + k, 4 + k % 2, ids.shape[1] - 1, 1000)]),)
         want, got = step(model, *args), _run(s, args)
         for k in OUTPUTS:
             worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))

@@ -18,7 +18,10 @@ import pytest
 import torch
 from node_support import import_as, run_node
 
+from gptlib.circuits import ablate_heads
 from gptlib.head_trace import head_trace
+from gptlib.modern import ModernGPT
+from gptlib.step import step, step_inputs
 from gptlib.widgets.head import view_inputs
 from gptlib.widgets.live import LiveKernel
 
@@ -200,14 +203,123 @@ def test_kernel_answers_a_head_request_with_the_views_inputs(tiny_gpt, tiny_mode
         msg, buffers = _Kernel(model)._reply(ask)
         assert msg == {"kind": "head", "inputs": view_inputs(model, head_trace(model, IDS, **kw))}
         assert buffers == []
+    # the step's head mask: its zeros remove heads (W_O^h = 0) before the trace
+    model, kw = _cases(tiny_gpt, tiny_modern)[3]
+    mask = [1] * (model.config.n_layers * model.config.n_heads)
+    mask[kw["layer"] * model.config.n_heads + kw["head"]] = mask[0] = 0
+    msg, _ = _Kernel(model)._reply({"kind": "head", "ids": IDS, **kw, "mask": mask})
+    with ablate_heads(model, [(0, 0), (kw["layer"], kw["head"])]):
+        assert msg["inputs"] == view_inputs(model, head_trace(model, IDS, **kw))
+    assert not any(any(row) for row in msg["inputs"]["W_O"])
     kernel = _Kernel(tiny_gpt(seed=5))
     for bad, name in (
         ({"position": 8}, "position"),
         ({"ids": "abc"}, "ids"),
         ({"pair": 0}, "pair"),
+        ({"mask": [1, 0]}, "mask"),
+        ({"mask": [0.5] * 8}, "mask"),
     ):
         ask = {"kind": "head", "ids": IDS, "layer": 0, "head": 0, "position": 1, "target": 3}
         with pytest.raises(ValueError, match=name):
             kernel._reply(ask | bad)
     with pytest.raises(ValueError, match="target"):
         kernel._reply({"kind": "head", "ids": IDS, "layer": 0, "head": 0, "position": 1})
+
+
+def _flat(t: torch.Tensor) -> list:
+    return t.detach().reshape(-1).tolist()
+
+
+def test_page_path_equals_head_trace(tiny_gpt, tiny_modern, tmp_path):
+    """The page's path, in JavaScript: page.js's cacheStepper runs a prefix, then a step that asks
+    for one head at a query after it (a stand-in session answers with step()'s outputs, which
+    tests/test_export.py checks the graph's equal, and checks the graph's inputs it is fed); its
+    headOutputs and head.js's pageInputs make the view's inputs from the graph's head_* outputs
+    and the cache, and traceHead's every stage equals head_trace's; under a head mask, the
+    contribution at the last query is step's direct attribution."""
+    from gptlib.step import head_input
+
+    P = 3
+    cases = []
+    for model, kw in _cases(tiny_gpt, tiny_modern):
+        if kw["position"] < P:
+            continue
+        c = model.config
+        L, H = c.n_layers, c.n_heads
+        attn = model.blocks[0].attn
+        mask = torch.ones(L, H)
+        mask[L - 1, (kw["head"] + 1) % H] = 0.0  # another head removed: X_L changes
+        ids = torch.tensor([IDS])
+        first = step(model, ids[:, :P], *step_inputs(model)[:1], mask, *step_inputs(model)[2:])
+        asked = (kw["layer"], kw["head"], kw["position"] - P, kw["target"])
+        then = step(model, ids[:, P:], first["kv"], mask, *step_inputs(model)[2:],
+                    head_input(model, [asked]))  # fmt: skip
+        last = step(model, ids, *step_inputs(model)[:1], mask,
+                    *step_inputs(model, targets=[kw["target"]])[2:])  # fmt: skip
+        removed = [(k // H, k % H) for k in range(L * H) if mask.view(-1)[k] == 0]
+        with ablate_heads(model, removed):
+            tr = head_trace(model, IDS, **kw)
+        config = {
+            "d_vocab": c.d_vocab, "n_ctx": c.n_ctx, "d_model": c.d_model, "n_layers": L,
+            "n_heads": H, "n_kv_heads": getattr(attn, "n_kv_heads", H), "d_head": attn.d_head,
+            "rope_base": getattr(attn, "rope_base", None),
+            "ln_f_centred": not isinstance(model, ModernGPT),
+            "attn_bias": getattr(attn, "b_Q", None) is not None,
+        }  # fmt: skip
+        outs = [{k: _flat(v) for k, v in o.items()} for o in (first, then)]
+        cases.append(
+            {
+                "config": config,
+                "mask": _flat(mask),
+                "outs": outs,
+                "req": {k: kw[k] for k in ("layer", "head", "position", "target")}
+                | {"pair": kw.get("pair", 0)},
+                "want_head": list(asked),
+                "direct_last": float(last["direct"][kw["layer"], kw["head"], 0]),
+                "trace": tr,
+            }
+        )
+    script = (
+        import_as("page", "page.js")
+        + """
+class Tensor { constructor(type, data, dims) { Object.assign(this, { type, data, dims }); } }
+const ort = { Tensor };
+const result = [];
+for (const cs of data) {
+  const fed = [];
+  const outs = cs.outs.map((o) => Object.fromEntries(Object.entries(o).map(([k, v]) =>
+    [k, { data: k === "lens_ids" ? BigInt64Array.from(v, BigInt) : Float32Array.from(v) }])));
+  let n = 0;
+  const session = { run: async (feeds) => { fed.push(feeds); return outs[n++]; } };
+  const stepper = page.cacheStepper(ort, session, { config: cs.config, lens_top: 10 });
+  const ids = IDS;
+  await stepper(ids.slice(0, PREFIX), { mask: cs.mask });
+  const r = await stepper(ids, { mask: cs.mask, head: cs.req });
+  const inp = m.pageInputs(cs.req, r.head, cs.config);
+  result.push({ fedHead: Array.from(fed[1].head.data, Number), fedDims: fed[1].head.dims,
+                emptyDims: fed[0].head.dims, trace: m.traceHead(inp),
+                panel: m.headPanel(inp).textContent });
+}
+console.log(plain(result));
+""".replace("IDS", json.dumps(IDS)).replace("PREFIX", str(P))
+    )
+    data = [{k: v for k, v in cs.items() if k != "trace"} for cs in cases]
+    js = _node(script, data, tmp_path)
+    assert len(js) == len(cases) >= 3
+    for cs, got in zip(cases, js):
+        tr = cs["trace"]
+        assert got["fedHead"] == cs["want_head"] and got["fedDims"] == [1, 4]
+        assert got["emptyDims"] == [0, 4]  # a step that asks for no head feeds none
+        where = f"{cs['config']['rope_base']} layer {tr.layer} head {tr.head} t {tr.position}"
+        names = STAGES | (ROPE if tr.pair is not None else {})
+        for name, field in names.items():
+            torch.testing.assert_close(
+                torch.tensor(got["trace"][name], dtype=torch.float64),
+                getattr(tr, field).double(),
+                **TOL,
+                msg=lambda m: f"{where} {name}: {m}",
+            )
+        assert got["trace"]["contribution"] == pytest.approx(tr.contribution, abs=1e-5, rel=1e-4)
+        assert "NaN" not in got["panel"] and "undefined" not in got["panel"]
+        if tr.position == len(IDS) - 1:  # step's direct attribution is at the last query
+            assert tr.contribution == pytest.approx(cs["direct_last"], abs=1e-5, rel=1e-4)

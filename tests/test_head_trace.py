@@ -17,12 +17,13 @@ import math
 import pytest
 import torch
 
+from gptlib.circuits import ablate_heads
 from gptlib.head_trace import HeadTrace, head_trace, ln_f_frozen
 from gptlib.hooks import capture_patterns
 from gptlib.kvcache import KVCache
 from gptlib.modern import ModernGPT, apply_rope
 from gptlib.positional import sinusoidal_frequencies
-from gptlib.step import step, step_inputs
+from gptlib.step import head_input, step, step_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -159,6 +160,37 @@ def test_contribution_is_steps_direct_attribution(model):
                     tr = head_trace(model, IDS, layer, head, t, v)
                     close(tr.contribution, direct[layer, head, col], f"{layer}.{head} t={t}")
                     close(tr.contribution, tr.ln_out @ tr.W_U_v, "ln_out . W_U[:, v]")
+
+
+def test_steps_head_outputs_are_head_traces_inputs(model):
+    """What the step graph hands the head view for (layer, h, t, v) equals head_trace's stages:
+    the query (after RoPE), W_O^h, ln_f's normaliser and gain at X_L[t], W_U[:, v]; asked at a
+    new query after a cached prefix, and none asked gives empty outputs. A head the mask removes
+    hands over W_O^h = 0, as its direct attribution is 0."""
+    L, H = model.config.n_layers, model.config.n_heads
+    P = 3
+    past = step(model, torch.tensor([IDS[:P]]), *step_inputs(model))["kv"]
+    asked = [(layer, h, t, v) for layer in range(L) for h in range(H) for t, v in ((0, 4), (3, 9))]
+    _, mask, lens, targets, queries = step_inputs(model)
+    mask[L - 1, 1] = 0.0
+    out = step(model, torch.tensor([IDS[P:]]), past, mask, lens, targets, queries,
+               head_input(model, asked))  # fmt: skip
+    for k, (layer, h, t, v) in enumerate(asked):
+        with ablate_heads(model, [(L - 1, 1)]):  # W_O^h = 0, as the mask 0 scales it
+            tr = head_trace(model, IDS, layer, h, P + t, v)
+            W_O = tr.W_O.clone()  # a view of the weights, which the block restores
+        where = f"{layer}.{h} t={P + t}"
+        close(out["head_q"][k], tr.q, f"{where} q")
+        close(out["head_W_O"][k], W_O, f"{where} W_O^h")
+        assert bool(W_O.any()) != ((layer, h) == (L - 1, 1))
+        close(out["head_ln_scale"][k], tr.ln_scale, f"{where} ln_f's normaliser")
+        close(out["head_ln_w"][k], tr.ln_w, f"{where} ln_f's gain")
+        close(out["head_W_U"][k], tr.W_U_v, f"{where} W_U[:, v]")
+    none = step(model, torch.tensor([IDS[P:]]), past, *step_inputs(model)[1:])
+    assert [tuple(none[k].shape[:1]) for k in ("head_q", "head_W_O", "head_ln_scale")] == [(0,)] * 3
+    with pytest.raises(ValueError, match="head"):  # t = 4 is not one of the 4 new queries
+        step(model, torch.tensor([IDS[P:]]), past, *step_inputs(model)[1:],
+             head_input(model, [(0, 0, 4, 1)]))  # fmt: skip
 
 
 def test_ln_f_frozen_is_ln_fs_derivative(model):

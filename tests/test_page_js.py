@@ -156,7 +156,7 @@ def test_the_manifest_external_weights_must_add_up():
     js = _node(
         """
 const pieces = [{ bytes: 3 }, { bytes: 2 }];
-const ok = { format: "gptlib-live", version: 4, onnx: { bytes: 5, pieces },
+const ok = { format: "gptlib-live", version: 5, onnx: { bytes: 5, pieces },
              weights: { blocks: { bytes: 5, pieces } } };
 const errors = [
   { ...ok, version: 2 },
@@ -170,5 +170,5 @@ console.log(JSON.stringify({ ok: m.checkManifest(ok, "x.json") === ok,
 """
     )
     assert js["ok"] and js["plain"]
-    assert "version 4" in js["errors"][0]
+    assert "version 5" in js["errors"][0]
     assert all("weights' pieces do not add up" in e for e in js["errors"][1:])

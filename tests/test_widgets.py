@@ -1652,7 +1652,7 @@ def test_live_js_checks_the_manifest(tmp_path):
         tmp_path,
         """
 const pieces = [{ bytes: 3 }, { bytes: 2 }];
-const ok = { format: "gptlib-live", version: 4, onnx: { bytes: 5, pieces } };
+const ok = { format: "gptlib-live", version: 5, onnx: { bytes: 5, pieces } };
 const errors = [
   { ...ok, version: 1 },
   { ...ok, onnx: { bytes: 6, pieces } },
@@ -1667,7 +1667,7 @@ console.log(JSON.stringify({ ok: good, errors, mb: n.megabytes(123456789) }));
         "live.js",
     )
     assert js["ok"] and js["mb"] == "123.5 MB"
-    assert "version 4" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
+    assert "version 5" in js["errors"][0] and all("add up" in e for e in js["errors"][1:])
 
 
 def test_playground_js_reads_the_stored_bytes(tmp_path, modern_tiny):

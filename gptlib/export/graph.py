@@ -28,8 +28,8 @@ class _Step(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids, past, head_mask, lens, targets, queries) -> tuple[Tensor, ...]:
-        out = _step(self.model, ids, past, head_mask, lens, targets, queries)
+    def forward(self, ids, past, head_mask, lens, targets, queries, head) -> tuple[Tensor, ...]:
+        out = _step(self.model, ids, past, head_mask, lens, targets, queries, head)
         return tuple(out[k] for k in OUTPUTS)
 
 
@@ -98,6 +98,7 @@ def _export_proto(model: nn.Module):
         torch.zeros((2,), dtype=torch.int64),
         torch.zeros((2,), dtype=torch.int64),
         torch.zeros((2,), dtype=torch.int64),
+        torch.zeros((2, 4), dtype=torch.int64),
     )
     Dim = torch.export.Dim
     dims = {
@@ -107,6 +108,7 @@ def _export_proto(model: nn.Module):
         "lens": {0: Dim("n", min=0, max=1024)},
         "targets": {0: Dim("m", min=0, max=max(V, 4))},
         "queries": {0: Dim("r", min=0, max=n_ctx)},
+        "head": {0: Dim("s", min=0, max=64)},
     }
     # torch.export's own deprecation notices and its note that torchvision's operators are not
     # registered: neither is about this model.
@@ -138,8 +140,8 @@ def _export_proto(model: nn.Module):
 
 def to_onnx(model: GPT | ModernGPT) -> bytes:
     """The ONNX graph (serialized) of :func:`step` for ``model``: inputs :data:`INPUTS`, outputs
-    :data:`OUTPUTS`, with T, P, n, m and r dynamic (all but T may be 0). Deterministic bytes for a
-    given model. The weights are stored as float16 where float16 holds them exactly."""
+    :data:`OUTPUTS`, with T, P, n, m, r and s dynamic (all but T may be 0). Deterministic bytes for
+    a given model. The weights are stored as float16 where float16 holds them exactly."""
     import onnx  # a build-time dependency (requirements.txt), not needed to read the book
 
     _check_model(model)

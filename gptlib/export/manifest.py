@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from ..model import GPT
-from ..modern import ModernGPT
+from ..modern import ModernGPT, RMSNorm
 from ..step import LENS_TOP, _check_model, _shape
 
 __all__ = ["FORMAT", "VERSION", "weights_sha256", "chat_frame", "manifest"]
 
 FORMAT = "gptlib-live"
-VERSION = 4
+VERSION = 5
 
 
 def weights_sha256(model: nn.Module) -> str:
@@ -86,7 +86,8 @@ def manifest(
     tokenizer_bytes: bytes,
     blocks: tuple[list[dict], list[bytes]] | None = None,
 ) -> dict:
-    """What the page reads first (format ``gptlib-live`` version 4): the model's shape, the files
+    """What the page reads first (format ``gptlib-live`` version 5): the model's shape (with what
+    the head view needs: RoPE's base, whether ln_f centres, whether attention has biases), the files
     and their SHA-256, the tokens as strings and bytes, the special tokens and the chat frame.
     ``blocks``: for a graph whose quantized weights are external (:func:`to_onnx_gguf`), their
     table and the pieces of the blocks; the manifest's ``weights`` then says which files hold
@@ -132,6 +133,9 @@ def manifest(
             "n_heads": H,
             "n_kv_heads": n_kv,
             "d_head": d_head,
+            "rope_base": getattr(model.blocks[0].attn, "rope_base", None),  # None: no RoPE
+            "ln_f_centred": not isinstance(model.ln_f, RMSNorm),  # LayerNorm subtracts the mean
+            "attn_bias": getattr(model.blocks[0].attn, "b_Q", None) is not None,
         },
         "lens_top": LENS_TOP,
         "onnx": {

@@ -54,6 +54,38 @@ function rotate(x, n, freqs, sign) {
   return out;
 }
 
+// The rows of a flat array: n rows of `width` numbers.
+const rowsOf = (flat, width) =>
+  Array.from({ length: flat.length / width }, (_, n) => flat.subarray(n * width, (n + 1) * width));
+
+// The inputs above from what the page's step hands over (page.js's cacheStepper with a `head`
+// request): `req` {layer, head, position, target, pair}; `got` {q (d_head), W_O (d_head *
+// d_model), lnScale, lnW (d_model), unembed (d_model): gptlib.step's head_* outputs; k, v
+// (T * d_head): the cache's rows of key-value head g at that layer}; `config` the manifest's
+// (d_head, n_heads, n_kv_heads, rope_base, ln_f_centred, attn_bias). The same object as the
+// kernel's answer (gptlib.widgets.head.view_inputs), so one traceHead serves both.
+export function pageInputs(req, got, config) {
+  const D = config.d_head,
+    group = config.n_heads / config.n_kv_heads;
+  const rope = config.rope_base === null || config.rope_base === undefined;
+  return {
+    layer: req.layer,
+    head: req.head,
+    kvHead: Math.floor(req.head / group),
+    group,
+    position: req.position,
+    target: req.target,
+    bias: !!config.attn_bias,
+    q: got.q,
+    k: rowsOf(got.k, D),
+    v: rowsOf(got.v, D),
+    W_O: rowsOf(got.W_O, got.W_O.length / D),
+    ln: { w: got.lnW, scale: got.lnScale, centred: !!config.ln_f_centred },
+    unembed: got.unembed,
+    rope: rope ? null : { base: config.rope_base, pair: req.pair ?? 0 },
+  };
+}
+
 // theta_i = base^(-2i / d_head), i = 0 .. d_head/2 - 1: radians per position.
 export function ropeFrequencies(dHead, base) {
   return Float64Array.from({ length: dHead / 2 }, (_, i) =>

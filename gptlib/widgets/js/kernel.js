@@ -112,6 +112,11 @@ export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     chat: msg.chat || null,
     encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
     memory: () => null,
+    // one head at one query of the window `ids` (head.js's inputs): gptlib.widgets.head's
+    // head_reply, under the head mask `mask`
+    head: async (ids, { mask = null, ...req }) =>
+      (await ask({ kind: "head", ids, ...req, mask: mask ? Array.from(mask) : null }, timeoutMs))
+        .msg.inputs,
     run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
       const t0 = performance.now();
       const T = ids.length,

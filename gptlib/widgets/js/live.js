@@ -1,7 +1,8 @@
 // The live model of a view: connect() is the one way in, for every view that runs a model (the
 // playground, the sampling view past its stored tree). It gives a backend, one of two with one API:
 //   {kind, describe, config, tokens, bytes, special, chat, encode(text) -> ids,
-//    run(ids, {mask, lens, targets}) -> {logits, patterns, lens, direct, ms}, memory()}
+//    run(ids, {mask, lens, targets}) -> {logits, patterns, lens, direct, ms}, memory(),
+//    head(ids, {layer, head, position, target, pair, mask}) -> head.js's inputs}
 // - the kernel (Jupyter, Colab; kernel.js): PyTorch (gptlib.step.step on the whole context) in
 //   the widget's Python object (gptlib/widgets/live.py), reached by the widget's custom messages;
 // - the page itself (the HTML book, no kernel; page.js): onnxruntime-web runs the step graph

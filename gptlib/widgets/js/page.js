@@ -6,9 +6,10 @@
 // One worker and one session per model per page (sharedPageBackend): every view of that model
 // uses it, and it is released when the reader leaves the page.
 import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
+import { pageInputs } from "./head.js";
 import { firstKept, rowsWanted, rowWindow } from "./rows.js";
 
-const VERSION = 4;
+const VERSION = 5;
 // Downloads above this many bytes wait for the reader to agree.
 export const CONFIRM_ABOVE = 20e6;
 // The worker's code: scripts/build_widgets.py bundles page_worker.js and defines this as its text.
@@ -42,7 +43,7 @@ const addsUp = (listed) =>
   listed.pieces.length > 0 &&
   listed.pieces.reduce((s, p) => s + p.bytes, 0) === listed.bytes;
 
-// The manifest at `url`, checked: version 4 (the step graph's inputs and outputs of gptlib.step), pieces that add up (the graph's, and the blocks'
+// The manifest at `url`, checked: version 5 (the step graph's inputs and outputs of gptlib.step), pieces that add up (the graph's, and the blocks'
 // of external weights).
 export function checkManifest(m, url) {
   if (m?.format !== "gptlib-live" || m.version !== VERSION) {
@@ -200,7 +201,10 @@ export function kvStore(per, capacity = 64) {
 // keeps (rows.js). Only what is asked is computed: no lens (null or []), no targets, no rows
 // make a bare step; a target -1 is the most probable token. The cache changes only once a step
 // has succeeded: a step that fails (an exception, out of memory) leaves it as it was, so the
-// next step is fed the keys and values of the ids it says it holds.
+// next step is fed the keys and values of the ids it says it holds. A `head` {layer, head,
+// position, target} (position in the window) asks for one head at one query (head.js): the step
+// then starts at that position at the latest and its result's `head` holds the graph's head_*
+// outputs and the cache's keys and values of that head's key-value head (head.js's pageInputs).
 export function cacheStepper(ort, session, manifest) {
   const c = manifest.config,
     L = c.n_layers,
@@ -214,10 +218,17 @@ export function cacheStepper(ort, session, manifest) {
   let cached = [],
     cachedMask = "";
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
-  return async (ids, { mask = null, lens = null, targets = null, rows = false, most } = {}) => {
+  return async (ids, options = {}) => {
+    const { mask = null, lens = null, targets = null, rows = false, head = null } = options;
     const window = ids.slice(-c.n_ctx); // past n_ctx the window slides (all of it recomputed)
     const m = mask ? Float32Array.from(mask) : ones,
       mKey = m.join(",");
+    let most = options.most ?? Number.POSITIVE_INFINITY;
+    if (head) {
+      if (!(head.position >= 0 && head.position < window.length))
+        throw new LiveError(`the query position must be in [0, ${window.length})`);
+      most = Math.min(most, head.position); // the query is one of the step's new positions
+    }
     const { keep, feed } = plan(cached, cachedMask, window, mKey, most);
     const P = keep,
       T = feed.length;
@@ -225,6 +236,7 @@ export function cacheStepper(ort, session, manifest) {
       tg = targets || [],
       R = rows ? rowsWanted(P, T) : 0,
       qs = Array.from({ length: R }, (_, k) => T - R + k);
+    const asked = head ? [head.layer, head.head, head.position - P, head.target] : [];
     const out = await session.run({
       ids: new ort.Tensor("int64", i64(feed), [1, T]),
       past: new ort.Tensor("float32", store.past(P), [P, L, 2, G, D]),
@@ -232,6 +244,7 @@ export function cacheStepper(ort, session, manifest) {
       lens: new ort.Tensor("int64", i64(ls), [ls.length]),
       targets: new ort.Tensor("int64", i64(tg), [tg.length]),
       queries: new ort.Tensor("int64", i64(qs), [qs.length]),
+      head: new ort.Tensor("int64", i64(asked), [asked.length / 4, 4]),
     });
     try {
       const result = {
@@ -248,10 +261,37 @@ export function cacheStepper(ort, session, manifest) {
       store.put(P, out.kv.data); // the new positions after the kept ones; the rest is stale
       cached = window.slice();
       cachedMask = mKey;
+      if (head) result.head = headOutputs(out, store.past(P + T), head, c);
       return result;
     } finally {
       for (const t of Object.values(out)) t.dispose?.();
     }
+  };
+}
+
+// One head's share of a step's outputs (gptlib.step's head_* for the one head asked) and the
+// keys and values of its key-value head g = floor(h / (n_heads / n_kv_heads)) at its layer, read
+// off the cache `kv` (positions, n_layers, 2, n_kv, d_head): what head.js's pageInputs takes.
+export function headOutputs(out, kv, head, c) {
+  const D = c.d_head,
+    G = c.n_kv_heads,
+    per = c.n_layers * 2 * G * D,
+    N = kv.length / per;
+  const g = Math.floor(head.head / (c.n_heads / G));
+  const rows = (which) => {
+    const r = new Float32Array(N * D);
+    const at = ((head.layer * 2 + which) * G + g) * D;
+    for (let n = 0; n < N; n++) r.set(kv.subarray(n * per + at, n * per + at + D), n * D);
+    return r;
+  };
+  return {
+    q: out.head_q.data.slice(),
+    W_O: out.head_W_O.data.slice(),
+    lnScale: out.head_ln_scale.data[0],
+    lnW: out.head_ln_w.data.slice(),
+    unembed: out.head_W_U.data.slice(),
+    k: rows(0),
+    v: rows(1),
   };
 }
 
@@ -270,7 +310,7 @@ export function pageBackend(client, manifest) {
     closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null, rows: want = false } = options;
+    const { mask = null, lens = null, targets = null, rows: want = false, head = null } = options;
     // the cache may keep the positions whose rows the window holds (while a context of K can
     // use them: rows.held) and those before the first row it keeps
     const K = Math.min(ids.length, c.n_ctx);
@@ -282,6 +322,7 @@ export function pageBackend(client, manifest) {
         targets,
         rows: want,
         most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : undefined,
+        head,
       },
     });
     known = Math.min(known, r.P);
@@ -295,6 +336,7 @@ export function pageBackend(client, manifest) {
       ...heads,
       lens: r.lens,
       direct: r.direct,
+      head: r.head || null,
       ms: performance.now() - t0,
       fed: r.T,
     };
@@ -326,6 +368,9 @@ export function pageBackend(client, manifest) {
     encode: (text) => client.call("encode", { text }),
     memory: tabMemory,
     run,
+    // one head at one query of the window `ids` (head.js's inputs), under the head mask `mask`
+    head: async (ids, { mask = null, ...req }) =>
+      pageInputs(req, (await run(ids, { mask, head: req })).head, c),
     close,
   };
 }

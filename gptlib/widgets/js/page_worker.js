@@ -6,7 +6,8 @@
 // model. Messages, each with an id the answer repeats:
 //   {type: "start", id, base, manifestUrl, manifest} -> {id, result: true} once the session is
 //     made; {type: "progress", text, fraction} on the way;
-//   {type: "run", id, ids, options} -> {id, result: cacheStepper's result};
+//   {type: "run", id, ids, options} -> {id, result: cacheStepper's result} (options.head: one
+//     head at one query, whose result.head head.js's pageInputs reads);
 //   {type: "encode", id, text} -> {id, result: the ids} (@huggingface/tokenizers, here too);
 //   {type: "release", id} -> {id, result: true}: the session released.
 // A failure answers {id, error, live}: live when the message is written for the reader.

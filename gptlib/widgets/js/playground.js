@@ -3,8 +3,8 @@
 // stored in the widget state. Started, it computes with one of the two backends of live.js (the
 // kernel, or the page itself), and draws the same way with either: the tokens, the next-token
 // distribution and seeded draws (one at a time, or a run of up to N with a stop button), the logit
-// lens, every head with its scores, a head mask (a click ablates a head) and each head's direct
-// contribution to the logit of the chosen token.
+// lens, every head with its scores, a head mask (a click ablates a head), each head's direct
+// contribution to the logit of the chosen token, and one head step by step (playground_head.js).
 import { fromStored } from "./analysis.js";
 import { button, lifetime, make, parseSeed, report, show } from "./dom.js";
 import { distribution, drawIndex, xorshift32 } from "./distribution.js";
@@ -19,6 +19,7 @@ import {
   enable,
   layout,
 } from "./playground_draw.js";
+import { mountHeadPanel } from "./playground_head.js";
 
 // During a run of draws, the text and the distribution are drawn every this many tokens.
 const RUN_DRAW_EVERY = 8;
@@ -153,6 +154,7 @@ class Playground {
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`,
     );
     draw(this, headsOn);
+    await this.head?.compute(); // one head, step by step, when its panel is open
     if (this.startedAt !== null) {
       // the time from "start" to the first result drawn
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
@@ -293,6 +295,7 @@ class Playground {
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
+    this.head?.reset();
     await this.compute();
   }
 
@@ -488,6 +491,7 @@ function render({ model, el }) {
   const v = layout(model);
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
+  p.head = mountHeadPanel(p, life);
   const startAndRetext = listen(p, v, model, life);
   // The stored analysis until the reader starts the live model; in a kernel, start at once.
   p.setStatus(

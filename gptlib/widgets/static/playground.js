@@ -1143,10 +1143,295 @@ function attentionPanel(root, state) {
   return { update, select, redraw: drawHead };
 }
 
+// gptlib/widgets/js/head.js
+var EQUATIONS = {
+  "ch04-softmax": "4.1",
+  "ch04-mask": "4.2",
+  "ch04-scale": "4.3",
+  "ch04-attention": "4.6",
+  "ch04-head": "4.7",
+  "ch04-bias-scores": "4.9",
+  "ch05-layernorm": "5.1",
+  "ch06-read-out": "6.3",
+  "ch12-rope": "12.2",
+  "ch12-rope-relative": "12.3",
+  "ch12-rmsnorm": "12.4",
+  "ch12-gqa": "12.6"
+};
+var dot = (a, b) => {
+  let s = 0;
+  for (let i = 0; i < a.length; i++) s += a[i] * b[i];
+  return s;
+};
+function rotate(x, n, freqs, sign) {
+  const out = new Float64Array(x.length);
+  for (let i = 0; i < freqs.length; i++) {
+    const a = sign * n * freqs[i], c = Math.cos(a), s = Math.sin(a);
+    out[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
+    out[2 * i + 1] = x[2 * i] * s + x[2 * i + 1] * c;
+  }
+  return out;
+}
+var rowsOf = (flat, width) => Array.from({ length: flat.length / width }, (_, n) => flat.subarray(n * width, (n + 1) * width));
+function pageInputs(req, got, config) {
+  const D = config.d_head, group = config.n_heads / config.n_kv_heads;
+  const rope = config.rope_base === null || config.rope_base === void 0;
+  return {
+    layer: req.layer,
+    head: req.head,
+    kvHead: Math.floor(req.head / group),
+    group,
+    position: req.position,
+    target: req.target,
+    bias: !!config.attn_bias,
+    q: got.q,
+    k: rowsOf(got.k, D),
+    v: rowsOf(got.v, D),
+    W_O: rowsOf(got.W_O, got.W_O.length / D),
+    ln: { w: got.lnW, scale: got.lnScale, centred: !!config.ln_f_centred },
+    unembed: got.unembed,
+    rope: rope ? null : { base: config.rope_base, pair: req.pair ?? 0 }
+  };
+}
+function ropeFrequencies(dHead, base) {
+  return Float64Array.from(
+    { length: dHead / 2 },
+    (_, i) => Math.exp(-2 * i * Math.log(base) / dHead)
+  );
+}
+function ropeStages(inp, T) {
+  const { q, k, position: t } = inp;
+  if (!inp.rope) {
+    return { qRaw: Array.from(q), kRaw: Array.from(k, (r) => Array.from(r)), theta: null };
+  }
+  const freqs = ropeFrequencies(q.length, inp.rope.base);
+  const i = inp.rope.pair, theta = freqs[i];
+  const kRaw = Array.from(k, (r, n2) => Array.from(rotate(r, n2, freqs, -1)));
+  const n = Array.from({ length: T }, (_, j) => j);
+  return {
+    qRaw: Array.from(rotate(q, t, freqs, -1)),
+    // q rho_t^T: the query before RoPE
+    kRaw,
+    theta,
+    angleQ: t * theta,
+    angleK: n.map((j) => j * theta),
+    angleRel: n.map((j) => (t - j) * theta),
+    pairScores: n.map((j) => q[2 * i] * k[j][2 * i] + q[2 * i + 1] * k[j][2 * i + 1])
+  };
+}
+function traceHead(inp) {
+  const { q, k, v, W_O, ln, unembed, position: t } = inp;
+  const T = k.length, dHead = q.length, dModel = unembed.length;
+  const scores = Array.from(k, (row) => dot(q, row));
+  const scaled = scores.map((s) => s / Math.sqrt(dHead));
+  const mask = scores.map((_, n) => n <= t ? 0 : -Infinity);
+  const shifted = scaled.map((s, n) => s + mask[n]);
+  const top = Math.max(...shifted);
+  const e = shifted.map((s) => Math.exp(s - top));
+  const total = e.reduce((a, b) => a + b, 0);
+  const pattern = e.map((x) => x / total);
+  const z = new Float64Array(dHead);
+  for (let n = 0; n < T; n++) for (let d = 0; d < dHead; d++) z[d] += pattern[n] * v[n][d];
+  const out = new Float64Array(dModel);
+  for (let d = 0; d < dHead; d++) for (let j = 0; j < dModel; j++) out[j] += z[d] * W_O[d][j];
+  const mean = ln.centred ? out.reduce((a, b) => a + b, 0) / dModel : 0;
+  const lnOut = Array.from(out, (o, j) => (o - mean) * ln.w[j] * ln.scale);
+  return {
+    ...ropeStages(inp, T),
+    q: Array.from(q),
+    k: Array.from(k, (r) => Array.from(r)),
+    v: Array.from(v, (r) => Array.from(r)),
+    scores,
+    scaled,
+    mask,
+    pattern,
+    sum: pattern.reduce((a, b) => a + b, 0),
+    z: Array.from(z),
+    out: Array.from(out),
+    lnOut,
+    contribution: dot(lnOut, unembed)
+  };
+}
+function fmt(x) {
+  if (Number.isNaN(x)) return "NaN";
+  if (!Number.isFinite(x)) return x < 0 ? "−∞" : "∞";
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  if (a >= 1e-3 && a < 1e5) return String(Number(x.toPrecision(4)));
+  return x.toExponential(3);
+}
+function fold(values, { first = 4, largest = 4, weight } = {}) {
+  const n = values.length;
+  const all = Array.from({ length: n }, (_, i) => i);
+  if (n <= first + largest + 2) return { shown: all, rest: [] };
+  const w = weight || Array.from(values, Math.abs);
+  const big = all.slice(first).sort((a, b) => w[b] - w[a] || a - b).slice(0, largest);
+  const keep = /* @__PURE__ */ new Set([...all.slice(0, first), ...big]);
+  return { shown: all.filter((i) => keep.has(i)), rest: all.filter((i) => !keep.has(i)) };
+}
+var eqs = (...labels) => labels.map((l) => `(${EQUATIONS[l]})`).join(" ");
+function stages(tr, inp) {
+  const rope = inp.rope !== null && inp.rope !== void 0;
+  const bias = inp.bias ? " + b_Qʰ" : "";
+  const rows = [
+    {
+      id: "gqa",
+      eq: eqs("ch12-gqa"),
+      text: inp.group > 1 ? `query head ${inp.head} reads key-value head g = ⌊${inp.head}/${inp.group}⌋ = ${inp.kvHead}, shared by heads ${inp.kvHead * inp.group}–${inp.kvHead * inp.group + inp.group - 1}` : `head ${inp.head} has its own keys and values (G = 1)`
+    },
+    {
+      id: "q_raw",
+      eq: eqs("ch04-head", ...inp.bias ? ["ch04-bias-scores"] : []),
+      text: `q = X[${inp.position}] W_Qʰ${bias}`,
+      vector: tr.qRaw
+    }
+  ];
+  if (rope) {
+    rows.push({
+      id: "q",
+      eq: eqs("ch12-rope"),
+      text: `rope(q, ${inp.position}) = q ρ_${inp.position}`,
+      vector: tr.q
+    });
+    rows.push({
+      id: "pair",
+      eq: eqs("ch12-rope", "ch12-rope-relative"),
+      text: `pair i = ${inp.rope.pair}: θ_i = ${fmt(tr.theta)} rad per position; q turns by tθ_i = ${fmt(tr.angleQ)}, key n by nθ_i; the pair's score q_i ρ_(t−n) k_iᵀ turns by (t−n)θ_i`
+    });
+  }
+  const g = inp.group > 1 ? "ᵍ" : "ʰ";
+  const kb = inp.bias ? " + b_K" : "";
+  rows.push(
+    {
+      id: "k",
+      eq: eqs("ch04-head", ...rope ? ["ch12-rope"] : []),
+      text: rope ? `K[n] = X[n] W_K${g}, then rope(K[n], n) = K[n] ρ_n (the rows the cache holds)` : `K[n] = X[n] W_K${g}${kb}`,
+      rows: rope ? [
+        ["before RoPE", tr.kRaw],
+        ["rotated", tr.k]
+      ] : [["", tr.k]]
+    },
+    {
+      id: "keys",
+      eq: eqs("ch04-attention", "ch04-scale", "ch04-mask", "ch04-softmax"),
+      text: "per key n",
+      table: true
+    },
+    { id: "sum", eq: eqs("ch04-softmax"), text: "Σ_n A[t, n]", number: tr.sum },
+    {
+      id: "v",
+      eq: eqs("ch04-head"),
+      text: `V[n] = X[n] W_V${g}${inp.bias ? " + b_V" : ""}`,
+      rows: [["", tr.v]]
+    },
+    { id: "z", eq: eqs("ch04-attention"), text: "z = Σ_n A[t, n] v_n", vector: tr.z },
+    { id: "out", eq: eqs("ch04-head"), text: "o = z W_Oʰ", vector: tr.out },
+    {
+      id: "ln_out",
+      eq: eqs(inp.ln.centred ? "ch05-layernorm" : "ch12-rmsnorm"),
+      text: inp.ln.centred ? `N(o) = (o − mean o) ⊙ w · ${fmt(inp.ln.scale)}  (1/σ(X_L[t]), frozen)` : `N(o) = o ⊙ w · ${fmt(inp.ln.scale)}  (1/rms(X_L[t]), frozen)`,
+      vector: tr.lnOut
+    },
+    {
+      id: "contribution",
+      eq: eqs("ch06-read-out"),
+      text: `N(o) · W_U[:, ${inp.target}]: head ${inp.head}'s direct part of the logit`,
+      number: tr.contribution
+    }
+  );
+  return rows;
+}
+function vectorCell(values) {
+  const cell = make("span", "gptlib-head-vector");
+  const { shown, rest } = fold(values);
+  const entry = (i) => make("span", "gptlib-head-entry", `[${i}] ${fmt(values[i])}`);
+  cell.append(...shown.map(entry));
+  if (rest.length) {
+    const more = make("details", "gptlib-head-more");
+    more.append(
+      make("summary", null, `${rest.length} more of ${values.length}`),
+      ...rest.map(entry)
+    );
+    cell.append(more);
+  }
+  return cell;
+}
+var keysShown = (tr) => fold(tr.pattern, { first: 2, largest: 6, weight: tr.pattern });
+function rowsCell(matrices, { shown }) {
+  const more = make("details", "gptlib-head-more");
+  more.append(make("summary", null, `rows n = ${shown.join(", ")}`));
+  for (const n of shown) {
+    const line = make("div", "gptlib-head-row", `n = ${n}: `);
+    for (const [label2, m] of matrices) {
+      if (label2) line.append(make("span", "gptlib-head-label", label2));
+      line.append(vectorCell(m[n]));
+    }
+    more.append(line);
+  }
+  return more;
+}
+function keyTable(tr, inp, names, columns) {
+  const table = make("table", "gptlib-head-keys");
+  const line = (label2, f) => {
+    const tr_ = make("tr");
+    tr_.append(make("th", null, label2), ...columns.map((n) => make("td", null, f(n))));
+    return tr_;
+  };
+  const rows = [line("n", (n) => String(n)), line("token", (n) => names ? show(names[n]) : "")];
+  if (tr.theta !== null)
+    rows.push(
+      line("(t−n)θ_i", (n) => fmt(tr.angleRel[n])),
+      line("pair i of q·k_n", (n) => fmt(tr.pairScores[n]))
+    );
+  rows.push(
+    line("q·k_n", (n) => fmt(tr.scores[n])),
+    line(`/√${inp.q.length}`, (n) => fmt(tr.scaled[n])),
+    line("M[t, n]", (n) => fmt(tr.mask[n])),
+    line("A[t, n]", (n) => fmt(tr.pattern[n]))
+  );
+  table.append(...rows);
+  return table;
+}
+function headPanel(inp, { names } = {}) {
+  const tr = traceHead(inp);
+  const root = make("div", "gptlib-head");
+  const who = names ? ` "${show(names[inp.position])}"` : "";
+  root.append(
+    make(
+      "div",
+      "gptlib-head-title",
+      `layer ${inp.layer}, head ${inp.head}, query t = ${inp.position}${who}, token v = ${inp.target}`
+    )
+  );
+  const list = make("ol", "gptlib-head-stages");
+  for (const s of stages(tr, inp)) {
+    const li = make("li", `gptlib-head-stage gptlib-head-${s.id}`);
+    li.append(make("span", "gptlib-head-eq", s.eq), make("span", "gptlib-head-what", s.text));
+    if (s.vector) li.append(vectorCell(s.vector));
+    if (s.rows) li.append(rowsCell(s.rows, keysShown(tr)));
+    if (s.number !== void 0) li.append(make("span", "gptlib-head-number", fmt(s.number)));
+    if (s.table) {
+      const { shown, rest } = keysShown(tr);
+      li.append(keyTable(tr, inp, names, shown));
+      if (rest.length) {
+        const more = make("details", "gptlib-head-more");
+        more.append(
+          make("summary", null, `${rest.length} more keys`),
+          keyTable(tr, inp, names, rest)
+        );
+        li.append(more);
+      }
+    }
+    list.append(li);
+  }
+  root.append(list);
+  return root;
+}
+
 // gptlib/widgets/js/page.js
-var VERSION = 4;
+var VERSION = 5;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var A=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),l=>Math.exp(l-e[r]))}))}var C=(t,n=128)=>t>n?t-n+1:0,q=(t,n,e=128)=>t+n-Math.max(t,C(t+n,e));var be=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Y(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function X(t,n,e,o,s=Number.POSITIVE_INFINITY){let r=n===o?Y(t,e):0;return r=Math.min(r,s,e.length-1),{keep:r,feed:e.slice(r)}}function Z(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,s){let r=o*t+s.length;if(r>e.length){let l=e.length||t;for(;l<r;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(s,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,d=new Float32Array(s*r).fill(1),u=Z(s*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let R=y.slice(-o.n_ctx),F=g?Float32Array.from(g):d,j=F.join(","),{keep:V,feed:z}=X(c,h,R,j,v),x=V,T=z.length,O=k||[],P=i||[],I=m?q(x,T):0,D=Array.from({length:I},(W,Q)=>T-I+Q),_=await n.run({ids:new t.Tensor("int64",p(z),[1,T]),past:new t.Tensor("float32",u.past(x),[x,s,2,l,a]),head_mask:new t.Tensor("float32",F,[s,r]),lens:new t.Tensor("int64",p(O),[O.length]),targets:new t.Tensor("int64",p(P),[P.length]),queries:new t.Tensor("int64",p(D),[D.length])});try{let W={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:x,T,R:I,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,O.length,f):null,direct:P.length?_.direct.data.slice():null};return u.put(x,_.kv.data),c=R.slice(),h=j,W}finally{for(let W of Object.values(_))W.dispose?.()}}}function ee(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var M=new Float64Array(65536);for(let t=0;t<65536;t++)M[t]=ee(t);var te={Q4_1:20,Q8_0:34};function ne(t,n,e){let o=te[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,u=new Float32Array(32);for(let c=0,h=0;c<s/32;c++,h+=o){let p=M[f[h]|f[h+1]<<8];if(o===20){let i=M[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];u[m]=d(d(p*(v&15))+i),u[m+16]=d(d(p*(v>>4))+i)}}else for(let i=0;i<32;i++)u[i]=d((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[r+(k+i)*l+g]=u[i];else e.set(u,r+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{ne(t,s,o),e(r)}),o}var S={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},oe="gptlib-live-models";async function K(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function re(){try{return globalThis.caches?await caches.open(oe):null}catch{return null}}var se=(t,n)=>`${t}?sha256=${n}`,B=t=>t?.buffer.transfer?.(0);async function ae(t,n,e,o,s,r){let l=se(n,e.sha256),a=o.subarray(s,s+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await K(c)===e.sha256){a.set(c),r(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let d=0,u=f.body.getReader();for(;;){let{done:c,value:h}=await u.read();if(c)break;if(d+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,d),d+=h.length,r(h.length)}if(d!==e.bytes)throw new w(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await K(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${A(e.bytes)}: ${a.message}.`)}let r=0,l=[];for(let a of e.pieces)l.push(ae(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(l),s}var E=null,$=null,N=null,J=Promise.resolve();async function ie({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let s=await re(),r=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${A(b)} of ${A(a)}`,b/a)};f(0);let d=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return B(i),m},[u,c,h,p,y]=await Promise.all([import(t+S.ort),import(t+S.tokenizers),L(s,n,l,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),u.env.wasm.numThreads=1,u.env.wasm.proxy=!1,u.env.wasm.wasmPaths=t+S.ortDir,o("starting onnxruntime-web",1);try{$=await u.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,B(y),B(p)}return E=G(u,$,e),N=g,!0}async function le(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ie(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!E)throw new w("the live model is not started (or was released)");let e=await E(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!N)throw new w("the live model is not started (or was released)");n({result:N.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=E=N=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{J=J.then(()=>le(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var p=class extends Error{};var T=t=>`${(t/1e6).toFixed(1)} MB`;function K(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var H=(t,n=128)=>t>n?t-n+1:0,V=(t,n,e=128)=>t+n-Math.max(t,H(t+n,e));var qe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function ee(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function te(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?ee(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function ne(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=e.length||t;for(;l<s;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,l=o.n_kv_heads,a=o.d_head,w=o.d_vocab,u=e.lens_top,d=new Float32Array(r*s).fill(1),f=ne(r*2*l*a),c=[],i="",b=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,g={})=>{let{mask:x=null,lens:h=null,targets:_=null,rows:A=!1,head:m=null}=g,N=y.slice(-o.n_ctx),j=x?Float32Array.from(x):d,z=j.join(","),O=g.most??Number.POSITIVE_INFINITY;if(m){if(!(m.position>=0&&m.position<N.length))throw new p(`the query position must be in [0, ${N.length})`);O=Math.min(O,m.position)}let{keep:Y,feed:C}=te(c,i,N,z,O),$=Y,v=C.length,M=h||[],I=_||[],P=A?V($,v):0,U=Array.from({length:P},(W,Z)=>v-P+Z),D=m?[m.layer,m.head,m.position-$,m.target]:[],k=await n.run({ids:new t.Tensor("int64",b(C),[1,v]),past:new t.Tensor("float32",f.past($),[$,r,2,l,a]),head_mask:new t.Tensor("float32",j,[r,s]),lens:new t.Tensor("int64",b(M),[M.length]),targets:new t.Tensor("int64",b(I),[I.length]),queries:new t.Tensor("int64",b(U),[U.length]),head:new t.Tensor("int64",b(D),[D.length/4,4])});try{let W={logits:k.logits.data.slice(0,w),attn:A?k.attn.data.slice():null,P:$,T:v,R:P,lens:h?K(k.lens_ids.data,k.lens_logits.data,k.lens_lse.data,M.length,u):null,direct:I.length?k.direct.data.slice():null};return f.put($,k.kv.data),c=N.slice(),i=z,m&&(W.head=oe(k,f.past($+v),m,o)),W}finally{for(let W of Object.values(k))W.dispose?.()}}}function oe(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,l=o.n_layers*2*s*r,a=n.length/l,w=Math.floor(e.head/(o.n_heads/s)),u=d=>{let f=new Float32Array(a*r),c=((e.layer*2+d)*s+w)*r;for(let i=0;i<a;i++)f.set(n.subarray(i*l+c,i*l+c+r),i*r);return f};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function re(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var R=new Float64Array(65536);for(let t=0;t<65536;t++)R[t]=re(t);var se={Q4_1:20,Q8_0:34};function ae(t,n,e){let o=se[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,w=n.transpose,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,f=new Float32Array(32);for(let c=0,i=0;c<r/32;c++,i+=o){let b=R[u[i]|u[i+1]<<8];if(o===20){let h=R[u[i+2]|u[i+3]<<8];for(let _=0;_<16;_++){let A=u[i+4+_];f[_]=d(d(b*(A&15))+h),f[_+16]=d(d(b*(A>>4))+h)}}else for(let h=0;h<32;h++)f[h]=d((u[i+2+h]<<24>>24)*b);let y=c*32,g=Math.floor(y/a),x=y-g*a;if(w)for(let h=0;h<32;h++)e[s+(x+h)*l+g]=f[h];else e.set(f,s+y)}}function Q(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((r,s)=>{ae(t,r,o),e(s)}),o}var F={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},le="gptlib-live-models";async function J(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function ie(){try{return globalThis.caches?await caches.open(le):null}catch{return null}}var ce=(t,n)=>`${t}?sha256=${n}`,L=t=>t?.buffer.transfer?.(0);async function he(t,n,e,o,r,s){let l=ce(n,e.sha256),a=o.subarray(r,r+e.bytes),w=t&&await t.match(l).catch(()=>null);if(w){let c=new Uint8Array(await w.arrayBuffer());if(c.length===e.bytes&&await J(c)===e.sha256){a.set(c),s(e.bytes);return}await t.delete(l)}let u;try{u=await fetch(n)}catch(c){throw new p(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!u.ok)throw new p(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=0,f=u.body.getReader();for(;;){let{done:c,value:i}=await f.read();if(c)break;if(d+i.length>e.bytes)throw new p(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(i,d),d+=i.length,s(i.length)}if(d!==e.bytes)throw new p(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await J(a)!==e.sha256)throw new p(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function B(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new p(`This tab cannot hold ${T(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(he(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var S=null,q=null,E=null,X=Promise.resolve();async function ue({base:t,manifestUrl:n,manifest:e},o){if(q)throw new Error("this worker holds a session already");let r=await ie(),s=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+l.bytes,w=0,u=h=>{w+=h,o(`downloading ${e.name}: ${T(w)} of ${T(a)}`,w/a)};u(0);let d=h=>{o("unpacking the 4-bit weights into float32",1);let _=Q(h,e.weights);return L(h),_},[f,c,i,b,y]=await Promise.all([import(t+F.ort),import(t+F.tokenizers),B(r,n,l,u),B(r,n,e.onnx,u),s?B(r,n,s,u).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(i)),{}),x={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(x.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),f.env.wasm.numThreads=1,f.env.wasm.proxy=!1,f.env.wasm.wasmPaths=t+F.ortDir,o("starting onnxruntime-web",1);try{q=await f.InferenceSession.create(b,x)}catch(h){throw new p(`onnxruntime-web could not load ${e.name} in this tab (${h.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{x.externalData=null,L(y),L(b)}return S=G(f,q,e),E=g,!0}async function fe(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ue(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!S)throw new p("the live model is not started (or was released)");let e=await S(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!E)throw new p("the live model is not started (or was released)");n({result:E.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=S=E=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof p})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{X=X.then(()=>fe(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -1272,7 +1557,7 @@ function pageBackend(client, manifest) {
   let known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null, rows: want = false } = options;
+    const { mask = null, lens = null, targets = null, rows: want = false, head = null } = options;
     const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
@@ -1281,7 +1566,8 @@ function pageBackend(client, manifest) {
         lens,
         targets,
         rows: want,
-        most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : void 0
+        most: want ? Math.max(rows.held(K) ? known : 0, firstKept(K)) : void 0,
+        head
       }
     });
     known = Math.min(known, r.P);
@@ -1295,6 +1581,7 @@ function pageBackend(client, manifest) {
       ...heads,
       lens: r.lens,
       direct: r.direct,
+      head: r.head || null,
       ms: performance.now() - t0,
       fed: r.T
     };
@@ -1327,6 +1614,8 @@ function pageBackend(client, manifest) {
     encode: (text) => client.call("encode", { text }),
     memory: tabMemory,
     run,
+    // one head at one query of the window `ids` (head.js's inputs), under the head mask `mask`
+    head: async (ids, { mask = null, ...req }) => pageInputs(req, (await run(ids, { mask, head: req })).head, c),
     close
   };
 }
@@ -1430,6 +1719,9 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     chat: msg.chat || null,
     encode: async (text) => (await ask({ kind: "encode", text })).msg.ids,
     memory: () => null,
+    // one head at one query of the window `ids` (head.js's inputs): gptlib.widgets.head's
+    // head_reply, under the head mask `mask`
+    head: async (ids, { mask = null, ...req }) => (await ask({ kind: "head", ids, ...req, mask: mask ? Array.from(mask) : null }, timeoutMs)).msg.inputs,
     run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
       const t0 = performance.now();
       const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
@@ -1803,9 +2095,148 @@ function enable(p) {
   report(v.root, { busy: busy ? "1" : "0" });
 }
 
+// gptlib/widgets/js/playground_head.js
+function argmax(logits) {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  return best;
+}
+var numberBox = (cls, label2) => {
+  const box = make("input", `gptlib-head-box ${cls}`);
+  Object.assign(box, { type: "number", min: "0", step: "1" });
+  const l = make("label", "gptlib-head-control", `${label2} `);
+  l.append(box);
+  return [box, l];
+};
+function layout2(cfg) {
+  const v = { details: make("details", "gptlib-play-head-panel") };
+  v.details.append(
+    make(
+      "summary",
+      "gptlib-play-section",
+      "One head, step by step: its query, keys, scores, softmax, values and direct contribution"
+    )
+  );
+  v.layer = make("select", "gptlib-head-pick-layer");
+  v.head = make("select", "gptlib-head-pick-head");
+  for (let l = 0; l < cfg.n_layers; l++) v.layer.append(new Option(`layer ${l}`, String(l)));
+  for (let h = 0; h < cfg.n_heads; h++) v.head.append(new Option(`head ${h}`, String(h)));
+  v.layer.setAttribute("aria-label", "layer");
+  v.head.setAttribute("aria-label", "head");
+  const [position, positionLabel] = numberBox("gptlib-head-pick-position", "query t");
+  const [target, targetLabel] = numberBox("gptlib-head-pick-target", "token v (id)");
+  const [pair, pairLabel] = numberBox("gptlib-head-pick-pair", "RoPE pair i");
+  Object.assign(v, { position, target, pair, pairLabel });
+  target.max = String(cfg.d_vocab - 1);
+  pair.value = "0";
+  pairLabel.style.display = "none";
+  v.targetName = make("span", "gptlib-head-target-name");
+  v.note = make("div", "gptlib-head-note");
+  v.view = make("div", "gptlib-head-view");
+  const controls = make("div", "gptlib-controls gptlib-head-controls");
+  controls.append(v.layer, v.head, positionLabel, targetLabel, v.targetName, pairLabel);
+  v.details.append(controls, v.note, v.view);
+  return v;
+}
+function mountHeadPanel(p, life) {
+  const { model, cfg } = p;
+  const v = layout2(cfg);
+  p.v.root.append(v.details);
+  const chosen = { position: null, target: null };
+  const rotary = { yes: false };
+  let answers = 0;
+  const syncHead = () => {
+    v.layer.value = String(model.get("layer"));
+    v.head.value = String(model.get("head"));
+  };
+  syncHead();
+  async function compute() {
+    if (!v.details.open) return;
+    const { live, current } = p;
+    if (!live || !current?.live) {
+      v.note.textContent = "Start the live model (above) to follow one head of it on this text, stage by stage.";
+      v.view.replaceChildren();
+      return;
+    }
+    const window = current.window, T = window.length;
+    const t = chosen.position === null ? T - 1 : Math.min(chosen.position, T - 1);
+    const target = chosen.target !== null ? chosen.target : t < T - 1 ? window[t + 1] : argmax(current.logits);
+    v.position.max = String(T - 1);
+    v.position.value = String(t);
+    v.target.value = String(target);
+    v.targetName.textContent = `"${show(p.tokenStr(target))}"`;
+    const req = {
+      layer: model.get("layer"),
+      head: model.get("head"),
+      position: t,
+      target,
+      mask: p.mask
+    };
+    if (rotary.yes) req.pair = Number(v.pair.value);
+    const t0 = performance.now();
+    const inputs = await live.head(window, req);
+    rotary.yes = inputs.rope !== null;
+    v.pairLabel.style.display = rotary.yes ? "" : "none";
+    if (rotary.yes) v.pair.max = String(inputs.q.length / 2 - 1);
+    const names = window.map((id) => p.tokenStr(id));
+    v.view.replaceChildren(headPanel(inputs, { names }));
+    v.note.textContent = "A click on a token of the context picks the query; a click on a head in the panel above picks the head. The row A[t, ·] is the heads panel's row t of this head.";
+    const { mask, ...asked } = req;
+    answers += 1;
+    report(
+      p.v.root,
+      { headMs: (performance.now() - t0).toFixed(1), headAsked: asked, headN: answers },
+      { headInputs: inputs, headTrace: traceHead(inputs) }
+    );
+  }
+  const redo = () => p.act(() => compute());
+  v.details.addEventListener("toggle", () => {
+    if (v.details.open) redo();
+  });
+  const pickHead = () => {
+    model.set("layer", Number(v.layer.value));
+    model.set("head", Number(v.head.value));
+    model.save_changes();
+  };
+  v.layer.addEventListener("change", pickHead);
+  v.head.addEventListener("change", pickHead);
+  for (const name of ["change:layer", "change:head"]) {
+    life.on(name, () => {
+      syncHead();
+      if (v.details.open) redo();
+    });
+  }
+  v.position.addEventListener("change", () => {
+    const t = Number(v.position.value);
+    chosen.position = Number.isInteger(t) && t >= 0 ? t : null;
+    chosen.target = null;
+    redo();
+  });
+  v.target.addEventListener("change", () => {
+    const id = Number(v.target.value);
+    chosen.target = Number.isInteger(id) && id >= 0 && id < cfg.d_vocab ? id : null;
+    redo();
+  });
+  v.pair.addEventListener("change", redo);
+  p.v.tokenRow.addEventListener("click", (e) => {
+    const tok = e.target.closest?.(".gptlib-play-tok");
+    if (!tok || !v.details.open || !p.current?.live) return;
+    const all = [...p.v.tokenRow.querySelectorAll(".gptlib-play-tok")];
+    const i = all.indexOf(tok) - (all.length - p.current.window.length);
+    if (i < 0) return;
+    chosen.position = i;
+    chosen.target = null;
+    redo();
+  });
+  const reset = () => {
+    chosen.position = chosen.target = null;
+  };
+  return { compute, reset };
+}
+
 // gptlib/widgets/js/playground.js
 var RUN_DRAW_EVERY = 8;
-function argmax(logits) {
+function argmax2(logits) {
   let best = 0;
   for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
   return best;
@@ -1911,7 +2342,7 @@ var Playground = class {
       entropy: r.entropy,
       lens: r.lens ? r.lens.map((t) => ({ ids: t.ids.slice(0, n), probs: t.probs.slice(0, n) })) : null,
       direct: r.direct,
-      target: headsOn ? argmax(r.logits) : null,
+      target: headsOn ? argmax2(r.logits) : null,
       live: true
     };
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
@@ -1921,6 +2352,7 @@ var Playground = class {
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`
     );
     draw(this, headsOn);
+    await this.head?.compute();
     if (this.startedAt !== null) {
       report(v.root, { firstMs: (performance.now() - this.startedAt).toFixed(0) });
       this.startedAt = null;
@@ -2046,6 +2478,7 @@ var Playground = class {
     this.path = [];
     this.reseed(this.model.get("seed"));
     this.v.msg.textContent = "";
+    this.head?.reset();
     await this.compute();
   }
   // What the prompt is made of: the text and the chat switch.
@@ -2062,7 +2495,7 @@ ${this.v.box.value}`;
   // the sliders' settings.
   pick(greedy) {
     const { current } = this;
-    if (greedy) return argmax(current.logits);
+    if (greedy) return argmax2(current.logits);
     const { T, k, tp } = this.settings();
     const d = distribution(current.logits, T, k, tp);
     const u = this.rng();
@@ -2225,6 +2658,7 @@ function render({ model, el }) {
   const v = layout(model);
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
+  p.head = mountHeadPanel(p, life);
   const startAndRetext = listen2(p, v, model, life);
   p.setStatus(
     "This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
