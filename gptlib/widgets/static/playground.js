@@ -31,6 +31,69 @@ function tabMemory() {
     what: "the JavaScript heap (performance.memory)"
   };
 }
+var WORKING_BYTES = 2e8;
+function tabNeeds(manifest) {
+  const weights = manifest.weights ? manifest.weights.bytes : manifest.onnx.bytes;
+  return Math.round(1.1 * weights + WORKING_BYTES);
+}
+var SIMD_PROBE = new Uint8Array([
+  0,
+  97,
+  115,
+  109,
+  1,
+  0,
+  0,
+  0,
+  1,
+  5,
+  1,
+  96,
+  0,
+  1,
+  123,
+  3,
+  2,
+  1,
+  0,
+  10,
+  10,
+  1,
+  8,
+  0,
+  65,
+  0,
+  253,
+  15,
+  253,
+  98,
+  11
+]);
+function deviceRefusal(manifest, nav = globalThis.navigator, wasm = globalThis.WebAssembly) {
+  const need = tabNeeds(manifest);
+  const stored = "What is shown is the stored analysis";
+  if (!wasm || typeof wasm !== "object" || typeof globalThis.Worker !== "function") {
+    return `This browser has no WebAssembly (or Web Workers), or they are switched off. ${stored}.`;
+  }
+  let simd = false;
+  try {
+    simd = wasm.validate(SIMD_PROBE);
+  } catch {
+    simd = false;
+  }
+  if (!simd) {
+    return `This browser's WebAssembly lacks SIMD, which onnxruntime-web needs. ${stored}.`;
+  }
+  const why = (what) => `${manifest.name} needs about ${(need / 1e9).toFixed(1)} GB of memory in this tab, and ${what}. ${stored}; the book's small English model (Chapters 7 and 8) needs a tenth of it.`;
+  if (need > 4e9) return why("WebAssembly holds at most 4 GB");
+  const gb = Number(nav?.deviceMemory);
+  if (gb > 0 && need > gb * 1e9 / 4) {
+    return why(`this device says it has ${gb} GB in all (a tab gets about a quarter of it)`);
+  }
+  const ua = String(nav?.userAgent || ""), ios = /iPhone|iPad|iPod/.test(ua) || /Macintosh/.test(ua) && nav?.maxTouchPoints > 1;
+  if (ios && need > 14e8) return why("Safari on an iPhone or iPad closes a tab beyond 1.4 GB");
+  return null;
+}
 
 // gptlib/widgets/js/rows.js
 var PANEL_WINDOW = 128;
@@ -1146,7 +1209,7 @@ function attentionPanel(root, state) {
 // gptlib/widgets/js/page.js
 var VERSION = 4;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var A=t=>`${(t/1e6).toFixed(1)} MB`;function U(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),l=>Math.exp(l-e[r]))}))}var C=(t,n=128)=>t>n?t-n+1:0,q=(t,n,e=128)=>t+n-Math.max(t,C(t+n,e));var be=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Y(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function X(t,n,e,o,s=Number.POSITIVE_INFINITY){let r=n===o?Y(t,e):0;return r=Math.min(r,s,e.length-1),{keep:r,feed:e.slice(r)}}function Z(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,s){let r=o*t+s.length;if(r>e.length){let l=e.length||t;for(;l<r;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(s,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,l=o.n_kv_heads,a=o.d_head,b=o.d_vocab,f=e.lens_top,d=new Float32Array(s*r).fill(1),u=Z(s*2*l*a),c=[],h="",p=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,{mask:g=null,lens:k=null,targets:i=null,rows:m=!1,most:v}={})=>{let R=y.slice(-o.n_ctx),F=g?Float32Array.from(g):d,j=F.join(","),{keep:V,feed:z}=X(c,h,R,j,v),x=V,T=z.length,O=k||[],P=i||[],I=m?q(x,T):0,D=Array.from({length:I},(W,Q)=>T-I+Q),_=await n.run({ids:new t.Tensor("int64",p(z),[1,T]),past:new t.Tensor("float32",u.past(x),[x,s,2,l,a]),head_mask:new t.Tensor("float32",F,[s,r]),lens:new t.Tensor("int64",p(O),[O.length]),targets:new t.Tensor("int64",p(P),[P.length]),queries:new t.Tensor("int64",p(D),[D.length])});try{let W={logits:_.logits.data.slice(0,b),attn:m?_.attn.data.slice():null,P:x,T,R:I,lens:k?U(_.lens_ids.data,_.lens_logits.data,_.lens_lse.data,O.length,f):null,direct:P.length?_.direct.data.slice():null};return u.put(x,_.kv.data),c=R.slice(),h=j,W}finally{for(let W of Object.values(_))W.dispose?.()}}}function ee(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var M=new Float64Array(65536);for(let t=0;t<65536;t++)M[t]=ee(t);var te={Q4_1:20,Q8_0:34};function ne(t,n,e){let o=te[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,l=n.rows,a=n.cols,b=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,u=new Float32Array(32);for(let c=0,h=0;c<s/32;c++,h+=o){let p=M[f[h]|f[h+1]<<8];if(o===20){let i=M[f[h+2]|f[h+3]<<8];for(let m=0;m<16;m++){let v=f[h+4+m];u[m]=d(d(p*(v&15))+i),u[m+16]=d(d(p*(v>>4))+i)}}else for(let i=0;i<32;i++)u[i]=d((f[h+2+i]<<24>>24)*p);let y=c*32,g=Math.floor(y/a),k=y-g*a;if(b)for(let i=0;i<32;i++)e[r+(k+i)*l+g]=u[i];else e.set(u,r+y)}}function H(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((s,r)=>{ne(t,s,o),e(r)}),o}var S={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},oe="gptlib-live-models";async function K(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function re(){try{return globalThis.caches?await caches.open(oe):null}catch{return null}}var se=(t,n)=>`${t}?sha256=${n}`,B=t=>t?.buffer.transfer?.(0);async function ae(t,n,e,o,s,r){let l=se(n,e.sha256),a=o.subarray(s,s+e.bytes),b=t&&await t.match(l).catch(()=>null);if(b){let c=new Uint8Array(await b.arrayBuffer());if(c.length===e.bytes&&await K(c)===e.sha256){a.set(c),r(e.bytes);return}await t.delete(l)}let f;try{f=await fetch(n)}catch(c){throw new w(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let d=0,u=f.body.getReader();for(;;){let{done:c,value:h}=await u.read();if(c)break;if(d+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(h,d),d+=h.length,r(h.length)}if(d!==e.bytes)throw new w(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await K(a)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function L(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(a){throw new w(`This tab cannot hold ${A(e.bytes)}: ${a.message}.`)}let r=0,l=[];for(let a of e.pieces)l.push(ae(t,new URL(a.file,n).href,a,s,r,o)),r+=a.bytes;return await Promise.all(l),s}var E=null,$=null,N=null,J=Promise.resolve();async function ie({base:t,manifestUrl:n,manifest:e},o){if($)throw new Error("this worker holds a session already");let s=await re(),r=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(r?r.bytes:0)+l.bytes,b=0,f=i=>{b+=i,o(`downloading ${e.name}: ${A(b)} of ${A(a)}`,b/a)};f(0);let d=i=>{o("unpacking the 4-bit weights into float32",1);let m=H(i,e.weights);return B(i),m},[u,c,h,p,y]=await Promise.all([import(t+S.ort),import(t+S.tokenizers),L(s,n,l,f),L(s,n,e.onnx,f),r?L(s,n,r,f).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(h)),{}),k={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(k.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),u.env.wasm.numThreads=1,u.env.wasm.proxy=!1,u.env.wasm.wasmPaths=t+S.ortDir,o("starting onnxruntime-web",1);try{$=await u.InferenceSession.create(p,k)}catch(i){throw new w(`onnxruntime-web could not load ${e.name} in this tab (${i.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{k.externalData=null,B(y),B(p)}return E=G(u,$,e),N=g,!0}async function le(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ie(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!E)throw new w("the live model is not started (or was released)");let e=await E(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!N)throw new w("the live model is not started (or was released)");n({result:N.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=E=N=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{J=J.then(()=>le(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var m=class extends Error{};var E=t=>`${(t/1e6).toFixed(1)} MB`;function C(t,n,e,o,s){return[...Array(o).keys()].map(r=>({ids:Array.from(t.slice(r*s,(r+1)*s),Number),probs:Array.from(n.slice(r*s,(r+1)*s),c=>Math.exp(c-e[r]))}))}var he=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);var G=(t,n=128)=>t>n?t-n+1:0,q=(t,n,e=128)=>t+n-Math.max(t,G(t+n,e));var xe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Z(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function ee(t,n,e,o,s=Number.POSITIVE_INFINITY){let r=n===o?Z(t,e):0;return r=Math.min(r,s,e.length-1),{keep:r,feed:e.slice(r)}}function te(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,s){let r=o*t+s.length;if(r>e.length){let c=e.length||t;for(;c<r;)c*=2;let i=new Float32Array(c);i.set(e.subarray(0,o*t)),e=i}e.set(s,o*t)},get capacity(){return e.length/t}}}function K(t,n,e){let o=e.config,s=o.n_layers,r=o.n_heads,c=o.n_kv_heads,i=o.d_head,k=o.d_vocab,u=e.lens_top,f=new Float32Array(s*r).fill(1),l=te(s*2*c*i),a=[],d="",w=p=>BigInt64Array.from(p,b=>BigInt(b));return async(p,{mask:b=null,lens:g=null,targets:x=null,rows:h=!1,most:y}={})=>{let v=p.slice(-o.n_ctx),_=b?Float32Array.from(b):f,T=_.join(","),{keep:Y,feed:U}=ee(a,d,v,T,y),W=Y,O=U.length,I=g||[],R=x||[],F=h?q(W,O):0,D=Array.from({length:F},(N,X)=>O-F+X),A=await n.run({ids:new t.Tensor("int64",w(U),[1,O]),past:new t.Tensor("float32",l.past(W),[W,s,2,c,i]),head_mask:new t.Tensor("float32",_,[s,r]),lens:new t.Tensor("int64",w(I),[I.length]),targets:new t.Tensor("int64",w(R),[R.length]),queries:new t.Tensor("int64",w(D),[D.length])});try{let N={logits:A.logits.data.slice(0,k),attn:h?A.attn.data.slice():null,P:W,T:O,R:F,lens:g?C(A.lens_ids.data,A.lens_logits.data,A.lens_lse.data,I.length,u):null,direct:R.length?A.direct.data.slice():null};return l.put(W,A.kv.data),a=v.slice(),d=T,N}finally{for(let N of Object.values(A))N.dispose?.()}}}function ne(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var L=new Float64Array(65536);for(let t=0;t<65536;t++)L[t]=ne(t);var oe={Q4_1:20,Q8_0:34};function se(t,n,e){let o=oe[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let s=n.rows*n.cols;if(n.blocks_bytes!==s/32*o||n.bytes!==s*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let r=n.offset/4,c=n.rows,i=n.cols,k=n.transpose,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),f=Math.fround,l=new Float32Array(32),a=new Float32Array(16);for(let d=0,w=0;d<s/32;d++,w+=o){let p=L[u[w]|u[w+1]<<8];if(o===20){let h=L[u[w+2]|u[w+3]<<8];for(let y=0;y<16;y++)a[y]=f(f(p*y)+h);for(let y=0;y<16;y++){let v=u[w+4+y];l[y]=a[v&15],l[y+16]=a[v>>4]}}else for(let h=0;h<32;h++)l[h]=f((u[w+2+h]<<24>>24)*p);let b=d*32,g=Math.floor(b/i),x=b-g*i;if(k)for(let h=0;h<32;h++)e[r+(x+h)*c+g]=l[h];else e.set(l,r+b)}}function H(t,n){let e=n.tensors,o=new Map(e.map((f,l)=>[f.offset,l])),s=new Set,r=0,c=Math.max(...e.map(f=>f.bytes)),i=new Float32Array(c/4),k=f=>{let l=e[f],a=i.subarray(0,l.bytes/4),d=performance.now();return se(t,{...l,offset:0},a),r+=performance.now()-d,s.add(f),new Uint8Array(a.buffer,0,l.bytes)};class u extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(l=0,a=n.bytes){let d=o.get(l);if(d!==void 0&&e[d].offset+e[d].bytes===a)return k(d);let w=new Uint8Array(a-l);return e.forEach((p,b)=>{let g=Math.max(l,p.offset),x=Math.min(a,p.offset+p.bytes);g<x&&w.set(k(b).subarray(g-p.offset,x-p.offset),g-l)}),w}}return{data:new u(0),served:()=>s.size===e.length,ms:()=>r,release:()=>{i=new Float32Array(0)}}}var j={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},re="gptlib-live-models",P={},M=(t,n)=>{P[t]=(P[t]||0)+performance.now()-n};async function J(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return M("sha256",n),Array.from(e,o=>o.toString(16).padStart(2,"0")).join("")}async function ae(){try{return globalThis.caches?await caches.open(re):null}catch{return null}}var ie=(t,n)=>`${t}?sha256=${n}`,V=t=>t?.buffer.transfer?.(0);async function le(t,n,e,o,s,r){let c=ie(n,e.sha256),i=o.subarray(s,s+e.bytes),k=t&&await t.match(c).catch(()=>null);if(k){let a=new Uint8Array(await k.arrayBuffer());if(a.length===e.bytes&&await J(a)===e.sha256){i.set(a),r(e.bytes);return}await t.delete(c)}let u;try{u=await fetch(n)}catch(a){throw new m(`could not fetch ${e.file} (${n}): ${a.message}`)}if(!u.ok)throw new m(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let f=0,l=u.body.getReader();for(;;){let{done:a,value:d}=await l.read();if(a)break;if(f+d.length>e.bytes)throw new m(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);i.set(d,f),f+=d.length,r(d.length)}if(f!==e.bytes)throw new m(`${e.file} has ${f} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await J(i)!==e.sha256)throw new m(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let a of await t.keys())a.url.startsWith(`${n}?sha256=`)&&await t.delete(a);await t.put(c,new Response(i))}catch{}}async function z(t,n,e,o){let s;try{s=new Uint8Array(e.bytes)}catch(i){throw new m(`This tab cannot hold ${E(e.bytes)}: ${i.message}.`)}let r=0,c=[];for(let i of e.pieces)c.push(le(t,new URL(i.file,n).href,i,s,r,o)),r+=i.bytes;return await Promise.all(c),s}var S=null,$=null,B=null,Q=Promise.resolve();async function ce({base:t,manifestUrl:n,manifest:e,threads:o=1},s){if($)throw new Error("this worker holds a session already");P={};let r=performance.now(),c=await ae(),i=e.weights?.blocks,k={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},u=e.onnx.bytes+(i?i.bytes:0)+k.bytes,f=0,l=_=>{f+=_,s(`downloading ${e.name}: ${E(f)} of ${E(u)}`,f/u)};l(0);let[a,d,w,p,b]=await Promise.all([import(t+j.ort),import(t+j.tokenizers),z(c,n,k,l),z(c,n,e.onnx,l),i?z(c,n,i,l):null]);M("files",r);let g=performance.now(),x=new d.Tokenizer(JSON.parse(new TextDecoder().decode(w)),{});M("tokenizer",g);let h=b?H(b,e.weights):null,y={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};h&&(y.externalData=[{path:e.weights.file,data:h.data}]),a.env.wasm.numThreads=o,a.env.wasm.proxy=!1,a.env.wasm.wasmPaths=t+j.ortDir,s("unpacking the 4-bit weights into onnxruntime-web",1),g=performance.now();try{if($=await a.InferenceSession.create(p,y),h&&!h.served())throw new Error("it did not read every weight from the external data")}catch(_){let T=$;throw $=null,await T?.release(),new m(`onnxruntime-web could not load ${e.name} in this tab (${_.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{y.externalData=null,h?.release(),V(b),V(p)}return M("session",g),h&&(P.unpack=h.ms()),M("total",r),S=K(a,$,e),B=x,{phases:Object.fromEntries(Object.entries(P).map(([_,T])=>[_,Math.round(T)])),threads:o}}async function fe(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ce(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!S)throw new m("the live model is not started (or was released)");let e=await S(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!B)throw new m("the live model is not started (or was released)");n({result:B.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=$;$=S=B=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof m})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{Q=Q.then(()=>fe(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -1236,6 +1299,8 @@ async function browserBackend(source, weightsSha, hooks) {
       `the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`
     );
   }
+  const refused = deviceRefusal(manifest);
+  if (refused) throw new LiveError(`The live model will not start here: ${refused}`);
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
     throw new LiveError(
@@ -1245,8 +1310,9 @@ async function browserBackend(source, weightsSha, hooks) {
   const [worker, url] = startWorker();
   const client = workerClient(worker, progress);
   const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
+  let started;
   try {
-    await client.call("start", {
+    started = await client.call("start", {
       base,
       manifestUrl,
       manifest: { name, config, lens_top, onnx, weights, tokenizer }
@@ -1259,15 +1325,15 @@ async function browserBackend(source, weightsSha, hooks) {
   }
   client.setProgress(() => {
   });
-  return pageBackend(client, manifest);
+  return pageBackend(client, manifest, started);
 }
 function sharedPrefix(a, b) {
   let n = 0;
   while (n < a.length && n < b.length && a[n] === b[n]) n++;
   return n;
 }
-function pageBackend(client, manifest) {
-  const c = manifest.config, L = c.n_layers, H = c.n_heads;
+function pageBackend(client, manifest, started) {
+  const info = started || {}, c = manifest.config, L = c.n_layers, H = c.n_heads;
   const rows = rowWindow(L, H);
   let known = 0, closed = false;
   const step = async (ids, options = {}) => {
@@ -1317,7 +1383,8 @@ function pageBackend(client, manifest) {
   };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, ${info.threads === 2 ? "two threads" : "one thread"}, in a Web Worker)`,
+    started: info,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
@@ -1975,7 +2042,7 @@ var Playground = class {
         make(
           "span",
           "",
-          `${manifest.name} runs in this page after a download of ${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); the tab then holds its weights unpacked to 32-bit floats. `
+          `${manifest.name} runs in this page after a download of ${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); the tab then needs about ${megabytes(tabNeeds(manifest))} of memory (its weights unpacked to 32-bit floats). `
         ),
         yes,
         no
