@@ -50,8 +50,23 @@ function report(root, facts, objects) {
 }
 
 // gptlib/widgets/js/distribution.js
+var F32 = new Float32Array(1);
+var U32 = new Uint32Array(F32.buffer);
 function byLogit(logits) {
-  return [...Array(logits.length).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
+  const n = logits.length;
+  if (!(logits instanceof Float32Array) || n > 2 ** 20) {
+    return [...Array(n).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
+  }
+  const keys = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    F32[0] = logits[i] === 0 ? 0 : logits[i];
+    const u = U32[0], up = u & 2147483648 ? ~u >>> 0 : (u | 2147483648) >>> 0;
+    keys[i] = (4294967295 - up) * 2 ** 20 + i;
+  }
+  keys.sort();
+  const order = new Array(n);
+  for (let k = 0; k < n; k++) order[k] = keys[k] % 2 ** 20;
+  return order;
 }
 function distribution(logits, temperature, topK, topP, restLogZ = null) {
   const n = logits.length, order = byLogit(logits);
