@@ -163,6 +163,9 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
     extra: { session: { disable_prepacking: "1" } },
   };
   if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
+  // One thread unless asked: threads need a cross-origin isolated page, and two measured slower
+  // than one on the 2-core machine the book is built on (onnxruntime-web 1.30 in node, a bare
+  // SmolLM2 step at 200 tokens 821-868 ms against 478-558 ms, under load).
   ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
