@@ -324,7 +324,7 @@ function tabMemory() {
 var WORKING_BYTES = 2e8;
 function tabNeeds(manifest) {
   const weights = manifest.weights ? manifest.weights.bytes : manifest.onnx.bytes;
-  return Math.round(1.1 * weights + WORKING_BYTES);
+  return Math.round(1.5 * weights + WORKING_BYTES);
 }
 var SIMD_PROBE = new Uint8Array([
   0,
@@ -374,11 +374,11 @@ function deviceRefusal(manifest, nav = globalThis.navigator, wasm = globalThis.W
   if (!simd) {
     return `This browser's WebAssembly lacks SIMD, which onnxruntime-web needs. ${stored}.`;
   }
-  const why = (what) => `${manifest.name} needs about ${(need / 1e9).toFixed(1)} GB of memory in this tab, and ${what}. ${stored}; the book's small English model (Chapters 7 and 8) needs a tenth of it.`;
+  const why = (what) => `${manifest.name} needs about ${(need / 1e9).toFixed(1)} GB of memory in this tab, and ${what}. ${stored}; the book's small English model (Chapters 7 and 8) needs far less.`;
   if (need > 4e9) return why("WebAssembly holds at most 4 GB");
   const gb = Number(nav?.deviceMemory);
-  if (gb > 0 && need > gb * 1e9 / 4) {
-    return why(`this device says it has ${gb} GB in all (a tab gets about a quarter of it)`);
+  if (gb > 0 && need > gb * 1e9 / 3) {
+    return why(`this device says it has ${gb} GB in all (a tab gets about a third of it)`);
   }
   const ua = String(nav?.userAgent || ""), ios = /iPhone|iPad|iPod/.test(ua) || /Macintosh/.test(ua) && nav?.maxTouchPoints > 1;
   if (ios && need > 14e8) return why("Safari on an iPhone or iPad closes a tab beyond 1.4 GB");
