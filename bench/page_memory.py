@@ -1,9 +1,11 @@
 """The SmolLM2 playground started in Chromium, measured: the renderer's resident memory (VmRSS of
 Chromium's renderer processes, read from /proc every 50 ms; a Web Worker lives in its page's
 renderer) before the start, at its peak and once loaded, and again over a reload and a second
-start; the time from the reader's "yes" to the first result; the model bytes downloaded by each
-start; one cached step at 200 tokens of context; the longest main-thread task
-(PerformanceObserver "longtask") during each start and during a greedy run of 16 tokens.
+start; the time from the reader's "yes" to the first result, and the worker's parts of it (files:
+downloaded or read from the Cache API; sha256; tokenizer; session: onnxruntime-web's, the
+unpacking of the 4-bit blocks within it); the model bytes downloaded by each start; one cached
+step at 200 tokens of context; the longest main-thread task (PerformanceObserver "longtask")
+during each start and during a greedy run of 16 tokens.
 
     python bench/page_memory.py [STATIC]    # STATIC: a folder with the book's vendor/ and live/
 
@@ -104,12 +106,17 @@ def start(page, served, poll, label: str, reset: bool = True) -> int:
     loaded, peak = renderer_rss(), poll.top
     longest = page.evaluate("window.__longest")
     got = served.bytes_since(n, "/_static/live/")
+    started = page.evaluate(
+        "() => document.querySelector('.gptlib-play').__gptlib?.backend?.started?.phases || {}"
+    )
     print(
         f"[{label}] renderer RSS before {before / 1e9:.2f} GB, peak {peak / 1e9:.2f} GB "
         f"(+{(peak - before) / 1e9:.2f}), loaded {loaded / 1e9:.2f} GB "
         f"(+{(loaded - before) / 1e9:.2f}); start to first result {wall:.1f} s; live files "
         f"downloaded {got / 1e6:.1f} MB; longest main-thread task {longest:.0f} ms"
-        + (f"; error: {error}" if error else ""),
+        + (f"; error: {error}" if error else "")
+        + "; in the worker (ms): "
+        + ", ".join(f"{k} {v}" for k, v in started.items()),
         flush=True,
     )
     return peak

@@ -97,6 +97,23 @@ def _ln_f_dual(model: nn.Module, W: Tensor, x_last: Tensor) -> Tensor:
     return (u - u.mean(dim=0, keepdim=True)) * scale
 
 
+def _vocab_rows(model: nn.Module) -> Tensor:
+    """W_U^T (d_vocab, d_model) as the model holds it: the embedding W_E itself where W_U is tied
+    to it (ModernGPT's ``tie_weights``, GPT's tied unembedding), else W_U transposed. The step
+    multiplies by these rows, so that its graph holds W_E once: given W_E^T, onnxruntime folds the
+    transpose into a second matrix of the vocabulary's size (113 MB for SmolLM2)."""
+    if isinstance(model, ModernGPT) and model.W_U_untied is None:
+        return model.W_E
+    tied = getattr(getattr(model, "unembed", None), "W_E", None)
+    return tied if tied is not None else model.W_U.T
+
+
+def _read_out(model: nn.Module, x: Tensor) -> Tensor:
+    """ln_f(x) W_U for the rows x (n, d_model) -> (n, d_vocab), as (W_U^T ln_f(x)^T)^T: the
+    model's read_out, multiplied by W_E's rows where it is tied (see :func:`_vocab_rows`)."""
+    return (_vocab_rows(model) @ model.ln_f(x).T).T
+
+
 def _step(
     model: nn.Module,
     ids: Tensor,
@@ -131,10 +148,10 @@ def _step(
     kv = torch.stack(
         [torch.stack([cache.k[layer][0, :, P:], cache.v[layer][0, :, P:]]) for layer in range(L)]
     ).permute(3, 0, 1, 2, 4)  # (T, L, 2, n_kv, d_head): the new positions only
-    logits = model.read_out(resid[-1:])  # (1, V): ln_f(X_L[-1]) W_U
+    logits = _read_out(model, resid[-1:])  # (1, V): ln_f(X_L[-1]) W_U
     # the logit lens at the last position, cut to its top K inside the step; n = 0 streams make
     # an empty projection, and the top K of a row of zeros stands in for the rows (no row is kept)
-    lens_rows = model.read_out(resid.index_select(0, lens))  # (n, V)
+    lens_rows = _read_out(model, resid.index_select(0, lens))  # (n, V)
     n = lens.shape[0]
     padded = torch.cat([lens_rows, logits.new_zeros(1, V)])  # (n + 1, V): top-k never sees 0 rows
     top = torch.topk(padded, min(LENS_TOP, V), dim=-1)  # (n + 1, K), largest first
@@ -144,7 +161,8 @@ def _step(
     # A target -1 is the step's own most probable token (the argmax of its logits).
     top1 = logits[0].argmax().reshape(1)
     chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
-    u = _ln_f_dual(model, model.W_U.index_select(1, chosen), resid[-1])  # (d_model, m)
+    W_t = _vocab_rows(model).index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
+    u = _ln_f_dual(model, W_t, resid[-1])  # (d_model, m)
     W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
     W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
     last = _last_rows(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
@@ -171,7 +189,7 @@ def _step(
         "head_W_O": W_Oh,  # (s, d_head, d_model)
         "head_ln_scale": frozen_scale(model.ln_f, X_L),  # (s,)
         "head_ln_w": model.ln_f.w[None].expand(s, -1).clone(),  # (s, d_model)
-        "head_W_U": model.W_U.index_select(1, tokens).T.contiguous(),  # (s, d_model)
+        "head_W_U": _vocab_rows(model).index_select(0, tokens),  # (s, d_model)
     }
 
 

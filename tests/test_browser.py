@@ -150,8 +150,8 @@ def _rgb(a: float) -> str:
 
 
 def check_attention_view(root) -> list[str]:
-    """Every interaction of the attention view: thumbnails and their scores, click to enlarge,
-    the colour legend, the head selector, hover on a query row and on a token of the text.
+    """Every interaction of the attention view: the overview's heads and their scores, click to
+    enlarge, the colour legend, the head selector, hover on a query row and on a token of the text.
     Returns the names of the scores shown."""
     from gptlib.circuits import (
         first_token_score,

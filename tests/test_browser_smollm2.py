@@ -295,7 +295,7 @@ def test_smollm2_ablation_and_direct_contributions_equal_pytorch(smol_page, smol
         f"direct contributions {dd:.1e}",
     )
     assert dy <= 1e-3 and dd <= 1e-3, (dy, dd)  # measured: 3.9e-5 and 1.8e-6
-    # a click on a thumbnail in ablation mode ablates that head in the view
+    # a click on a head of the overview in ablation mode ablates that head in the view
     page.play.locator(".gptlib-play-ablate-mode").check()
     page.play.locator('.gptlib-attn-thumb[data-layer="2"][data-head="4"]').click()
     page.wait_idle()

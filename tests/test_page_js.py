@@ -172,3 +172,29 @@ console.log(JSON.stringify({ ok: m.checkManifest(ok, "x.json") === ok,
     assert js["ok"] and js["plain"]
     assert "version 5" in js["errors"][0]
     assert all("weights' pieces do not add up" in e for e in js["errors"][1:])
+
+
+def test_a_device_that_cannot_hold_the_model_is_told_before_the_download():
+    """backend.js's deviceRefusal: what the browser says of the device, against the memory the
+    tab needs for the manifest's weights (tabNeeds); null where the model may start."""
+    js = run_node(
+        import_as("b", "backend.js")
+        + """
+globalThis.Worker = function () {};
+const smol = { name: "smollm2", weights: { bytes: 538e6 }, onnx: { bytes: 0.6e6 } };
+const english = { name: "english", onnx: { bytes: 8.5e6 } };
+const r = (m, nav, wasm = WebAssembly) => b.deviceRefusal(m, nav, wasm);
+console.log(JSON.stringify({
+  need: b.tabNeeds(smol), englishNeed: b.tabNeeds(english),
+  eight: r(smol, { deviceMemory: 8 }), four: r(smol, { deviceMemory: 4 }),
+  two: r(smol, { deviceMemory: 2 }), twoEnglish: r(english, { deviceMemory: 2 }),
+  unsaid: r(smol, {}), iphone: r(smol, { userAgent: "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0)" }),
+  noSimd: r(smol, {}, { validate: () => false }), noWasm: r(smol, {}, null),
+}));
+"""
+    )
+    assert js["need"] > 538e6 and js["englishNeed"] < js["need"] / 3
+    assert js["eight"] is js["four"] is js["unsaid"] is js["twoEnglish"] is None
+    assert "says it has 2 GB" in js["two"] and "stored analysis" in js["two"]
+    assert js["iphone"] is None or "iPhone" in js["iphone"]  # refused only above Safari's limit
+    assert "SIMD" in js["noSimd"] and "no WebAssembly" in js["noWasm"]

@@ -16,7 +16,9 @@ from gptlib.export.q4 import BLOCK_BYTES, unpack_external, unpack_q4_1
 
 
 def _js_unpack(tmp_path: Path, blocks: bytes, weights: dict) -> bytes:
-    """q4.js's unpackWeights on ``blocks`` and the table ``weights``, run by node."""
+    """q4.js's unpackWeights on ``blocks`` and the table ``weights``, run by node; its
+    lazyWeights (what onnxruntime-web reads, a tensor at a time) must give the same bytes, tensor
+    by tensor and over a range that straddles tensors."""
     (tmp_path / "blocks.bin").write_bytes(blocks)
     (tmp_path / "weights.json").write_text(json.dumps(weights), encoding="utf-8")
     script = (
@@ -26,8 +28,15 @@ import {{ readFileSync, writeFileSync }} from "node:fs";
 const dir = {json.dumps(str(tmp_path))};
 const blocks = new Uint8Array(readFileSync(dir + "/blocks.bin"));
 const weights = JSON.parse(readFileSync(dir + "/weights.json", "utf8"));
-const out = q.unpackWeights(blocks, weights);
-writeFileSync(dir + "/out.bin", new Uint8Array(out.buffer));
+const out = q.unpackWeights(blocks, weights), bytes = new Uint8Array(out.buffer);
+writeFileSync(dir + "/out.bin", bytes);
+const lazy = q.lazyWeights(blocks, weights), read = new Uint8Array(weights.bytes);
+if (lazy.data.byteLength !== weights.bytes || lazy.served()) throw new Error("lazy: size");
+for (const t of weights.tensors)
+  read.set(lazy.data.subarray(t.offset, t.offset + t.bytes), t.offset);
+if (!lazy.served() || read.some((b, i) => b !== bytes[i])) throw new Error("lazy: tensors");
+const a = weights.tensors[0].bytes - 6, b = Math.min(weights.bytes, a + 300);
+if (lazy.data.subarray(a, b).some((x, i) => x !== bytes[a + i])) throw new Error("lazy: range");
 """
     )
     run_node(script, timeout=300)

@@ -901,6 +901,23 @@ def test_sampling_js_cumulative_mass_is_what_top_p_cuts(tmp_path):
             )
 
 
+def test_sampling_js_orders_float32_logits_as_torch_sort(tmp_path):
+    """byLogit's native sort of the page's float32 logits (a vocabulary's worth, with ties, signed
+    zeros, subnormals and infinities) gives torch.sort's stable order."""
+    js = _node(
+        tmp_path,
+        "const n = 49152, y = new Float32Array(n); let s = 7;\n"
+        "const r = () => (s = (s * 1103515245 + 12345) % 2147483648) / 2147483648;\n"
+        "for (let i = 0; i < n; i++) y[i] = (r() - 0.5) * 40;\n"
+        "for (let i = 0; i < 500; i++) y[600 + Math.floor(r() * (n - 600))] = y[i];  // ties\n"
+        "y.set([-0, 0, -Infinity, Infinity, 1e-40, -1e-40]);\n"
+        "console.log(JSON.stringify({ y: Array.from(y, String), order: m.byLogit(y) }));",
+    )
+    y = torch.tensor([float(v) for v in js["y"]], dtype=torch.float32)
+    assert torch.isinf(y).sum() == 2 and (y == 0).sum() >= 2
+    assert js["order"] == torch.sort(y, descending=True, stable=True).indices.tolist()
+
+
 def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
     js = _node(
         tmp_path,

@@ -54,3 +54,55 @@ export function tabMemory() {
     what: "the JavaScript heap (performance.memory)",
   };
 }
+
+// The memory a tab needs to run a model of the page, from its manifest, in bytes: the float32
+// weights onnxruntime-web keeps (manifest.weights.bytes, or the graph's own bytes) and what the
+// session and the worker hold beside them, as measured in Chromium (bench/page_memory.py,
+// 2026-11-28: SmolLM2's 538 MB of float32 weights grew the renderer by 0.81-0.99 GB once loaded,
+// at most 0.99 GB at the peak; 1.5 x 538 MB + 0.2 GB = 1.0 GB).
+export const WORKING_BYTES = 0.2e9;
+export function tabNeeds(manifest) {
+  const weights = manifest.weights ? manifest.weights.bytes : manifest.onnx.bytes;
+  return Math.round(1.5 * weights + WORKING_BYTES);
+}
+
+// A tiny module of one SIMD instruction (i32x4.splat): onnxruntime-web's build needs SIMD.
+const SIMD_PROBE = new Uint8Array([
+  0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 10, 1, 8, 0, 65, 0, 253, 15,
+  253, 98, 11,
+]);
+
+// Why this device cannot run the model of `manifest` (a sentence for the reader), or null when it
+// may: checked before anything is downloaded, from what the browser says (`nav`: navigator,
+// `wasm`: WebAssembly). WebAssembly with SIMD and Web Workers are needed; a tab holds at most a
+// third of the device's memory where the browser says it (navigator.deviceMemory, in GB,
+// rounded down and at most 8), and about 1.4 GB on an iPhone or iPad (Safari closes the tab
+// beyond; it does not say its memory); 32-bit WebAssembly stops at 4 GB.
+export function deviceRefusal(manifest, nav = globalThis.navigator, wasm = globalThis.WebAssembly) {
+  const need = tabNeeds(manifest);
+  const stored = "What is shown is the stored analysis";
+  if (!wasm || typeof wasm !== "object" || typeof globalThis.Worker !== "function") {
+    return `This browser has no WebAssembly (or Web Workers), or they are switched off. ${stored}.`;
+  }
+  let simd = false;
+  try {
+    simd = wasm.validate(SIMD_PROBE);
+  } catch {
+    simd = false;
+  }
+  if (!simd) {
+    return `This browser's WebAssembly lacks SIMD, which onnxruntime-web needs. ${stored}.`;
+  }
+  const why = (what) =>
+    `${manifest.name} needs about ${(need / 1e9).toFixed(1)} GB of memory in this tab, and ${what}. ` +
+    `${stored}; the book's small English model (Chapters 7 and 8) needs far less.`;
+  if (need > 4e9) return why("WebAssembly holds at most 4 GB");
+  const gb = Number(nav?.deviceMemory);
+  if (gb > 0 && need > (gb * 1e9) / 3) {
+    return why(`this device says it has ${gb} GB in all (a tab gets about a third of it)`);
+  }
+  const ua = String(nav?.userAgent || ""),
+    ios = /iPhone|iPad|iPod/.test(ua) || (/Macintosh/.test(ua) && nav?.maxTouchPoints > 1);
+  if (ios && need > 1.4e9) return why("Safari on an iPhone or iPad closes a tab beyond 1.4 GB");
+  return null;
+}

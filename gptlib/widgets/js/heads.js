@@ -61,7 +61,7 @@ export function backgroundOf(el) {
   return [255, 255, 255];
 }
 
-// A scale's colours: as CSS, as the pixels of 256 steps for canvases (a thumbnail of T = 128 has
+// A scale's colours: as CSS, as the pixels of 256 steps for canvases (a heatmap of T = 128 has
 // 8256 cells), and the ink that reads on each cell.
 // The negative side of a signed score (the direct contributions): white to dark red.
 export const NEGATIVE_STOPS = [

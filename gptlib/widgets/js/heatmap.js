@@ -7,7 +7,7 @@ import { make, show } from "./dom.js";
 const CANVAS_FROM = 48; // texts longer than this draw the enlarged head on a canvas
 
 // A pattern as the pixels of a canvas T x T (masked cells stay transparent: the theme shows through).
-export function thumbnail(P, T, LUT) {
+export function patternCanvas(P, T, LUT) {
   const canvas = document.createElement("canvas");
   canvas.width = T;
   canvas.height = T;
@@ -96,7 +96,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
-  const canvas = thumbnail(A, T, pal.lut);
+  const canvas = patternCanvas(A, T, pal.lut);
   canvas.style.width = canvas.style.height = `${T * cell}px`;
   const band = make("div", "gptlib-attn-band");
   band.style.height = `${cell}px`;

@@ -14,7 +14,7 @@ import { LiveError, staticBase } from "./backend.js";
 import { kernelBackend, kernelLink, pingKernel } from "./kernel.js";
 import { sharedPageBackend } from "./page.js";
 
-export { LiveError, megabytes } from "./backend.js";
+export { LiveError, megabytes, tabNeeds } from "./backend.js";
 
 // The live model of the widget `model`, whose state names the manifest (`source`) and the weights
 // (`weights_sha256`) of the page's files. Returns

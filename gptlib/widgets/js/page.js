@@ -5,7 +5,15 @@
 // files are fetched only when the reader starts it (a second time, from the browser's cache).
 // One worker and one session per model per page (sharedPageBackend): every view of that model
 // uses it, and it is released when the reader leaves the page.
-import { fromBase64, LiveError, lensTops, megabytes, staticBase, tabMemory } from "./backend.js";
+import {
+  deviceRefusal,
+  fromBase64,
+  LiveError,
+  lensTops,
+  megabytes,
+  staticBase,
+  tabMemory,
+} from "./backend.js";
 import { pageInputs } from "./head.js";
 import { firstKept, rowsWanted, rowWindow } from "./rows.js";
 
@@ -109,6 +117,7 @@ function startWorker() {
 
 // The page's backend. `hooks`: progress(text, fraction or null); confirm(manifest) -> promise of
 // true to go on (asked before a download above CONFIRM_ABOVE bytes; false stops with a message).
+// A device that cannot hold the model (backend.js's deviceRefusal) is told so before any download.
 export async function browserBackend(source, weightsSha, hooks) {
   const progress = hooks.progress || (() => {});
   if (location.protocol === "file:") throw new LiveError(FILE_PAGE);
@@ -127,6 +136,8 @@ export async function browserBackend(source, weightsSha, hooks) {
         "(their weights differ), so the page will not run it in its place.",
     );
   }
+  const refused = deviceRefusal(manifest); // before anything is downloaded
+  if (refused) throw new LiveError(`The live model will not start here: ${refused}`);
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !(await hooks.confirm(manifest))) {
     throw new LiveError(
@@ -136,8 +147,9 @@ export async function browserBackend(source, weightsSha, hooks) {
   const [worker, url] = startWorker();
   const client = workerClient(worker, progress);
   const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
+  let started;
   try {
-    await client.call("start", {
+    started = await client.call("start", {
       base,
       manifestUrl,
       manifest: { name, config, lens_top, onnx, weights, tokenizer },
@@ -149,7 +161,7 @@ export async function browserBackend(source, weightsSha, hooks) {
     if (url) URL.revokeObjectURL(url);
   }
   client.setProgress(() => {});
-  return pageBackend(client, manifest);
+  return pageBackend(client, manifest, started);
 }
 
 // How many leading entries a and b share.
@@ -300,9 +312,11 @@ export function headOutputs(out, kv, head, c) {
 // leading positions of the cache), and runs one step at a time (a view's step waits for another
 // view's to end: they share the cache). A run with `rows` gets the window's patterns; the
 // cache's positions whose rows the window needs but lacks (steps run without them) are run
-// again for theirs. close() releases the session and the worker.
-export function pageBackend(client, manifest) {
-  const c = manifest.config,
+// again for theirs. close() releases the session and the worker. `started`: the worker's answer
+// to "start" ({phases: milliseconds of each part of the start, threads}).
+export function pageBackend(client, manifest, started) {
+  const info = started || {},
+    c = manifest.config,
     L = c.n_layers,
     H = c.n_heads;
   const rows = rowWindow(L, H); // the heads panel's window of the rows (rows.js)
@@ -358,7 +372,8 @@ export function pageBackend(client, manifest) {
   };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, ${info.threads === 2 ? "two threads" : "one thread"}, in a Web Worker)`,
+    started: info,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),

@@ -13,7 +13,7 @@
 // A failure answers {id, error, live}: live when the message is written for the reader.
 import { LiveError, megabytes } from "./backend.js";
 import { cacheStepper } from "./page.js";
-import { unpackWeights } from "./q4.js";
+import { lazyWeights } from "./q4.js";
 
 const VENDOR = {
   ort: "vendor/onnxruntime-web/ort.wasm.min.mjs",
@@ -22,8 +22,16 @@ const VENDOR = {
 };
 const CACHE = "gptlib-live-models";
 
+// Milliseconds spent on each part of the start (the worker's answer to "start"), for the bench.
+let phases = {};
+const since = (key, t0) => {
+  phases[key] = (phases[key] || 0) + performance.now() - t0;
+};
+
 async function sha256Hex(bytes) {
+  const t0 = performance.now();
   const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  since("sha256", t0);
   return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
@@ -117,8 +125,10 @@ let stepper = null,
   tokenizer = null,
   queue = Promise.resolve();
 
-async function start({ base, manifestUrl, manifest }, progress) {
+async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   if (session) throw new Error("this worker holds a session already");
+  phases = {};
+  const t0 = performance.now();
   const cache = await openCache();
   const blocks = manifest.weights?.blocks;
   const tokFile = { bytes: manifest.tokenizer.bytes, pieces: [manifest.tokenizer] };
@@ -132,50 +142,62 @@ async function start({ base, manifestUrl, manifest }, progress) {
     );
   };
   tick(0);
-  // the blocks are unpacked as soon as they are here, and dropped (only the float32 stay)
-  const unpack = (packed) => {
-    progress("unpacking the 4-bit weights into float32", 1);
-    const w = unpackWeights(packed, manifest.weights);
-    drop(packed);
-    return w;
-  };
-  const [ort, tk, tokText, graph, weights] = await Promise.all([
+  const [ort, tk, tokText, graph, packed] = await Promise.all([
     import(base + VENDOR.ort),
     import(base + VENDOR.tokenizers),
     download(cache, manifestUrl, tokFile, tick),
     download(cache, manifestUrl, manifest.onnx, tick),
-    blocks ? download(cache, manifestUrl, blocks, tick).then(unpack) : null,
+    blocks ? download(cache, manifestUrl, blocks, tick) : null,
   ]);
+  since("files", t0);
+  let t1 = performance.now();
   const tok = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
+  since("tokenizer", t1);
+  // The 4-bit blocks are unpacked tensor by tensor while onnxruntime copies each into its own
+  // memory (q4.js's lazyWeights): the float32 weights are never held whole in JavaScript.
   // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
   // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
+  const weights = packed ? lazyWeights(packed, manifest.weights) : null;
   const options = {
     executionProviders: ["wasm"],
     graphOptimizationLevel: "all",
     extra: { session: { disable_prepacking: "1" } },
   };
-  if (weights) {
-    options.externalData = [{ path: manifest.weights.file, data: new Uint8Array(weights.buffer) }];
-  }
-  ort.env.wasm.numThreads = 1; // threads need cross-origin isolation, which static hosts lack
+  if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
+  // One thread unless asked: threads need a cross-origin isolated page, and two measured slower
+  // than one on the 2-core machine the book is built on (onnxruntime-web 1.30 in node, a bare
+  // SmolLM2 step at 200 tokens 821-868 ms against 478-558 ms, under load).
+  ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  progress("starting onnxruntime-web", 1);
+  progress("unpacking the 4-bit weights into onnxruntime-web", 1);
+  t1 = performance.now();
   try {
     session = await ort.InferenceSession.create(graph, options);
+    if (weights && !weights.served()) {
+      throw new Error("it did not read every weight from the external data");
+    }
   } catch (e) {
+    const s = session;
+    session = null;
+    await s?.release();
     throw new LiveError(
       `onnxruntime-web could not load ${manifest.name} in this tab (${e.message}); ` +
         "a phone or a small tablet may lack the memory. What is shown is the stored analysis.",
     );
   } finally {
     options.externalData = null; // onnxruntime holds its own copy of the weights now
-    drop(weights);
+    weights?.release();
+    drop(packed);
     drop(graph);
   }
+  since("session", t1);
+  if (weights) phases.unpack = weights.ms(); // within the session's creation
+  since("total", t0);
   stepper = cacheStepper(ort, session, manifest);
   tokenizer = tok;
-  return true;
+  const ms = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, Math.round(v)]));
+  return { phases: ms, threads };
 }
 
 async function handle(msg) {

@@ -9,7 +9,7 @@ import { fromStored } from "./analysis.js";
 import { button, lifetime, make, parseSeed, report, show } from "./dom.js";
 import { distribution, drawIndex, xorshift32 } from "./distribution.js";
 import { attentionPanel } from "./heads.js";
-import { connect, megabytes, startError } from "./live.js";
+import { connect, megabytes, startError, tabNeeds } from "./live.js";
 import {
   decodeBytes,
   draw,
@@ -214,7 +214,7 @@ class Playground {
           "",
           `${manifest.name} runs in this page after a download of ` +
             `${megabytes(manifest.download_bytes)} (the model in ${manifest.onnx.pieces.length} piece(s) and its tokenizer); ` +
-            "the tab then holds its weights unpacked to 32-bit floats. ",
+            `the tab then needs about ${megabytes(tabNeeds(manifest))} of memory (its weights unpacked to 32-bit floats). `,
         ),
         yes,
         no,

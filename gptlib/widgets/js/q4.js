@@ -40,15 +40,17 @@ export function unpackTensor(blocks, t, out) {
     tr = t.transpose;
   const b8 = blocks.subarray(t.blocks_offset, t.blocks_offset + t.blocks_bytes);
   const f = Math.fround;
-  const w = new Float32Array(32);
+  const w = new Float32Array(32),
+    q4 = new Float32Array(16); // a Q4_1 block's 16 possible numbers, d q + m for q = 0..15
   for (let b = 0, o = 0; b < n / 32; b++, o += per) {
     const d = HALF[b8[o] | (b8[o + 1] << 8)];
     if (per === 20) {
       const m = HALF[b8[o + 2] | (b8[o + 3] << 8)];
+      for (let q = 0; q < 16; q++) q4[q] = f(f(d * q) + m);
       for (let j = 0; j < 16; j++) {
         const x = b8[o + 4 + j];
-        w[j] = f(f(d * (x & 15)) + m);
-        w[j + 16] = f(f(d * (x >> 4)) + m);
+        w[j] = q4[x & 15];
+        w[j + 16] = q4[x >> 4];
       }
     } else {
       for (let j = 0; j < 32; j++) w[j] = f(((b8[o + 2 + j] << 24) >> 24) * d);
@@ -70,4 +72,55 @@ export function unpackWeights(blocks, weights, onTensor = () => {}) {
     onTensor(k);
   });
   return out;
+}
+
+// The external-data file as onnxruntime-web reads it, without ever holding it whole: a
+// Uint8Array of weights.bytes whose subarray(begin, end) unpacks the tensor at `begin` when
+// onnxruntime asks for it (onnxruntime-web copies each initializer's bytes of a mounted file
+// into its own memory, one subarray at a time, at once: the view returned is a scratch buffer
+// reused by the next call). A range that is not exactly one tensor is unpacked tensor by tensor.
+// served() says whether every tensor was read (a caller checks it), ms() the time unpacking.
+export function lazyWeights(blocks, weights) {
+  const tensors = weights.tensors,
+    at = new Map(tensors.map((t, k) => [t.offset, k]));
+  const read = new Set();
+  let ms = 0; // the time spent unpacking
+  const most = Math.max(...tensors.map((t) => t.bytes));
+  let scratch = new Float32Array(most / 4);
+  const one = (k) => {
+    const t = tensors[k],
+      out = scratch.subarray(0, t.bytes / 4),
+      t0 = performance.now();
+    unpackTensor(blocks, { ...t, offset: 0 }, out);
+    ms += performance.now() - t0;
+    read.add(k);
+    return new Uint8Array(out.buffer, 0, t.bytes);
+  };
+  class Unpacked extends Uint8Array {
+    get byteLength() {
+      return weights.bytes;
+    }
+    get length() {
+      return weights.bytes;
+    }
+    subarray(begin = 0, end = weights.bytes) {
+      const k = at.get(begin);
+      if (k !== undefined && tensors[k].offset + tensors[k].bytes === end) return one(k);
+      const out = new Uint8Array(end - begin);
+      tensors.forEach((t, j) => {
+        const lo = Math.max(begin, t.offset),
+          hi = Math.min(end, t.offset + t.bytes);
+        if (lo < hi) out.set(one(j).subarray(lo - t.offset, hi - t.offset), lo - begin);
+      });
+      return out;
+    }
+  }
+  return {
+    data: new Unpacked(0),
+    served: () => read.size === tensors.length,
+    ms: () => ms,
+    release: () => {
+      scratch = new Float32Array(0);
+    },
+  };
 }

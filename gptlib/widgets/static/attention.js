@@ -56,7 +56,7 @@ function report(root, facts, objects) {
 
 // gptlib/widgets/js/heatmap.js
 var CANVAS_FROM = 48;
-function thumbnail(P, T, LUT) {
+function patternCanvas(P, T, LUT) {
   const canvas = document.createElement("canvas");
   canvas.width = T;
   canvas.height = T;
@@ -122,7 +122,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
   const queries = make("div", "gptlib-attn-queries");
   queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
   queries.append(...rows.map((r) => r[0]));
-  const canvas = thumbnail(A, T, pal.lut);
+  const canvas = patternCanvas(A, T, pal.lut);
   canvas.style.width = canvas.style.height = `${T * cell}px`;
   const band = make("div", "gptlib-attn-band");
   band.style.height = `${cell}px`;

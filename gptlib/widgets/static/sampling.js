@@ -50,8 +50,23 @@ function report(root, facts, objects) {
 }
 
 // gptlib/widgets/js/distribution.js
+var F32 = new Float32Array(1);
+var U32 = new Uint32Array(F32.buffer);
 function byLogit(logits) {
-  return [...Array(logits.length).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
+  const n = logits.length;
+  if (!(logits instanceof Float32Array) || n > 2 ** 20) {
+    return [...Array(n).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
+  }
+  const keys = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    F32[0] = logits[i] === 0 ? 0 : logits[i];
+    const u = U32[0], up = u & 2147483648 ? ~u >>> 0 : (u | 2147483648) >>> 0;
+    keys[i] = (4294967295 - up) * 2 ** 20 + i;
+  }
+  keys.sort();
+  const order = new Array(n);
+  for (let k = 0; k < n; k++) order[k] = keys[k] % 2 ** 20;
+  return order;
 }
 function distribution(logits, temperature, topK, topP, restLogZ = null) {
   const n = logits.length, order = byLogit(logits);
@@ -306,6 +321,69 @@ function tabMemory() {
     what: "the JavaScript heap (performance.memory)"
   };
 }
+var WORKING_BYTES = 2e8;
+function tabNeeds(manifest) {
+  const weights = manifest.weights ? manifest.weights.bytes : manifest.onnx.bytes;
+  return Math.round(1.5 * weights + WORKING_BYTES);
+}
+var SIMD_PROBE = new Uint8Array([
+  0,
+  97,
+  115,
+  109,
+  1,
+  0,
+  0,
+  0,
+  1,
+  5,
+  1,
+  96,
+  0,
+  1,
+  123,
+  3,
+  2,
+  1,
+  0,
+  10,
+  10,
+  1,
+  8,
+  0,
+  65,
+  0,
+  253,
+  15,
+  253,
+  98,
+  11
+]);
+function deviceRefusal(manifest, nav = globalThis.navigator, wasm = globalThis.WebAssembly) {
+  const need = tabNeeds(manifest);
+  const stored = "What is shown is the stored analysis";
+  if (!wasm || typeof wasm !== "object" || typeof globalThis.Worker !== "function") {
+    return `This browser has no WebAssembly (or Web Workers), or they are switched off. ${stored}.`;
+  }
+  let simd = false;
+  try {
+    simd = wasm.validate(SIMD_PROBE);
+  } catch {
+    simd = false;
+  }
+  if (!simd) {
+    return `This browser's WebAssembly lacks SIMD, which onnxruntime-web needs. ${stored}.`;
+  }
+  const why = (what) => `${manifest.name} needs about ${(need / 1e9).toFixed(1)} GB of memory in this tab, and ${what}. ${stored}; the book's small English model (Chapters 7 and 8) needs far less.`;
+  if (need > 4e9) return why("WebAssembly holds at most 4 GB");
+  const gb = Number(nav?.deviceMemory);
+  if (gb > 0 && need > gb * 1e9 / 3) {
+    return why(`this device says it has ${gb} GB in all (a tab gets about a third of it)`);
+  }
+  const ua = String(nav?.userAgent || ""), ios = /iPhone|iPad|iPod/.test(ua) || /Macintosh/.test(ua) && nav?.maxTouchPoints > 1;
+  if (ios && need > 14e8) return why("Safari on an iPhone or iPad closes a tab beyond 1.4 GB");
+  return null;
+}
 
 // gptlib/widgets/js/head.js
 var rowsOf = (flat, width) => Array.from({ length: flat.length / width }, (_, n) => flat.subarray(n * width, (n + 1) * width));
@@ -430,7 +508,7 @@ function rowWindow(L, H, W = PANEL_WINDOW) {
 // gptlib/widgets/js/page.js
 var VERSION = 5;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var p=class extends Error{};var T=t=>`${(t/1e6).toFixed(1)} MB`;function K(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var H=(t,n=128)=>t>n?t-n+1:0,V=(t,n,e=128)=>t+n-Math.max(t,H(t+n,e));var qe=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function ee(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function te(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?ee(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function ne(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=e.length||t;for(;l<s;)l*=2;let a=new Float32Array(l);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}function G(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,l=o.n_kv_heads,a=o.d_head,w=o.d_vocab,u=e.lens_top,d=new Float32Array(r*s).fill(1),f=ne(r*2*l*a),c=[],i="",b=y=>BigInt64Array.from(y,g=>BigInt(g));return async(y,g={})=>{let{mask:x=null,lens:h=null,targets:_=null,rows:A=!1,head:m=null}=g,N=y.slice(-o.n_ctx),j=x?Float32Array.from(x):d,z=j.join(","),O=g.most??Number.POSITIVE_INFINITY;if(m){if(!(m.position>=0&&m.position<N.length))throw new p(`the query position must be in [0, ${N.length})`);O=Math.min(O,m.position)}let{keep:Y,feed:C}=te(c,i,N,z,O),$=Y,v=C.length,M=h||[],I=_||[],P=A?V($,v):0,U=Array.from({length:P},(W,Z)=>v-P+Z),D=m?[m.layer,m.head,m.position-$,m.target]:[],k=await n.run({ids:new t.Tensor("int64",b(C),[1,v]),past:new t.Tensor("float32",f.past($),[$,r,2,l,a]),head_mask:new t.Tensor("float32",j,[r,s]),lens:new t.Tensor("int64",b(M),[M.length]),targets:new t.Tensor("int64",b(I),[I.length]),queries:new t.Tensor("int64",b(U),[U.length]),head:new t.Tensor("int64",b(D),[D.length/4,4])});try{let W={logits:k.logits.data.slice(0,w),attn:A?k.attn.data.slice():null,P:$,T:v,R:P,lens:h?K(k.lens_ids.data,k.lens_logits.data,k.lens_lse.data,M.length,u):null,direct:I.length?k.direct.data.slice():null};return f.put($,k.kv.data),c=N.slice(),i=z,m&&(W.head=oe(k,f.past($+v),m,o)),W}finally{for(let W of Object.values(k))W.dispose?.()}}}function oe(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,l=o.n_layers*2*s*r,a=n.length/l,w=Math.floor(e.head/(o.n_heads/s)),u=d=>{let f=new Float32Array(a*r),c=((e.layer*2+d)*s+w)*r;for(let i=0;i<a;i++)f.set(n.subarray(i*l+c,i*l+c+r),i*r);return f};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function re(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var R=new Float64Array(65536);for(let t=0;t<65536;t++)R[t]=re(t);var se={Q4_1:20,Q8_0:34};function ae(t,n,e){let o=se[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,w=n.transpose,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,f=new Float32Array(32);for(let c=0,i=0;c<r/32;c++,i+=o){let b=R[u[i]|u[i+1]<<8];if(o===20){let h=R[u[i+2]|u[i+3]<<8];for(let _=0;_<16;_++){let A=u[i+4+_];f[_]=d(d(b*(A&15))+h),f[_+16]=d(d(b*(A>>4))+h)}}else for(let h=0;h<32;h++)f[h]=d((u[i+2+h]<<24>>24)*b);let y=c*32,g=Math.floor(y/a),x=y-g*a;if(w)for(let h=0;h<32;h++)e[s+(x+h)*l+g]=f[h];else e.set(f,s+y)}}function Q(t,n,e=()=>{}){let o=new Float32Array(n.bytes/4);return n.tensors.forEach((r,s)=>{ae(t,r,o),e(s)}),o}var F={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},le="gptlib-live-models";async function J(t){let n=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return Array.from(n,e=>e.toString(16).padStart(2,"0")).join("")}async function ie(){try{return globalThis.caches?await caches.open(le):null}catch{return null}}var ce=(t,n)=>`${t}?sha256=${n}`,L=t=>t?.buffer.transfer?.(0);async function he(t,n,e,o,r,s){let l=ce(n,e.sha256),a=o.subarray(r,r+e.bytes),w=t&&await t.match(l).catch(()=>null);if(w){let c=new Uint8Array(await w.arrayBuffer());if(c.length===e.bytes&&await J(c)===e.sha256){a.set(c),s(e.bytes);return}await t.delete(l)}let u;try{u=await fetch(n)}catch(c){throw new p(`could not fetch ${e.file} (${n}): ${c.message}`)}if(!u.ok)throw new p(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=0,f=u.body.getReader();for(;;){let{done:c,value:i}=await f.read();if(c)break;if(d+i.length>e.bytes)throw new p(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(i,d),d+=i.length,s(i.length)}if(d!==e.bytes)throw new p(`${e.file} has ${d} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await J(a)!==e.sha256)throw new p(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let c of await t.keys())c.url.startsWith(`${n}?sha256=`)&&await t.delete(c);await t.put(l,new Response(a))}catch{}}async function B(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new p(`This tab cannot hold ${T(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(he(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var S=null,q=null,E=null,X=Promise.resolve();async function ue({base:t,manifestUrl:n,manifest:e},o){if(q)throw new Error("this worker holds a session already");let r=await ie(),s=e.weights?.blocks,l={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},a=e.onnx.bytes+(s?s.bytes:0)+l.bytes,w=0,u=h=>{w+=h,o(`downloading ${e.name}: ${T(w)} of ${T(a)}`,w/a)};u(0);let d=h=>{o("unpacking the 4-bit weights into float32",1);let _=Q(h,e.weights);return L(h),_},[f,c,i,b,y]=await Promise.all([import(t+F.ort),import(t+F.tokenizers),B(r,n,l,u),B(r,n,e.onnx,u),s?B(r,n,s,u).then(d):null]),g=new c.Tokenizer(JSON.parse(new TextDecoder().decode(i)),{}),x={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};y&&(x.externalData=[{path:e.weights.file,data:new Uint8Array(y.buffer)}]),f.env.wasm.numThreads=1,f.env.wasm.proxy=!1,f.env.wasm.wasmPaths=t+F.ortDir,o("starting onnxruntime-web",1);try{q=await f.InferenceSession.create(b,x)}catch(h){throw new p(`onnxruntime-web could not load ${e.name} in this tab (${h.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{x.externalData=null,L(y),L(b)}return S=G(f,q,e),E=g,!0}async function fe(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await ue(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!S)throw new p("the live model is not started (or was released)");let e=await S(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!E)throw new p("the live model is not started (or was released)");n({result:E.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=S=E=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof p})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{X=X.then(()=>fe(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var m=class extends Error{};var q=t=>`${(t/1e6).toFixed(1)} MB`;function G(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),c=>Math.exp(c-e[s]))}))}var be=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);var H=(t,n=128)=>t>n?t-n+1:0,V=(t,n,e=128)=>t+n-Math.max(t,H(t+n,e));var Ne=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function ne(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function oe(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?ne(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function re(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let c=e.length||t;for(;c<s;)c*=2;let l=new Float32Array(c);l.set(e.subarray(0,o*t)),e=l}e.set(r,o*t)},get capacity(){return e.length/t}}}function Q(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,c=o.n_kv_heads,l=o.d_head,g=o.d_vocab,f=e.lens_top,u=new Float32Array(r*s).fill(1),i=re(r*2*c*l),a=[],h="",p=y=>BigInt64Array.from(y,_=>BigInt(_));return async(y,_={})=>{let{mask:k=null,lens:$=null,targets:d=null,rows:b=!1,head:w=null}=_,x=y.slice(-o.n_ctx),T=k?Float32Array.from(k):u,U=T.join(","),P=_.most??Number.POSITIVE_INFINITY;if(w){if(!(w.position>=0&&w.position<x.length))throw new m(`the query position must be in [0, ${x.length})`);P=Math.min(P,w.position)}let{keep:ee,feed:C}=oe(a,h,x,U,P),v=ee,S=C.length,R=$||[],F=d||[],B=b?V(v,S):0,D=Array.from({length:B},(M,te)=>S-B+te),K=w?[w.layer,w.head,w.position-v,w.target]:[],A=await n.run({ids:new t.Tensor("int64",p(C),[1,S]),past:new t.Tensor("float32",i.past(v),[v,r,2,c,l]),head_mask:new t.Tensor("float32",T,[r,s]),lens:new t.Tensor("int64",p(R),[R.length]),targets:new t.Tensor("int64",p(F),[F.length]),queries:new t.Tensor("int64",p(D),[D.length]),head:new t.Tensor("int64",p(K),[K.length/4,4])});try{let M={logits:A.logits.data.slice(0,g),attn:b?A.attn.data.slice():null,P:v,T:S,R:B,lens:$?G(A.lens_ids.data,A.lens_logits.data,A.lens_lse.data,R.length,f):null,direct:F.length?A.direct.data.slice():null};return i.put(v,A.kv.data),a=x.slice(),h=U,w&&(M.head=se(A,i.past(v+S),w,o)),M}finally{for(let M of Object.values(A))M.dispose?.()}}}function se(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,c=o.n_layers*2*s*r,l=n.length/c,g=Math.floor(e.head/(o.n_heads/s)),f=u=>{let i=new Float32Array(l*r),a=((e.layer*2+u)*s+g)*r;for(let h=0;h<l;h++)i.set(n.subarray(h*c+a,h*c+a+r),h*r);return i};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:f(0),v:f(1)}}function ae(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var L=new Float64Array(65536);for(let t=0;t<65536;t++)L[t]=ae(t);var le={Q4_1:20,Q8_0:34};function ie(t,n,e){let o=le[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,c=n.rows,l=n.cols,g=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,i=new Float32Array(32),a=new Float32Array(16);for(let h=0,p=0;h<r/32;h++,p+=o){let y=L[f[p]|f[p+1]<<8];if(o===20){let d=L[f[p+2]|f[p+3]<<8];for(let b=0;b<16;b++)a[b]=u(u(y*b)+d);for(let b=0;b<16;b++){let w=f[p+4+b];i[b]=a[w&15],i[b+16]=a[w>>4]}}else for(let d=0;d<32;d++)i[d]=u((f[p+2+d]<<24>>24)*y);let _=h*32,k=Math.floor(_/l),$=_-k*l;if(g)for(let d=0;d<32;d++)e[s+($+d)*c+k]=i[d];else e.set(i,s+_)}}function J(t,n){let e=n.tensors,o=new Map(e.map((u,i)=>[u.offset,i])),r=new Set,s=0,c=Math.max(...e.map(u=>u.bytes)),l=new Float32Array(c/4),g=u=>{let i=e[u],a=l.subarray(0,i.bytes/4),h=performance.now();return ie(t,{...i,offset:0},a),s+=performance.now()-h,r.add(u),new Uint8Array(a.buffer,0,i.bytes)};class f extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(i=0,a=n.bytes){let h=o.get(i);if(h!==void 0&&e[h].offset+e[h].bytes===a)return g(h);let p=new Uint8Array(a-i);return e.forEach((y,_)=>{let k=Math.max(i,y.offset),$=Math.min(a,y.offset+y.bytes);k<$&&p.set(g(_).subarray(k-y.offset,$-y.offset),k-i)}),p}}return{data:new f(0),served:()=>r.size===e.length,ms:()=>s,release:()=>{l=new Float32Array(0)}}}var j={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},ce="gptlib-live-models",N={},E=(t,n)=>{N[t]=(N[t]||0)+performance.now()-n};async function X(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return E("sha256",n),Array.from(e,o=>o.toString(16).padStart(2,"0")).join("")}async function he(){try{return globalThis.caches?await caches.open(ce):null}catch{return null}}var ue=(t,n)=>`${t}?sha256=${n}`,Y=t=>t?.buffer.transfer?.(0);async function fe(t,n,e,o,r,s){let c=ue(n,e.sha256),l=o.subarray(r,r+e.bytes),g=t&&await t.match(c).catch(()=>null);if(g){let a=new Uint8Array(await g.arrayBuffer());if(a.length===e.bytes&&await X(a)===e.sha256){l.set(a),s(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(n)}catch(a){throw new m(`could not fetch ${e.file} (${n}): ${a.message}`)}if(!f.ok)throw new m(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,i=f.body.getReader();for(;;){let{done:a,value:h}=await i.read();if(a)break;if(u+h.length>e.bytes)throw new m(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);l.set(h,u),u+=h.length,s(h.length)}if(u!==e.bytes)throw new m(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await X(l)!==e.sha256)throw new m(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let a of await t.keys())a.url.startsWith(`${n}?sha256=`)&&await t.delete(a);await t.put(c,new Response(l))}catch{}}async function z(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(l){throw new m(`This tab cannot hold ${q(e.bytes)}: ${l.message}.`)}let s=0,c=[];for(let l of e.pieces)c.push(fe(t,new URL(l.file,n).href,l,r,s,o)),s+=l.bytes;return await Promise.all(c),r}var O=null,W=null,I=null,Z=Promise.resolve();async function de({base:t,manifestUrl:n,manifest:e,threads:o=1},r){if(W)throw new Error("this worker holds a session already");N={};let s=performance.now(),c=await he(),l=e.weights?.blocks,g={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},f=e.onnx.bytes+(l?l.bytes:0)+g.bytes,u=0,i=x=>{u+=x,r(`downloading ${e.name}: ${q(u)} of ${q(f)}`,u/f)};i(0);let[a,h,p,y,_]=await Promise.all([import(t+j.ort),import(t+j.tokenizers),z(c,n,g,i),z(c,n,e.onnx,i),l?z(c,n,l,i):null]);E("files",s);let k=performance.now(),$=new h.Tokenizer(JSON.parse(new TextDecoder().decode(p)),{});E("tokenizer",k);let d=_?J(_,e.weights):null,b={executionProviders:["wasm"],graphOptimizationLevel:"all",extra:{session:{disable_prepacking:"1"}}};d&&(b.externalData=[{path:e.weights.file,data:d.data}]),a.env.wasm.numThreads=o,a.env.wasm.proxy=!1,a.env.wasm.wasmPaths=t+j.ortDir,r("unpacking the 4-bit weights into onnxruntime-web",1),k=performance.now();try{if(W=await a.InferenceSession.create(y,b),d&&!d.served())throw new Error("it did not read every weight from the external data")}catch(x){let T=W;throw W=null,await T?.release(),new m(`onnxruntime-web could not load ${e.name} in this tab (${x.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{b.externalData=null,d?.release(),Y(_),Y(y)}return E("session",k),d&&(N.unpack=d.ms()),E("total",s),O=Q(a,W,e),I=$,{phases:Object.fromEntries(Object.entries(N).map(([x,T])=>[x,Math.round(T)])),threads:o}}async function pe(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await de(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!O)throw new m("the live model is not started (or was released)");let e=await O(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!I)throw new m("the live model is not started (or was released)");n({result:I.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=W;W=O=I=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof m})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{Z=Z.then(()=>pe(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -520,6 +598,8 @@ async function browserBackend(source, weightsSha, hooks) {
       `the model the book serves (${manifest.name}) is not the model this view was made from (their weights differ), so the page will not run it in its place.`
     );
   }
+  const refused = deviceRefusal(manifest);
+  if (refused) throw new LiveError(`The live model will not start here: ${refused}`);
   const total = manifest.download_bytes;
   if (total > CONFIRM_ABOVE && hooks.confirm && !await hooks.confirm(manifest)) {
     throw new LiveError(
@@ -529,8 +609,9 @@ async function browserBackend(source, weightsSha, hooks) {
   const [worker, url] = startWorker();
   const client = workerClient(worker, progress);
   const { name, config, lens_top, onnx, weights, tokenizer } = manifest;
+  let started;
   try {
-    await client.call("start", {
+    started = await client.call("start", {
       base,
       manifestUrl,
       manifest: { name, config, lens_top, onnx, weights, tokenizer }
@@ -543,15 +624,15 @@ async function browserBackend(source, weightsSha, hooks) {
   }
   client.setProgress(() => {
   });
-  return pageBackend(client, manifest);
+  return pageBackend(client, manifest, started);
 }
 function sharedPrefix(a, b) {
   let n = 0;
   while (n < a.length && n < b.length && a[n] === b[n]) n++;
   return n;
 }
-function pageBackend(client, manifest) {
-  const c = manifest.config, L = c.n_layers, H = c.n_heads;
+function pageBackend(client, manifest, started) {
+  const info = started || {}, c = manifest.config, L = c.n_layers, H = c.n_heads;
   const rows = rowWindow(L, H);
   let known = 0, closed = false;
   const step = async (ids, options = {}) => {
@@ -603,7 +684,8 @@ function pageBackend(client, manifest) {
   };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, one thread, in a Web Worker)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, ${info.threads === 2 ? "two threads" : "one thread"}, in a Web Worker)`,
+    started: info,
     config: c,
     tokens: manifest.tokens,
     bytes: manifest.token_bytes.map(fromBase64),
