@@ -195,7 +195,8 @@ $(LIVE)/smollm2.json: $(EXPORT_STAMPS)/smollm2.sha256
 browser: chromium
 	@if [ -x /usr/bin/chromium ]; then \
 	    $(MAKE) --no-print-directory book && \
-	    GPTLIB_REQUIRE_BOOK=1 $(PY) -m pytest -q -n 2 --dist loadfile -m browser tests; \
+	    GPTLIB_REQUIRE_BOOK=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+	        -m browser tests; \
 	else echo "SKIPPED the browser test: /usr/bin/chromium is missing and could not be installed (needs root and apt)."; fi
 
 chromium:

@@ -9,13 +9,13 @@ during each start and during a greedy run of 16 tokens.
 
     python bench/page_memory.py [STATIC]    # STATIC: a folder with the book's vendor/ and live/
 
-The page is the one tests/test_browser_live.py makes (the widget code of the gptlib on the path),
-served on 127.0.0.1 beside STATIC (default _build/html/_static). Prints one line per start.
+The page is the one tests/test_browser_smollm2.py makes (tests/browser_support.py, widget_page; the
+widget code of the gptlib on the path), served on 127.0.0.1 beside STATIC (default
+_build/html/_static). Prints one line per start.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import threading
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, renderer_rss  # noqa: E402
+from browser_support import CHROMIUM, CHROMIUM_ARGS, renderer_rss, widget_page  # noqa: E402
 from test_browser_live import Served  # noqa: E402
 from test_browser_smollm2 import SMOL_QUESTION  # noqa: E402
 
@@ -54,8 +54,6 @@ class Poll:
 
 
 def page_html(root: Path, static: Path) -> None:
-    from ipywidgets.embed import embed_data
-
     from gptlib.gguf import load_smollm2
     from gptlib.widgets import PlaygroundView
 
@@ -63,22 +61,7 @@ def page_html(root: Path, static: Path) -> None:
     view = PlaygroundView(
         model, tok, SMOL_QUESTION, chat=True, source="live/smollm2.json", title="SmolLM2, live"
     )
-    data = embed_data(views=[view], drop_defaults=False)
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    spec = json.dumps(data["view_specs"][0])
-    (root / "_static").symlink_to(static.resolve(), target_is_directory=True)
-    (root / "index.html").write_text(
-        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" '
-        'href="data:,"><script src="_static/vendor/require.js"></script><script '
-        'src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" '
-        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        '<body><div class="cell_output">'
-        f'<script type="application/vnd.jupyter.widget-view+json">{spec}</script></div>'
-        "</body></html>",
-        encoding="utf-8",
-    )
+    widget_page(root, static, [view])
 
 
 def start(page, served, poll, label: str, reset: bool = True) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import json
 import os
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -72,6 +73,55 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def widget_page(
+    root: Path,
+    static: Path,
+    views,
+    *,
+    width: int = 1200,
+    styles: bool = False,
+    body: str = "",
+) -> Path:
+    """Write ``root/index.html``, a page holding the ipywidgets ``views`` as a chapter page of the
+    built book holds them (their state in the head, each view in a cell's output, in a column
+    ``width`` px wide at most), which loads only the book's own scripts from ``root/_static``, a
+    link to ``static`` (the built book's _static, or a folder with its vendor/ and live/); with
+    ``styles``, the theme's stylesheets too. ``body`` (HTML) ends the page's body. Returns the
+    page's path; the tests and bench/page_memory.py serve ``root``."""
+    from ipywidgets.embed import embed_data
+
+    data = embed_data(views=list(views), drop_defaults=False)
+
+    def script(kind: str, value) -> str:
+        text = json.dumps(value).replace("</", "<\\/")
+        return f'<script type="application/vnd.jupyter.widget-{kind}+json">{text}</script>'
+
+    theme = "".join(
+        f'<link rel="stylesheet" href="_static/styles/{css}">'
+        for css in ("theme.css", "pydata-sphinx-theme.css")
+        if styles and (static / "styles" / css).is_file()
+    )
+    cells = "".join(
+        f'<div class="cell_output docutils container">{script("view", v)}</div>'
+        for v in data["view_specs"]
+    )
+    (root / "_static").symlink_to(Path(static).resolve(), target_is_directory=True)
+    page = root / "index.html"
+    page.write_text(
+        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8">'
+        f'<link rel="icon" href="data:,">{theme}'
+        '<script src="_static/vendor/require.js"></script>'
+        '<script src="_static/require-config.js"></script>'
+        '<script src="_static/vendor/html-manager/embed-amd.js" '
+        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
+        f"{script('state', data['manager_state'])}</head><body>"
+        f'<main class="bd-content" style="max-width: {width}px; margin: 0 auto; padding: 0 8px">'
+        f"{cells}</main>{body}</body></html>",
+        encoding="utf-8",
+    )
+    return page
 
 
 class _Quiet(SimpleHTTPRequestHandler):

@@ -41,6 +41,14 @@ LONG_FIRST = (
     "tests/test_colab_setup.py",
     "tests/test_inference.py",
     "tests/test_tokenizers_fuzz.py",
+    # the browser stage (``make browser``, ``--dist loadfile --no-loadscope-reorder``): its files,
+    # longest first, so that the last to start is short
+    "tests/test_browser_reading.py",
+    "tests/test_browser.py",
+    "tests/test_browser_smollm2.py",
+    "tests/test_browser_live.py",
+    "tests/test_browser_page_worker.py",
+    "tests/test_browser_ux.py",
 )
 
 

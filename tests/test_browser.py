@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
-from browser_support import HTML, ROOT, open_page, serve
+from browser_support import HTML, ROOT, open_page, serve, widget_page
 
 from gptlib.sampling import next_token_probs
 
@@ -165,14 +165,15 @@ def check_attention_view(root) -> list[str]:
     if more.count():  # its button puts every token back
         more.first.click()
     tokens = [
-        t.text_content().replace("\u21b5\n", "\n") for t in root.locator(".gptlib-attn-tok").all()
+        t.replace("\u21b5\n", "\n")
+        for t in root.locator(".gptlib-attn-tok").evaluate_all("ts => ts.map((t) => t.textContent)")
     ]
     repeats = bool(induction_pairs(tokens))
     layers = root.locator(".gptlib-attn-layer option").count()
     heads = root.locator(".gptlib-attn-head option").count()
     thumbs = root.locator(".gptlib-attn-thumb")
     assert thumbs.count() == layers * heads, "one cell per head in the overview"
-    labels = [t.get_attribute("aria-label") for t in thumbs.all()]
+    labels = thumbs.evaluate_all("ts => ts.map((t) => t.getAttribute('aria-label'))")
     assert len(set(labels)) == layers * heads and all(", " in x for x in labels)
     names = ["previous token", "first token"] + (["induction"] if repeats else [])
     assert root.locator(".gptlib-attn-thumb.selected").count() == 1
@@ -238,7 +239,9 @@ def check_attention_view(root) -> list[str]:
     # hover a query row of the heatmap: the key tokens are shaded by its weights
     root.locator(".gptlib-attn-query").last.hover()  # the last query sees every key
     assert root.get_attribute("data-focus") == str(T - 1)
-    shaded = [k.evaluate("e => e.style.background") for k in root.locator(".gptlib-attn-key").all()]
+    shaded = root.locator(".gptlib-attn-key").evaluate_all(
+        "ks => ks.map((k) => k.style.background)"
+    )
     assert shaded == [_rgb(a) for a in A[T - 1]], "hovering a query shades the keys it attends to"
     # hover a token of the text: every token is coloured by the weight it gets from that one
     i = T // 2
@@ -246,7 +249,7 @@ def check_attention_view(root) -> list[str]:
     assert words.count() == T
     words.nth(i).hover()
     assert root.get_attribute("data-focus") == str(i)
-    colours = [w.evaluate("e => e.style.background") for w in words.all()]
+    colours = words.evaluate_all("ws => ws.map((w) => w.style.background)")
     assert colours[: i + 1] == [_rgb(a) for a in A[i][: i + 1]] and not any(colours[i + 1 :])
     assert "gptlib-attn-hot" in words.nth(i).get_attribute("class")
     assert root.locator(".gptlib-attn-focus").text_content().startswith("query ")
@@ -307,7 +310,9 @@ X0, W = 120, 320  # sampling.js: where the probability axis starts, and its leng
 
 
 def _widths(root, cls):
-    return [float(b.get_attribute("width")) for b in root.locator(f".{cls}").all()]
+    """The widths of the bars of class ``cls`` in ``root`` (one round trip to the page)."""
+    widths = root.locator(f".{cls}").evaluate_all("bs => bs.map((b) => b.getAttribute('width'))")
+    return [float(w) for w in widths]
 
 
 def check_sampling_distribution(root, checked: list):
@@ -556,8 +561,6 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
 def shipped_page(site, tmp_path_factory):
     """A page with both widgets on the shipped model, served beside the book: it loads only the
     book's own scripts (its _static), as a chapter page does. Yields (url, attention, sampling)."""
-    from ipywidgets.embed import embed_data
-
     from gptlib.model import GPT
     from gptlib.tokenizers import BPETokenizer
     from gptlib.widgets import AttentionView, SamplingView
@@ -579,25 +582,8 @@ def shipped_page(site, tmp_path_factory):
     sampling = SamplingView.from_model(
         model, tok, PROMPTS, top_p=0.9, title="the shipped model's next token"
     )
-    data = embed_data(views=[attention, sampling], drop_defaults=False)
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    views = "".join(
-        "<div><script "
-        f'type="application/vnd.jupyter.widget-view+json">{json.dumps(v)}</script></div>'
-        for v in data["view_specs"]
-    )
     root = tmp_path_factory.mktemp("shipped")
-    (root / "_static").symlink_to(HTML / "_static", target_is_directory=True)
-    (root / "index.html").write_text(
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
-        '<script src="_static/vendor/require.js"></script><script '
-        'src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" '
-        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        f"<body>{views}</body></html>",
-        encoding="utf-8",
-    )
+    widget_page(root, HTML / "_static", [attention, sampling])
     with serve(root) as url:
         yield f"{url}/index.html", attention, sampling
 
@@ -632,7 +618,7 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     checked = []
     # the prompt selector: each prompt shows the model's distribution after it
     select = root.locator(".gptlib-samp-prompt")
-    assert [o.text_content() for o in select.locator("option").all()] == PROMPTS
+    assert select.locator("option").evaluate_all("os => os.map((o) => o.textContent)") == PROMPTS
     for k in (1, 2, 0):
         select.select_option(str(k))
         assert root.get_attribute("data-prompt") == str(k)

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
-from browser_support import open_page
+from browser_support import open_page, widget_page
 from fuzz_texts import fuzzed_texts
 
 from gptlib.sampling import next_token_probs
@@ -99,8 +99,6 @@ class Served:
 @pytest.fixture(scope="module")
 def site(english, tmp_path_factory):
     """The test page beside the built book's _static/, served locally. Yields the Served folder."""
-    from ipywidgets.embed import embed_data
-
     from gptlib.widgets import PlaygroundView, SamplingView
 
     static = STATIC
@@ -127,35 +125,15 @@ def site(english, tmp_path_factory):
         top_p=0.9,
         title="stored: 4096 of 20000 tokens",
     )
-    data = embed_data(views=[playground, stored, wide], drop_defaults=False)
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    # each view inside a cell's output, as the book's pages hold them (the theme styles those)
-    views = "".join(
-        '<div class="cell_output docutils container"><script '
-        'type="application/vnd.jupyter.widget-view+json">'
-        f"{json.dumps(v)}</script></div>"
-        for v in data["view_specs"]
-    )
-    theme = "".join(
-        f'<link rel="stylesheet" href="_static/styles/{css}">'
-        for css in ("theme.css", "pydata-sphinx-theme.css")
-        if (static / "styles" / css).is_file()
-    )
     root = tmp_path_factory.mktemp("live")
-    (root / "_static").symlink_to(static, target_is_directory=True)
-    (root / "index.html").write_text(
-        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" '
-        f'href="data:,">{theme}'
-        '<script src="_static/vendor/require.js"></script><script '
-        'src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" '
-        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        '<body><main class="bd-content" style="max-width: 900px; margin: 0 auto; padding: 0 '
-        f'8px">{views}</main>'
-        '<button id="pst-back-to-top" type="button" style="display: block">Back to '
-        "top</button></body></html>",
-        encoding="utf-8",
+    widget_page(
+        root,
+        static,
+        [playground, stored, wide],
+        width=900,
+        styles=True,
+        body='<button id="pst-back-to-top" type="button" style="display: block">Back to top'
+        "</button>",
     )
     served = Served(root)
     served.root, served.views = root, (playground, stored, wide)
@@ -334,7 +312,12 @@ def check_distribution(page, model, ids: list[int]) -> dict:
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0, msg=lambda m: f"at {s}: {m}")
     n = page.play.locator(".gptlib-samp-bar").count()
     order = torch.sort(y, descending=True, stable=True).indices[:n]
-    widths = [float(b.get_attribute("width")) for b in page.play.locator(".gptlib-samp-bar").all()]
+    widths = [
+        float(w)
+        for w in page.play.locator(".gptlib-samp-bar").evaluate_all(
+            "bs => bs.map((b) => b.getAttribute('width'))"
+        )
+    ]
     assert widths == pytest.approx((320 * want[order]).tolist(), abs=0.02)
     other = float(page.play.locator(".gptlib-samp-other-bar").get_attribute("width"))
     assert other == pytest.approx(320 * (1 - float(want[order].sum())), abs=0.02)
@@ -344,10 +327,21 @@ def check_distribution(page, model, ids: list[int]) -> dict:
 # --- before the reader starts the live model ----------------------------------------------------
 
 
-def test_a_page_that_does_not_start_the_live_model_downloads_nothing_new(browser, site, english):
-    model, tok = english
+@pytest.fixture(scope="module")
+def unstarted(browser, site):
+    """One page of the module whose live model no test starts, shared by the tests that read it
+    and its stored views: ``(page, n)``, ``n`` the requests served before it was opened."""
     n = len(site.log)
     page = Page(browser, site.url + "/index.html")
+    try:
+        yield page, n
+    finally:
+        page.close()
+
+
+def test_a_page_that_does_not_start_the_live_model_downloads_nothing_new(unstarted, site, english):
+    model, tok = english
+    page, n = unstarted
     page.page.wait_for_function(
         "() => document.querySelectorAll('.gptlib-widget').length >= 3", timeout=30_000
     )
@@ -369,19 +363,28 @@ def test_a_page_that_does_not_start_the_live_model_downloads_nothing_new(browser
     got = torch.tensor(page.js("Array.from(root.__gptlib.probs)"), dtype=torch.float64)
     torch.testing.assert_close(got, next_token_probs(y, top_p=0.9), atol=2e-4, rtol=0)
     page.check_offline()
-    page.close()
 
 
 # --- the live model -----------------------------------------------------------------------------
 
 
-def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
-    model, tok = english
+@pytest.fixture(scope="module")
+def started(browser, site):
+    """One page of the module with the live model started, shared by the tests that type into it
+    or only read what it computes: ``(page, first, downloaded, live)``, the page's time from the
+    start to the first result (ms), the bytes its start downloaded and the paths it asked."""
     page = Page(browser, site.url + "/index.html")
     n = len(site.log)
     first = page.start()
-    downloaded = site.bytes_since(n)
-    live = {p for p, _ in site.log[n:]}
+    try:
+        yield page, first, site.bytes_since(n), {p for p, _ in site.log[n:]}
+    finally:
+        page.close()
+
+
+def test_the_live_model_gives_pytorchs_numbers(started, english):
+    model, tok = english
+    page, first, downloaded, live = started
     assert any(p.endswith(".wasm") for p in live) and any(
         p.endswith("english.onnx.0") for p in live
     )
@@ -398,7 +401,7 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
         ids = tok.encode(text)
         diff = check_model_numbers(page, model, ids)
         worst = {k: max(worst.get(k, 0.0), v) for k, v in diff.items()}
-        titles = [t.get_attribute("title") for t in page.play.locator(".gptlib-play-tok").all()]
+        titles = page.play.locator(".gptlib-play-tok").evaluate_all("ts => ts.map((t) => t.title)")
         assert titles == [
             f"token {k}: id {i}, bytes {tok.token_bytes(i).hex(' ')}" for k, i in enumerate(ids)
         ]
@@ -428,7 +431,6 @@ def test_the_live_model_gives_pytorchs_numbers(browser, site, english):
     ARTIFACTS.mkdir(exist_ok=True)
     page.play.screenshot(path=str(ARTIFACTS / "playground_live.png"))
     page.check_offline()
-    page.close()
 
 
 def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(browser, site, english):
@@ -576,13 +578,12 @@ def test_one_head_step_by_step(browser, site, english):
     page.close()
 
 
-def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
+def test_the_pages_tokenizer_gives_bpe_ids(started, english):
     """@huggingface/tokenizers on the exported tokenizer.json, in the browser, against
     BPETokenizer.encode on fuzzed text (emoji, accents, digits, whitespace runs); and the page's
-    decoder against BPETokenizer.decode."""
+    decoder against BPETokenizer.decode (on the started page, which they leave as it was)."""
     _, tok = english
-    page = Page(browser, site.url + "/index.html")
-    page.start()
+    page = started[0]
     texts = fuzzed_texts(1000, 25, ("<|endoftext|>",)) + PROMPTS
     got = page.page.evaluate(
         "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
@@ -598,7 +599,6 @@ def test_the_pages_tokenizer_gives_bpe_ids(browser, site, english):
     )
     assert decoded == [tok.decode(i) for i in ids]
     page.check_offline()
-    page.close()
 
 
 def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, english):
@@ -675,10 +675,9 @@ def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, engl
     page.close()
 
 
-def test_sampling_past_the_context_slides_the_window(browser, site, english):
+def test_sampling_past_the_context_slides_the_window(started, english):
     model, tok = english
-    page = Page(browser, site.url + "/index.html")
-    page.start()
+    page = started[0]  # (a text of its own typed below)
     text = " ".join(PROMPTS * 2)
     ids = tok.encode(text)
     assert 100 < len(ids) < model.config.n_ctx
@@ -703,7 +702,6 @@ def test_sampling_past_the_context_slides_the_window(browser, site, english):
         == len(ids) + len(path) - model.config.n_ctx
     )
     page.check_offline()
-    page.close()
 
 
 def test_a_page_opened_from_a_file_says_why_the_live_model_cannot_start(browser, site):
@@ -722,12 +720,12 @@ def test_a_page_opened_from_a_file_says_why_the_live_model_cannot_start(browser,
 # --- the stored sampling views tell the truth ---------------------------------------------------
 
 
-def test_stored_views_show_the_models_true_probabilities(browser, site, english):
+def test_stored_views_show_the_models_true_probabilities(unstarted, english):
     """A view that stores 256 logits (64 deeper) and the others' weight: each stored token's
     probability is the model's own under every setting; the others are one bar; top-p cuts the
     true cumulative mass; a draw past the stored tree ends with a plain statement of fact."""
     model, tok = english
-    page = Page(browser, site.url + "/index.html")
+    page = unstarted[0]
     views = page.page.locator(".gptlib-samp")
     root = views.nth(0)
     root.wait_for()
@@ -824,7 +822,6 @@ def test_stored_views_show_the_models_true_probabilities(browser, site, english)
         in wide_root.locator(".gptlib-samp-msg").text_content()
     )
     page.check_offline()
-    page.close()
 
 
 # --- dark mode, narrow pages

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from browser_support import renderer_rss
+from browser_support import renderer_rss, widget_page
 from test_browser_live import STATIC, Page, Served
 
 from gptlib.step import step, step_inputs
@@ -23,30 +23,14 @@ QUESTION = "Which animals live in the Arctic?"
 
 @pytest.fixture(scope="module")
 def worker_page(browser, smollm2, tmp_path_factory):
-    from ipywidgets.embed import embed_data
-
     from gptlib.widgets import PlaygroundView
 
     if not (STATIC / "live" / "smollm2.json").is_file():
         pytest.skip(f"no SmolLM2 live model in {STATIC} (run `make book`)")
     model, tok = smollm2
     view = PlaygroundView(model, tok, QUESTION, chat=True, source="live/smollm2.json")
-    data = embed_data(views=[view], drop_defaults=False)
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    spec = json.dumps(data["view_specs"][0])
     root = tmp_path_factory.mktemp("worker")
-    (root / "_static").symlink_to(STATIC, target_is_directory=True)
-    (root / "index.html").write_text(
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
-        '<script src="_static/vendor/require.js"></script><script '
-        'src="_static/require-config.js"></script><script '
-        'src="_static/vendor/html-manager/embed-amd.js" '
-        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        '<body><div class="cell_output"><script '
-        f'type="application/vnd.jupyter.widget-view+json">{spec}</script></div></body></html>',
-        encoding="utf-8",
-    )
+    widget_page(root, STATIC, [view])
     served = Served(root)
     page = Page(browser, served.url + "/index.html", width=1280)
     try:

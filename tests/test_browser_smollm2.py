@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from browser_support import widget_page
 from page_twins import xorshift32
 from test_browser_live import (
     ARTIFACTS,
@@ -48,8 +49,6 @@ SMOL_GREEDY = 16  # greedy tokens compared with PyTorch
 @pytest.fixture(scope="module")
 def smol_page(browser, smollm2, tmp_path_factory):
     """One page load of the SmolLM2 playground (chat mode), started: (page, served, facts)."""
-    from ipywidgets.embed import embed_data
-
     from gptlib.widgets import PlaygroundView
 
     if not (STATIC / "live" / "smollm2.json").is_file():
@@ -58,23 +57,8 @@ def smol_page(browser, smollm2, tmp_path_factory):
     view = PlaygroundView(
         model, tok, SMOL_QUESTION, chat=True, source="live/smollm2.json", title="SmolLM2, live"
     )
-    data = embed_data(views=[view], drop_defaults=False)
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    spec = json.dumps(data["view_specs"][0])
     root = tmp_path_factory.mktemp("smol")
-    (root / "_static").symlink_to(STATIC, target_is_directory=True)
-    (root / "index.html").write_text(
-        '<!DOCTYPE html><html data-theme="light"><head><meta charset="utf-8"><link rel="icon" '
-        'href="data:,"><script src="_static/vendor/require.js"></script><script '
-        'src="_static/require-config.js"></script>'
-        '<script src="_static/vendor/html-manager/embed-amd.js" '
-        'data-jupyter-widgets-cdn="./no-cdn/"></script>'
-        f'<script type="application/vnd.jupyter.widget-state+json">{state}</script></head>'
-        '<body><main style="max-width: 1200px; margin: 0 auto"><div class="cell_output">'
-        f'<script type="application/vnd.jupyter.widget-view+json">{spec}</script></div></main>'
-        "</body></html>",
-        encoding="utf-8",
-    )
+    widget_page(root, STATIC, [view])
     served = Served(root)
     page = Page(browser, served.url + "/index.html", width=1280)
     facts = {"before": served.bytes_since(0)}

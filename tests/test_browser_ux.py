@@ -8,10 +8,12 @@ labels tell the tokens apart. Each test loads one page at one width, in a few se
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 from browser_support import HTML, open_page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 browser_test = pytest.mark.browser
 
@@ -61,12 +63,24 @@ def _open(browser, site, chapter, width, theme="light", maths=True):
     open_page(page, f"{site}/chapters/{chapter}.html", maths=maths)
     if not maths:
         return page
-    page.wait_for_function(
-        "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
-    )
-    page.evaluate("() => MathJax.startup.promise")
-    page.wait_for_timeout(300)  # (maths.js marks wide formulas once MathJax is done)
+    # open_page waited for MathJax; maths.js then marks the wide inline formulas (each chapter
+    # tested here has one at 420 px): wait for its mark, not a fixed time (without one, the
+    # test says so below)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            "() => document.querySelector('.gptlib-wide-math') !== null", timeout=5_000
+        )
     return page
+
+
+def _frames(page, n: int = 2) -> None:
+    """Wait for ``n`` animation frames: what a view checks after drawing (its ResizeObserver, a
+    requestAnimationFrame) has run."""
+    page.evaluate(
+        "(n) => new Promise((done) => { const f = (k) => k ? requestAnimationFrame(() => f(k - 1))"
+        " : done(); f(n); })",
+        n,
+    )
 
 
 @browser_test
@@ -103,7 +117,7 @@ def test_attention_widget_at_420_px_follows_the_theme(browser, site, theme):
     root = page.locator(".gptlib-attn").first
     root.scroll_into_view_if_needed()
     root.wait_for(timeout=20_000)
-    page.wait_for_timeout(200)
+    _frames(page)  # the heatmap's scroll cue is set once the box is laid out
     got = page.evaluate(
         """(root) => {
           const bg = (e) => { for (; e; e = e.parentElement) { const m = getComputedStyle(e)
