@@ -37,7 +37,7 @@ LONG_FIRST = (
     "tests/test_export.py",  # the tiny GPT's and ModernGPT's exports
     "tests/test_data.py",  # the English model's validation loss, recomputed
     "tests/test_export.py::TestTheEnglishExport",
-    "tests/test_export.py::TestCommandLineAndGGUF",
+    "tests/test_export.py::TestTheTinyGGUF",
     "tests/test_colab_setup.py",
     "tests/test_inference.py",
     "tests/test_tokenizers_fuzz.py",
