@@ -1,14 +1,18 @@
 """The Colab set-up cell: in step with _config.yml, a no-op locally, and working in a simulated
 Colab.
 
-The simulated Colab is a clean virtual environment holding what Colab ships (torch, numpy, tqdm,
-ipywidgets), a fake ``google.colab`` module, and the book's own repository cloned from this checkout
-instead of GitHub. Packages come from the wheelhouse that ``make`` fills at install time, so the
-test needs no network.
+The simulated Colab is a clean virtual environment holding what Colab ships (pip, torch, numpy,
+tqdm, ipywidgets, and what they require), a fake ``google.colab`` module, and the book's own
+repository cloned from this checkout instead of GitHub. What Colab ships is this environment's own
+copy of those distributions, linked into a folder that the clean environment has on its path (as
+Colab's are preinstalled outside the user's site-packages), so that torch is not unpacked again;
+the packages the set-up cell installs come from the wheelhouse that ``make`` fills at install time,
+so the test needs no network.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -35,6 +39,43 @@ colab = _load_script("colab")
 
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
 COLAB_PREINSTALLED = ["torch==2.13.0", "numpy", "tqdm", "ipywidgets"]
+CELL_INSTALLS = {"tiktoken", "anywidget", "safetensors"}  # what the set-up cell installs
+
+
+def _name(requirement: str) -> str:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(Requirement(requirement).name)
+
+
+def _preinstalled(folder: Path) -> set[str]:
+    """Link pip and :data:`COLAB_PREINSTALLED`, with every distribution they require (extras left
+    out), from this environment into ``folder``: their packages and their ``.dist-info``, so that
+    pip in the simulated Colab sees them installed. Returns their names."""
+    from packaging.requirements import Requirement
+
+    for pin in COLAB_PREINSTALLED:  # the versions Colab ships are the ones linked
+        req = Requirement(pin)
+        version = importlib.metadata.version(req.name).split("+")[0]
+        assert req.specifier.contains(version), (pin, version)
+    names, todo = set(), ["pip", *(_name(r) for r in COLAB_PREINSTALLED)]
+    while todo:
+        name = todo.pop()
+        if name in names:
+            continue
+        names.add(name)
+        dist = importlib.metadata.distribution(name)
+        for r in dist.requires or []:
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(_name(r))
+        site = Path(dist.locate_file(""))
+        tops = {f.parts[0] for f in dist.files or []}
+        for top in sorted(tops - {"..", "__pycache__"}):
+            if not top.endswith(".pth") and not (folder / top).exists():
+                (folder / top).symlink_to(site / top)
+    return names
 
 
 def test_notebooks_and_readme_are_in_step_with_config():
@@ -127,8 +168,14 @@ def test_setup_cell_in_a_simulated_colab(tmp_path):
         )
     venv = tmp_path / "colab-venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    shipped = tmp_path / "colab-dist-packages"
+    shipped.mkdir()
+    names = _preinstalled(shipped)
+    assert not names & CELL_INSTALLS, names & CELL_INSTALLS  # else the cell would install nothing
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "colab.pth").write_text(f"{shipped}\n")
     env = {
         **os.environ,
         "PIP_NO_INDEX": "1",
@@ -136,12 +183,8 @@ def test_setup_cell_in_a_simulated_colab(tmp_path):
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
     env.pop("PYTHONPATH", None)
-    # --no-compile: byte-compiling torch's files takes most of the install and changes no behaviour
-    subprocess.run(
-        [py, "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED],
-        check=True,
-        env=env,
-    )
+    missing = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in sys.argv[1:]))"
+    subprocess.run([py, "-c", missing, "gptlib", *CELL_INSTALLS], check=True, env=env, cwd=tmp_path)
 
     repo, _ = colab.read_repository()
     cell = tmp_path / "setup_cell.py"
