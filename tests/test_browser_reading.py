@@ -354,6 +354,11 @@ def test_no_image_shrunk_below_its_scale(readings):
     )
 
 
+def test_pages_fit_a_wide_window(readings):
+    wide = failures(readings, WIDE[0], lambda r: r.page_wide and r.page_width)
+    assert not wide, f"pages wider than a {WIDE[0]} px window (their width in px): {wide}"
+
+
 def test_pages_fit_a_narrow_window(readings):
     wide = failures(readings, NARROW[0], lambda r: r.page_wide and r.page_width)
     assert not wide, f"pages wider than a {NARROW[0]} px window (their width in px): {wide}"
