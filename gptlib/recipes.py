@@ -15,11 +15,16 @@ CPU a run repeats byte for byte at the same thread count.
 from __future__ import annotations
 
 import copy
+import json
+import math
 import time
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from .circuits import repeated_sequences
 from .data import (
     brown_documents,
     english_split,
@@ -28,11 +33,12 @@ from .data import (
     token_byte_lengths,
     train_val_split,
 )
+from .files import read_fields
 from .lora import LoRA, attention_mlp_targets
 from .mla import mla_model
 from .model import GPT, GPTConfig
 from .modern import ModernConfig, ModernGPT
-from .runtime import check_float, check_int, seed_everything
+from .runtime import atomic_write, check_file, check_float, check_int, seed_everything
 from .sampling import generate
 from .tokenizers import BPETokenizer
 from .trainer import History, TrainConfig, Trainer
@@ -54,6 +60,11 @@ __all__ = [
     "fine_tune",
     "ATTENTION_VARIANTS",
     "attention_variant",
+    "INDUCTION_TOY",
+    "induction_toy_halves",
+    "train_induction_toy",
+    "save_induction_toy",
+    "load_induction_toy",
 ]
 
 
@@ -424,3 +435,90 @@ def attention_variant(name: str) -> ModernGPT:
         raise ValueError(f"name must be one of {sorted(ATTENTION_VARIANTS)}, got {name!r}")
     config, latent = ATTENTION_VARIANTS[name]
     return ModernGPT(config) if latent is None else mla_model(config, *latent)
+
+
+# --- Chapter 8's induction toy: an attention-only model that learns to copy ---------------------
+INDUCTION_TOY = GPTConfig(
+    d_vocab=64, n_ctx=48, d_model=64, n_heads=4, n_layers=2, attn_only=True, tie_weights=False
+)
+"""The toy's shape: period up to p = n_ctx / 2 = 24 over 64 tokens, two layers of four heads."""
+
+
+def induction_toy_halves(model: GPT, seqs: torch.Tensor) -> tuple[float, float]:
+    """The mean loss on the first half of each [r, r] in ``seqs`` (tokens 1..p-1, unpredictable)
+    and on its repeated half (tokens p+1..2p-1); ``seqs`` is (B, 2p)."""
+    p = seqs.shape[1] // 2
+    with torch.no_grad():
+        logits = model(seqs[:, :-1]).transpose(1, 2)  # (B, |V|, 2p-1)
+        nll = F.cross_entropy(logits, seqs[:, 1:], reduction="none")  # (B, 2p-1)
+    return float(nll[:, : p - 1].mean()), float(nll[:, p:].mean())
+
+
+def train_induction_toy(
+    steps: int = 500, every: int = 10
+) -> tuple[GPT, list[tuple[int, float, float]]]:
+    """Chapter 8's induction toy: :data:`INDUCTION_TOY` from seed 0, AdamW at 3e-3, each step 64
+    sequences of a fresh random block of period 4..24 repeated to n_ctx + 1 tokens (generator
+    seed 1). Returns the model and the curve ``(step, first half, repeated half)`` measured by
+    :func:`induction_toy_halves` every ``every`` steps (and after the last) on 64 held-out [r, r]
+    with p = 24 (generator seed 2). The first k steps of a longer run are the run of k steps."""
+    steps = check_int("steps", steps, 0)
+    every = check_int("every", every, 1)
+    p, V = INDUCTION_TOY.n_ctx // 2, INDUCTION_TOY.d_vocab
+    torch.manual_seed(0)
+    model = GPT(INDUCTION_TOY)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g_train = torch.Generator().manual_seed(1)
+    probe = repeated_sequences(64, p, V, torch.Generator().manual_seed(2))  # (64, 2p) held out
+    curve = []
+    for step in range(steps + 1):
+        if step % every == 0 or step == steps:
+            curve.append((step, *induction_toy_halves(model, probe)))
+        if step == steps:
+            break
+        period = int(torch.randint(4, p + 1, (), generator=g_train))  # new every step
+        x = repeated_sequences(64, period, V, g_train, total=2 * p + 1)  # (64, 2p+1)
+        loss = F.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model, curve
+
+
+def save_induction_toy(folder, model: GPT, curve: list) -> Path:
+    """Write ``folder/model.safetensors`` and ``folder/curve.json`` (the curve and the weights'
+    sha256, so that a pair that does not belong together is refused), each atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = model.save(folder / "model.safetensors")
+    record = {
+        "weights_sha256": read_fields(weights)["sha256"],
+        "curve": [[int(s), float(a), float(b)] for s, a, b in curve],
+    }
+    return atomic_write(folder / "curve.json", json.dumps(record, allow_nan=False) + "\n")
+
+
+def load_induction_toy(folder) -> tuple[GPT, list[tuple[int, float, float]]]:
+    """The model and curve :func:`save_induction_toy` wrote; a damaged or mismatched file raises
+    ``ValueError`` naming it."""
+    folder = Path(folder)
+    hint = "run scripts/induction_toy.py"
+    weights = check_file(folder / "model.safetensors", "weights", hint=hint)
+    source = check_file(folder / "curve.json", "curve", hint=hint)
+    try:
+        record = json.loads(source.read_text())
+        rows = [(int(s), float(a), float(b)) for s, a, b in record["curve"]]
+        sha = record["weights_sha256"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{source}: not an induction-toy curve ({e!r})") from None
+    steps = [s for s, _, _ in rows]
+    if not rows or steps != sorted(set(steps)) or not all(map(math.isfinite, sum(rows, ()))):
+        raise ValueError(f"{source}: curve must be increasing steps with finite losses")
+    model = GPT.load(weights)
+    if read_fields(weights)["sha256"] != sha:
+        raise ValueError(f"{source}: weights_sha256 does not match {weights}")
+    if model.config != INDUCTION_TOY:
+        raise ValueError(f"{weights}: config is not INDUCTION_TOY")
+    model.eval()
+    return model, rows

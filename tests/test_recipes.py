@@ -10,7 +10,17 @@ import torch
 
 from gptlib.data import load_corpus, train_val_split
 from gptlib.model import GPT, GPTConfig
-from gptlib.recipes import DOCUMENTATION_RUN, PRESETS, RunConfig, samples, train_run
+from gptlib.recipes import (
+    DOCUMENTATION_RUN,
+    INDUCTION_TOY,
+    PRESETS,
+    RunConfig,
+    load_induction_toy,
+    samples,
+    save_induction_toy,
+    train_induction_toy,
+    train_run,
+)
 from gptlib.tokenizers import BPETokenizer
 from gptlib.trainer import TrainConfig
 from gptlib.training import WindowsLoss
@@ -101,3 +111,44 @@ def test_run_configs_and_samples_check_their_arguments():
             samples(model, tok, **kwargs)
     model.cpu = model.to = lambda *a, **k: pytest.fail("samples() moved the caller's model")
     assert len(samples(model, tok, n_tokens=2)) == 3 and model.training  # its mode is kept too
+
+
+def test_the_induction_toys_first_steps_are_the_stored_runs():
+    # the stored run is train_induction_toy() in full; its first 10 steps, rerun, give its first
+    # two points to the chapter's 1e-4 nats (other kernels sum in other orders)
+    toy, curve = load_induction_toy(MODELS / "induction_toy")
+    assert toy.config == INDUCTION_TOY and [s for s, _, _ in curve] == list(range(0, 501, 10))
+    _, live = train_induction_toy(steps=10)
+    assert [s for s, _, _ in live] == [0, 10]
+    for r, q in zip(live, curve):
+        assert r[0] == q[0] and max(abs(a - b) for a, b in zip(r[1:], q[1:])) <= 1e-4
+    assert live[-1][2] < live[0][2]  # the repeated half has started to fall
+    with pytest.raises(ValueError, match="steps"):
+        train_induction_toy(steps=-1)
+    with pytest.raises(ValueError, match="every"):
+        train_induction_toy(every=0)
+
+
+def test_a_stored_induction_toy_is_checked_naming_the_file(tmp_path):
+    toy, curve = load_induction_toy(MODELS / "induction_toy")
+    save_induction_toy(tmp_path, toy, curve[:3])
+    again, rows = load_induction_toy(tmp_path)
+    assert rows == curve[:3]
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), toy.parameters()))
+    record = json.loads((tmp_path / "curve.json").read_text())
+    (tmp_path / "curve.json").write_text("{not json")
+    with pytest.raises(ValueError, match="curve.json"):
+        load_induction_toy(tmp_path)
+    (tmp_path / "curve.json").write_text(json.dumps({**record, "weights_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="curve.json.*model.safetensors"):
+        load_induction_toy(tmp_path)
+    (tmp_path / "curve.json").write_text(json.dumps({**record, "curve": [[10, 1, 1], [0, 1, 1]]}))
+    with pytest.raises(ValueError, match="curve.json"):
+        load_induction_toy(tmp_path)
+    (tmp_path / "curve.json").write_text(json.dumps(record))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_induction_toy(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="induction_toy.py"):
+        load_induction_toy(tmp_path)
