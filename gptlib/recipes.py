@@ -33,11 +33,24 @@ from .data import (
     token_byte_lengths,
     train_val_split,
 )
-from .files import read_fields
+from .files import model_fields, model_tensors, read_fields, read_file, save_model, write_file
 from .lora import LoRA, attention_mlp_targets
 from .mla import mla_model
 from .model import GPT, GPTConfig
 from .modern import ModernConfig, ModernGPT
+from .rlhf import (
+    RewardModel,
+    dpo,
+    ppo,
+    preference_pairs,
+    reference_logprobs,
+    response_mask,
+    sample_responses,
+    sequence_logprob,
+    sft,
+    train_reward_model,
+)
+from .rlhf.toy_task import SentenceTask
 from .runtime import atomic_write, check_file, check_float, check_int, seed_everything
 from .sampling import generate
 from .tokenizers import BPETokenizer
@@ -65,6 +78,11 @@ __all__ = [
     "train_induction_toy",
     "save_induction_toy",
     "load_induction_toy",
+    "RLHF_STEPS",
+    "RLHFRuns",
+    "train_rlhf_runs",
+    "save_rlhf_runs",
+    "load_rlhf_runs",
 ]
 
 
@@ -522,3 +540,185 @@ def load_induction_toy(folder) -> tuple[GPT, list[tuple[int, float, float]]]:
         raise ValueError(f"{weights}: config is not INDUCTION_TOY")
     model.eval()
     return model, rows
+
+
+# --- Chapter 9's fine-tuning runs: SFT, the reward model, PPO and DPO, stored --------------------
+RLHF_STEPS = {"sft": 20, "reward_model": 16, "ppo": 12, "dpo": 20}
+"""The length of each of Chapter 9's runs, in optimiser steps (PPO: in sampled batches)."""
+_RLHF_FILES = ("sft", "reward_model", "ppo", "dpo", "pairs")  # models/rlhf/NAME.safetensors
+
+
+@dataclass(frozen=True, eq=False)
+class RLHFRuns:
+    """Chapter 9's runs (:func:`train_rlhf_runs`): the four trained models, the data made between
+    them, the curve of every run (``curves``: ``"sft"``, ``"reward_model"`` and ``"dpo"`` the
+    loss of each step, ``"ppo"`` the per-step ``judged``, ``reward`` and ``kl`` of
+    :func:`gptlib.rlhf.ppo`) and ``heldout``: -log pi(Y | X) of each of the 256 held-out
+    demonstrations under ``"pretrained"`` (the base model) and ``"sft"``."""
+
+    sft: GPT
+    reward_model: RewardModel
+    ppo: GPT
+    dpo: GPT
+    samples: torch.Tensor  # (128 K, P + |Y|): SFT's K = 4 responses to the first 128 prompts
+    ref_w: torch.Tensor  # (n_train,) float32: log pi_SFT(Y_w | X) of the training pairs
+    ref_l: torch.Tensor  # (n_train,) float32: log pi_SFT(Y_l | X)
+    curves: dict
+    heldout: dict
+
+
+def train_rlhf_runs(base: GPT, task: SentenceTask) -> RLHFRuns:
+    """Chapter 9's pipeline, with the chapter's arguments, from ``base`` (the English model without
+    dropout) on ``task`` (``sentence_task(..., n_train=500, n_eval=100, seed=0)``): SFT on the
+    demonstrations (the openings the labeller scores 1, less 256 held out by seed 2), K = 4
+    responses of SFT to the first 128 training prompts (seed 3) ranked into pairs, 80% of them
+    training the reward model, PPO with GRPO's advantage at beta = 0.1 (seed 5) and DPO at
+    beta = 0.1 (seed 6), each for :data:`RLHF_STEPS` steps. The first k steps of a run are the run
+    of k steps."""
+    P, Y_len = task.prompt_len, task.response_len
+    demos = task.openings[task.judged(task.openings) == 1.0]
+    perm = torch.randperm(len(demos), generator=torch.Generator().manual_seed(2))
+    policy_sft, sft_losses = sft(
+        base, demos[perm[256:]], P, steps=RLHF_STEPS["sft"], lr=5e-5, seed=2
+    )
+    g = torch.Generator().manual_seed(3)
+    samples = sample_responses(policy_sft, task.train_prompts[:128], Y_len, 4, g)
+    Yw, Yl = preference_pairs(samples, task.judged(samples).view(128, 4))
+    n_train = int(0.8 * len(Yw))
+    rm, rm_losses = train_reward_model(
+        policy_sft,
+        Yw[:n_train],
+        Yl[:n_train],
+        steps=RLHF_STEPS["reward_model"],
+        lr=6e-4,
+        seed=4,
+        batch_size=16,
+    )
+    steps = RLHF_STEPS["ppo"]
+    policy_ppo, history = ppo(
+        policy_sft, rm, task.train_prompts, Y_len, 0.1, steps, seed=5, judge=task.judged
+    )
+    ref_w, ref_l = reference_logprobs(policy_sft, Yw[:n_train], Yl[:n_train], P)
+    policy_dpo, dpo_losses = dpo(
+        policy_sft,
+        Yw[:n_train],
+        Yl[:n_train],
+        P,
+        beta=0.1,
+        steps=RLHF_STEPS["dpo"],
+        seed=6,
+        batch_size=8,
+        ref_logprobs=(ref_w, ref_l),
+    )
+    curves = {"sft": sft_losses, "reward_model": rm_losses, "ppo": history, "dpo": dpo_losses}
+    held = demos[perm[:256]]  # (256, P + |Y|): demonstrations that SFT never sees
+    with torch.no_grad():
+        heldout = {
+            name: (-sequence_logprob(m, held, response_mask(held, P))).tolist()
+            for name, m in (("pretrained", base), ("sft", policy_sft))
+        }
+    return RLHFRuns(policy_sft, rm, policy_ppo, policy_dpo, samples, ref_w, ref_l, curves, heldout)
+
+
+def save_rlhf_runs(folder, runs: RLHFRuns) -> Path:
+    """Write ``folder/{sft,reward_model,ppo,dpo}.safetensors`` (float32, as trained),
+    ``folder/pairs.safetensors`` (the samples and the reference's log-probabilities of the
+    training pairs) and ``folder/curves.json`` (every run's curve and each file's sha256, so that
+    files that do not belong together are refused), each atomically; returns the JSON file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rm = runs.reward_model
+    head = {"head/w_r": rm.w_r, "head/b_r": rm.b_r}
+    written = {
+        "sft": save_model(runs.sft, folder / "sft.safetensors"),
+        "reward_model": write_file(
+            folder / "reward_model.safetensors",
+            {**model_tensors(rm.backbone), **head},
+            model_fields(rm.backbone),
+        ),
+        "ppo": save_model(runs.ppo, folder / "ppo.safetensors"),
+        "dpo": save_model(runs.dpo, folder / "dpo.safetensors"),
+        "pairs": write_file(
+            folder / "pairs.safetensors",
+            {"samples": runs.samples, "ref_w": runs.ref_w, "ref_l": runs.ref_l},
+            {},
+        ),
+    }
+    record = {
+        "sha256": {k: read_fields(f)["sha256"] for k, f in written.items()},
+        "curves": runs.curves,
+        "heldout": runs.heldout,
+    }
+    text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+    return atomic_write(folder / "curves.json", text)
+
+
+def _curve(values, name: str, source: Path) -> list[float]:
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+    ):
+        raise ValueError(f"{source}: curve {name!r} must be a non-empty list of finite numbers")
+    return [float(v) for v in values]
+
+
+def load_rlhf_runs(folder, config: GPTConfig) -> RLHFRuns:
+    """The runs :func:`save_rlhf_runs` wrote, their models of shape ``config`` (the English model
+    without dropout) in eval mode; a missing, damaged or mismatched file raises naming it."""
+    folder = Path(folder)
+    hint = "run scripts/rlhf_runs.py"
+    files = {k: check_file(folder / f"{k}.safetensors", k, hint=hint) for k in _RLHF_FILES}
+    source = check_file(folder / "curves.json", "curves", hint=hint)
+    try:
+        record = json.loads(source.read_text())
+        sha, raw = dict(record["sha256"]), dict(record["curves"])
+        ppo_raw, held_raw = dict(raw["ppo"]), dict(record["heldout"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{source}: not a record of Chapter 9's runs ({e!r})") from None
+    curves = {k: _curve(raw.get(k), k, source) for k in ("sft", "reward_model", "dpo")}
+    curves["ppo"] = {
+        k: _curve(ppo_raw.get(k), f"ppo/{k}", source) for k in ("judged", "reward", "kl")
+    }
+    for name, n in RLHF_STEPS.items():
+        lengths = [len(c) for c in (curves[name].values() if name == "ppo" else [curves[name]])]
+        if lengths != [n] * len(lengths):
+            raise ValueError(f"{source}: curve {name!r} must have {n} steps, got {lengths}")
+    heldout = {k: _curve(held_raw.get(k), f"heldout/{k}", source) for k in ("pretrained", "sft")}
+    if len(heldout["pretrained"]) != len(heldout["sft"]):
+        raise ValueError(f"{source}: the two heldout lists must have one value per demonstration")
+    for name, file in files.items():
+        if read_fields(file)["sha256"] != sha.get(name):
+            raise ValueError(f"{source}: sha256 of {name!r} does not match {file}")
+    models = {}
+    for name in ("sft", "reward_model", "ppo", "dpo"):
+        model = GPT.load(files[name])
+        if model.config != config:
+            raise ValueError(f"{files[name]}: config is {model.config}, expected {config}")
+        models[name] = model.eval()
+    head = read_file(files["reward_model"])[0]
+    rm = RewardModel(models["reward_model"])
+    with torch.no_grad():
+        for name in ("w_r", "b_r"):
+            want = getattr(rm, name)
+            got = head.get(f"head/{name}")
+            if got is None or got.shape != want.shape or not torch.isfinite(got).all():
+                raise ValueError(f"{files['reward_model']}: tensor 'head/{name}' is missing or bad")
+            want.copy_(got)
+    pairs = read_file(files["pairs"])[0]
+    if set(pairs) != {"samples", "ref_w", "ref_l"} or pairs["ref_w"].shape != pairs["ref_l"].shape:
+        raise ValueError(f"{files['pairs']}: must hold samples, ref_w and ref_l of one shape")
+    samples = pairs["samples"]
+    if samples.dim() != 2 or int(samples.min()) < 0 or int(samples.max()) >= config.d_vocab:
+        raise ValueError(f"{files['pairs']}: samples must be (n, T) token ids of the model")
+    return RLHFRuns(
+        models["sft"],
+        rm.eval(),
+        models["ppo"],
+        models["dpo"],
+        samples,
+        pairs["ref_w"],
+        pairs["ref_l"],
+        curves,
+        heldout,
+    )
