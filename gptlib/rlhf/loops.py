@@ -313,31 +313,24 @@ def reference_logprobs(
     return sequence_logprob(ref, chosen, mw), sequence_logprob(ref, rejected, ml)
 
 
-@torch.no_grad()
 def kl_to(policy, ref, prompts: Tensor, response_len: int, seed: int = 1) -> float:
-    """Monte Carlo KL(policy || ref) per response: one sampled response per prompt,
-    seeded.
-
-    The mean over prompts of log policy(Y|X) - log ref(Y|X) with Y drawn from
-    ``policy``; 0 for ``ref = policy``.
-    """
-    ids = sample_responses(
-        policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
-    )  # (n, T)
-    m = response_mask(ids, prompts.shape[1])[:, 1:]  # (n, T - 1)
-    lp, lp_ref = token_logprobs(policy(ids), ids), token_logprobs(ref(ids), ids)
-    return float(((lp - lp_ref) * m).sum(dim=-1).mean())
+    """Monte Carlo KL(policy || ref) per response: the mean over one sampled response per prompt
+    (seeded) of log policy(Y|X) - log ref(Y|X), Y drawn from ``policy`` (the estimator k1);
+    0 for ``ref = policy``. ``evaluate_policy(...).kl``, without the judge."""
+    return evaluate_policy(policy, ref, prompts, response_len, _no_judge, seed).kl
 
 
 def judged_score(
     policy, prompts: Tensor, response_len: int, judge: Callable[[Tensor], Tensor], seed: int = 1
 ) -> float:
-    """The mean of ``judge`` over one sampled response per prompt (the same samples as
-    :func:`kl_to`'s; :func:`evaluate_policy` draws them once for both)."""
-    ids = sample_responses(
-        policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
-    )  # (n, T)
-    return float(judge(ids).mean())
+    """The mean of ``judge`` over one sampled response per prompt (seeded): the samples of
+    :func:`kl_to` for the same ``seed``. ``evaluate_policy(...).score``, without a reference."""
+    return evaluate_policy(policy, None, prompts, response_len, judge, seed).score
+
+
+def _no_judge(ids: Tensor) -> Tensor:
+    """A judge that scores nothing (every response 0), for :func:`kl_to`."""
+    return torch.zeros(len(ids))
 
 
 @dataclass(frozen=True, eq=False)
@@ -355,13 +348,13 @@ class Evaluation:
 
     @property
     def score(self) -> float:
-        """The mean judged score: :func:`judged_score` on the same samples."""
+        """The mean judged score (:func:`judged_score`)."""
         return float(self.judged.mean())
 
     @property
     def kl(self) -> float:
         """The Monte Carlo KL(policy || ref) per response, the mean of the summed log-ratios
-        (the estimator k1): :func:`kl_to` on the same samples."""
+        (the estimator k1, :func:`kl_to`)."""
         if self.log_ratio is None:
             raise ValueError("this evaluation has no reference: pass ref to evaluate_policy")
         return float(self.log_ratio.sum(dim=1).mean())
@@ -376,14 +369,14 @@ def evaluate_policy(
     judge: Callable[[Tensor], Tensor],
     seed: int = 1,
 ) -> Evaluation:
-    """Draw one response per prompt from ``policy`` once (the samples of :func:`judged_score`
-    and :func:`kl_to` for the same ``seed``) and measure everything on them: the judged scores
+    """Draw one response per prompt from ``policy`` once (seeded with ``seed``) and measure
+    everything on them: the judged scores
     and, if ``ref`` is not ``None``, one scoring pass of each model giving the log-ratio of
     every sampled response token and the exact KL between the two next-token distributions at
     every response prefix (float64, from the two softmaxes).
 
-    prompts: (n, P). ``Evaluation.score`` and ``Evaluation.kl`` are :func:`judged_score` and
-    :func:`kl_to` (up to float32 rounding) at the cost of one sampling instead of two.
+    prompts: (n, P). :func:`judged_score` and :func:`kl_to` are ``Evaluation.score`` and
+    ``Evaluation.kl`` of this function.
     """
     ids = sample_responses(
         policy, prompts, response_len, 1, torch.Generator().manual_seed(seed)
