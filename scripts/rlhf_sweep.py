@@ -1,19 +1,20 @@
 """Chapter 9's PPO and DPO over several KL weights beta and seeds, precomputed (the chapter reads
 the JSON).
 
-The sweep repeats the chapter's set-up with the same gptlib functions and arguments (the English
-model without dropout, the toy task of ``gptlib.rlhf.toy_task``, SFT, the ranked pairs, the reward
-model) and then runs, for each seed, ``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for
-each beta of ``--betas``, with RLOO's leave-one-out baseline for each of ``--rloo-betas``, and
-``gptlib.rlhf.dpo`` on the ranked pairs for each of ``--dpo-betas``, measuring each policy as the
-chapter does (``gptlib.rlhf.evaluate_policy``: the judged score and the KL to SFT of ``kl_to`` on
-one set of samples of the evaluation prompts; for DPO also
-the mean log-ratios to SFT of the training pairs, which the chapter reads). The reference's
-log-probabilities of the pairs are computed once and shared by every DPO run, as the chapter shares
-them. It sets one torch thread, as the chapter does: the page runs PPO (GRPO's baseline) at
-beta = 0.1 with seed 5 and DPO at beta = 0.1 with seed 6 itself, checks that each is the stored run
-(the same judged scores, every step's statistics within 1e-3: not the bits, which depend on the
-order in which the CPU's kernels add), and plots the stored beta = 0 run of seed 5.
+The sweep starts from the chapter's set-up (the English model without dropout, the toy task of
+``gptlib.rlhf.toy_task``) and from the SFT policy, the ranked pairs and the reward model that the
+chapter loads (``models/rlhf``, written by ``scripts/rlhf_runs.py``). For each seed it then runs
+``gptlib.rlhf.ppo`` with GRPO's group-normalised advantage for each beta of ``--betas``, with
+RLOO's leave-one-out baseline for each of ``--rloo-betas``, and ``gptlib.rlhf.dpo`` on the ranked
+pairs for each of ``--dpo-betas``, measuring each policy as the chapter does
+(``gptlib.rlhf.evaluate_policy``: the judged score and the KL to SFT on one set of samples of the
+evaluation prompts; for DPO also the mean log-ratios to SFT of the training pairs, which the
+chapter reads). The reference's log-probabilities of the pairs are computed once and shared by
+every DPO run. It sets one torch thread, as the chapter does. The page's PPO run (GRPO's baseline,
+beta = 0.1, seed 5) and DPO run (beta = 0.1, seed 6) are stored in full in ``models/rlhf``; the
+page checks that each is this sweep's run (the same judged scores, every step's statistics within
+1e-3: not the bits, which depend on the order in which the CPU's kernels add), and plots the
+sweep's beta = 0 run of seed 5.
 
     nice -n 10 python scripts/rlhf_sweep.py            # writes models/rlhf_sweep.json
     python scripts/rlhf_sweep.py --seeds 5 6 --betas 0 0.1 --rloo-betas 0.1 --dpo-betas 0.1 --out
@@ -23,61 +24,35 @@ order in which the CPU's kernels add), and plots the stored beta = 0 run of seed
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from gptlib import rlhf
-from gptlib.data import load_english
-from gptlib.model import GPT
-from gptlib.rlhf.toy_task import SentenceLabeller, sentence_task
+from gptlib.recipes import load_rlhf_runs
 from gptlib.runtime import atomic_write
-from gptlib.tokenizers import BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGLISH = ROOT / "models" / "english"
+sys.path.insert(0, str(ROOT / "scripts"))
+from rlhf_runs import chapter_base_and_task  # noqa: E402  (the chapter's base model and task)
 
 
 def chapter_setup() -> dict:
-    """The SFT policy, the reward model and the task, made as chapters/09_rlhf.ipynb makes them."""
+    """The task as chapters/09_rlhf.ipynb makes it, and the SFT policy, the reward model and the
+    training pairs it loads (:func:`gptlib.recipes.load_rlhf_runs`)."""
     torch.set_num_threads(1)
-    shipped = GPT.load(ENGLISH)
-    base = GPT(dataclasses.replace(shipped.config, dropout=0.0))
-    base.load_state_dict(shipped.state_dict())
-    base.eval()
-    tok = BPETokenizer.load(ENGLISH / "tokenizer.json")
-    train_text, val_text = load_english()
-    P, Y_len = 16, 16
-    task = sentence_task(
-        tok,
-        train_text,
-        val_text,
-        SentenceLabeller.from_text(train_text),
-        P,
-        Y_len,
-        n_train=500,
-        n_eval=100,
-        seed=0,
-    )
-    demos = task.openings[task.judged(task.openings) == 1.0]
-    perm = torch.randperm(len(demos), generator=torch.Generator().manual_seed(2))
-    policy_sft, _ = rlhf.sft(base, demos[perm[256:]], P, steps=20, lr=5e-5, seed=2)
-    K = 4
-    samples = rlhf.sample_responses(
-        policy_sft, task.train_prompts[:128], Y_len, K, torch.Generator().manual_seed(3)
-    )
-    Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(128, K))
+    base, task = chapter_base_and_task()
+    runs = load_rlhf_runs(ROOT / "models" / "rlhf", base.config)
+    samples = runs.samples
+    Yw, Yl = rlhf.preference_pairs(samples, task.judged(samples).view(-1, 4))
     n_train = int(0.8 * len(Yw))
-    rm, _ = rlhf.train_reward_model(
-        policy_sft, Yw[:n_train], Yl[:n_train], steps=16, lr=6e-4, seed=4, batch_size=16
-    )
     return {
         "task": task,
-        "policy_sft": policy_sft,
-        "rm": rm,
+        "policy_sft": runs.sft,
+        "rm": runs.reward_model,
         "chosen": Yw[:n_train],
         "rejected": Yl[:n_train],
     }
