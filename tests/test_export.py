@@ -149,6 +149,22 @@ def test_cached_steps_equal_the_full_forward_pass(tiny):
     torch.testing.assert_close(some, full[:, :, [6, 2]], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["gpt", "modern"])
+def test_the_step_reads_w_u_rows_tied_and_untied(family, tiny_gpt, tiny_modern):
+    """W_U_rows is W_E itself where W_U is tied to it, W_U^T otherwise; the step's logits and its
+    direct contributions' W_U[:, t] (the head's head_W_U) are the model's, tied or not."""
+    build = tiny_gpt if family == "gpt" else tiny_modern
+    for tied in (True, False):
+        model = build(n_layers=2, tie_weights=tied)
+        rows = model.W_U_rows
+        assert (rows is model.W_E) == tied and torch.equal(rows, model.W_U.T)
+        ids = IDS[:, :5]
+        heads = head_input(model, [(1, 0, 4, 7)])
+        out = step(model, ids, *step_inputs(model, targets=[7]), head=heads)
+        torch.testing.assert_close(out["logits"][0], model(ids)[0, -1], atol=1e-5, rtol=0)
+        assert torch.equal(out["head_W_U"][0], model.W_U[:, 7])
+
+
 @contextmanager
 def _scaled_head_outputs(model, scales: dict[tuple[int, int], float]):
     """Forward hooks on hook_pattern that multiply head h's pattern A_h in layer l by
