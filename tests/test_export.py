@@ -592,10 +592,12 @@ class TestTheTinyGGUF:
     def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(self, tmp_path, tiny_modern):
         """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
         (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
-        model's, bit for bit; the graph holds no unpacking and equals step()."""
+        model's, bit for bit; the graph holds no unpacking and, optimized ahead of time and loaded
+        with onnxruntime's optimizations off (as the page loads it), equals step()."""
         from onnx import helper, numpy_helper
         from test_gguf import write_gguf
 
+        from gptlib.export.graph import optimize_ahead
         from gptlib.export.q4 import store_gguf_blocks
         from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
 
@@ -613,9 +615,10 @@ class TestTheTinyGGUF:
         _check_external(data, tensors, blocks, model)
         args = (IDS, *step_inputs(model, [0, 1], [5, -1], queries=[0, 9]))
         got, want = (
-            _run(_external_session(data, tensors, blocks, tmp_path), args),
+            _run(_external_session(data, tensors, blocks, tmp_path, optimize=False), args),
             step(model, *args),
         )
+        assert any(n.domain == "com.microsoft" for n in onnx.load_from_string(data).graph.node)
         for k in OUTPUTS:
             np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
         # the float32 model the file was written from is not what its blocks hold
@@ -627,6 +630,8 @@ class TestTheTinyGGUF:
         ):
             store_gguf_blocks(graph, source, path, "t.weights")
         assert not _external(graph.SerializeToString())  # checked before the graph is changed
+        with pytest.raises(ValueError, match="level must be 'basic' or 'extended', got 'all'"):
+            optimize_ahead(graph, tensors, b"", "t.weights", level="all")
 
 
 # --- a hostile caller ---------------------------------------------------------------------------
@@ -666,9 +671,13 @@ def test_manifest_needs_the_models_vocabulary(english):
 # --- SmolLM2: the GGUF's own blocks in the graph ---------------------------------------------
 
 
-def _external_session(graph: bytes, tensors: list[dict], blocks: bytes, folder: Path):
+def _external_session(
+    graph: bytes, tensors: list[dict], blocks: bytes, folder: Path, optimize: bool = True
+):
     """An onnxruntime session on ``graph`` with its external-data file made from the blocks by
-    :func:`unpack_external` (what the page's q4.js makes), both written into ``folder``."""
+    :func:`unpack_external` (what the page's q4.js makes), both written into ``folder``;
+    ``optimize`` False: loaded with onnxruntime's optimizations off, as the page loads a graph
+    optimized ahead of time."""
     from gptlib.export.q4 import unpack_external
 
     location = {e.key: e.value for i in _external(graph) for e in i.external_data}["location"]
@@ -676,6 +685,8 @@ def _external_session(graph: bytes, tensors: list[dict], blocks: bytes, folder: 
     (folder / "graph.onnx").write_bytes(graph)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(
         str(folder / "graph.onnx"), opts, providers=["CPUExecutionProvider"]
     )

@@ -158,9 +158,11 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
   // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
   const weights = packed ? lazyWeights(packed, manifest.weights) : null;
+  // A graph optimized ahead of time (the export's optimize_ahead: SmolLM2's) is loaded as it is:
+  // optimizing it here took half of the session's creation, for a step no faster (bench/README).
   const options = {
     executionProviders: ["wasm"],
-    graphOptimizationLevel: "all",
+    graphOptimizationLevel: manifest.onnx.optimized ? "disabled" : "all",
     extra: { session: { disable_prepacking: "1" } },
   };
   if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
