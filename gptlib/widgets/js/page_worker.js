@@ -166,9 +166,10 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
     extra: { session: { disable_prepacking: "1" } },
   };
   if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
-  // One thread unless asked: threads need a cross-origin isolated page, and two measured slower
-  // than one on the 2-core machine the book is built on (onnxruntime-web 1.30 in node, a bare
-  // SmolLM2 step at 200 tokens 821-868 ms against 478-558 ms, under load).
+  // One thread unless the page asks for more (page.js's liveThreads): threads need a cross-origin
+  // isolated page, and two measured slower than one on the 2-core machine the book is built on
+  // (onnxruntime-web 1.30 in node, a bare SmolLM2 step at 200 tokens 821-868 ms against
+  // 478-558 ms, under load).
   ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
@@ -199,7 +200,8 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   stepper = cacheStepper(ort, session, manifest);
   tokenizer = tok;
   const ms = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, Math.round(v)]));
-  return { phases: ms, threads };
+  // the threads onnxruntime-web runs: one where the page is not cross-origin isolated
+  return { phases: ms, threads: ort.env.wasm.numThreads };
 }
 
 async function handle(msg) {
