@@ -3,6 +3,7 @@ downloads, waits and holds.
 
     python bench/bench_live.py [--models english smollm2] [--repeats 15]
                                [--static _build/html/_static] [--context 200] [--no-browser]
+                               [--no-native] [--threads 1 2]
 
 Natively (`bench`): the HTML book's playground runs gptlib.export's step graph in onnxruntime-web
 (WebAssembly, one thread); Jupyter and Colab run gptlib.step.step in PyTorch. This measures,
@@ -24,18 +25,23 @@ cache at ``--context`` tokens (median of ``--repeats``), a greedy click with eve
 (the page's own time from the click to the text and views drawn), a token of "generate N"
 (drawing included), and the tab's memory once loaded: the
 JavaScript heap (performance.memory) and the resident memory of the page's renderer process (ps),
-which includes onnxruntime's WebAssembly memory. tests/test_browser_live.py prints the same
+which includes onnxruntime's WebAssembly memory, and the worker's parts of the start. With
+``--threads 1 2`` all of it once with each number of onnxruntime-web threads (more than one: the
+page served cross-origin isolated, as threads need). tests/test_browser_live.py prints the same
 budgets. Nothing is asserted (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import resource
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -198,13 +204,46 @@ def _browser_support():
     return module
 
 
-def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) -> dict:
+@contextlib.contextmanager
+def serve_isolated(directory: Path):
+    """Serve ``directory`` on a free local port, cross-origin isolated (the COOP and COEP headers
+    that onnxruntime-web's threads need: SharedArrayBuffer); yields its base address."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Isolated(SimpleHTTPRequestHandler):
+        def end_headers(self):
+            self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+            self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+            super().end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Isolated, directory=str(directory))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def in_browser(
+    static: Path, name: str, model, tok, ids: list[int], steps: int, threads: int = 1
+) -> dict:
+    """The model in Chromium with onnxruntime-web on ``threads`` threads (more than one: the page
+    served cross-origin isolated, page.js's liveThreads asked through window.__gptlibThreads)."""
     from playwright.sync_api import sync_playwright
 
     from gptlib.widgets import PlaygroundView
 
     support = _browser_support()
-    CHROMIUM, CHROMIUM_ARGS, serve = support.CHROMIUM, support.CHROMIUM_ARGS, support.serve
+    CHROMIUM, CHROMIUM_ARGS = support.CHROMIUM, support.CHROMIUM_ARGS
+    serve = support.serve if threads == 1 else serve_isolated
 
     view = PlaygroundView(
         model, tok, "Why is the sky blue?", chat=name != "english", source=f"live/{name}.json"
@@ -218,6 +257,7 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
             profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
         )
         ctx.add_init_script("window.__gptlibTest = true;")  # the views report what they draw
+        ctx.add_init_script(f"window.__gptlibThreads = {int(threads)};")
         sizes: list[tuple[str, int]] = []
         with serve(root) as url:
             page = ctx.new_page()
@@ -249,6 +289,9 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
             if error:
                 raise SystemExit(f"{name}: the page could not start the model: {error}")
             first = float(play.get_attribute("data-first-ms"))
+            started = page.evaluate(
+                "() => document.querySelector('.gptlib-play').__gptlib.backend.started || {}"
+            )
             downloaded = sum(k for u, k in sizes[n:] if "/live/" in u)
             times = page.evaluate(
                 "async ([ids, steps]) => {"
@@ -323,6 +366,8 @@ def in_browser(static: Path, name: str, model, tok, ids: list[int], steps: int) 
         "run_steps": run_steps,
         "heap_mb": heap / 1e6 if heap else None,
         "rss_mb": rss,
+        "threads": started.get("threads"),
+        "phases": started.get("phases", {}),
     }
 
 
@@ -333,10 +378,20 @@ def main() -> None:
     ap.add_argument("--static", type=Path, default=ROOT / "_build" / "html" / "_static")
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--no-native", action="store_true", help="Chromium's measurements only")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="onnxruntime-web's threads in Chromium, each measured in turn (e.g. 1 2); more than "
+        "one needs the page cross-origin isolated, which this bench's server makes it",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name in args.models:
-        bench(name, args.repeats)
+        if not args.no_native:
+            bench(name, args.repeats)
         if args.no_browser:
             continue
         if not (args.static / "live" / f"{name}.json").is_file():
@@ -344,27 +399,42 @@ def main() -> None:
             continue
         model, tok = load(name)
         ids = context_ids(model, tok, args.context + 1)
-        b = in_browser(args.static, name, model, tok, ids, args.repeats)
-        heap = f"{b['heap_mb']:.0f} MB" if b["heap_mb"] else "not given"
-        rss = f"{b['rss_mb']:.0f} MB" if b["rss_mb"] else "not found"
-        print(
-            f"{name} in Chromium: page {b['before_mb']:.2f} MB before starting; download on "
-            f"start {b['download_mb']:.1f} MB (budget {BUDGETS['download_mb']} MB); start to "
-            f"first token {b['first_s']:.1f} s in the page, {b['wall_first_s']:.1f} s seen here "
-            f"(budget {BUDGETS['first_s']} s); one step at {len(ids)} tokens with the cache "
-            f"{b['step_ms']:.0f} ms, bare (budget {BUDGETS['step_ms']} ms); a greedy click with "
-            f"every panel open {b['click_ms']:.0f} ms (median of {args.repeats}); generate "
-            f"{b['run_steps']} tokens: {b['run_ms']:.0f} ms a token, drawing included "
-            f"({1000 / b['run_ms']:.1f} tokens/s); the tab's JavaScript heap {heap}, its "
-            f"renderer's resident memory {rss}"
-        )
-        q = b["pair"]
-        print(
-            f"{name} in Chromium, back to back at {len(ids)} tokens (medians): a click's work in "
-            f"one step {q['one']:.0f} ms, in the two steps of before {q['two']:.0f} ms "
-            f"({q['two'] / q['one']:.2f}x); a run's token bare {q['bare']:.0f} ms, with its rows "
-            f"{q['rows']:.0f} ms ({q['rows'] / q['bare']:.2f}x)"
-        )
+        for threads in args.threads:
+            report(
+                name,
+                in_browser(args.static, name, model, tok, ids, args.repeats, threads),
+                ids,
+                args,
+            )
+
+
+def report(name: str, b: dict, ids: list[int], args) -> None:
+    """Print what in_browser measured."""
+    heap = f"{b['heap_mb']:.0f} MB" if b["heap_mb"] else "not given"
+    rss = f"{b['rss_mb']:.0f} MB" if b["rss_mb"] else "not found"
+    print(
+        f"{name} in Chromium: page {b['before_mb']:.2f} MB before starting; download on "
+        f"start {b['download_mb']:.1f} MB (budget {BUDGETS['download_mb']} MB); start to "
+        f"first token {b['first_s']:.1f} s in the page, {b['wall_first_s']:.1f} s seen here "
+        f"(budget {BUDGETS['first_s']} s); one step at {len(ids)} tokens with the cache "
+        f"{b['step_ms']:.0f} ms, bare (budget {BUDGETS['step_ms']} ms); a greedy click with "
+        f"every panel open {b['click_ms']:.0f} ms (median of {args.repeats}); generate "
+        f"{b['run_steps']} tokens: {b['run_ms']:.0f} ms a token, drawing included "
+        f"({1000 / b['run_ms']:.1f} tokens/s); the tab's JavaScript heap {heap}, its "
+        f"renderer's resident memory {rss}"
+    )
+    q = b["pair"]
+    print(
+        f"{name} in Chromium, back to back at {len(ids)} tokens (medians): a click's work in "
+        f"one step {q['one']:.0f} ms, in the two steps of before {q['two']:.0f} ms "
+        f"({q['two'] / q['one']:.2f}x); a run's token bare {q['bare']:.0f} ms, with its rows "
+        f"{q['rows']:.0f} ms ({q['rows'] / q['bare']:.2f}x)"
+    )
+    phases = ", ".join(f"{k} {v}" for k, v in b["phases"].items())
+    print(
+        f"{name} in Chromium: onnxruntime-web ran {b['threads']} thread(s); the worker's "
+        f"start (ms): {phases}"
+    )
 
 
 if __name__ == "__main__":

@@ -74,6 +74,18 @@ class GPT(nn.Module):
     def W_U(self) -> Tensor:
         return self.unembed.W_U
 
+    @property
+    def W_U_rows(self) -> Tensor:
+        """W_U^T (d_vocab, d_model) as the model holds it: the embedding W_E itself when W_U is
+        tied to it (no transposed copy), else the transpose of the parameter W_U.
+
+        >>> from gptlib.model import GPTConfig
+        >>> model = GPT(GPTConfig.preset("tiny"))
+        >>> model.W_U_rows is model.W_E, tuple(model.W_U_rows.shape) == tuple(model.W_U.T.shape)
+        (True, True)
+        """
+        return self.unembed.W_E if self.unembed.tied else self.unembed.W_U.T
+
     def num_parameters(self, exclude_positional: bool = False) -> int:
         """The number of trainable numbers; tied W_U = W_E^T is counted once."""
         seen, n = set(), 0

@@ -362,6 +362,17 @@ class ModernGPT(nn.Module):
         """The unembedding (d_model, d_vocab): W_E^T when the weights are tied."""
         return self.W_E.T if self.W_U_untied is None else self.W_U_untied
 
+    @property
+    def W_U_rows(self) -> Tensor:
+        """W_U^T (d_vocab, d_model) as the model holds it: the embedding W_E itself when the
+        weights are tied (no transposed copy), else the transpose of ``W_U_untied``.
+
+        >>> model = ModernGPT(ModernConfig.preset("tiny"))
+        >>> model.W_U_rows is model.W_E, tuple(model.W_U_rows.shape) == tuple(model.W_U.T.shape)
+        (True, True)
+        """
+        return self.W_E if self.W_U_untied is None else self.W_U_untied.T
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

@@ -97,21 +97,12 @@ def _ln_f_dual(model: nn.Module, W: Tensor, x_last: Tensor) -> Tensor:
     return (u - u.mean(dim=0, keepdim=True)) * scale
 
 
-def _vocab_rows(model: nn.Module) -> Tensor:
-    """W_U^T (d_vocab, d_model) as the model holds it: the embedding W_E itself where W_U is tied
-    to it (ModernGPT's ``tie_weights``, GPT's tied unembedding), else W_U transposed. The step
-    multiplies by these rows, so that its graph holds W_E once: given W_E^T, onnxruntime folds the
-    transpose into a second matrix of the vocabulary's size (113 MB for SmolLM2)."""
-    if isinstance(model, ModernGPT) and model.W_U_untied is None:
-        return model.W_E
-    tied = getattr(getattr(model, "unembed", None), "W_E", None)
-    return tied if tied is not None else model.W_U.T
-
-
 def _read_out(model: nn.Module, x: Tensor) -> Tensor:
     """ln_f(x) W_U for the rows x (n, d_model) -> (n, d_vocab), as (W_U^T ln_f(x)^T)^T: the
-    model's read_out, multiplied by W_E's rows where it is tied (see :func:`_vocab_rows`)."""
-    return (_vocab_rows(model) @ model.ln_f(x).T).T
+    model's read_out, multiplied by the rows ``model.W_U_rows`` (W_E itself where W_U is tied to
+    it), so that the graph holds W_E once: given W_E^T, onnxruntime folds the transpose into a
+    second matrix of the vocabulary's size (113 MB for SmolLM2)."""
+    return (model.W_U_rows @ model.ln_f(x).T).T
 
 
 def _step(
@@ -161,7 +152,7 @@ def _step(
     # A target -1 is the step's own most probable token (the argmax of its logits).
     top1 = logits[0].argmax().reshape(1)
     chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
-    W_t = _vocab_rows(model).index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
+    W_t = model.W_U_rows.index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
     u = _ln_f_dual(model, W_t, resid[-1])  # (d_model, m)
     W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
     W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
@@ -189,7 +180,7 @@ def _step(
         "head_W_O": W_Oh,  # (s, d_head, d_model)
         "head_ln_scale": frozen_scale(model.ln_f, X_L),  # (s,)
         "head_ln_w": model.ln_f.w[None].expand(s, -1).clone(),  # (s, d_model)
-        "head_W_U": _vocab_rows(model).index_select(0, tokens),  # (s, d_model)
+        "head_W_U": model.W_U_rows.index_select(0, tokens),  # (s, d_model)
     }
 
 

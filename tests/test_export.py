@@ -149,6 +149,22 @@ def test_cached_steps_equal_the_full_forward_pass(tiny):
     torch.testing.assert_close(some, full[:, :, [6, 2]], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["gpt", "modern"])
+def test_the_step_reads_w_u_rows_tied_and_untied(family, tiny_gpt, tiny_modern):
+    """W_U_rows is W_E itself where W_U is tied to it, W_U^T otherwise; the step's logits and its
+    direct contributions' W_U[:, t] (the head's head_W_U) are the model's, tied or not."""
+    build = tiny_gpt if family == "gpt" else tiny_modern
+    for tied in (True, False):
+        model = build(n_layers=2, tie_weights=tied)
+        rows = model.W_U_rows
+        assert (rows is model.W_E) == tied and torch.equal(rows, model.W_U.T)
+        ids = IDS[:, :5]
+        heads = head_input(model, [(1, 0, 4, 7)])
+        out = step(model, ids, *step_inputs(model, targets=[7]), head=heads)
+        torch.testing.assert_close(out["logits"][0], model(ids)[0, -1], atol=1e-5, rtol=0)
+        assert torch.equal(out["head_W_U"][0], model.W_U[:, 7])
+
+
 @contextmanager
 def _scaled_head_outputs(model, scales: dict[tuple[int, int], float]):
     """Forward hooks on hook_pattern that multiply head h's pattern A_h in layer l by
@@ -549,6 +565,8 @@ def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
     tok.save(src / "tokenizer.json")
     assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
     assert "wrote" in capsys.readouterr().out
+    # a graph the page optimizes itself (only SmolLM2's is optimized ahead of time)
+    assert json.loads((tmp_path / "out" / "t.json").read_text())["onnx"]["optimized"] is None
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "t.json",
         "t.onnx.0",
@@ -576,10 +594,12 @@ class TestTheTinyGGUF:
     def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(self, tmp_path, tiny_modern):
         """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
         (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
-        model's, bit for bit; the graph holds no unpacking and equals step()."""
+        model's, bit for bit; the graph holds no unpacking and, optimized ahead of time and loaded
+        with onnxruntime's optimizations off (as the page loads it), equals step()."""
         from onnx import helper, numpy_helper
         from test_gguf import write_gguf
 
+        from gptlib.export.graph import optimize_ahead
         from gptlib.export.q4 import store_gguf_blocks
         from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
 
@@ -597,9 +617,10 @@ class TestTheTinyGGUF:
         _check_external(data, tensors, blocks, model)
         args = (IDS, *step_inputs(model, [0, 1], [5, -1], queries=[0, 9]))
         got, want = (
-            _run(_external_session(data, tensors, blocks, tmp_path), args),
+            _run(_external_session(data, tensors, blocks, tmp_path, optimize=False), args),
             step(model, *args),
         )
+        assert any(n.domain == "com.microsoft" for n in onnx.load_from_string(data).graph.node)
         for k in OUTPUTS:
             np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
         # the float32 model the file was written from is not what its blocks hold
@@ -611,6 +632,8 @@ class TestTheTinyGGUF:
         ):
             store_gguf_blocks(graph, source, path, "t.weights")
         assert not _external(graph.SerializeToString())  # checked before the graph is changed
+        with pytest.raises(ValueError, match="level must be 'basic' or 'extended', got 'all'"):
+            optimize_ahead(graph, tensors, b"", "t.weights", level="all")
 
 
 # --- a hostile caller ---------------------------------------------------------------------------
@@ -650,9 +673,13 @@ def test_manifest_needs_the_models_vocabulary(english):
 # --- SmolLM2: the GGUF's own blocks in the graph ---------------------------------------------
 
 
-def _external_session(graph: bytes, tensors: list[dict], blocks: bytes, folder: Path):
+def _external_session(
+    graph: bytes, tensors: list[dict], blocks: bytes, folder: Path, optimize: bool = True
+):
     """An onnxruntime session on ``graph`` with its external-data file made from the blocks by
-    :func:`unpack_external` (what the page's q4.js makes), both written into ``folder``."""
+    :func:`unpack_external` (what the page's q4.js makes), both written into ``folder``;
+    ``optimize`` False: loaded with onnxruntime's optimizations off, as the page loads a graph
+    optimized ahead of time."""
     from gptlib.export.q4 import unpack_external
 
     location = {e.key: e.value for i in _external(graph) for e in i.external_data}["location"]
@@ -660,6 +687,8 @@ def _external_session(graph: bytes, tensors: list[dict], blocks: bytes, folder: 
     (folder / "graph.onnx").write_bytes(graph)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(
         str(folder / "graph.onnx"), opts, providers=["CPUExecutionProvider"]
     )
@@ -723,10 +752,12 @@ def smollm2_files():
 @pytest.fixture(scope="module")
 def smollm2_session(smollm2_files, tmp_path_factory):
     """The one onnxruntime session on SmolLM2's graph, its external weights unpacked from the
-    blocks as the page unpacks them, shared by the tests that run it."""
+    blocks as the page unpacks them, loaded as the page loads it (optimized ahead of time, so
+    with onnxruntime's optimizations off), shared by the tests that run it."""
     info, graph, blocks = smollm2_files
     folder = tmp_path_factory.mktemp("smollm2")
-    return _external_session(graph, info["weights"]["tensors"], blocks, folder)
+    assert info["onnx"]["optimized"] == "extended"
+    return _external_session(graph, info["weights"]["tensors"], blocks, folder, optimize=False)
 
 
 @pytest.mark.browser

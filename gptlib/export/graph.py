@@ -1,13 +1,15 @@
 """The live step as an ONNX graph: ``torch.onnx.export`` of :func:`gptlib.step.step` for a model,
 its weights stored as float16 where float16 holds them exactly (:func:`to_onnx`), or (SmolLM2,
 :func:`to_onnx_gguf`) its quantized weights as float32 initializers in an external-data file that
-the page makes from the GGUF's own Q4_1 and Q8_0 blocks (:mod:`gptlib.export.q4`). The bytes are
-deterministic (no stack traces or other export metadata).
+the page makes from the GGUF's own Q4_1 and Q8_0 blocks (:mod:`gptlib.export.q4`), optimized by
+onnxruntime ahead of time (:func:`optimize_ahead`). The bytes are deterministic (no stack traces or
+other export metadata).
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -20,7 +22,12 @@ from ..modern import ModernGPT
 from ..runtime import check_finite_weights
 from ..step import INPUTS, OUTPUTS, _check_model, _shape, _step
 
-__all__ = ["to_onnx", "to_onnx_gguf"]
+__all__ = ["AHEAD", "to_onnx", "to_onnx_gguf", "optimize_ahead"]
+
+# onnxruntime's optimization level applied to SmolLM2's graph at export (:func:`optimize_ahead`),
+# which the page then loads with its optimizations off: "extended" rewrites the graph with
+# onnxruntime's own fused operators and no layout of a particular processor ("all" adds those)
+AHEAD = "extended"
 
 
 class _Step(nn.Module):
@@ -152,21 +159,101 @@ def to_onnx(model: GPT | ModernGPT) -> bytes:
     return proto.SerializeToString(deterministic=True)
 
 
+def _used_opsets(proto) -> None:
+    """Keep only the operator sets the graph's nodes use (onnxruntime lists every one it knows)."""
+    used = {""} | {node.domain for node in proto.graph.node}
+    kept = [o for o in proto.opset_import if o.domain in used]
+    del proto.opset_import[:]
+    proto.opset_import.extend(kept)
+
+
+# the most bytes of constants that onnxruntime's optimization may add to the graph itself: its
+# folded shapes and ranges; a weight folded into a new tensor would be tens of MB
+FOLDED_BYTES = 8_000_000
+
+
+def optimize_ahead(proto, tensors: list[dict], weights: bytes, location: str, level: str = AHEAD):
+    """``proto`` (a graph whose external initializers are ``tensors``, see
+    :func:`gptlib.export.q4.store_gguf_blocks`, their float32 bytes ``weights``) as onnxruntime
+    optimizes it at ``level`` ("basic" or "extended": no layout of a particular processor), so
+    that the page loads it with its own optimizations off (onnxruntime-web spends most of a
+    session's creation optimizing). The weights stay external initializers under the same names,
+    at the same places of ``location``, each checked to hold the same bytes; the constants the
+    optimization makes are stored in the graph. A ``ValueError`` says which weight the
+    optimization changed, folded away or replaced by a new tensor."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }
+    if level not in levels:
+        raise ValueError(f"level must be 'basic' or 'extended', got {level!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / location).write_bytes(weights)
+        (folder / "step.onnx").write_bytes(proto.SerializeToString())
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = levels[level]
+        opts.intra_op_num_threads = 1
+        opts.optimized_model_filepath = str(folder / "optimized.onnx")
+        entry = "session.optimized_model_external_initializers_"
+        opts.add_session_config_entry(entry + "file_name", "optimized.data")
+        opts.add_session_config_entry(entry + "min_size_in_bytes", "1")  # all, then sorted below
+        ort.InferenceSession(str(folder / "step.onnx"), opts, providers=["CPUExecutionProvider"])
+        out = onnx.load(folder / "optimized.onnx", load_external_data=False)
+        data = np.fromfile(folder / "optimized.data", np.uint8)
+    ours, seen, folded = {t["name"]: t for t in tensors}, set(), 0
+    for init in out.graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            continue
+        e = {x.key: x.value for x in init.external_data}
+        raw = data[int(e["offset"]) : int(e["offset"]) + int(e["length"])].tobytes()
+        del init.external_data[:]
+        t = ours.get(init.name)
+        if t is None:  # a constant of the optimization: into the graph
+            init.data_location = TensorProto.DEFAULT
+            init.raw_data = raw
+            folded += len(raw)
+            continue
+        if raw != weights[t["offset"] : t["offset"] + t["bytes"]]:
+            raise ValueError(f"onnxruntime's optimization at level {level!r} changed {t['name']}")
+        for key, value in (("location", location), ("offset", t["offset"]), ("length", t["bytes"])):
+            x = init.external_data.add()
+            x.key, x.value = key, str(value)
+        seen.add(init.name)
+    if seen != set(ours):
+        lost = ", ".join(sorted(set(ours) - seen))
+        raise ValueError(f"onnxruntime's optimization at level {level!r} folded away {lost}")
+    if folded > FOLDED_BYTES:
+        raise ValueError(
+            f"onnxruntime's optimization at level {level!r} made {folded:,} bytes of constants "
+            f"(at most {FOLDED_BYTES:,}): it folded a weight into a new tensor"
+        )
+    _used_opsets(out)
+    _strip_metadata(out)
+    return out
+
+
 def to_onnx_gguf(
     model: ModernGPT, gguf: str | Path, location: str
 ) -> tuple[bytes, list[dict], bytes]:
     """The graph of :func:`to_onnx` for a model read from the GGUF file ``gguf`` (SmolLM2), its
     quantized weights float32 initializers stored in the external-data file ``location``, which
     the page unpacks from the file's own blocks (:func:`gptlib.export.q4.store_gguf_blocks`, which
-    checks that they are the model's weights bit for bit). Returns (the graph's bytes, the table
-    of external tensors, the blocks); :func:`gptlib.export.q4.unpack_external` makes the file."""
+    checks that they are the model's weights bit for bit), optimized ahead of time at level
+    :data:`AHEAD` (:func:`optimize_ahead`). Returns (the graph's bytes, the table of external
+    tensors, the blocks); :func:`gptlib.export.q4.unpack_external` makes the file."""
     import onnx
 
-    from .q4 import store_gguf_blocks
+    from .q4 import store_gguf_blocks, unpack_external
 
     _check_model(model)
     check_finite_weights(model)
     proto = _export_proto(model)
     onnx.checker.check_model(proto)  # before: the checker opens external files, never written
     tensors, blocks = store_gguf_blocks(proto.graph, model, gguf, location)
+    proto = optimize_ahead(proto, tensors, unpack_external(blocks, tensors), location)
     return proto.SerializeToString(deterministic=True), tensors, blocks

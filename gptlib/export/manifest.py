@@ -85,6 +85,7 @@ def manifest(
     onnx_pieces: list[bytes],
     tokenizer_bytes: bytes,
     blocks: tuple[list[dict], list[bytes]] | None = None,
+    optimized: str | None = None,
 ) -> dict:
     """What the page reads first (format ``gptlib-live`` version 5): the model's shape (with what
     the head view needs: RoPE's base, whether ln_f centres, whether attention has biases), the files
@@ -92,7 +93,9 @@ def manifest(
     ``blocks``: for a graph whose quantized weights are external (:func:`to_onnx_gguf`), their
     table and the pieces of the blocks; the manifest's ``weights`` then says which files hold
     the blocks and where each tensor goes in the external-data file ``<name>.weights``, which
-    the page makes (:func:`gptlib.export.q4.unpack_external`); None otherwise."""
+    the page makes (:func:`gptlib.export.q4.unpack_external`); None otherwise. ``optimized``:
+    the onnxruntime level the graph was optimized at ahead of time (:func:`optimize_ahead`; the
+    page then loads it with its optimizations off), None for a graph the page optimizes."""
     _check_model(model)
     L, H, n_kv, d_head, V, n_ctx = _shape(model)
     if tokenizer.vocab_size != V:
@@ -145,6 +148,7 @@ def manifest(
             ],
             "bytes": len(whole),
             "sha256": digest(whole),
+            "optimized": optimized,
         },
         "tokenizer": {
             "file": f"{name}.tokenizer.json",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..model import GPT
 from ..runtime import atomic_write
-from .graph import to_onnx, to_onnx_gguf
+from .graph import AHEAD, to_onnx, to_onnx_gguf
 from .manifest import manifest
 from .tokenizer import gguf_tokenizer_json, tokenizer_json
 
@@ -61,6 +61,7 @@ def _write(
     onnx_bytes: bytes,
     tok: dict,
     external: tuple[list[dict], bytes] | None = None,
+    optimized: str | None = None,
 ) -> list[Path]:
     """Write the pieces (of the graph, and of the blocks of ``external``: its table and blocks),
     the tokenizer.json and, last, the manifest (each atomically); remove pieces of an earlier
@@ -68,7 +69,7 @@ def _write(
     tok_bytes = (json.dumps(tok, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
     parts = pieces(onnx_bytes)
     blocks = None if external is None else (external[0], pieces(external[1]))
-    info = manifest(model, tokenizer, name, parts, tok_bytes, blocks)
+    info = manifest(model, tokenizer, name, parts, tok_bytes, blocks, optimized)
     written = _write_pieces(out_dir, f"{name}.onnx", info["onnx"]["pieces"], parts)
     listed = info["weights"]["blocks"]["pieces"] if blocks else []
     written += _write_pieces(out_dir, f"{name}.blocks", listed, blocks[1] if blocks else [])
@@ -101,7 +102,8 @@ def export_smollm2(out_dir: str | Path, name: str = "smollm2") -> list[Path]:
     """Write ``<name>.onnx.0``, ``<name>.blocks.0``, ``.1``, ..., ``<name>.tokenizer.json`` and
     ``<name>.json`` for SmolLM2-135M-Instruct from the cache that ``make smollm2`` fills: the model
     of :func:`gptlib.gguf.load_smollm2`, its quantized weights the GGUF's own blocks, which the
-    page unpacks into the graph's external data (``<name>.weights``, never written)."""
+    page unpacks into the graph's external data (``<name>.weights``, never written); the graph
+    optimized ahead of time (:func:`gptlib.export.graph.optimize_ahead`)."""
     from ..assets import asset_path
     from ..gguf import ASSET, load_smollm2
 
@@ -109,4 +111,5 @@ def export_smollm2(out_dir: str | Path, name: str = "smollm2") -> list[Path]:
     model, tokenizer = load_smollm2()
     onnx_bytes, tensors, blocks = to_onnx_gguf(model, asset_path(ASSET), f"{name}.weights")
     tok = gguf_tokenizer_json(tokenizer)
-    return _write(Path(out_dir), name, model, tokenizer, onnx_bytes, tok, (tensors, blocks))
+    external = (tensors, blocks)
+    return _write(Path(out_dir), name, model, tokenizer, onnx_bytes, tok, external, AHEAD)

@@ -367,6 +367,8 @@ export function attentionPanel(root, state) {
     scores = [], // the data's scores and the entropy of the last rows
     shown = null, // the head in the detail: [layer, head]
     pal = palette(STOPS), // the colour scales on the page's background (scaleOn)
+    themeRead = false, // pal read on the page (getComputedStyle, up the tree): once, then on a change
+    built = "", // the labels the overview's cells were made for
     drawnWidth = 0; // the width the heatmap was sized for
   const grid = headGrid({
     preview: (l, h) => drawDetail(...(l === null ? state.get() : [l, h])),
@@ -430,20 +432,27 @@ export function attentionPanel(root, state) {
   // The scale follows the page's background (read again when the theme changes).
   function theme() {
     pal = paletteOn(root, pal);
+    themeRead = root.isConnected; // a root not yet in the page has no background to read
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
 
   function update(next) {
     data = next;
-    theme();
+    if (!themeRead) theme();
     v.title.textContent = data.title || "";
     v.title.style.display = data.title ? "" : "none";
-    setOptions(v.layerSel, data.layerLabels);
-    setOptions(v.headSel, data.headLabels);
+    // the selectors and the overview's cells are made again only for other labels (another
+    // model): a step of the same model repaints them
+    const labels = JSON.stringify([data.layerLabels, data.headLabels, data.groups || null]);
+    if (labels !== built) {
+      setOptions(v.layerSel, data.layerLabels);
+      setOptions(v.headSel, data.headLabels);
+      grid.build(data.layerLabels, data.headLabels, data.groups || null);
+      built = labels;
+    }
     ({ scores, note: v.window.textContent } = panelScores(data));
     setScores(v.colourSel, scores);
-    grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
@@ -455,7 +464,10 @@ export function attentionPanel(root, state) {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
-    themed: () => data && update(data),
+    themed: () => {
+      themeRead = false;
+      if (data) update(data);
+    },
   });
 
   return { update, select, redraw: drawHead };

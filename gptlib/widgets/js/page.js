@@ -117,6 +117,15 @@ function startWorker() {
 
 // The page's backend. `hooks`: progress(text, fraction or null); confirm(manifest) -> promise of
 // true to go on (asked before a download above CONFIRM_ABOVE bytes; false stops with a message).
+// onnxruntime-web's threads: one. Two measured slower than one on the 2-core machine the book is
+// built on (bench/bench_live.py --threads 1 2); a page may ask for more by setting
+// `window.__gptlibThreads` before the model starts (the bench does), which onnxruntime-web grants
+// only in a cross-origin isolated page (COOP and COEP headers), one thread otherwise.
+export function liveThreads() {
+  const n = globalThis.__gptlibThreads;
+  return Number.isInteger(n) && n >= 1 && n <= 16 ? n : 1;
+}
+
 // A device that cannot hold the model (backend.js's deviceRefusal) is told so before any download.
 export async function browserBackend(source, weightsSha, hooks) {
   const progress = hooks.progress || (() => {});
@@ -153,6 +162,7 @@ export async function browserBackend(source, weightsSha, hooks) {
       base,
       manifestUrl,
       manifest: { name, config, lens_top, onnx, weights, tokenizer },
+      threads: liveThreads(),
     });
   } catch (e) {
     client.terminate();
@@ -372,7 +382,7 @@ export function pageBackend(client, manifest, started) {
   };
   return {
     kind: "browser",
-    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, ${info.threads === 2 ? "two threads" : "one thread"}, in a Web Worker)`,
+    describe: `the page itself (${manifest.name}: onnxruntime-web, WebAssembly, ${info.threads > 1 ? `${info.threads} threads` : "one thread"}, in a Web Worker)`,
     started: info,
     config: c,
     tokens: manifest.tokens,

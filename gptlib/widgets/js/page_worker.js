@@ -158,15 +158,18 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   // Without prepacking, onnxruntime keeps each matrix once (packed copies beside the weights
   // grew the tab by a further ~0.2 GB), and a step measured no slower (bench/page_memory.py).
   const weights = packed ? lazyWeights(packed, manifest.weights) : null;
+  // A graph optimized ahead of time (the export's optimize_ahead: SmolLM2's) is loaded as it is:
+  // optimizing it here took half of the session's creation, for a step no faster (bench/README).
   const options = {
     executionProviders: ["wasm"],
-    graphOptimizationLevel: "all",
+    graphOptimizationLevel: manifest.onnx.optimized ? "disabled" : "all",
     extra: { session: { disable_prepacking: "1" } },
   };
   if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
-  // One thread unless asked: threads need a cross-origin isolated page, and two measured slower
-  // than one on the 2-core machine the book is built on (onnxruntime-web 1.30 in node, a bare
-  // SmolLM2 step at 200 tokens 821-868 ms against 478-558 ms, under load).
+  // One thread unless the page asks for more (page.js's liveThreads): threads need a cross-origin
+  // isolated page, and two measured slower than one on the 2-core machine the book is built on
+  // (onnxruntime-web 1.30 in node, a bare SmolLM2 step at 200 tokens 821-868 ms against
+  // 478-558 ms, under load).
   ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
   ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
@@ -197,7 +200,8 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   stepper = cacheStepper(ort, session, manifest);
   tokenizer = tok;
   const ms = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, Math.round(v)]));
-  return { phases: ms, threads };
+  // the threads onnxruntime-web runs: one where the page is not cross-origin isolated
+  return { phases: ms, threads: ort.env.wasm.numThreads };
 }
 
 async function handle(msg) {

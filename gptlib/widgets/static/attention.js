@@ -619,7 +619,7 @@ function panelScores(data) {
 }
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  let data = null, scores = [], shown = null, pal = palette(STOPS), drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), themeRead = false, built = "", drawnWidth = 0;
   const grid = headGrid({
     preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
     pick: (l, h) => state.pick?.(l, h) || select(l, h)
@@ -669,19 +669,24 @@ function attentionPanel(root, state) {
   v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
     pal = paletteOn(root, pal);
+    themeRead = root.isConnected;
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
   }
   function update(next) {
     data = next;
-    theme();
+    if (!themeRead) theme();
     v.title.textContent = data.title || "";
     v.title.style.display = data.title ? "" : "none";
-    setOptions(v.layerSel, data.layerLabels);
-    setOptions(v.headSel, data.headLabels);
+    const labels = JSON.stringify([data.layerLabels, data.headLabels, data.groups || null]);
+    if (labels !== built) {
+      setOptions(v.layerSel, data.layerLabels);
+      setOptions(v.headSel, data.headLabels);
+      grid.build(data.layerLabels, data.headLabels, data.groups || null);
+      built = labels;
+    }
     ({ scores, note: v.window.textContent } = panelScores(data));
     setScores(v.colourSel, scores);
-    grid.build(data.layerLabels, data.headLabels, data.groups || null);
     paint();
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
@@ -691,7 +696,10 @@ function attentionPanel(root, state) {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
-    themed: () => data && update(data)
+    themed: () => {
+      themeRead = false;
+      if (data) update(data);
+    }
   });
   return { update, select, redraw: drawHead };
 }
