@@ -124,6 +124,7 @@ def _book_bpe(vocab_size: int) -> BPETokenizer:
 
 _OPENERS = {"``": '"', "`": "'", "(": "(", "[": "["}
 _CLOSERS = {"''": '"', "'": "'", ")": ")", "]": "]"}
+_PUNCTUATION = ".,;:?!"  # a token of these characters only is glued to the word before it
 
 
 def detokenize(tokens: list[str]) -> str:
@@ -141,7 +142,7 @@ def detokenize(tokens: list[str]) -> str:
         if w in _OPENERS:
             out.append(("" if glue else " ") + _OPENERS[w])
             glue = True
-        elif w in _CLOSERS or (w and all(c in ".,;:?!" for c in w)):
+        elif w in _CLOSERS or (w and not w.strip(_PUNCTUATION)):
             if w == "." and out and out[-1].endswith("."):
                 continue
             out.append(_CLOSERS.get(w, w))
