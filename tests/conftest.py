@@ -51,7 +51,6 @@ LONG_FIRST = (
     "tests/test_browser.py",
     "tests/test_browser_smollm2.py",
     "tests/test_browser_live.py",
-    "tests/test_browser_page_worker.py",
     "tests/test_browser_ux.py",
 )
 

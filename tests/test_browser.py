@@ -406,41 +406,16 @@ def check_sample_step(root, tree_root: dict | None = None) -> int:
     return after[-1]
 
 
-@browser_test
-def test_sampling_widget_matches_python(browser, site):
+@pytest.fixture(scope="module")
+def chapter_7(browser, site):
+    """Chapter 7's page, loaded once for its three tests: the bigram view's (which ends reset, its
+    sliders untouched), the sliders' on that view after it, and the view on a model (a view of
+    its own)."""
     p = Page(browser, site, "07_sampling")
-    root = p.page.locator(".gptlib-samp").first
-    root.wait_for(timeout=20_000)
-    checked = []
-    before = _widths(root, "gptlib-samp-bar")
-    check_sampling_distribution(root, checked)
-    p.screenshot("sampling_widget_initial.png", ".gptlib-samp")
-    t = root.locator(".gptlib-samp-temperature")
-    t.focus()
-    for _ in range(10):
-        t.press("ArrowLeft")  # lower the temperature: a sharper distribution
-    assert _widths(root, "gptlib-samp-bar") != before
-    check_sampling_distribution(root, checked)
-    p.screenshot("sampling_widget.png", ".gptlib-samp")  # temperature lowered by 0.5
-    for slider, key in (
-        (".gptlib-samp-topp", "Home"),
-        (".gptlib-samp-topk", "ArrowRight"),
-        (".gptlib-samp-temperature", "Home"),
-        (".gptlib-samp-topp", "End"),
-    ):
-        root.locator(slider).focus()
-        root.locator(slider).press(key)
-        check_sampling_distribution(root, checked)
-    assert len({json.dumps(c, sort_keys=True) for c in checked}) == 6, checked
-    # a sample step from the stored distribution (temperature 0 now: the argmax)
-    logits = json.loads(root.get_attribute("data-logits"))
-    argmax = json.loads(root.get_attribute("data-ids"))[
-        max(range(len(logits)), key=lambda i: (logits[i], -i))
-    ]
-    assert check_sample_step(root) == argmax
-    p.check_maths()
-    p.check_offline()
-    p.close()
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 def _chapter_table(chapter: str = "07_sampling") -> dict:
@@ -455,7 +430,7 @@ def _chapter_table(chapter: str = "07_sampling") -> dict:
 
 
 @browser_test
-def test_bigram_view_draws_forty_tokens_without_a_stop(browser, site):
+def test_bigram_view_draws_forty_tokens_without_a_stop(chapter_7):
     """Chapter 7's bigram view holds the whole table: 40 draws in a row, in a few seconds, none
     stopping; after each, the row the page computes is table_logits of the drawn token
     (log(count + 0.01)); each draw is the inverse CDF, at the page's seeded u, of the
@@ -463,7 +438,7 @@ def test_bigram_view_draws_forty_tokens_without_a_stop(browser, site):
     from gptlib.widgets.sampling import table_logits
 
     table = _chapter_table()
-    p = Page(browser, site, "07_sampling")
+    p = chapter_7
     root = p.page.locator(".gptlib-samp").first
     root.wait_for(timeout=20_000)
     assert root.get_attribute("data-from") == "table"
@@ -498,15 +473,50 @@ def test_bigram_view_draws_forty_tokens_without_a_stop(browser, site):
     assert root.locator(".gptlib-samp-new").count() == 0
     p.screenshot("sampling_widget_bigram.png", ".gptlib-samp")
     p.check_offline()
-    p.close()
 
 
 @browser_test
-def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
+def test_sampling_widget_matches_python(chapter_7):
+    p = chapter_7
+    root = p.page.locator(".gptlib-samp").first
+    root.wait_for(timeout=20_000)
+    checked = []
+    before = _widths(root, "gptlib-samp-bar")
+    check_sampling_distribution(root, checked)
+    p.screenshot("sampling_widget_initial.png", ".gptlib-samp")
+    t = root.locator(".gptlib-samp-temperature")
+    t.focus()
+    for _ in range(10):
+        t.press("ArrowLeft")  # lower the temperature: a sharper distribution
+    assert _widths(root, "gptlib-samp-bar") != before
+    check_sampling_distribution(root, checked)
+    p.screenshot("sampling_widget.png", ".gptlib-samp")  # temperature lowered by 0.5
+    for slider, key in (
+        (".gptlib-samp-topp", "Home"),
+        (".gptlib-samp-topk", "ArrowRight"),
+        (".gptlib-samp-temperature", "Home"),
+        (".gptlib-samp-topp", "End"),
+    ):
+        root.locator(slider).focus()
+        root.locator(slider).press(key)
+        check_sampling_distribution(root, checked)
+    assert len({json.dumps(c, sort_keys=True) for c in checked}) == 6, checked
+    # a sample step from the stored distribution (temperature 0 now: the argmax)
+    logits = json.loads(root.get_attribute("data-logits"))
+    argmax = json.loads(root.get_attribute("data-ids"))[
+        max(range(len(logits)), key=lambda i: (logits[i], -i))
+    ]
+    assert check_sample_step(root) == argmax
+    p.check_maths()
+    p.check_offline()
+
+
+@browser_test
+def test_sampling_widget_in_chapter_7_on_a_model(chapter_7):
     """Chapter 7's SamplingView.from_model (three prompts, the English GPT): prompt switch, the
     maths, sample steps through the stored continuations, and past them the live model: its
     logits are PyTorch's after the whole text, and the draws go on."""
-    p = Page(browser, site, "07_sampling")
+    p = chapter_7
     p.page.locator(".gptlib-samp").first.wait_for(timeout=20_000)
     multi = [
         r
@@ -531,7 +541,6 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
     msg = root.locator(".gptlib-samp-msg").text_content()
     if not (HTML / "_static" / "live" / "english.json").is_file():  # no live model to hand to
         assert root.get_attribute("data-stuck") == "1" and "so the text ends here" in msg
-        p.close()
         pytest.skip("the built book has no live model (_static/live/english.json)")
     assert root.get_attribute("data-from") == "live" and root.get_attribute("data-stuck") == "0"
     assert "every distribution is the live model's, computed by the page itself" in msg, msg
@@ -554,7 +563,6 @@ def test_sampling_widget_in_chapter_7_on_a_model(browser, site):
         assert root.get_attribute("data-stuck") == "0"
     p.screenshot("sampling_widget_chapter_model.png", ".gptlib-samp >> nth=1")
     p.check_offline()
-    p.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,12 @@ test_browser_live.py; a file of its own so that `make browser`'s two workers sha
 The page must give PyTorch's numbers on the dequantized weights: GGUFTokenizer's ids on text not in
 the book, the greedy continuation, the next-token probabilities within a measured bound, 40 draws
 without a stop, head ablation equal to gptlib.circuits.ablate_heads, and the heads' direct
-contributions. No request may leave the local server. Its budgets (issue 33) go to the test log,
-never asserted.
+contributions; in its Web Worker, a step that fails in onnxruntime (an id outside the vocabulary,
+after the cache would have been cut) leaves the cache as it was, and a reload starts from the
+browser's Cache API (the 4-bit blocks and the graph are not downloaded again). The worker's test
+comes last: its reload ends the started page the others share. No request may leave the local
+server. Its budgets (issue 33) and the renderer's resident memory (Chromium's renderer processes,
+/proc) go to the test log, never asserted.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 
 import pytest
 import torch
-from browser_support import widget_page
+from browser_support import renderer_rss, widget_page
 from page_twins import xorshift32
 from test_browser_live import (
     ARTIFACTS,
@@ -64,6 +68,7 @@ def smol_page(browser, smollm2, tmp_path_factory):
     facts = {"before": served.bytes_since(0)}
     n = len(served.log)
     assert not [p for p, _ in served.log if "/live/" in p]  # nothing until the reader starts it
+    facts["rss_before"] = renderer_rss()
     page.play.locator(".gptlib-play-start").click()
     confirm = page.play.locator(".gptlib-play-confirm-yes")
     confirm.wait_for(timeout=30_000)
@@ -82,6 +87,7 @@ def smol_page(browser, smollm2, tmp_path_factory):
     facts["first_ms"] = float(page.play.get_attribute("data-first-ms"))
     facts["downloaded"] = served.bytes_since(n, "/_static/live/")
     facts["memory"] = page.play.get_attribute("data-memory")
+    facts["rss_loaded"] = renderer_rss()
     try:
         yield page, served, facts
     finally:
@@ -341,5 +347,67 @@ def test_smollm2_one_head_step_by_step(smol_page, smollm2, summary):
         "SmolLM2 in the page",
         "\n[smollm2] one head step by step (18.6), max |page - head_trace| / max(1, |stage|): "
         + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()),
+    )
+    page.check_offline()
+
+
+# --- the page's Web Worker (last: its reload ends the shared page) -----------------------------
+
+
+def _start(page, served) -> tuple[int, float]:
+    """Start the model (the reader agrees); returns (live bytes downloaded, seconds)."""
+    n, t0 = len(served.log), time.perf_counter()
+    page.play.locator(".gptlib-play-start").click()
+    page.play.locator(".gptlib-play-confirm-yes").click()
+    page.page.wait_for_function(
+        "() => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
+        timeout=180_000,
+    )
+    page.wait_idle(timeout=180_000)
+    assert page.play.get_attribute("data-live") == "browser"
+    return served.bytes_since(n, "/_static/live/"), time.perf_counter() - t0
+
+
+RUN = (
+    "async ([ids]) => { const b = document.querySelector('.gptlib-play').__gptlib.backend;"
+    " try { const r = await b.run(ids); return {logits: Array.from(r.logits)}; }"
+    " catch (e) { return {error: e.message}; } }"
+)
+
+
+def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(smol_page, smollm2, summary):
+    page, served, facts = smol_page
+    model, tok = smollm2
+    ids = json.loads(page.play.get_attribute("data-ids"))
+    assert page.page.evaluate(RUN, [ids]).get("logits")
+    # a step whose last id is outside the vocabulary, on a window that cuts the cache by two
+    bad = page.page.evaluate(RUN, [ids[:-2] + [10**9]])
+    assert "error" in bad, bad
+    # the next steps: greedy from the whole text through the cache, as PyTorch gives them
+    past, mask, lens, targets, rows = step_inputs(model)
+    x, ctx, got, want = torch.tensor([ids]), list(ids), [], []
+    for _ in range(6):
+        out = step(model, x, past, mask, lens, targets, rows)
+        past, nxt = torch.cat([past, out["kv"]]), int(out["logits"][0].argmax())
+        want.append(nxt)
+        got.append(int(torch.tensor(page.page.evaluate(RUN, [ctx])["logits"]).argmax()))
+        ctx.append(got[-1])
+        x = torch.tensor([[nxt]])
+    assert got == want, (tok.decode(got), tok.decode(want))
+    # a reload: the old page's session and worker go, the files come from the Cache API
+    page.page.reload()
+    page.page.locator(".gptlib-play").first.wait_for(timeout=30_000)
+    again, seconds2 = _start(page, served)
+    listed = json.loads((STATIC / "live" / "smollm2.json").read_text(encoding="utf-8"))
+    assert facts["downloaded"] >= listed["download_bytes"]
+    assert again <= 5_000_000, again  # the manifest and the tokenizer, not the model
+    summary(
+        "SmolLM2 in the page's worker",
+        f"\n[smollm2 worker] after a failed step, 6 greedy tokens equal PyTorch's; renderer RSS "
+        f"{facts['rss_before'] / 1e9:.2f} GB before the start, {facts['rss_loaded'] / 1e9:.2f} GB "
+        f"once loaded, {renderer_rss() / 1e9:.2f} GB after a reload and a second start; start "
+        f"{facts['wall_first_s']:.1f} s to the first token ({facts['downloaded'] / 1e6:.1f} MB "
+        f"downloaded), again {seconds2:.1f} s ({again / 1e6:.1f} MB)",
     )
     page.check_offline()

@@ -3,7 +3,8 @@
 Display maths scrolls sideways in its own box and its number never covers it; an inline formula
 stays within the column or scrolls in its own box; the attention widget's colour scale starts at
 the page's background (light and dark), its heatmap fits the column or says it scrolls, and its key
-labels tell the tokens apart. Each test loads one page at one width, in a few seconds.
+labels tell the tokens apart. A page is loaded once per chapter, width and theme (``opened``), and
+the tests that only read it share that load.
 """
 
 from __future__ import annotations
@@ -53,16 +54,14 @@ MATHS = """() => {
 }"""
 
 
-def _open(browser, site, chapter, width, theme="light", maths=True):
+def _open(browser, site, chapter, width, theme="light"):
     if not (HTML / "chapters" / f"{chapter}.html").is_file():
         pytest.skip(f"chapter {chapter} is not in the built book")
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.add_init_script(
         f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
     )
-    open_page(page, f"{site}/chapters/{chapter}.html", maths=maths)
-    if not maths:
-        return page
+    open_page(page, f"{site}/chapters/{chapter}.html")
     # open_page waited for MathJax; maths.js then marks the wide inline formulas (each chapter
     # tested here has one at 420 px): wait for its mark, not a fixed time (without one, the
     # test says so below)
@@ -71,6 +70,25 @@ def _open(browser, site, chapter, width, theme="light", maths=True):
             "() => document.querySelector('.gptlib-wide-math') !== null", timeout=5_000
         )
     return page
+
+
+@pytest.fixture(scope="module")
+def opened(browser, site):
+    """``opened(chapter, width, theme="light")``: the chapter's page at that window width and
+    theme, typeset and its wide formulas marked, loaded once for the module (the tests only read
+    it: the 420 px light page of Chapter 4 serves its maths and its attention view)."""
+    pages = {}
+
+    def get(chapter, width, theme="light"):
+        if (chapter, width, theme) not in pages:
+            pages[chapter, width, theme] = _open(browser, site, chapter, width, theme)
+        return pages[chapter, width, theme]
+
+    try:
+        yield get
+    finally:
+        for page in pages.values():
+            page.close()
 
 
 def _frames(page, n: int = 2) -> None:
@@ -85,12 +103,10 @@ def _frames(page, n: int = 2) -> None:
 
 @browser_test
 @pytest.mark.parametrize("chapter", ["04_attention", "07_sampling"])
-def test_maths_at_420_px_scrolls_and_numbers_stay_clear(browser, site, chapter):
+def test_maths_at_420_px_scrolls_and_numbers_stay_clear(opened, chapter):
     """Chapter 4's (4.4) and its proof, Chapter 7's Proposition 7.1: at 420 px every display
     formula scrolls in its own box beside its number, and long inline maths scrolls."""
-    page = _open(browser, site, chapter, 420)
-    got = page.evaluate(MATHS)
-    page.close()
+    got = opened(chapter, 420).evaluate(MATHS)
     assert not got["bad"], got["bad"][:5]
     assert got["wide"] >= 1, "at 420 px some inline formula of this chapter is wider than a line"
 
@@ -109,11 +125,11 @@ def _contrast(a, b):
 
 @browser_test
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_attention_widget_at_420_px_follows_the_theme(browser, site, theme):
+def test_attention_widget_at_420_px_follows_the_theme(opened, theme):
     """Chapter 4's attention view: weight 0 is the page's background and weight 1 stands out from
     it (contrast >= 3) in either theme; the heatmap's box fits the column and says when it
     scrolls; each key label names its token in full, with its position in the hover text."""
-    page = _open(browser, site, "04_attention", 420, theme, maths=False)
+    page = opened("04_attention", 420, theme)
     root = page.locator(".gptlib-attn").first
     root.scroll_into_view_if_needed()
     root.wait_for(timeout=20_000)
@@ -139,7 +155,6 @@ def test_attention_widget_at_420_px_follows_the_theme(browser, site, theme):
         }""",
         root.element_handle(),
     )
-    page.close()
     assert got["theme"] == theme
     scale = got["scale"]
     assert scale[0] == got["bg"], "weight 0 is the page's background"
