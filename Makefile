@@ -60,7 +60,7 @@ nbval-scalar: install
 # `make check PYTEST_ARGS=--lf` reruns what failed last time, `--ff` runs it first.
 PYTEST_ARGS ?=
 check: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not browser and not slow" $(UNIT) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not browser and not slow" $(UNIT) $(PYTEST_ARGS)
 
 # ruff's lint and format check (pyproject.toml's [tool.ruff]; the notebooks natively, at the
 # page's 88 columns: chapters/ruff.toml). `ruff format $(LINTED)` applies the format. Then Biome's
