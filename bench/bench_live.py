@@ -34,14 +34,11 @@ budgets. Nothing is asserted (the machine is shared).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import resource
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -204,34 +201,6 @@ def _browser_support():
     return module
 
 
-@contextlib.contextmanager
-def serve_isolated(directory: Path):
-    """Serve ``directory`` on a free local port, cross-origin isolated (the COOP and COEP headers
-    that onnxruntime-web's threads need: SharedArrayBuffer); yields its base address."""
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    class Isolated(SimpleHTTPRequestHandler):
-        def end_headers(self):
-            self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-            self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-            super().end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Isolated, directory=str(directory))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 def in_browser(
     static: Path, name: str, model, tok, ids: list[int], steps: int, threads: int = 1
 ) -> dict:
@@ -243,7 +212,6 @@ def in_browser(
 
     support = _browser_support()
     CHROMIUM, CHROMIUM_ARGS = support.CHROMIUM, support.CHROMIUM_ARGS
-    serve = support.serve if threads == 1 else serve_isolated
 
     view = PlaygroundView(
         model, tok, "Why is the sky blue?", chat=name != "english", source=f"live/{name}.json"
@@ -259,7 +227,7 @@ def in_browser(
         ctx.add_init_script("window.__gptlibTest = true;")  # the views report what they draw
         ctx.add_init_script(f"window.__gptlibThreads = {int(threads)};")
         sizes: list[tuple[str, int]] = []
-        with serve(root) as url:
+        with support.serve(root, isolated=threads > 1) as url:
             page = ctx.new_page()
             page.on(
                 "response",

@@ -129,11 +129,23 @@ class _Quiet(SimpleHTTPRequestHandler):
         pass
 
 
+class _Isolated(_Quiet):
+    """Cross-origin isolated responses (COOP and COEP): what SharedArrayBuffer, and so
+    onnxruntime-web's threads, need."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+
 @contextlib.contextmanager
-def serve(directory: Path):
-    """Serve ``directory`` on a free local port; yields its base address (no trailing slash)."""
+def serve(directory: Path, isolated: bool = False):
+    """Serve ``directory`` on a free local port, cross-origin isolated if ``isolated``; yields its
+    base address (no trailing slash)."""
+    handler = _Isolated if isolated else _Quiet
     server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory))
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(directory))
     )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
