@@ -139,6 +139,9 @@ class Reading:
         ]
 
 
+# Waiting for MathJax or the widgets, the condition is checked every POLL ms, not at every
+# animation frame (Playwright's default), which would keep Chromium drawing frames meanwhile.
+POLL = 100
 AHEAD = 2  # pages loading in their own tabs while the one before them is measured
 
 # Run in the first chapter once measured, at 1280 px: a code cell's line of 88 characters fits
@@ -152,12 +155,13 @@ FITS_88 = """() => {
 }"""
 
 
-def start_page(browser, site: str, page: str):
-    """A tab at the wide window that starts loading ``page`` and records its errors and the hosts
-    it asks: ``(tab, errors, hosts)``. :func:`finish_page` waits for it and measures it."""
+def start_page(reader, site: str, page: str):
+    """A tab of ``reader`` (the browser context of :func:`readings`, at the wide window) that
+    starts loading ``page`` and records its errors and the hosts it asks: ``(tab, errors,
+    hosts)``. :func:`finish_page` waits for it and measures it."""
     errors: list[str] = []
     hosts: set[str] = set()
-    tab = browser.new_page(viewport={"width": WIDE[0], "height": WIDE[1]})
+    tab = reader.new_page()
     tab.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text[:120]}"))
     tab.on("pageerror", lambda e: errors.append(f"script: {str(e)[:120]}"))
     tab.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
@@ -185,13 +189,16 @@ def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int,
             'script[src*="mathjax"]'
         ).count():  # Sphinx loads MathJax only where there is maths
             tab.wait_for_function(
-                "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                polling=POLL,
+                timeout=20_000,
             )
             tab.evaluate("() => MathJax.startup.promise")
         views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
         if views:
             tab.wait_for_function(
                 f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
+                polling=POLL,
                 timeout=20_000,
             )
         tab.evaluate(
@@ -199,7 +206,8 @@ def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int,
         )
         tab.evaluate("() => document.fonts.ready.then(() => null)")
         for width, height in (WIDE, NARROW):
-            tab.set_viewport_size({"width": width, "height": height})
+            if width != WIDE[0]:  # the tab opened at the wide window
+                tab.set_viewport_size({"width": width, "height": height})
             tab.evaluate(
                 "() => new Promise((done) => requestAnimationFrame(() => "
                 "requestAnimationFrame(done)))"
@@ -227,16 +235,19 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
         pytest.skip(f"pages missing from the built book: {missing}")
     out = {}
     loading = collections.deque()
+    reader = browser.new_context(viewport={"width": WIDE[0], "height": WIDE[1]})
+    reader.add_init_script("window.__gptlibTest = true;")  # as conftest's browser.new_page
     try:
         for page in PAGES + [None] * AHEAD:
             if page is not None:
-                loading.append((page, *start_page(browser, site, page)))
+                loading.append((page, *start_page(reader, site, page)))
             if loading and (len(loading) > AHEAD or page is None):
                 for width, reading in finish_page(*loading.popleft()).items():
                     out[reading.page, width] = reading
     finally:
         for _, tab, _, _ in loading:
             tab.close()
+        reader.close()
     summary("what a reader sees (tests/test_browser_reading.py)", table(out))
     return out
 
