@@ -231,8 +231,8 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
     The next pages load in their own tabs while one is measured (each measured alone, in its
     own window, once loaded), so that Chromium never waits on the test between pages. The tabs
     are those of one browser context, as a reader's, so that the scripts every page loads
-    (MathJax, the theme's, the widget manager) come from its cache, compiled once: a context per
-    page made each page fetch and compile them again, a third of this module's CPU time."""
+    (MathJax, the theme's, the widget manager) come from its caches: a context per page, which
+    fetched and set them up afresh for each page, cost a third more of Chromium's CPU time."""
     missing = [p for p in PAGES if not (HTML / f"{p}.html").is_file()]
     if missing:
         pytest.skip(f"pages missing from the built book: {missing}")
