@@ -232,7 +232,8 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
     own window, once loaded), so that Chromium never waits on the test between pages. The tabs
     are those of one browser context, as a reader's, so that the scripts every page loads
     (MathJax, the theme's, the widget manager) come from its caches: a context per page, which
-    fetched and set them up afresh for each page, cost a third more of Chromium's CPU time."""
+    fetched and set them up afresh for each page, cost this module about 1.45 times the CPU
+    time (Chromium's processes included)."""
     missing = [p for p in PAGES if not (HTML / f"{p}.html").is_file()]
     if missing:
         pytest.skip(f"pages missing from the built book: {missing}")
