@@ -875,6 +875,74 @@ function listen(box, preview, pick, nav) {
   });
 }
 
+// gptlib/widgets/js/theme.js
+var THEME_ATTRIBUTES = [
+  "class",
+  "style",
+  "data-theme",
+  "data-mode",
+  "data-jp-theme-light",
+  "data-jp-theme-name"
+];
+var SETTLE_MS = 400;
+function watchBackground(root, changed, env = globalThis) {
+  const doc = env.document;
+  const undo = [];
+  let frame = false, stopped = false, later = null, inPage = false, waits = 0;
+  const check = () => {
+    frame = false;
+    if (stopped) return;
+    if (root.isConnected) {
+      inPage = true;
+      changed();
+    } else if (inPage) {
+      stop();
+    } else if (++waits < 60) {
+      soon();
+    }
+  };
+  const soon = () => {
+    if (stopped || frame) return;
+    frame = true;
+    (env.requestAnimationFrame || ((f) => env.setTimeout(f, 16)))(check);
+  };
+  const signal = () => {
+    soon();
+    if (later !== null) env.clearTimeout(later);
+    later = env.setTimeout(() => {
+      later = null;
+      soon();
+    }, SETTLE_MS);
+  };
+  function stop() {
+    if (stopped) return;
+    stopped = true;
+    if (later !== null) env.clearTimeout(later);
+    for (const f of undo.splice(0)) f();
+  }
+  if (typeof env.MutationObserver === "function" && doc) {
+    const seen = new env.MutationObserver(signal);
+    const attrs = { attributes: true, attributeFilter: THEME_ATTRIBUTES };
+    if (doc.documentElement) seen.observe(doc.documentElement, attrs);
+    if (doc.body) seen.observe(doc.body, attrs);
+    if (doc.head) seen.observe(doc.head, { childList: true });
+    undo.push(() => seen.disconnect());
+  }
+  if (doc?.addEventListener) {
+    const loaded = (e) => {
+      if (e.target?.tagName === "LINK") signal();
+    };
+    doc.addEventListener("load", loaded, true);
+    undo.push(() => doc.removeEventListener("load", loaded, true));
+  }
+  const dark = env.matchMedia?.("(prefers-color-scheme: dark)");
+  if (dark?.addEventListener) {
+    dark.addEventListener("change", signal);
+    undo.push(() => dark.removeEventListener("change", signal));
+  }
+  return { soon, stop };
+}
+
 // gptlib/widgets/js/heads.js
 var STOPS = [
   [255, 255, 255],
@@ -1120,16 +1188,7 @@ function watch(root, scroll, { resized, themed }) {
       resized();
     }).observe(scroll.box);
   }
-  if (typeof MutationObserver !== "undefined") {
-    const seen = new MutationObserver(() => {
-      if (!root.isConnected) seen.disconnect();
-      else themed();
-    });
-    seen.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+  return watchBackground(root, themed);
 }
 function paletteOn(root, pal) {
   const bg = backgroundOf(root), stops = scaleOn(bg);
@@ -1193,10 +1252,13 @@ function attentionPanel(root, state) {
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
   v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
+    const before = pal;
     pal = paletteOn(root, pal);
     themeRead = root.isConnected;
+    if (!themeRead) watcher.soon();
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
+    return pal !== before;
   }
   function update(next) {
     data = next;
@@ -1216,17 +1278,19 @@ function attentionPanel(root, state) {
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  watch(root, v.gridScroll, {
+  const watcher = watch(root, v.gridScroll, {
     resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
     themed: () => {
-      themeRead = false;
-      if (data) update(data);
+      if (!theme() || !data) return;
+      unfocus();
+      paint();
+      drawHead();
     }
   });
-  return { update, select, redraw: drawHead };
+  return { update, select, redraw: drawHead, close: watcher.stop };
 }
 
 // gptlib/widgets/js/head.js
@@ -2066,25 +2130,42 @@ function drawLens(box, lens, labels, tokenStr) {
     })
   );
 }
-function drawTokens(p) {
+var OUT = " (outside the model's window)";
+function tokenSpan(p, id, i, first) {
+  const { live, promptIds } = p;
+  const s = make(
+    "span",
+    `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
+    show(p.tokenStr(id))
+  );
+  s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") + (i < first ? OUT : "");
+  return s;
+}
+function tokenRow(p, ctx, first, grow) {
+  const { v, promptIds, path } = p, d = p.tokensDrawn, nCtx = p.cfg.n_ctx;
+  const count = `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `;
+  const prefix = grow && d?.prompt === promptIds && d.path === path && d.spans.length <= ctx.length && d.spans.length > 0 && d.ids[d.spans.length - 1] === ctx[d.spans.length - 1];
+  if (!prefix) {
+    const spans = ctx.map((id, i) => tokenSpan(p, id, i, first));
+    const head = make("span", "gptlib-play-count", count);
+    v.tokenRow.replaceChildren(head, ...spans);
+    p.tokensDrawn = { prompt: promptIds, path, ids: ctx, spans, first, head };
+    return;
+  }
+  for (let i = d.first; i < Math.min(first, d.spans.length); i++) {
+    d.spans[i].classList.add("out");
+    d.spans[i].title += OUT;
+  }
+  const added = ctx.slice(d.spans.length).map((id, k) => tokenSpan(p, id, d.spans.length + k, first));
+  v.tokenRow.append(...added);
+  d.spans.push(...added);
+  d.head.textContent = count;
+  Object.assign(d, { ids: ctx, first });
+}
+function drawTokens(p, grow = false) {
   const { v, live, promptIds, path } = p, nCtx = p.cfg.n_ctx;
   const ctx = promptIds.concat(path), first = ctx.length - Math.min(ctx.length, nCtx);
-  v.tokenRow.replaceChildren(
-    make(
-      "span",
-      "gptlib-play-count",
-      `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `
-    ),
-    ...ctx.map((id, i) => {
-      const s = make(
-        "span",
-        `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
-        show(p.tokenStr(id))
-      );
-      s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") + (i < first ? " (outside the model's window)" : "");
-      return s;
-    })
-  );
+  tokenRow(p, ctx, first, grow);
   if (live) {
     const all = decodeBytes(live.bytes, ctx), head = decodeBytes(live.bytes, promptIds);
     const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
@@ -2370,13 +2451,17 @@ var Playground = class {
     this.queued = null;
     this.running = false;
     this.stopAsked = false;
+    this.onScreen = true;
     this.startedAt = null;
     this.promptIds = model.get("stored").ids;
     this.path = [];
     this.reseed(model.get("seed"));
     this.current = fromStored(model.get("stored"), this.cfg);
     this.link = connect(model);
-    life.atEnd(() => this.link.close());
+    life.atEnd(() => {
+      this.panel.close();
+      this.link.close();
+    });
   }
   reseed(seed) {
     this.rng = xorshift32(seed);
@@ -2405,7 +2490,7 @@ var Playground = class {
   // adds what the open panels show, at the last position: the logit lens of every stream when
   // its panel is open; every head's attention rows and direct contribution to the most probable
   // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
-  // logits only and draws nothing (the run draws every few tokens).
+  // logits only and draws nothing (the run draws every few tokens); it returns the step's time.
   async compute(full = true) {
     const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {
@@ -2441,7 +2526,7 @@ var Playground = class {
       live: true
     };
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
-    if (!full) return;
+    if (!full) return r.ms;
     const shown = [lensOn && "the lens", headsOn && "the heads"].filter(Boolean);
     this.setStatus(
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`
@@ -2614,8 +2699,10 @@ ${this.v.box.value}`;
     await this.compute();
   }
   // A run of up to n draws (greedy or seeded), each step computing only the logits (a bare step)
-  // and the text drawn every RUN_DRAW_EVERY tokens; the stop button, or a stop id in chat mode,
-  // ends it; then one step with what the open panels show (the rows of the run's tokens too).
+  // and the text drawn every RUN_DRAW_EVERY tokens while the view is on the screen (its new
+  // tokens only); the stop button, or a stop id in chat mode, ends it; then one step with what
+  // the open panels show (the rows of the run's tokens too), drawn once. Reported: the time a
+  // token, everything included (runMs), and the mean time of the run's own steps (runStepMs).
   async generate(n, greedy) {
     if (!await this.start()) return;
     if (this.stale()) await this.retext();
@@ -2624,7 +2711,7 @@ ${this.v.box.value}`;
     this.stopAsked = false;
     enable(this);
     const t0 = performance.now();
-    let steps = 0, stopped = "";
+    let steps = 0, stepped = 0, stepMs = 0, stopped = "";
     try {
       while (steps < n) {
         if (this.stopAsked) {
@@ -2639,9 +2726,10 @@ ${this.v.box.value}`;
           break;
         }
         if (steps < n) {
-          await this.compute(false);
-          if (steps % RUN_DRAW_EVERY === 0) {
-            drawTokens(this);
+          stepMs += await this.compute(false) || 0;
+          stepped += 1;
+          if (steps % RUN_DRAW_EVERY === 0 && this.onScreen) {
+            drawTokens(this, true);
             drawDistribution(this);
           }
         }
@@ -2653,7 +2741,11 @@ ${this.v.box.value}`;
     await this.compute();
     const per = (performance.now() - t0) / Math.max(1, steps);
     this.v.msg.textContent = `${steps} token(s) drawn${stopped ? `; ${stopped}` : ""} (${per.toFixed(0)} ms a token, drawing included).`;
-    report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
+    report(this.v.root, {
+      runSteps: steps,
+      runMs: per.toFixed(1),
+      runStepMs: stepped ? (stepMs / stepped).toFixed(1) : void 0
+    });
   }
   async toggleHead(layer, head) {
     const k = layer * this.cfg.n_heads + head;
@@ -2754,6 +2846,13 @@ function render({ model, el }) {
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
   p.head = mountHeadPanel(p, life);
+  if (typeof IntersectionObserver === "function") {
+    const seen = new IntersectionObserver((entries) => {
+      p.onScreen = entries[entries.length - 1].isIntersecting;
+    });
+    seen.observe(v.root);
+    life.atEnd(() => seen.disconnect());
+  }
   const startAndRetext = listen2(p, v, model, life);
   p.setStatus(
     "This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
