@@ -6,6 +6,8 @@ inlined into the views' bundles (scripts/build_widgets.py)."""
 
 from __future__ import annotations
 
+import math
+
 from node_support import JS, import_as, run_node
 
 
@@ -61,7 +63,7 @@ out.r3 = [r3.P, r3.T];
 fail = true;
 try { await step([7]); } catch (e) { out.errors.push(e.message); }
 const r5 = await step([1, 2, 3, 5, 6], { rows: true });
-out.r5 = [r5.P, r5.T, r5.attn.length];
+out.r5 = [r5.P, r5.T, r5.cut.length];
 out.fed = fed;
 console.log(JSON.stringify(out));
 """
@@ -107,7 +109,8 @@ const client = { async call(type, p) { calls.push(type);
     fed.push([P, T, p.options.rows]);
     return { logits: new Float32Array(4), P, T, R: p.options.rows ? T : 0, lens: null,
              direct: null,
-             attn: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null }; },
+             cut: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null,
+             entropy: p.options.rows ? Float64Array.of(0.7) : null }; },
   terminated: 0, terminate() { this.terminated++; } };
 const manifest = { name: "t", config: { n_layers: 1, n_heads: 1, n_ctx: 64 }, tokens: [],
                    token_bytes: [] };
@@ -242,7 +245,7 @@ console.log(JSON.stringify(out));
 # logits say the context's length and the sum of its ids, and whose cache holds each id.
 ROWS_SESSION = """
 const manifest = { config: { n_layers: 1, n_heads: 2, n_kv_heads: 1, d_head: 1, d_vocab: 4,
-                             n_ctx: 64 }, lens_top: 2 };
+                             n_ctx: 256 }, lens_top: 2 };
 class Tensor { constructor(type, data, dims) { Object.assign(this, { type, data, dims }); } }
 const ort = { Tensor };
 const session = (fed, failAt = -1) => ({ async run(f) {
@@ -278,7 +281,14 @@ for (const [name, budget] of [["one", 1e9], ["many", 40]]) {
   const r2 = await step(ids.slice(0, 31), { rows: true });
   const r3 = await step(ids, {});
   out[name] = { fed, r: [r1, r2, r3].map((r) => ({ P: r.P, T: r.T, R: r.R,
-    logits: Array.from(r.logits), attn: r.attn && Array.from(r.attn) })) };
+    logits: Array.from(r.logits), cut: r.cut && Array.from(r.cut),
+    entropy: r.entropy && Array.from(r.entropy) })) };
+}
+// past the panel's window (128 positions): key 0, then keys 13 .. q of each query kept
+const long = Array.from({ length: 140 }, (_, i) => (i * 5) % 13);
+for (const [name, budget] of [["longOne", 1e9], ["longMany", 400]]) {
+  const r = await m.cacheStepper(ort, session([]), manifest, budget)(long, { rows: true });
+  out[name] = { R: r.R, cut: Array.from(r.cut), entropy: Array.from(r.entropy) };
 }
 const fed = [];
 const step = m.cacheStepper(ort, session(fed, 3), manifest, 40);
@@ -292,6 +302,23 @@ console.log(JSON.stringify(out));
     assert len(js["one"]["fed"]) == 3 and len(js["many"]["fed"]) > 6
     r1 = js["one"]["r"][0]
     assert r1["P"] == 0 and r1["T"] == 30 and r1["R"] == 30 and r1["logits"][0] == 30
+    # the rows cut to the window's keys (30 positions: all of them), head k's row q holding
+    # 100 (q + 1) + j + k at key j <= q; the last row's entropy over all its keys
+    for k in (0, 1):
+        for q in (0, 7, 29):
+            row = r1["cut"][(k * 30 + q) * 30 :][: q + 1]
+            assert row == [100 * (q + 1) + j + k for j in range(q + 1)], (k, q)
+    last = [100 * 30 + j for j in range(30)]
+    assert abs(r1["entropy"][0] - sum(-a * math.log(a) for a in last)) < 1e-6 * 3e6
+    assert js["one"]["r"][2]["cut"] is None and js["one"]["r"][2]["entropy"] is None
+    assert js["longOne"] == js["longMany"]
+    cut, R = js["longOne"]["cut"], js["longOne"]["R"]
+    assert R == 127 and len(cut) == 2 * R * 128  # queries 13 .. 139, keys 0, 13 .. 139
+    for k in (0, 1):
+        for q in (13, 80, 139):
+            row = cut[(k * R + q - 13) * 128 :][: q - 13 + 2]
+            want = [100 * (q + 1) + j + k for j in [0, *range(13, q + 1)]]
+            assert row == want, (k, q)
     # the targets only in the step's last run
     first = [f for f in js["many"]["fed"] if f[0] + f[1] <= 30]
     assert [f[3] for f in first] == [0] * (len(first) - 1) + [1]

@@ -14,8 +14,8 @@ import {
   staticBase,
   tabMemory,
 } from "./backend.js";
-import { pageInputs } from "./head.js";
-import { firstKept, rowsWanted, rowWindow } from "./rows.js";
+import { headOutputs, pageInputs } from "./head.js";
+import { entropyOf, firstKept, rowsWanted, rowWindow, windowPositions } from "./rows.js";
 
 const VERSION = 5;
 // Downloads above this many bytes wait for the reader to agree.
@@ -245,10 +245,12 @@ export function feedRuns(P, T, LH, budget = RUN_WEIGHTS, from = null) {
 }
 
 // One step at a time on a session of the step graph (in the worker), keeping the cache between
-// steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, attn
-// (n_layers, n_heads, R, P + T) when `rows`, else null, P, T, R, lens, direct}: `rows` asks for
-// the rows of the last R = rowsWanted(P, T) of the T new queries, those the heads panel's window
-// keeps (rows.js). Only what is asked is computed: no lens (null or []), no targets, no rows
+// steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, cut,
+// entropy, P, T, R, lens, direct}: `rows` asks for the rows of the last R = rowsWanted(P, T) of
+// the T new queries, those the heads panel's window keeps (rows.js), which come cut to the
+// window's keys (cut: (n_layers, n_heads, R, n), n = windowPositions(P + T).length, as rows.js's
+// addCut takes them), with each head's last-row entropy over all its keys (entropy: n_layers *
+// n_heads); null both without `rows`. Only what is asked is computed: no lens (null or []), no targets, no rows
 // make a bare step; a target -1 is the most probable token. A long feed runs as several runs
 // of the graph (feedRuns), the lens, targets and head asked of the last. The cache says which
 // ids it holds only once a run has succeeded: a step that fails (an exception, out of memory)
@@ -289,7 +291,11 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
     const ls = lens || [],
       tg = targets || [],
       R = rows ? rowsWanted(P, T) : 0;
-    const attn = rows ? new Float32Array(L * H * R * E) : null; // zero past each query's keys
+    // the rows cut to the window's keys: key 0, then lo .. q (rows.js's addCut)
+    const lo = Math.max(1, firstKept(E)),
+      n = rows ? windowPositions(E).length : 0;
+    const cut = rows ? new Float32Array(L * H * R * n) : null,
+      entropy = rows ? new Float64Array(L * H) : null;
     const runs = feedRuns(P, T, L * H, budget, head ? head.position : null);
     let done = P, // the positions whose keys and values the store holds for `window`
       result = null;
@@ -313,16 +319,20 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
             const got = out.attn.data; // (L, H, qs.length, b)
             for (let k = 0; k < L * H; k++) {
               for (let t = 0; t < qs.length; t++) {
-                const from = (k * qs.length + t) * b,
-                  to = (k * R + (qFrom + t - (E - R))) * E;
-                attn.set(got.subarray(from, from + b), to);
+                const q = qFrom + t,
+                  from = (k * qs.length + t) * b,
+                  to = (k * R + (q - (E - R))) * n;
+                cut[to] = got[from];
+                if (q > 0) cut.set(got.subarray(from + lo, from + q + 1), to + 1);
+                if (q === E - 1) entropy[k] = entropyOf(got.subarray(from, from + q + 1));
               }
             }
           }
           if (last) {
             result = {
               logits: out.logits.data.slice(0, V),
-              attn,
+              cut,
+              entropy,
               P,
               T,
               R,
@@ -346,32 +356,6 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
       }
     }
     return result;
-  };
-}
-
-// One head's share of a step's outputs (gptlib.step's head_* for the one head asked) and the
-// keys and values of its key-value head g = floor(h / (n_heads / n_kv_heads)) at its layer, read
-// off the cache `kv` (positions, n_layers, 2, n_kv, d_head): what head.js's pageInputs takes.
-export function headOutputs(out, kv, head, c) {
-  const D = c.d_head,
-    G = c.n_kv_heads,
-    per = c.n_layers * 2 * G * D,
-    N = kv.length / per;
-  const g = Math.floor(head.head / (c.n_heads / G));
-  const rows = (which) => {
-    const r = new Float32Array(N * D);
-    const at = ((head.layer * 2 + which) * G + g) * D;
-    for (let n = 0; n < N; n++) r.set(kv.subarray(n * per + at, n * per + at + D), n * D);
-    return r;
-  };
-  return {
-    q: out.head_q.data.slice(),
-    W_O: out.head_W_O.data.slice(),
-    lnScale: out.head_ln_scale.data[0],
-    lnW: out.head_ln_w.data.slice(),
-    unembed: out.head_W_U.data.slice(),
-    k: rows(0),
-    v: rows(1),
   };
 }
 
@@ -408,8 +392,8 @@ export function pageBackend(client, manifest, started) {
       },
     });
     known = Math.min(known, r.P);
-    if (r.attn) {
-      rows.add(r.attn, r.P, r.T, r.R);
+    if (r.cut) {
+      rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
     const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
