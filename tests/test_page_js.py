@@ -212,7 +212,7 @@ def test_feed_runs_stay_within_the_budget():
 const out = {};
 out.budget = m.RUN_WEIGHTS;
 out.smol = m.feedRuns(0, 1000, 270);
-out.short = m.feedRuns(0, 200, 270);
+out.short = m.feedRuns(0, 172, 270);
 out.step = m.feedRuns(1000, 1, 270);
 out.rows = m.feedRuns(923, 127, 270);
 out.tiny = m.feedRuns(5, 4, 1, 2);
@@ -223,7 +223,7 @@ console.log(JSON.stringify(out));
     )
     for runs, (P, T, LH, budget) in (
         (js["smol"], (0, 1000, 270, js["budget"])),
-        (js["short"], (0, 200, 270, js["budget"])),
+        (js["short"], (0, 172, 270, js["budget"])),
         (js["rows"], (923, 127, 270, js["budget"])),
         (js["tiny"], (5, 4, 1, 2)),
     ):
@@ -232,7 +232,7 @@ console.log(JSON.stringify(out));
         assert all(b > a for a, b in runs)
         # within the budget, unless a run of one position is over it already
         assert all(LH * (b - a) * b <= budget or b - a == 1 for a, b in runs), runs
-    assert js["short"] == [[0, 200]]  # a text of 200 tokens: one run, as before
+    assert js["short"] == [[0, 172]]  # a text of 172 tokens: one run, as before
     assert js["step"] == [[1000, 1001]]
     assert len(js["smol"]) > 5 and len(js["rows"]) > 1
     assert js["tiny"] == [[5, 6], [6, 7], [7, 8], [8, 9]]

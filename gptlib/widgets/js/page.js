@@ -223,8 +223,11 @@ export function kvStore(per, capacity = 64) {
 // gptlib.step's hooks) until its outputs are gathered, and onnxruntime-web's WebAssembly memory
 // never gives back what it once grew to: a text of 1,000 tokens fed in one run grew SmolLM2's
 // tab by 1.1 GB, a run of the 127 rows the heads panel lacks after a long "generate N" by 0.2 GB.
-// A longer feed runs as several runs (feedRuns), each within this (16 M floats: 64 MB).
-export const RUN_WEIGHTS = 16e6;
+// A longer feed runs as several runs (feedRuns), each within this (8 M floats: 32 MB; with
+// 16 M, fetching those 127 rows at 1,000 tokens still grew the tab by 0.2 GB, with 8 M by 34 MB,
+// in about the same time, measured in Chromium on 2026-11-28). A text of up to 172 tokens is one
+// run.
+export const RUN_WEIGHTS = 8e6;
 
 // The runs of a feed of the positions P .. P + T - 1 for n_layers * n_heads = LH heads: [a, b)
 // each, in order, each as long as the budget allows (at least one position). `from`: the
