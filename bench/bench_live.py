@@ -3,7 +3,7 @@ downloads, waits and holds.
 
     python bench/bench_live.py [--models english smollm2] [--repeats 15]
                                [--static _build/html/_static] [--context 200] [--no-browser]
-                               [--no-native] [--threads 1 2]
+                               [--no-native] [--threads 1 2] [--long 1000]
 
 Natively (`bench`): the HTML book's playground runs gptlib.export's step graph in onnxruntime-web
 (WebAssembly, one thread); Jupyter and Colab run gptlib.step.step in PyTorch. This measures,
@@ -23,9 +23,13 @@ bytes downloaded when the reader starts the model (and none before), the time fr
 SmolLM2, from the reader's "download") to the first token drawn, the time of one step with the
 cache at ``--context`` tokens (median of ``--repeats``), a greedy click with every panel open
 (the page's own time from the click to the text and views drawn), a token of "generate N"
-(drawing included), and the tab's memory once loaded: the
+(drawing included; and, where the page reports it, the mean of its steps' own time, what a token
+would cost bare), and the tab's memory once loaded: the
 JavaScript heap (performance.memory) and the resident memory of the page's renderer process (ps),
-which includes onnxruntime's WebAssembly memory, and the worker's parts of the start. With
+which includes onnxruntime's WebAssembly memory, and the worker's parts of the start. Then a
+greedy run of ``--long`` tokens (1,000 by default; 0: none; the chat switch off, so that no stop
+token ends it), every panel open: its time a token and the renderer's resident memory before the
+start, once loaded, at its peak during the run (sampled every 0.2 s) and after it. With
 ``--threads 1 2`` all of it once with each number of onnxruntime-web threads (more than one: the
 page served cross-origin isolated, as threads need). tests/test_browser_live.py prints the same
 budgets. Nothing is asserted (the machine is shared).
@@ -51,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIVE = ROOT / "book_static" / "live"
 BUDGETS = {"download_mb": 120, "first_s": 10, "step_ms": 100}
 RUN_N = 40  # the tokens of the "generate N" measured in the browser
+LONG_N = 1000  # the tokens of the long run whose memory is measured (--long)
 TEXT = (
     "The river rose through the night, and by morning the old mill stood in water to its "
     "second window. Nobody had seen it so high since 1962, when the bridge went. "
@@ -202,7 +207,14 @@ def _browser_support():
 
 
 def in_browser(
-    static: Path, name: str, model, tok, ids: list[int], steps: int, threads: int = 1
+    static: Path,
+    name: str,
+    model,
+    tok,
+    ids: list[int],
+    steps: int,
+    threads: int = 1,
+    long_n: int = LONG_N,
 ) -> dict:
     """The model in Chromium with onnxruntime-web on ``threads`` threads (more than one: the page
     served cross-origin isolated, page.js's liveThreads asked through window.__gptlibThreads)."""
@@ -238,6 +250,7 @@ def in_browser(
             play.wait_for(timeout=60_000)
             before = sum(n for _, n in sizes)
             n = len(sizes)
+            rss_page = renderer_rss_mb(profile)
             play.locator(".gptlib-play-start").click()
             yes = play.locator(".gptlib-play-confirm-yes")
             t0 = time.perf_counter()
@@ -257,6 +270,7 @@ def in_browser(
             if error:
                 raise SystemExit(f"{name}: the page could not start the model: {error}")
             first = float(play.get_attribute("data-first-ms"))
+            rss_loaded = renderer_rss_mb(profile)
             started = page.evaluate(
                 "() => document.querySelector('.gptlib-play').__gptlib.backend.started || {}"
             )
@@ -317,10 +331,12 @@ def in_browser(
             )
             run_ms = float(play.get_attribute("data-run-ms"))
             run_steps = int(play.get_attribute("data-run-steps"))
+            run_step_ms = play.get_attribute("data-run-step-ms")  # None where not reported
             heap = page.evaluate(
                 "() => performance.memory ? performance.memory.usedJSHeapSize : null"
             )
             rss = renderer_rss_mb(profile)
+            long = long_run(page, play, profile, long_n) if long_n else None
         ctx.close()
     return {
         "before_mb": before / 1e6,
@@ -332,10 +348,66 @@ def in_browser(
         "pair": {k: statistics.median(v) for k, v in pair.items()},
         "run_ms": run_ms,
         "run_steps": run_steps,
+        "run_step_ms": float(run_step_ms) if run_step_ms else None,
+        "rss_page_mb": rss_page,
+        "rss_loaded_mb": rss_loaded,
+        "long": long,
         "heap_mb": heap / 1e6 if heap else None,
         "rss_mb": rss,
         "threads": started.get("threads"),
         "phases": started.get("phases", {}),
+    }
+
+
+def long_run(page, play, profile: str, n: int) -> dict:
+    """A greedy run of ``n`` tokens in the started page (the chat switch off: no stop token), every
+    panel open: its time a token, the run's own mean step where reported, and the renderer's
+    resident memory before it, at its peak (every 0.2 s) and after it, with the JavaScript heap."""
+    import threading
+
+    chat = play.locator(".gptlib-play-chat")
+    if chat.is_visible() and chat.is_checked():
+        chat.uncheck()
+        page.wait_for_function(
+            "() => document.querySelector('.gptlib-play').dataset.busy === '0'", timeout=120_000
+        )
+    page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }")
+    before = renderer_rss_mb(profile) or 0.0
+    peak = [before]
+    done = threading.Event()
+
+    def poll():
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], renderer_rss_mb(profile) or 0.0)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    play.locator(".gptlib-play-run-n").fill(str(n))
+    play.locator(".gptlib-play-run-greedy").check()
+    t0 = time.perf_counter()
+    play.locator(".gptlib-play-run").click()
+    try:
+        page.wait_for_function(
+            "() => { const r = document.querySelector('.gptlib-play');"
+            " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
+            timeout=max(300_000, n * 2_000),
+        )
+    finally:
+        done.set()
+        watcher.join()
+    wall = time.perf_counter() - t0
+    after = renderer_rss_mb(profile) or 0.0
+    step_ms = play.get_attribute("data-run-step-ms")
+    heap = page.evaluate("() => performance.memory ? performance.memory.usedJSHeapSize : null")
+    return {
+        "n": int(play.get_attribute("data-run-steps")),
+        "ms": float(play.get_attribute("data-run-ms")),
+        "step_ms": float(step_ms) if step_ms else None,
+        "wall_s": wall,
+        "before_mb": before,
+        "peak_mb": max(peak[0], after),
+        "after_mb": after,
+        "heap_mb": heap / 1e6 if heap else None,
     }
 
 
@@ -355,6 +427,12 @@ def main() -> None:
         help="onnxruntime-web's threads in Chromium, each measured in turn (e.g. 1 2); more than "
         "one needs the page cross-origin isolated, which this bench's server makes it",
     )
+    ap.add_argument(
+        "--long",
+        type=int,
+        default=LONG_N,
+        help="the tokens of the greedy run whose time and memory are measured last (0: none)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name in args.models:
@@ -370,7 +448,7 @@ def main() -> None:
         for threads in args.threads:
             report(
                 name,
-                in_browser(args.static, name, model, tok, ids, args.repeats, threads),
+                in_browser(args.static, name, model, tok, ids, args.repeats, threads, args.long),
                 ids,
                 args,
             )
@@ -398,6 +476,31 @@ def report(name: str, b: dict, ids: list[int], args) -> None:
         f"({q['two'] / q['one']:.2f}x); a run's token bare {q['bare']:.0f} ms, with its rows "
         f"{q['rows']:.0f} ms ({q['rows'] / q['bare']:.2f}x)"
     )
+    own = (
+        f"; its steps' own time {b['run_step_ms']:.0f} ms a token "
+        f"({b['run_ms'] / b['run_step_ms']:.2f}x)"
+        if b["run_step_ms"]
+        else ""
+    )
+    mb = lambda x: f"{x:.0f} MB" if x else "not found"  # noqa: E731
+    print(
+        f"{name} in Chromium, generate {b['run_steps']}: {b['run_ms']:.0f} ms a token against a "
+        f"bare step's {q['bare']:.0f} ms ({b['run_ms'] / q['bare']:.2f}x){own}; the renderer "
+        f"{mb(b['rss_page_mb'])} before the start, {mb(b['rss_loaded_mb'])} once loaded"
+    )
+    g = b["long"]
+    if g:
+        own = f" (its steps' own {g['step_ms']:.0f} ms)" if g["step_ms"] else ""
+        heap = f"{g['heap_mb']:.0f} MB" if g["heap_mb"] else "not given"
+        print(
+            f"{name} in Chromium, a greedy run of {g['n']} tokens, every panel open: "
+            f"{g['ms']:.0f} ms a token{own}, {1000 / g['ms']:.1f} tokens/s, {g['wall_s']:.0f} s "
+            f"in all; the renderer {g['before_mb']:.0f} MB before it, {g['peak_mb']:.0f} MB at "
+            f"its peak, {g['after_mb']:.0f} MB after it ({g['after_mb'] - b['rss_page_mb']:+.0f} "
+            f"MB above the page before the start); the JavaScript heap {heap}"
+            if b["rss_page_mb"]
+            else f"{name}: a run of {g['n']} tokens: {g['ms']:.0f} ms a token"
+        )
     phases = ", ".join(f"{k} {v}" for k, v in b["phases"].items())
     print(
         f"{name} in Chromium: onnxruntime-web ran {b['threads']} thread(s); the worker's "

@@ -233,8 +233,8 @@ def _flat(t: torch.Tensor) -> list:
 def test_page_path_equals_head_trace(tiny_gpt, tiny_modern, tmp_path):
     """The page's path, in JavaScript: page.js's cacheStepper runs a prefix, then a step that asks
     for one head at a query after it (a stand-in session answers with step()'s outputs, which
-    tests/test_export.py checks the graph's equal, and checks the graph's inputs it is fed); its
-    headOutputs and head.js's pageInputs make the view's inputs from the graph's head_* outputs
+    tests/test_export.py checks the graph's equal, and checks the graph's inputs it is fed);
+    head.js's headOutputs and pageInputs make the view's inputs from the graph's head_* outputs
     and the cache, and traceHead's every stage equals head_trace's; under a head mask, the
     contribution at the last query is step's direct attribution."""
     from gptlib.step import head_input

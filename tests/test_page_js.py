@@ -6,6 +6,8 @@ inlined into the views' bundles (scripts/build_widgets.py)."""
 
 from __future__ import annotations
 
+import math
+
 from node_support import JS, import_as, run_node
 
 
@@ -61,7 +63,7 @@ out.r3 = [r3.P, r3.T];
 fail = true;
 try { await step([7]); } catch (e) { out.errors.push(e.message); }
 const r5 = await step([1, 2, 3, 5, 6], { rows: true });
-out.r5 = [r5.P, r5.T, r5.attn.length];
+out.r5 = [r5.P, r5.T, r5.cut.length];
 out.fed = fed;
 console.log(JSON.stringify(out));
 """
@@ -107,7 +109,8 @@ const client = { async call(type, p) { calls.push(type);
     fed.push([P, T, p.options.rows]);
     return { logits: new Float32Array(4), P, T, R: p.options.rows ? T : 0, lens: null,
              direct: null,
-             attn: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null }; },
+             cut: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null,
+             entropy: p.options.rows ? Float64Array.of(0.7) : null }; },
   terminated: 0, terminate() { this.terminated++; } };
 const manifest = { name: "t", config: { n_layers: 1, n_heads: 1, n_ctx: 64 }, tokens: [],
                    token_bytes: [] };
@@ -198,3 +201,130 @@ console.log(JSON.stringify({
     assert "says it has 2 GB" in js["two"] and "stored analysis" in js["two"]
     assert js["iphone"] is None or "iPhone" in js["iphone"]  # refused only above Safari's limit
     assert "SIMD" in js["noSimd"] and "no WebAssembly" in js["noWasm"]
+
+
+def test_feed_runs_stay_within_the_budget():
+    """A long feed runs as several runs of the graph, each forming at most RUN_WEIGHTS attention
+    weights (n_layers * n_heads * t * (a + t) for a run of t positions after a), the head's run
+    last and to the end; together they cover the feed once, in order."""
+    js = _node(
+        """
+const out = {};
+out.budget = m.RUN_WEIGHTS;
+out.smol = m.feedRuns(0, 1000, 270);
+out.short = m.feedRuns(0, 172, 270);
+out.step = m.feedRuns(1000, 1, 270);
+out.rows = m.feedRuns(923, 127, 270);
+out.tiny = m.feedRuns(5, 4, 1, 2);
+out.head = m.feedRuns(3, 20, 1, 30, 10);
+out.headFits = m.feedRuns(3, 5, 1, 1000, 4);
+console.log(JSON.stringify(out));
+"""
+    )
+    for runs, (P, T, LH, budget) in (
+        (js["smol"], (0, 1000, 270, js["budget"])),
+        (js["short"], (0, 172, 270, js["budget"])),
+        (js["rows"], (923, 127, 270, js["budget"])),
+        (js["tiny"], (5, 4, 1, 2)),
+    ):
+        assert runs[0][0] == P and runs[-1][1] == P + T
+        assert all(b == c for (_, b), (c, _) in zip(runs, runs[1:]))
+        assert all(b > a for a, b in runs)
+        # within the budget, unless a run of one position is over it already
+        assert all(LH * (b - a) * b <= budget or b - a == 1 for a, b in runs), runs
+    assert js["short"] == [[0, 172]]  # a text of 172 tokens: one run, as before
+    assert js["step"] == [[1000, 1001]]
+    assert len(js["smol"]) > 5 and len(js["rows"]) > 1
+    assert js["tiny"] == [[5, 6], [6, 7], [7, 8], [8, 9]]
+    assert js["head"][-1] == [10, 23] and js["head"][0][0] == 3
+    assert all(b <= 10 for _, b in js["head"][:-1])
+    assert js["headFits"] == [[3, 8]]
+
+
+# A session whose attention row of query q holds 100 (q + 1) + j at key j <= q (0 after), whose
+# logits say the context's length and the sum of its ids, and whose cache holds each id.
+ROWS_SESSION = """
+const manifest = { config: { n_layers: 1, n_heads: 2, n_kv_heads: 1, d_head: 1, d_vocab: 4,
+                             n_ctx: 256 }, lens_top: 2 };
+class Tensor { constructor(type, data, dims) { Object.assign(this, { type, data, dims }); } }
+const ort = { Tensor };
+const session = (fed, failAt = -1) => ({ async run(f) {
+  const ids = Array.from(f.ids.data, Number), P = f.past.dims[0], T = ids.length;
+  const qs = Array.from(f.queries.data, Number), E = P + T;
+  fed.push([P, T, f.lens.dims[0], f.targets.dims[0], qs]);
+  if (fed.length === failAt) throw new Error("out of memory");
+  const past = Array.from(f.past.data).filter((_, i) => i % 2 === 0);
+  const all = past.concat(ids);
+  const attn = new Float32Array(2 * qs.length * E);
+  for (let k = 0; k < 2; k++) qs.forEach((t, r) => { const q = P + t;
+    for (let j = 0; j <= q; j++) attn[(k * qs.length + r) * E + j] = 100 * (q + 1) + j + k; });
+  return { logits: new Tensor("float32", Float32Array.of(E, all.reduce((a, b) => a + b, 0), 0, 0)),
+           attn: new Tensor("float32", attn),
+           kv: new Tensor("float32", Float32Array.from(ids.flatMap((i) => [i, i]))),
+           direct: new Tensor("float32", new Float32Array(0)) }; } });
+"""
+
+
+def test_a_step_in_several_runs_equals_one_run():
+    """The same steps with a budget that splits every feed into runs of a few positions give the
+    logits and attention rows of one run each; only the last run asks for the targets; a step
+    that fails after some of its runs leaves the cache holding the positions those computed."""
+    js = _node(
+        ROWS_SESSION
+        + """
+const out = {};
+const ids = Array.from({ length: 40 }, (_, i) => (i * 7) % 11);
+for (const [name, budget] of [["one", 1e9], ["many", 40]]) {
+  const fed = [];
+  const step = m.cacheStepper(ort, session(fed), manifest, budget);
+  const r1 = await step(ids.slice(0, 30), { rows: true, targets: [-1] });
+  const r2 = await step(ids.slice(0, 31), { rows: true });
+  const r3 = await step(ids, {});
+  out[name] = { fed, r: [r1, r2, r3].map((r) => ({ P: r.P, T: r.T, R: r.R,
+    logits: Array.from(r.logits), cut: r.cut && Array.from(r.cut),
+    entropy: r.entropy && Array.from(r.entropy) })) };
+}
+// past the panel's window (128 positions): key 0, then keys 13 .. q of each query kept
+const long = Array.from({ length: 140 }, (_, i) => (i * 5) % 13);
+for (const [name, budget] of [["longOne", 1e9], ["longMany", 400]]) {
+  const r = await m.cacheStepper(ort, session([]), manifest, budget)(long, { rows: true });
+  out[name] = { R: r.R, cut: Array.from(r.cut), entropy: Array.from(r.entropy) };
+}
+const fed = [];
+const step = m.cacheStepper(ort, session(fed, 3), manifest, 40);
+try { await step(ids.slice(0, 20)); } catch (e) { out.error = e.message; }
+await step(ids.slice(0, 21));
+out.failed = fed;
+console.log(JSON.stringify(out));
+"""
+    )
+    assert js["one"]["r"] == js["many"]["r"]
+    assert len(js["one"]["fed"]) == 3 and len(js["many"]["fed"]) > 6
+    r1 = js["one"]["r"][0]
+    assert r1["P"] == 0 and r1["T"] == 30 and r1["R"] == 30 and r1["logits"][0] == 30
+    # the rows cut to the window's keys (30 positions: all of them), head k's row q holding
+    # 100 (q + 1) + j + k at key j <= q; the last row's entropy over all its keys
+    for k in (0, 1):
+        for q in (0, 7, 29):
+            row = r1["cut"][(k * 30 + q) * 30 :][: q + 1]
+            assert row == [100 * (q + 1) + j + k for j in range(q + 1)], (k, q)
+    last = [100 * 30 + j for j in range(30)]
+    assert abs(r1["entropy"][0] - sum(-a * math.log(a) for a in last)) < 1e-6 * 3e6
+    assert js["one"]["r"][2]["cut"] is None and js["one"]["r"][2]["entropy"] is None
+    assert js["longOne"] == js["longMany"]
+    cut, R = js["longOne"]["cut"], js["longOne"]["R"]
+    assert R == 127 and len(cut) == 2 * R * 128  # queries 13 .. 139, keys 0, 13 .. 139
+    for k in (0, 1):
+        for q in (13, 80, 139):
+            row = cut[(k * R + q - 13) * 128 :][: q - 13 + 2]
+            want = [100 * (q + 1) + j + k for j in [0, *range(13, q + 1)]]
+            assert row == want, (k, q)
+    # the targets only in the step's last run
+    first = [f for f in js["many"]["fed"] if f[0] + f[1] <= 30]
+    assert [f[3] for f in first] == [0] * (len(first) - 1) + [1]
+    # 20 positions in runs of (budget 40, 2 heads) 4, 3, 2, ...: the third run fails; the next
+    # step keeps the two runs' positions and feeds the rest
+    assert js["error"] == "out of memory"
+    runs = js["failed"]
+    done = runs[1][0] + runs[1][1]
+    assert runs[3][0] == done and runs[3][0] + runs[3][1] <= 21

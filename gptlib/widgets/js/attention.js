@@ -26,6 +26,7 @@ function render({ model, el }) {
   life.on("change:head", panel.redraw);
   return () => {
     life.end();
+    panel.close();
     root.remove();
   };
 }

@@ -360,3 +360,30 @@ export function headPanel(inp, { names } = {}) {
   root.append(list);
   return root;
 }
+
+// One head's share of a step's outputs (gptlib.step's head_* for the one head asked) and the
+// keys and values of its key-value head g = floor(h / (n_heads / n_kv_heads)) at its layer, read
+// off the cache `kv` (positions, n_layers, 2, n_kv, d_head): what pageInputs takes (page.js's
+// cacheStepper makes it in the worker).
+export function headOutputs(out, kv, head, c) {
+  const D = c.d_head,
+    G = c.n_kv_heads,
+    per = c.n_layers * 2 * G * D,
+    N = kv.length / per;
+  const g = Math.floor(head.head / (c.n_heads / G));
+  const rows = (which) => {
+    const r = new Float32Array(N * D);
+    const at = ((head.layer * 2 + which) * G + g) * D;
+    for (let n = 0; n < N; n++) r.set(kv.subarray(n * per + at, n * per + at + D), n * D);
+    return r;
+  };
+  return {
+    q: out.head_q.data.slice(),
+    W_O: out.head_W_O.data.slice(),
+    lnScale: out.head_ln_scale.data[0],
+    lnW: out.head_ln_w.data.slice(),
+    unembed: out.head_W_U.data.slice(),
+    k: rows(0),
+    v: rows(1),
+  };
+}

@@ -14,6 +14,7 @@ import {
   scroller,
 } from "./heatmap.js";
 import { headGrid } from "./overview.js";
+import { watchBackground } from "./theme.js";
 
 // The colour scale, the book's one for attention weights (gptlib.figures.ATTENTION_STOPS draws
 // the static figures with the same stops): weight 0 is the page's background, and more weight
@@ -313,8 +314,8 @@ function setScores(sel, scores) {
   if (scores.some((s) => s.name === chosen)) sel.value = chosen;
 }
 
-// resized() when the box of `scroll` (a scroller) changes size, themed() when the page's theme
-// does, until `root` leaves the page.
+// resized() when the box of `scroll` (a scroller) changes size, themed() when the background
+// behind `root` may have changed (theme.js). Returns the background's watcher ({soon, stop}).
 function watch(root, scroll, { resized, themed }) {
   if (typeof ResizeObserver !== "undefined") {
     new ResizeObserver(() => {
@@ -322,16 +323,7 @@ function watch(root, scroll, { resized, themed }) {
       resized();
     }).observe(scroll.box);
   }
-  if (typeof MutationObserver !== "undefined") {
-    const seen = new MutationObserver(() => {
-      if (!root.isConnected) seen.disconnect();
-      else themed();
-    });
-    seen.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"],
-    });
-  }
+  return watchBackground(root, themed);
 }
 
 // The palette on the background of `root` (`pal` itself while that has not changed).
@@ -429,12 +421,16 @@ export function attentionPanel(root, state) {
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
   v.colourSel.addEventListener("change", () => data && paint());
 
-  // The scale follows the page's background (read again when the theme changes).
+  // The scale follows the page's background (read again when it may have changed: theme.js).
+  // Returns true when the palette changed.
   function theme() {
+    const before = pal;
     pal = paletteOn(root, pal);
     themeRead = root.isConnected; // a root not yet in the page has no background to read
+    if (!themeRead) watcher.soon(); // read it once the root is in the page
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
+    return pal !== before;
   }
 
   function update(next) {
@@ -458,17 +454,21 @@ export function attentionPanel(root, state) {
     drawHead();
   }
 
-  // Drawn again when the space changes (a narrower window: smaller cells) or the theme does.
-  watch(root, v.gridScroll, {
+  // Drawn again when the space changes (a narrower window: smaller cells), and coloured again
+  // when the background does: the overview and the detail, not the rest (scores, text).
+  const watcher = watch(root, v.gridScroll, {
     resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
     themed: () => {
-      themeRead = false;
-      if (data) update(data);
+      if (!theme() || !data) return;
+      unfocus();
+      paint();
+      drawHead();
     },
   });
 
-  return { update, select, redraw: drawHead };
+  // close(): the panel stops watching the page (its view has ended).
+  return { update, select, redraw: drawHead, close: watcher.stop };
 }

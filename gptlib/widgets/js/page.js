@@ -14,8 +14,8 @@ import {
   staticBase,
   tabMemory,
 } from "./backend.js";
-import { pageInputs } from "./head.js";
-import { firstKept, rowsWanted, rowWindow } from "./rows.js";
+import { headOutputs, pageInputs } from "./head.js";
+import { entropyOf, firstKept, rowsWanted, rowWindow, windowPositions } from "./rows.js";
 
 const VERSION = 5;
 // Downloads above this many bytes wait for the reader to agree.
@@ -193,8 +193,10 @@ export function plan(cached, cachedMask, window, mask, most = Number.POSITIVE_IN
 }
 
 // The cache of keys and values, position first: `per` floats a position (n_layers * 2 * n_kv *
-// d_head), in one buffer that grows by doubling; past(P) is a view of its first P positions (what
-// the step is fed, no copy), put(at, kv) writes a step's new positions from position `at` on.
+// d_head: 46 kB for SmolLM2), in one buffer that grows by half (at most a third of it unused:
+// doubling left up to half of 94 MB unused after 1,000 tokens); past(P) is a view of its first P
+// positions (what the step is fed, no copy), put(at, kv) writes a step's new positions from
+// position `at` on.
 export function kvStore(per, capacity = 64) {
   let data = new Float32Array(per * capacity);
   return {
@@ -202,9 +204,9 @@ export function kvStore(per, capacity = 64) {
     put(at, kv) {
       const need = at * per + kv.length;
       if (need > data.length) {
-        let n = data.length || per;
-        while (n < need) n *= 2;
-        const grown = new Float32Array(n);
+        let n = Math.max(1, data.length / per);
+        while (n * per < need) n = Math.ceil(n * 1.5);
+        const grown = new Float32Array(n * per);
         grown.set(data.subarray(0, at * per));
         data = grown;
       }
@@ -216,18 +218,51 @@ export function kvStore(per, capacity = 64) {
   };
 }
 
+// The most attention weights one run of the graph may form: the step keeps every layer's
+// pattern of its T new queries over its P + T keys (n_layers * n_heads * T * (P + T) floats,
+// gptlib.step's hooks) until its outputs are gathered, and onnxruntime-web's WebAssembly memory
+// never gives back what it once grew to: a text of 1,000 tokens fed in one run grew SmolLM2's
+// tab by 1.1 GB, a run of the 127 rows the heads panel lacks after a long "generate N" by 0.2 GB.
+// A longer feed runs as several runs (feedRuns), each within this (8 M floats: 32 MB; with
+// 16 M, fetching those 127 rows at 1,000 tokens still grew the tab by 0.2 GB, with 8 M by 34 MB,
+// in about the same time, measured in Chromium on 2026-11-28). A text of up to 172 tokens is one
+// run.
+export const RUN_WEIGHTS = 8e6;
+
+// The runs of a feed of the positions P .. P + T - 1 for n_layers * n_heads = LH heads: [a, b)
+// each, in order, each as long as the budget allows (at least one position). `from`: the
+// position of the head asked, which must be one of the last run's: that run goes to the end.
+export function feedRuns(P, T, LH, budget = RUN_WEIGHTS, from = null) {
+  const runs = [],
+    c = budget / LH,
+    end = P + T;
+  let a = P;
+  while (a < end) {
+    let t = Math.max(1, Math.floor((-a + Math.sqrt(a * a + 4 * c)) / 2)); // LH t (a + t) <= budget
+    if (from !== null) t = a >= from || t >= end - a ? end - a : Math.min(t, from - a); // the head's: to the end
+    const b = Math.min(end, a + t);
+    runs.push([a, b]);
+    a = b;
+  }
+  return runs;
+}
+
 // One step at a time on a session of the step graph (in the worker), keeping the cache between
-// steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, attn
-// (n_layers, n_heads, R, P + T) when `rows`, else null, P, T, R, lens, direct}: `rows` asks for
-// the rows of the last R = rowsWanted(P, T) of the T new queries, those the heads panel's window
-// keeps (rows.js). Only what is asked is computed: no lens (null or []), no targets, no rows
-// make a bare step; a target -1 is the most probable token. The cache changes only once a step
-// has succeeded: a step that fails (an exception, out of memory) leaves it as it was, so the
-// next step is fed the keys and values of the ids it says it holds. A `head` {layer, head,
-// position, target} (position in the window) asks for one head at one query (head.js): the step
-// then starts at that position at the latest and its result's `head` holds the graph's head_*
+// steps (see plan, kvStore): step(ids, {mask, lens, targets, rows, most}) -> {logits, cut,
+// entropy, P, T, R, lens, direct}: `rows` asks for the rows of the last R = rowsWanted(P, T) of
+// the T new queries, those the heads panel's window keeps (rows.js), which come cut to the
+// window's keys (cut: (n_layers, n_heads, R, n), n = windowPositions(P + T).length, as rows.js's
+// addCut takes them), with each head's last-row entropy over all its keys (entropy: n_layers *
+// n_heads); null both without `rows`. Only what is asked is computed: no lens (null or []), no targets, no rows
+// make a bare step; a target -1 is the most probable token. A long feed runs as several runs
+// of the graph (feedRuns), the lens, targets and head asked of the last. The cache says which
+// ids it holds only once a run has succeeded: a step that fails (an exception, out of memory)
+// leaves it as it was, or holding the positions of its runs that succeeded, so the next step is
+// fed the keys and values of the ids it says it holds. A `head` {layer, head, position, target}
+// (position in the window) asks for one head at one query (head.js): the step's last run then
+// starts at that position at the latest and its result's `head` holds the graph's head_*
 // outputs and the cache's keys and values of that head's key-value head (head.js's pageInputs).
-export function cacheStepper(ort, session, manifest) {
+export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
   const c = manifest.config,
     L = c.n_layers,
     H = c.n_heads,
@@ -240,6 +275,7 @@ export function cacheStepper(ort, session, manifest) {
   let cached = [],
     cachedMask = "";
   const i64 = (a) => BigInt64Array.from(a, (i) => BigInt(i));
+  const tensor = (a) => new ort.Tensor("int64", i64(a), [a.length]);
   return async (ids, options = {}) => {
     const { mask = null, lens = null, targets = null, rows = false, head = null } = options;
     const window = ids.slice(-c.n_ctx); // past n_ctx the window slides (all of it recomputed)
@@ -253,67 +289,76 @@ export function cacheStepper(ort, session, manifest) {
     }
     const { keep, feed } = plan(cached, cachedMask, window, mKey, most);
     const P = keep,
-      T = feed.length;
+      T = feed.length,
+      E = P + T;
     const ls = lens || [],
       tg = targets || [],
-      R = rows ? rowsWanted(P, T) : 0,
-      qs = Array.from({ length: R }, (_, k) => T - R + k);
-    const asked = head ? [head.layer, head.head, head.position - P, head.target] : [];
-    const out = await session.run({
-      ids: new ort.Tensor("int64", i64(feed), [1, T]),
-      past: new ort.Tensor("float32", store.past(P), [P, L, 2, G, D]),
-      head_mask: new ort.Tensor("float32", m, [L, H]),
-      lens: new ort.Tensor("int64", i64(ls), [ls.length]),
-      targets: new ort.Tensor("int64", i64(tg), [tg.length]),
-      queries: new ort.Tensor("int64", i64(qs), [qs.length]),
-      head: new ort.Tensor("int64", i64(asked), [asked.length / 4, 4]),
-    });
+      R = rows ? rowsWanted(P, T) : 0;
+    // the rows cut to the window's keys: key 0, then lo .. q (rows.js's addCut)
+    const lo = Math.max(1, firstKept(E)),
+      n = rows ? windowPositions(E).length : 0;
+    const cut = rows ? new Float32Array(L * H * R * n) : null,
+      entropy = rows ? new Float64Array(L * H) : null;
+    const runs = feedRuns(P, T, L * H, budget, head ? head.position : null);
+    let done = P, // the positions whose keys and values the store holds for `window`
+      result = null;
     try {
-      const result = {
-        logits: out.logits.data.slice(0, V),
-        attn: rows ? out.attn.data.slice() : null,
-        P,
-        T,
-        R,
-        lens: lens
-          ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, ls.length, K)
-          : null,
-        direct: tg.length ? out.direct.data.slice() : null,
-      };
-      store.put(P, out.kv.data); // the new positions after the kept ones; the rest is stale
-      cached = window.slice();
-      cachedMask = mKey;
-      if (head) result.head = headOutputs(out, store.past(P + T), head, c);
-      return result;
+      for (const [a, b] of runs) {
+        const last = b === E,
+          qFrom = Math.max(a, E - R); // the rows wanted among this run's queries
+        const qs = Array.from({ length: Math.max(0, b - qFrom) }, (_, k) => qFrom - a + k);
+        const asked = head && last ? [head.layer, head.head, head.position - a, head.target] : [];
+        const out = await session.run({
+          ids: new ort.Tensor("int64", i64(feed.slice(a - P, b - P)), [1, b - a]),
+          past: new ort.Tensor("float32", store.past(a), [a, L, 2, G, D]),
+          head_mask: new ort.Tensor("float32", m, [L, H]),
+          lens: tensor(last ? ls : []),
+          targets: tensor(last ? tg : []),
+          queries: tensor(qs),
+          head: new ort.Tensor("int64", i64(asked), [asked.length / 4, 4]),
+        });
+        try {
+          if (rows) {
+            const got = out.attn.data; // (L, H, qs.length, b)
+            for (let k = 0; k < L * H; k++) {
+              for (let t = 0; t < qs.length; t++) {
+                const q = qFrom + t,
+                  from = (k * qs.length + t) * b,
+                  to = (k * R + (q - (E - R))) * n;
+                cut[to] = got[from];
+                if (q > 0) cut.set(got.subarray(from + lo, from + q + 1), to + 1);
+                if (q === E - 1) entropy[k] = entropyOf(got.subarray(from, from + q + 1));
+              }
+            }
+          }
+          if (last) {
+            result = {
+              logits: out.logits.data.slice(0, V),
+              cut,
+              entropy,
+              P,
+              T,
+              R,
+              lens: lens
+                ? lensTops(out.lens_ids.data, out.lens_logits.data, out.lens_lse.data, ls.length, K)
+                : null,
+              direct: tg.length ? out.direct.data.slice() : null,
+            };
+          }
+          store.put(a, out.kv.data); // the new positions after the kept ones; the rest is stale
+          done = b;
+          if (last && head) result.head = headOutputs(out, store.past(E), head, c);
+        } finally {
+          for (const t of Object.values(out)) t.dispose?.();
+        }
+      }
     } finally {
-      for (const t of Object.values(out)) t.dispose?.();
+      if (done > P) {
+        cached = window.slice(0, done);
+        cachedMask = mKey;
+      }
     }
-  };
-}
-
-// One head's share of a step's outputs (gptlib.step's head_* for the one head asked) and the
-// keys and values of its key-value head g = floor(h / (n_heads / n_kv_heads)) at its layer, read
-// off the cache `kv` (positions, n_layers, 2, n_kv, d_head): what head.js's pageInputs takes.
-export function headOutputs(out, kv, head, c) {
-  const D = c.d_head,
-    G = c.n_kv_heads,
-    per = c.n_layers * 2 * G * D,
-    N = kv.length / per;
-  const g = Math.floor(head.head / (c.n_heads / G));
-  const rows = (which) => {
-    const r = new Float32Array(N * D);
-    const at = ((head.layer * 2 + which) * G + g) * D;
-    for (let n = 0; n < N; n++) r.set(kv.subarray(n * per + at, n * per + at + D), n * D);
-    return r;
-  };
-  return {
-    q: out.head_q.data.slice(),
-    W_O: out.head_W_O.data.slice(),
-    lnScale: out.head_ln_scale.data[0],
-    lnW: out.head_ln_w.data.slice(),
-    unembed: out.head_W_U.data.slice(),
-    k: rows(0),
-    v: rows(1),
+    return result;
   };
 }
 
@@ -350,8 +395,8 @@ export function pageBackend(client, manifest, started) {
       },
     });
     known = Math.min(known, r.P);
-    if (r.attn) {
-      rows.add(r.attn, r.P, r.T, r.R);
+    if (r.cut) {
+      rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
     const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };

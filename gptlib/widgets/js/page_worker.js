@@ -215,7 +215,7 @@ async function handle(msg) {
       if (!stepper) throw new LiveError("the live model is not started (or was released)");
       const r = await stepper(msg.ids, msg.options || {});
       const transfer = [r.logits.buffer];
-      if (r.attn) transfer.push(r.attn.buffer);
+      if (r.cut) transfer.push(r.cut.buffer, r.entropy.buffer);
       if (r.direct) transfer.push(r.direct.buffer);
       post({ result: r }, transfer);
     } else if (msg.type === "encode") {

@@ -21,7 +21,9 @@ import {
 } from "./playground_draw.js";
 import { mountHeadPanel } from "./playground_head.js";
 
-// During a run of draws, the text and the distribution are drawn every this many tokens.
+// During a run of draws, the text and the distribution are drawn every this many tokens (only
+// the tokens added since are drawn, and nothing while the view is off the screen); the rest of
+// the views once, at the end.
 const RUN_DRAW_EVERY = 8;
 
 // The first index of the largest logit (what byLogit puts first), in one pass.
@@ -67,13 +69,17 @@ class Playground {
     this.queued = null; // the reader's latest action while another ran
     this.running = false; // a run of draws, which the stop button ends
     this.stopAsked = false;
+    this.onScreen = true; // some of the view is on the screen (watched in render)
     this.startedAt = null;
     this.promptIds = model.get("stored").ids;
     this.path = []; // the ids drawn after the prompt
     this.reseed(model.get("seed"));
     this.current = fromStored(model.get("stored"), this.cfg); // the analysis shown
     this.link = connect(model); // the live model: the kernel's, or the page's (shared)
-    life.atEnd(() => this.link.close());
+    life.atEnd(() => {
+      this.panel.close();
+      this.link.close();
+    });
   }
 
   reseed(seed) {
@@ -109,7 +115,7 @@ class Playground {
   // adds what the open panels show, at the last position: the logit lens of every stream when
   // its panel is open; every head's attention rows and direct contribution to the most probable
   // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
-  // logits only and draws nothing (the run draws every few tokens).
+  // logits only and draws nothing (the run draws every few tokens); it returns the step's time.
   async compute(full = true) {
     const { v, live } = this,
       ctx = this.promptIds.concat(this.path);
@@ -148,7 +154,7 @@ class Playground {
       live: true,
     };
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === undefined ? window.length : r.fed });
-    if (!full) return;
+    if (!full) return r.ms;
     const shown = [lensOn && "the lens", headsOn && "the heads"].filter(Boolean);
     this.setStatus(
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`,
@@ -343,8 +349,10 @@ class Playground {
   }
 
   // A run of up to n draws (greedy or seeded), each step computing only the logits (a bare step)
-  // and the text drawn every RUN_DRAW_EVERY tokens; the stop button, or a stop id in chat mode,
-  // ends it; then one step with what the open panels show (the rows of the run's tokens too).
+  // and the text drawn every RUN_DRAW_EVERY tokens while the view is on the screen (its new
+  // tokens only); the stop button, or a stop id in chat mode, ends it; then one step with what
+  // the open panels show (the rows of the run's tokens too), drawn once. Reported: the time a
+  // token, everything included (runMs), and the mean time of the run's own steps (runStepMs).
   async generate(n, greedy) {
     if (!(await this.start())) return;
     if (this.stale()) await this.retext();
@@ -354,6 +362,8 @@ class Playground {
     enable(this);
     const t0 = performance.now();
     let steps = 0,
+      stepped = 0, // the bare steps run, and their time
+      stepMs = 0,
       stopped = "";
     try {
       while (steps < n) {
@@ -369,9 +379,11 @@ class Playground {
           break;
         }
         if (steps < n) {
-          await this.compute(false); // awaits the worker or the kernel: the stop button can act
-          if (steps % RUN_DRAW_EVERY === 0) {
-            drawTokens(this);
+          // awaits the worker or the kernel: the stop button can act
+          stepMs += (await this.compute(false)) || 0;
+          stepped += 1;
+          if (steps % RUN_DRAW_EVERY === 0 && this.onScreen) {
+            drawTokens(this, true);
             drawDistribution(this);
           }
         }
@@ -383,7 +395,11 @@ class Playground {
     await this.compute();
     const per = (performance.now() - t0) / Math.max(1, steps);
     this.v.msg.textContent = `${steps} token(s) drawn${stopped ? `; ${stopped}` : ""} (${per.toFixed(0)} ms a token, drawing included).`;
-    report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
+    report(this.v.root, {
+      runSteps: steps,
+      runMs: per.toFixed(1),
+      runStepMs: stepped ? (stepMs / stepped).toFixed(1) : undefined,
+    });
   }
 
   async toggleHead(layer, head) {
@@ -492,6 +508,14 @@ function render({ model, el }) {
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
   p.head = mountHeadPanel(p, life);
+  if (typeof IntersectionObserver === "function") {
+    // whether the reader can see any of the view (a run draws nothing while not)
+    const seen = new IntersectionObserver((entries) => {
+      p.onScreen = entries[entries.length - 1].isIntersecting;
+    });
+    seen.observe(v.root);
+    life.atEnd(() => seen.disconnect());
+  }
   const startAndRetext = listen(p, v, model, life);
   // The stored analysis until the reader starts the live model; in a kernel, start at once.
   p.setStatus(

@@ -201,33 +201,71 @@ function drawLens(box, lens, labels, tokenStr) {
   );
 }
 
-// The context's tokens (those outside the model's window dimmed) and the text they decode to.
-export function drawTokens(p) {
+const OUT = " (outside the model's window)";
+
+// One token of the context as a span: position i, those drawn after the prompt marked "new",
+// those before the model's window (`first`) dimmed.
+function tokenSpan(p, id, i, first) {
+  const { live, promptIds } = p;
+  const s = make(
+    "span",
+    `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
+    show(p.tokenStr(id)),
+  );
+  s.title =
+    `token ${i}: id ${id}` +
+    (live
+      ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}`
+      : "") +
+    (i < first ? OUT : "");
+  return s;
+}
+
+// The tokens row of `ctx` drawn whole, or (`grow`, during a run of draws) only its new tokens
+// appended to the row drawn before, when that row is a prefix of this one (p.tokensDrawn: the
+// spans drawn, for which prompt and path), and the tokens that left the model's window dimmed.
+function tokenRow(p, ctx, first, grow) {
+  const { v, promptIds, path } = p,
+    d = p.tokensDrawn,
+    nCtx = p.cfg.n_ctx;
+  const count =
+    `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}` +
+    `${first ? `; the model sees the last ${nCtx}` : ""}: `;
+  const prefix =
+    grow &&
+    d?.prompt === promptIds &&
+    d.path === path &&
+    d.spans.length <= ctx.length &&
+    d.spans.length > 0 &&
+    d.ids[d.spans.length - 1] === ctx[d.spans.length - 1];
+  if (!prefix) {
+    const spans = ctx.map((id, i) => tokenSpan(p, id, i, first));
+    const head = make("span", "gptlib-play-count", count);
+    v.tokenRow.replaceChildren(head, ...spans);
+    p.tokensDrawn = { prompt: promptIds, path, ids: ctx, spans, first, head };
+    return;
+  }
+  for (let i = d.first; i < Math.min(first, d.spans.length); i++) {
+    d.spans[i].classList.add("out");
+    d.spans[i].title += OUT;
+  }
+  const added = ctx
+    .slice(d.spans.length)
+    .map((id, k) => tokenSpan(p, id, d.spans.length + k, first));
+  v.tokenRow.append(...added);
+  d.spans.push(...added);
+  d.head.textContent = count;
+  Object.assign(d, { ids: ctx, first });
+}
+
+// The context's tokens (those outside the model's window dimmed) and the text they decode to;
+// `grow`: only the tokens added since the last drawing are drawn (a run of draws).
+export function drawTokens(p, grow = false) {
   const { v, live, promptIds, path } = p,
     nCtx = p.cfg.n_ctx;
   const ctx = promptIds.concat(path),
     first = ctx.length - Math.min(ctx.length, nCtx);
-  v.tokenRow.replaceChildren(
-    make(
-      "span",
-      "gptlib-play-count",
-      `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `,
-    ),
-    ...ctx.map((id, i) => {
-      const s = make(
-        "span",
-        `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
-        show(p.tokenStr(id)),
-      );
-      s.title =
-        `token ${i}: id ${id}` +
-        (live
-          ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}`
-          : "") +
-        (i < first ? " (outside the model's window)" : "");
-      return s;
-    }),
-  );
+  tokenRow(p, ctx, first, grow);
   if (live) {
     const all = decodeBytes(live.bytes, ctx),
       head = decodeBytes(live.bytes, promptIds);

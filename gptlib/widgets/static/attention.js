@@ -378,6 +378,74 @@ function listen(box, preview, pick, nav) {
   });
 }
 
+// gptlib/widgets/js/theme.js
+var THEME_ATTRIBUTES = [
+  "class",
+  "style",
+  "data-theme",
+  "data-mode",
+  "data-jp-theme-light",
+  "data-jp-theme-name"
+];
+var SETTLE_MS = 400;
+function watchBackground(root, changed, env = globalThis) {
+  const doc = env.document;
+  const undo = [];
+  let frame = false, stopped = false, later = null, inPage = false, waits = 0;
+  const check = () => {
+    frame = false;
+    if (stopped) return;
+    if (root.isConnected) {
+      inPage = true;
+      changed();
+    } else if (inPage) {
+      stop();
+    } else if (++waits < 60) {
+      soon();
+    }
+  };
+  const soon = () => {
+    if (stopped || frame) return;
+    frame = true;
+    (env.requestAnimationFrame || ((f) => env.setTimeout(f, 16)))(check);
+  };
+  const signal = () => {
+    soon();
+    if (later !== null) env.clearTimeout(later);
+    later = env.setTimeout(() => {
+      later = null;
+      soon();
+    }, SETTLE_MS);
+  };
+  function stop() {
+    if (stopped) return;
+    stopped = true;
+    if (later !== null) env.clearTimeout(later);
+    for (const f of undo.splice(0)) f();
+  }
+  if (typeof env.MutationObserver === "function" && doc) {
+    const seen = new env.MutationObserver(signal);
+    const attrs = { attributes: true, attributeFilter: THEME_ATTRIBUTES };
+    if (doc.documentElement) seen.observe(doc.documentElement, attrs);
+    if (doc.body) seen.observe(doc.body, attrs);
+    if (doc.head) seen.observe(doc.head, { childList: true });
+    undo.push(() => seen.disconnect());
+  }
+  if (doc?.addEventListener) {
+    const loaded = (e) => {
+      if (e.target?.tagName === "LINK") signal();
+    };
+    doc.addEventListener("load", loaded, true);
+    undo.push(() => doc.removeEventListener("load", loaded, true));
+  }
+  const dark = env.matchMedia?.("(prefers-color-scheme: dark)");
+  if (dark?.addEventListener) {
+    dark.addEventListener("change", signal);
+    undo.push(() => dark.removeEventListener("change", signal));
+  }
+  return { soon, stop };
+}
+
 // gptlib/widgets/js/heads.js
 var STOPS = [
   [255, 255, 255],
@@ -595,16 +663,7 @@ function watch(root, scroll, { resized, themed }) {
       resized();
     }).observe(scroll.box);
   }
-  if (typeof MutationObserver !== "undefined") {
-    const seen = new MutationObserver(() => {
-      if (!root.isConnected) seen.disconnect();
-      else themed();
-    });
-    seen.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+  return watchBackground(root, themed);
 }
 function paletteOn(root, pal) {
   const bg = backgroundOf(root), stops = scaleOn(bg);
@@ -668,10 +727,13 @@ function attentionPanel(root, state) {
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
   v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
+    const before = pal;
     pal = paletteOn(root, pal);
     themeRead = root.isConnected;
+    if (!themeRead) watcher.soon();
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
+    return pal !== before;
   }
   function update(next) {
     data = next;
@@ -691,17 +753,19 @@ function attentionPanel(root, state) {
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  watch(root, v.gridScroll, {
+  const watcher = watch(root, v.gridScroll, {
     resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
     themed: () => {
-      themeRead = false;
-      if (data) update(data);
+      if (!theme() || !data) return;
+      unfocus();
+      paint();
+      drawHead();
     }
   });
-  return { update, select, redraw: drawHead };
+  return { update, select, redraw: drawHead, close: watcher.stop };
 }
 
 // gptlib/widgets/js/attention.js
@@ -729,6 +793,7 @@ function render({ model, el }) {
   life.on("change:head", panel.redraw);
   return () => {
     life.end();
+    panel.close();
     root.remove();
   };
 }

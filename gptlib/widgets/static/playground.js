@@ -875,6 +875,74 @@ function listen(box, preview, pick, nav) {
   });
 }
 
+// gptlib/widgets/js/theme.js
+var THEME_ATTRIBUTES = [
+  "class",
+  "style",
+  "data-theme",
+  "data-mode",
+  "data-jp-theme-light",
+  "data-jp-theme-name"
+];
+var SETTLE_MS = 400;
+function watchBackground(root, changed, env = globalThis) {
+  const doc = env.document;
+  const undo = [];
+  let frame = false, stopped = false, later = null, inPage = false, waits = 0;
+  const check = () => {
+    frame = false;
+    if (stopped) return;
+    if (root.isConnected) {
+      inPage = true;
+      changed();
+    } else if (inPage) {
+      stop();
+    } else if (++waits < 60) {
+      soon();
+    }
+  };
+  const soon = () => {
+    if (stopped || frame) return;
+    frame = true;
+    (env.requestAnimationFrame || ((f) => env.setTimeout(f, 16)))(check);
+  };
+  const signal = () => {
+    soon();
+    if (later !== null) env.clearTimeout(later);
+    later = env.setTimeout(() => {
+      later = null;
+      soon();
+    }, SETTLE_MS);
+  };
+  function stop() {
+    if (stopped) return;
+    stopped = true;
+    if (later !== null) env.clearTimeout(later);
+    for (const f of undo.splice(0)) f();
+  }
+  if (typeof env.MutationObserver === "function" && doc) {
+    const seen = new env.MutationObserver(signal);
+    const attrs = { attributes: true, attributeFilter: THEME_ATTRIBUTES };
+    if (doc.documentElement) seen.observe(doc.documentElement, attrs);
+    if (doc.body) seen.observe(doc.body, attrs);
+    if (doc.head) seen.observe(doc.head, { childList: true });
+    undo.push(() => seen.disconnect());
+  }
+  if (doc?.addEventListener) {
+    const loaded = (e) => {
+      if (e.target?.tagName === "LINK") signal();
+    };
+    doc.addEventListener("load", loaded, true);
+    undo.push(() => doc.removeEventListener("load", loaded, true));
+  }
+  const dark = env.matchMedia?.("(prefers-color-scheme: dark)");
+  if (dark?.addEventListener) {
+    dark.addEventListener("change", signal);
+    undo.push(() => dark.removeEventListener("change", signal));
+  }
+  return { soon, stop };
+}
+
 // gptlib/widgets/js/heads.js
 var STOPS = [
   [255, 255, 255],
@@ -1120,16 +1188,7 @@ function watch(root, scroll, { resized, themed }) {
       resized();
     }).observe(scroll.box);
   }
-  if (typeof MutationObserver !== "undefined") {
-    const seen = new MutationObserver(() => {
-      if (!root.isConnected) seen.disconnect();
-      else themed();
-    });
-    seen.observe(document.documentElement, {
-      attributes: true,
-      attributeFilter: ["data-theme", "class"]
-    });
-  }
+  return watchBackground(root, themed);
 }
 function paletteOn(root, pal) {
   const bg = backgroundOf(root), stops = scaleOn(bg);
@@ -1193,10 +1252,13 @@ function attentionPanel(root, state) {
   v.headSel.addEventListener("change", () => select(state.get()[0], Number(v.headSel.value)));
   v.colourSel.addEventListener("change", () => data && paint());
   function theme() {
+    const before = pal;
     pal = paletteOn(root, pal);
     themeRead = root.isConnected;
+    if (!themeRead) watcher.soon();
     drawLegend(v.legend, pal);
     report(root, { scale: pal.stops });
+    return pal !== before;
   }
   function update(next) {
     data = next;
@@ -1216,17 +1278,19 @@ function attentionPanel(root, state) {
     drawn.words = drawText(v.text, data.tokens, focusQuery, unfocus, data.positions || null);
     drawHead();
   }
-  watch(root, v.gridScroll, {
+  const watcher = watch(root, v.gridScroll, {
     resized: () => {
       if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
         drawDetail(...shown);
     },
     themed: () => {
-      themeRead = false;
-      if (data) update(data);
+      if (!theme() || !data) return;
+      unfocus();
+      paint();
+      drawHead();
     }
   });
-  return { update, select, redraw: drawHead };
+  return { update, select, redraw: drawHead, close: watcher.stop };
 }
 
 // gptlib/widgets/js/head.js
@@ -1517,7 +1581,7 @@ function headPanel(inp, { names } = {}) {
 // gptlib/widgets/js/page.js
 var VERSION = 5;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var w=class extends Error{};var N=t=>`${(t/1e6).toFixed(1)} MB`;function G(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),c=>Math.exp(c-e[s]))}))}var be=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);var H=(t,n=128)=>t>n?t-n+1:0,V=(t,n,e=128)=>t+n-Math.max(t,H(t+n,e));var Ee=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function ne(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function oe(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?ne(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function re(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let c=e.length||t;for(;c<s;)c*=2;let i=new Float32Array(c);i.set(e.subarray(0,o*t)),e=i}e.set(r,o*t)},get capacity(){return e.length/t}}}function Q(t,n,e){let o=e.config,r=o.n_layers,s=o.n_heads,c=o.n_kv_heads,i=o.d_head,g=o.d_vocab,f=e.lens_top,u=new Float32Array(r*s).fill(1),l=re(r*2*c*i),a=[],h="",p=y=>BigInt64Array.from(y,_=>BigInt(_));return async(y,_={})=>{let{mask:x=null,lens:$=null,targets:d=null,rows:b=!1,head:m=null}=_,k=y.slice(-o.n_ctx),W=x?Float32Array.from(x):u,U=W.join(","),P=_.most??Number.POSITIVE_INFINITY;if(m){if(!(m.position>=0&&m.position<k.length))throw new w(`the query position must be in [0, ${k.length})`);P=Math.min(P,m.position)}let{keep:ee,feed:C}=oe(a,h,k,U,P),v=ee,S=C.length,R=$||[],F=d||[],B=b?V(v,S):0,D=Array.from({length:B},(M,te)=>S-B+te),K=m?[m.layer,m.head,m.position-v,m.target]:[],A=await n.run({ids:new t.Tensor("int64",p(C),[1,S]),past:new t.Tensor("float32",l.past(v),[v,r,2,c,i]),head_mask:new t.Tensor("float32",W,[r,s]),lens:new t.Tensor("int64",p(R),[R.length]),targets:new t.Tensor("int64",p(F),[F.length]),queries:new t.Tensor("int64",p(D),[D.length]),head:new t.Tensor("int64",p(K),[K.length/4,4])});try{let M={logits:A.logits.data.slice(0,g),attn:b?A.attn.data.slice():null,P:v,T:S,R:B,lens:$?G(A.lens_ids.data,A.lens_logits.data,A.lens_lse.data,R.length,f):null,direct:F.length?A.direct.data.slice():null};return l.put(v,A.kv.data),a=k.slice(),h=U,m&&(M.head=se(A,l.past(v+S),m,o)),M}finally{for(let M of Object.values(A))M.dispose?.()}}}function se(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,c=o.n_layers*2*s*r,i=n.length/c,g=Math.floor(e.head/(o.n_heads/s)),f=u=>{let l=new Float32Array(i*r),a=((e.layer*2+u)*s+g)*r;for(let h=0;h<i;h++)l.set(n.subarray(h*c+a,h*c+a+r),h*r);return l};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:f(0),v:f(1)}}function ae(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var L=new Float64Array(65536);for(let t=0;t<65536;t++)L[t]=ae(t);var ie={Q4_1:20,Q8_0:34};function le(t,n,e){let o=ie[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,c=n.rows,i=n.cols,g=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),u=Math.fround,l=new Float32Array(32),a=new Float32Array(16);for(let h=0,p=0;h<r/32;h++,p+=o){let y=L[f[p]|f[p+1]<<8];if(o===20){let d=L[f[p+2]|f[p+3]<<8];for(let b=0;b<16;b++)a[b]=u(u(y*b)+d);for(let b=0;b<16;b++){let m=f[p+4+b];l[b]=a[m&15],l[b+16]=a[m>>4]}}else for(let d=0;d<32;d++)l[d]=u((f[p+2+d]<<24>>24)*y);let _=h*32,x=Math.floor(_/i),$=_-x*i;if(g)for(let d=0;d<32;d++)e[s+($+d)*c+x]=l[d];else e.set(l,s+_)}}function J(t,n){let e=n.tensors,o=new Map(e.map((u,l)=>[u.offset,l])),r=new Set,s=0,c=Math.max(...e.map(u=>u.bytes)),i=new Float32Array(c/4),g=u=>{let l=e[u],a=i.subarray(0,l.bytes/4),h=performance.now();return le(t,{...l,offset:0},a),s+=performance.now()-h,r.add(u),new Uint8Array(a.buffer,0,l.bytes)};class f extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(l=0,a=n.bytes){let h=o.get(l);if(h!==void 0&&e[h].offset+e[h].bytes===a)return g(h);let p=new Uint8Array(a-l);return e.forEach((y,_)=>{let x=Math.max(l,y.offset),$=Math.min(a,y.offset+y.bytes);x<$&&p.set(g(_).subarray(x-y.offset,$-y.offset),x-l)}),p}}return{data:new f(0),served:()=>r.size===e.length,ms:()=>s,release:()=>{i=new Float32Array(0)}}}var z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},ce="gptlib-live-models",E={},q=(t,n)=>{E[t]=(E[t]||0)+performance.now()-n};async function X(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return q("sha256",n),Array.from(e,o=>o.toString(16).padStart(2,"0")).join("")}async function he(){try{return globalThis.caches?await caches.open(ce):null}catch{return null}}var ue=(t,n)=>`${t}?sha256=${n}`,Y=t=>t?.buffer.transfer?.(0);async function fe(t,n,e,o,r,s){let c=ue(n,e.sha256),i=o.subarray(r,r+e.bytes),g=t&&await t.match(c).catch(()=>null);if(g){let a=new Uint8Array(await g.arrayBuffer());if(a.length===e.bytes&&await X(a)===e.sha256){i.set(a),s(e.bytes);return}await t.delete(c)}let f;try{f=await fetch(n)}catch(a){throw new w(`could not fetch ${e.file} (${n}): ${a.message}`)}if(!f.ok)throw new w(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let u=0,l=f.body.getReader();for(;;){let{done:a,value:h}=await l.read();if(a)break;if(u+h.length>e.bytes)throw new w(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);i.set(h,u),u+=h.length,s(h.length)}if(u!==e.bytes)throw new w(`${e.file} has ${u} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await X(i)!==e.sha256)throw new w(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let a of await t.keys())a.url.startsWith(`${n}?sha256=`)&&await t.delete(a);await t.put(c,new Response(i))}catch{}}async function j(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(i){throw new w(`This tab cannot hold ${N(e.bytes)}: ${i.message}.`)}let s=0,c=[];for(let i of e.pieces)c.push(fe(t,new URL(i.file,n).href,i,r,s,o)),s+=i.bytes;return await Promise.all(c),r}var O=null,T=null,I=null,Z=Promise.resolve();async function de({base:t,manifestUrl:n,manifest:e,threads:o=1},r){if(T)throw new Error("this worker holds a session already");E={};let s=performance.now(),c=await he(),i=e.weights?.blocks,g={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},f=e.onnx.bytes+(i?i.bytes:0)+g.bytes,u=0,l=k=>{u+=k,r(`downloading ${e.name}: ${N(u)} of ${N(f)}`,u/f)};l(0);let[a,h,p,y,_]=await Promise.all([import(t+z.ort),import(t+z.tokenizers),j(c,n,g,l),j(c,n,e.onnx,l),i?j(c,n,i,l):null]);q("files",s);let x=performance.now(),$=new h.Tokenizer(JSON.parse(new TextDecoder().decode(p)),{});q("tokenizer",x);let d=_?J(_,e.weights):null,b={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};d&&(b.externalData=[{path:e.weights.file,data:d.data}]),a.env.wasm.numThreads=o,a.env.wasm.proxy=!1,a.env.wasm.wasmPaths=t+z.ortDir,r("unpacking the 4-bit weights into onnxruntime-web",1),x=performance.now();try{if(T=await a.InferenceSession.create(y,b),d&&!d.served())throw new Error("it did not read every weight from the external data")}catch(k){let W=T;throw T=null,await W?.release(),new w(`onnxruntime-web could not load ${e.name} in this tab (${k.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{b.externalData=null,d?.release(),Y(_),Y(y)}return q("session",x),d&&(E.unpack=d.ms()),q("total",s),O=Q(a,T,e),I=$,{phases:Object.fromEntries(Object.entries(E).map(([k,W])=>[k,Math.round(W)])),threads:a.env.wasm.numThreads}}async function pe(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await de(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!O)throw new w("the live model is not started (or was released)");let e=await O(t.ids,t.options||{}),o=[e.logits.buffer];e.attn&&o.push(e.attn.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!I)throw new w("the live model is not started (or was released)");n({result:I.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=T;T=O=I=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof w})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{Z=Z.then(()=>pe(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var _=class extends Error{};var F=t=>`${(t/1e6).toFixed(1)} MB`;function he(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),i=>Math.exp(i-e[s]))}))}var Fe=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);function ue(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,i=o.n_layers*2*s*r,a=n.length/i,u=Math.floor(e.head/(o.n_heads/s)),f=c=>{let h=new Float32Array(a*r),l=((e.layer*2+c)*s+u)*r;for(let d=0;d<a;d++)h.set(n.subarray(d*i+l,d*i+l+r),d*r);return h};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:f(0),v:f(1)}}function fe(t,n=128){let e=Math.max(1,t-n+1);return t===0?[]:[0,...Array.from({length:t-e},(o,r)=>e+r)]}function de(t){let n=0;for(let e of t)e>0&&(n-=e*Math.log(e));return n}var X=(t,n=128)=>t>n?t-n+1:0,pe=(t,n,e=128)=>t+n-Math.max(t,X(t+n,e));var et=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Ae(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function ve(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?Ae(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function We(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let i=Math.max(1,e.length/t);for(;i*t<s;)i=Math.ceil(i*1.5);let a=new Float32Array(i*t);a.set(e.subarray(0,o*t)),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}var be=8e6;function Me(t,n,e,o=be,r=null){let s=[],i=o/e,a=t+n,u=t;for(;u<a;){let f=Math.max(1,Math.floor((-u+Math.sqrt(u*u+4*i))/2));r!==null&&(f=u>=r||f>=a-u?a-u:Math.min(f,r-u));let c=Math.min(a,u+f);s.push([u,c]),u=c}return s}function ye(t,n,e,o=be){let r=e.config,s=r.n_layers,i=r.n_heads,a=r.n_kv_heads,u=r.d_head,f=r.d_vocab,c=e.lens_top,h=new Float32Array(s*i).fill(1),l=We(s*2*a*u),d=[],w="",g=b=>BigInt64Array.from(b,k=>BigInt(k)),x=b=>new t.Tensor("int64",g(b),[b.length]);return async(b,k={})=>{let{mask:p=null,lens:y=null,targets:N=null,rows:$=!1,head:m=null}=k,z=b.slice(-r.n_ctx),te=p?Float32Array.from(p):h,ne=te.join(","),G=k.most??Number.POSITIVE_INFINITY;if(m){if(!(m.position>=0&&m.position<z.length))throw new _(`the query position must be in [0, ${z.length})`);G=Math.min(G,m.position)}let{keep:xe,feed:oe}=ve(d,w,z,ne,G),v=xe,j=oe.length,M=v+j,re=y||[],se=N||[],O=$?pe(v,j):0,ke=Math.max(1,X(M)),ae=$?fe(M).length:0,K=$?new Float32Array(s*i*O*ae):null,le=$?new Float64Array(s*i):null,$e=Me(v,j,s*i,o,m?m.position:null),H=v,V=null;try{for(let[W,S]of $e){let I=S===M,Q=Math.max(W,M-O),J=Array.from({length:Math.max(0,S-Q)},(E,T)=>Q-W+T),ie=m&&I?[m.layer,m.head,m.position-W,m.target]:[],A=await n.run({ids:new t.Tensor("int64",g(oe.slice(W-v,S-v)),[1,S-W]),past:new t.Tensor("float32",l.past(W),[W,s,2,a,u]),head_mask:new t.Tensor("float32",te,[s,i]),lens:x(I?re:[]),targets:x(I?se:[]),queries:x(J),head:new t.Tensor("int64",g(ie),[ie.length/4,4])});try{if($){let E=A.attn.data;for(let T=0;T<s*i;T++)for(let U=0;U<J.length;U++){let P=Q+U,R=(T*J.length+U)*S,ce=(T*O+(P-(M-O)))*ae;K[ce]=E[R],P>0&&K.set(E.subarray(R+ke,R+P+1),ce+1),P===M-1&&(le[T]=de(E.subarray(R,R+P+1)))}}I&&(V={logits:A.logits.data.slice(0,f),cut:K,entropy:le,P:v,T:j,R:O,lens:y?he(A.lens_ids.data,A.lens_logits.data,A.lens_lse.data,re.length,c):null,direct:se.length?A.direct.data.slice():null}),l.put(W,A.kv.data),H=S,I&&m&&(V.head=ue(A,l.past(M),m,r))}finally{for(let E of Object.values(A))E.dispose?.()}}}finally{H>v&&(d=z.slice(0,H),w=ne)}return V}}function Te(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var Y=new Float64Array(65536);for(let t=0;t<65536;t++)Y[t]=Te(t);var qe={Q4_1:20,Q8_0:34};function Se(t,n,e){let o=qe[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,i=n.rows,a=n.cols,u=n.transpose,f=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),c=Math.fround,h=new Float32Array(32),l=new Float32Array(16);for(let d=0,w=0;d<r/32;d++,w+=o){let g=Y[f[w]|f[w+1]<<8];if(o===20){let p=Y[f[w+2]|f[w+3]<<8];for(let y=0;y<16;y++)l[y]=c(c(g*y)+p);for(let y=0;y<16;y++){let N=f[w+4+y];h[y]=l[N&15],h[y+16]=l[N>>4]}}else for(let p=0;p<32;p++)h[p]=c((f[w+2+p]<<24>>24)*g);let x=d*32,b=Math.floor(x/a),k=x-b*a;if(u)for(let p=0;p<32;p++)e[s+(k+p)*i+b]=h[p];else e.set(h,s+x)}}function me(t,n){let e=n.tensors,o=new Map(e.map((c,h)=>[c.offset,h])),r=new Set,s=0,i=Math.max(...e.map(c=>c.bytes)),a=new Float32Array(i/4),u=c=>{let h=e[c],l=a.subarray(0,h.bytes/4),d=performance.now();return Se(t,{...h,offset:0},l),s+=performance.now()-d,r.add(c),new Uint8Array(l.buffer,0,h.bytes)};class f extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(h=0,l=n.bytes){let d=o.get(h);if(d!==void 0&&e[d].offset+e[d].bytes===l)return u(d);let w=new Uint8Array(l-h);return e.forEach((g,x)=>{let b=Math.max(h,g.offset),k=Math.min(l,g.offset+g.bytes);b<k&&w.set(u(x).subarray(b-g.offset,k-g.offset),b-h)}),w}}return{data:new f(0),served:()=>r.size===e.length,ms:()=>s,release:()=>{a=new Float32Array(0)}}}var Z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Ee="gptlib-live-models",L={},B=(t,n)=>{L[t]=(L[t]||0)+performance.now()-n};async function we(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return B("sha256",n),Array.from(e,o=>o.toString(16).padStart(2,"0")).join("")}async function Ne(){try{return globalThis.caches?await caches.open(Ee):null}catch{return null}}var Oe=(t,n)=>`${t}?sha256=${n}`,ge=t=>t?.buffer.transfer?.(0);async function Ie(t,n,e,o,r,s){let i=Oe(n,e.sha256),a=o.subarray(r,r+e.bytes),u=t&&await t.match(i).catch(()=>null);if(u){let l=new Uint8Array(await u.arrayBuffer());if(l.length===e.bytes&&await we(l)===e.sha256){a.set(l),s(e.bytes);return}await t.delete(i)}let f;try{f=await fetch(n)}catch(l){throw new _(`could not fetch ${e.file} (${n}): ${l.message}`)}if(!f.ok)throw new _(`could not fetch ${e.file} (${n}): HTTP ${f.status}`);let c=0,h=f.body.getReader();for(;;){let{done:l,value:d}=await h.read();if(l)break;if(c+d.length>e.bytes)throw new _(`${e.file} has more bytes than the manifest\'s ${e.bytes}`);a.set(d,c),c+=d.length,s(d.length)}if(c!==e.bytes)throw new _(`${e.file} has ${c} bytes, the manifest says ${e.bytes}`);if(globalThis.crypto?.subtle&&await we(a)!==e.sha256)throw new _(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let l of await t.keys())l.url.startsWith(`${n}?sha256=`)&&await t.delete(l);await t.put(i,new Response(a))}catch{}}async function ee(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new _(`This tab cannot hold ${F(e.bytes)}: ${a.message}.`)}let s=0,i=[];for(let a of e.pieces)i.push(Ie(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(i),r}var C=null,q=null,D=null,_e=Promise.resolve();async function Pe({base:t,manifestUrl:n,manifest:e,threads:o=1},r){if(q)throw new Error("this worker holds a session already");L={};let s=performance.now(),i=await Ne(),a=e.weights?.blocks,u={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},f=e.onnx.bytes+(a?a.bytes:0)+u.bytes,c=0,h=$=>{c+=$,r(`downloading ${e.name}: ${F(c)} of ${F(f)}`,c/f)};h(0);let[l,d,w,g,x]=await Promise.all([import(t+Z.ort),import(t+Z.tokenizers),ee(i,n,u,h),ee(i,n,e.onnx,h),a?ee(i,n,a,h):null]);B("files",s);let b=performance.now(),k=new d.Tokenizer(JSON.parse(new TextDecoder().decode(w)),{});B("tokenizer",b);let p=x?me(x,e.weights):null,y={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};p&&(y.externalData=[{path:e.weights.file,data:p.data}]),l.env.wasm.numThreads=o,l.env.wasm.proxy=!1,l.env.wasm.wasmPaths=t+Z.ortDir,r("unpacking the 4-bit weights into onnxruntime-web",1),b=performance.now();try{if(q=await l.InferenceSession.create(g,y),p&&!p.served())throw new Error("it did not read every weight from the external data")}catch($){let m=q;throw q=null,await m?.release(),new _(`onnxruntime-web could not load ${e.name} in this tab (${$.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{y.externalData=null,p?.release(),ge(x),ge(g)}return B("session",b),p&&(L.unpack=p.ms()),B("total",s),C=ye(l,q,e),D=k,{phases:Object.fromEntries(Object.entries(L).map(([$,m])=>[$,Math.round(m)])),threads:l.env.wasm.numThreads}}async function Re(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await Pe(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!C)throw new _("the live model is not started (or was released)");let e=await C(t.ids,t.options||{}),o=[e.logits.buffer];e.cut&&o.push(e.cut.buffer,e.entropy.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!D)throw new _("the live model is not started (or was released)");n({result:D.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=C=D=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof _})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{_e=_e.then(()=>Re(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -1665,8 +1729,8 @@ function pageBackend(client, manifest, started) {
       }
     });
     known = Math.min(known, r.P);
-    if (r.attn) {
-      rows.add(r.attn, r.P, r.T, r.R);
+    if (r.cut) {
+      rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
     const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
@@ -2066,25 +2130,42 @@ function drawLens(box, lens, labels, tokenStr) {
     })
   );
 }
-function drawTokens(p) {
+var OUT = " (outside the model's window)";
+function tokenSpan(p, id, i, first) {
+  const { live, promptIds } = p;
+  const s = make(
+    "span",
+    `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
+    show(p.tokenStr(id))
+  );
+  s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") + (i < first ? OUT : "");
+  return s;
+}
+function tokenRow(p, ctx, first, grow) {
+  const { v, promptIds, path } = p, d = p.tokensDrawn, nCtx = p.cfg.n_ctx;
+  const count = `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `;
+  const prefix = grow && d?.prompt === promptIds && d.path === path && d.spans.length <= ctx.length && d.spans.length > 0 && d.ids[d.spans.length - 1] === ctx[d.spans.length - 1];
+  if (!prefix) {
+    const spans = ctx.map((id, i) => tokenSpan(p, id, i, first));
+    const head = make("span", "gptlib-play-count", count);
+    v.tokenRow.replaceChildren(head, ...spans);
+    p.tokensDrawn = { prompt: promptIds, path, ids: ctx, spans, first, head };
+    return;
+  }
+  for (let i = d.first; i < Math.min(first, d.spans.length); i++) {
+    d.spans[i].classList.add("out");
+    d.spans[i].title += OUT;
+  }
+  const added = ctx.slice(d.spans.length).map((id, k) => tokenSpan(p, id, d.spans.length + k, first));
+  v.tokenRow.append(...added);
+  d.spans.push(...added);
+  d.head.textContent = count;
+  Object.assign(d, { ids: ctx, first });
+}
+function drawTokens(p, grow = false) {
   const { v, live, promptIds, path } = p, nCtx = p.cfg.n_ctx;
   const ctx = promptIds.concat(path), first = ctx.length - Math.min(ctx.length, nCtx);
-  v.tokenRow.replaceChildren(
-    make(
-      "span",
-      "gptlib-play-count",
-      `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `
-    ),
-    ...ctx.map((id, i) => {
-      const s = make(
-        "span",
-        `gptlib-play-tok${i >= promptIds.length ? " new" : ""}${i < first ? " out" : ""}`,
-        show(p.tokenStr(id))
-      );
-      s.title = `token ${i}: id ${id}` + (live ? `, bytes ${Array.from(live.bytes[id], (b) => b.toString(16).padStart(2, "0")).join(" ")}` : "") + (i < first ? " (outside the model's window)" : "");
-      return s;
-    })
-  );
+  tokenRow(p, ctx, first, grow);
   if (live) {
     const all = decodeBytes(live.bytes, ctx), head = decodeBytes(live.bytes, promptIds);
     const cont = all.startsWith(head) ? all.slice(head.length) : decodeBytes(live.bytes, path);
@@ -2370,13 +2451,17 @@ var Playground = class {
     this.queued = null;
     this.running = false;
     this.stopAsked = false;
+    this.onScreen = true;
     this.startedAt = null;
     this.promptIds = model.get("stored").ids;
     this.path = [];
     this.reseed(model.get("seed"));
     this.current = fromStored(model.get("stored"), this.cfg);
     this.link = connect(model);
-    life.atEnd(() => this.link.close());
+    life.atEnd(() => {
+      this.panel.close();
+      this.link.close();
+    });
   }
   reseed(seed) {
     this.rng = xorshift32(seed);
@@ -2405,7 +2490,7 @@ var Playground = class {
   // adds what the open panels show, at the last position: the logit lens of every stream when
   // its panel is open; every head's attention rows and direct contribution to the most probable
   // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
-  // logits only and draws nothing (the run draws every few tokens).
+  // logits only and draws nothing (the run draws every few tokens); it returns the step's time.
   async compute(full = true) {
     const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {
@@ -2441,7 +2526,7 @@ var Playground = class {
       live: true
     };
     report(v.root, { ms: r.ms.toFixed(1), fed: r.fed === void 0 ? window.length : r.fed });
-    if (!full) return;
+    if (!full) return r.ms;
     const shown = [lensOn && "the lens", headsOn && "the heads"].filter(Boolean);
     this.setStatus(
       `live: ${live.describe}; last step ${r.ms.toFixed(0)} ms (${shown.length ? `with ${shown.join(" and ")}` : "bare"})`
@@ -2614,8 +2699,10 @@ ${this.v.box.value}`;
     await this.compute();
   }
   // A run of up to n draws (greedy or seeded), each step computing only the logits (a bare step)
-  // and the text drawn every RUN_DRAW_EVERY tokens; the stop button, or a stop id in chat mode,
-  // ends it; then one step with what the open panels show (the rows of the run's tokens too).
+  // and the text drawn every RUN_DRAW_EVERY tokens while the view is on the screen (its new
+  // tokens only); the stop button, or a stop id in chat mode, ends it; then one step with what
+  // the open panels show (the rows of the run's tokens too), drawn once. Reported: the time a
+  // token, everything included (runMs), and the mean time of the run's own steps (runStepMs).
   async generate(n, greedy) {
     if (!await this.start()) return;
     if (this.stale()) await this.retext();
@@ -2624,7 +2711,7 @@ ${this.v.box.value}`;
     this.stopAsked = false;
     enable(this);
     const t0 = performance.now();
-    let steps = 0, stopped = "";
+    let steps = 0, stepped = 0, stepMs = 0, stopped = "";
     try {
       while (steps < n) {
         if (this.stopAsked) {
@@ -2639,9 +2726,10 @@ ${this.v.box.value}`;
           break;
         }
         if (steps < n) {
-          await this.compute(false);
-          if (steps % RUN_DRAW_EVERY === 0) {
-            drawTokens(this);
+          stepMs += await this.compute(false) || 0;
+          stepped += 1;
+          if (steps % RUN_DRAW_EVERY === 0 && this.onScreen) {
+            drawTokens(this, true);
             drawDistribution(this);
           }
         }
@@ -2653,7 +2741,11 @@ ${this.v.box.value}`;
     await this.compute();
     const per = (performance.now() - t0) / Math.max(1, steps);
     this.v.msg.textContent = `${steps} token(s) drawn${stopped ? `; ${stopped}` : ""} (${per.toFixed(0)} ms a token, drawing included).`;
-    report(this.v.root, { runSteps: steps, runMs: per.toFixed(1) });
+    report(this.v.root, {
+      runSteps: steps,
+      runMs: per.toFixed(1),
+      runStepMs: stepped ? (stepMs / stepped).toFixed(1) : void 0
+    });
   }
   async toggleHead(layer, head) {
     const k = layer * this.cfg.n_heads + head;
@@ -2754,6 +2846,13 @@ function render({ model, el }) {
   el.appendChild(v.root);
   const p = new Playground(model, v, life);
   p.head = mountHeadPanel(p, life);
+  if (typeof IntersectionObserver === "function") {
+    const seen = new IntersectionObserver((entries) => {
+      p.onScreen = entries[entries.length - 1].isIntersecting;
+    });
+    seen.observe(v.root);
+    life.atEnd(() => seen.disconnect());
+  }
   const startAndRetext = listen2(p, v, model, life);
   p.setStatus(
     "This is the stored analysis of the text above. Start the live model to edit the text and to sample: the page then runs the model itself (or the kernel does, in Jupyter and Colab).",
