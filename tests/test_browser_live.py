@@ -382,6 +382,48 @@ def started(browser, site):
         page.close()
 
 
+DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 0.9}  # as site() made the playground
+
+
+def fresh(page: Page, tok) -> Page:
+    """The started page back where the reader found it, through its own controls: the lens and
+    heads panels open, the one head's panel closed, no head removed, the sliders at DEFAULTS,
+    the opening text typed with nothing drawn and the seed at its start (a new text, or the seed
+    box's change, reseeds). So the tests that type, draw or press share one started page instead
+    of loading and starting one each."""
+    page.js(
+        "(root.querySelector('.gptlib-play-lens-panel').open = true,"
+        " root.querySelector('.gptlib-play-heads-panel').open = true,"
+        " root.querySelector('.gptlib-play-head-panel').open = false)"
+    )
+    page.wait_idle()
+    if page.play.locator(".gptlib-play-ablate-mode").is_checked():
+        page.play.locator(".gptlib-play-ablate-mode").uncheck()
+    if json.loads(page.play.get_attribute("data-ablated") or "[]"):
+        page.play.locator(".gptlib-play-restore").click()
+        page.wait_idle()
+    if page.play.locator(".gptlib-play-text").input_value() != OPENING:
+        page.type(OPENING)
+    else:  # the seed box's change restarts the draws from the seed, as "reset" does
+        page.play.locator(".gptlib-play-seed").dispatch_event("change")
+        page.wait_idle()
+    s = _settings(page)
+    if s["temperature"] != DEFAULTS["temperature"]:
+        page.slider(".gptlib-samp-temperature", "Home")
+        page.slider(".gptlib-samp-temperature", "ArrowRight", 20)
+    if s["top_k"] != DEFAULTS["top_k"]:
+        page.slider(".gptlib-samp-topk", "Home")
+    if s["top_p"] != DEFAULTS["top_p"]:
+        page.slider(".gptlib-samp-topp", "End")
+        page.slider(".gptlib-samp-topp", "ArrowLeft", 2)
+    page.wait_idle()
+    assert _settings(page) == DEFAULTS
+    assert json.loads(page.play.get_attribute("data-ids")) == tok.encode(OPENING)
+    assert json.loads(page.play.get_attribute("data-path")) == []
+    assert json.loads(page.play.get_attribute("data-ablated") or "[]") == []
+    return page
+
+
 def test_the_live_model_gives_pytorchs_numbers(started, english):
     model, tok = english
     page, first, downloaded, live = started
@@ -433,14 +475,13 @@ def test_the_live_model_gives_pytorchs_numbers(started, english):
     page.check_offline()
 
 
-def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(browser, site, english):
+def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(started, english):
     """With the lens and the heads' panels closed a greedy click runs one bare step (no lens, no
     contributions, no rows) whose logits are still PyTorch's; opening the panels runs the model
     once for what they show, the rows of the positions computed while they were closed included.
     Three clicks in one moment: the first runs, the third waits, the second is superseded."""
     model, tok = english
-    page = Page(browser, site.url + "/index.html")
-    page.start()
+    page = fresh(started[0], tok)
     page.js(
         "(root.querySelector('.gptlib-play-lens-panel').open = false,"
         " root.querySelector('.gptlib-play-heads-panel').open = false)"
@@ -479,7 +520,6 @@ def test_closed_panels_cost_nothing_and_the_readers_latest_action_waits(browser,
     direct = torch.tensor(page.js("Array.from(root.__gptlib.direct)"))
     assert float((direct - want).abs().max()) <= 1e-4
     page.check_offline()
-    page.close()
 
 
 def _head_shown(page, before: str | None) -> dict:
@@ -528,7 +568,7 @@ def _check_head(model, window: list[int], shown: dict, removed=(), tol=1e-4) -> 
     return worst
 
 
-def test_one_head_step_by_step(browser, site, english):
+def test_one_head_step_by_step(started, english):
     """The head panel, closed, costs nothing; opened, it shows the selected head at the last query
     with the step's most probable token: its softmax row is the heads panel's row of that head,
     its contribution the step's direct attribution, and every stage head_trace's. A click on a
@@ -536,8 +576,7 @@ def test_one_head_step_by_step(browser, site, english):
     selectors the head; with a head ablated the view is the ablated model's."""
     model, tok = english
     H = model.config.n_heads
-    page = Page(browser, site.url + "/index.html")
-    page.start()
+    page = fresh(started[0], tok)  # no test before this one opens the head panel
     assert page.play.get_attribute("data-head-asked") is None  # closed: no head computed
     window = tok.encode(OPENING)
     page.js("(root.querySelector('.gptlib-play-head-panel').open = true)")
@@ -575,7 +614,6 @@ def test_one_head_step_by_step(browser, site, english):
     assert json.loads(page.play.get_attribute("data-ablated")) == [[0, 0]]
     _check_head(model, window, shown, removed=[(0, 0)])
     page.check_offline()
-    page.close()
 
 
 def test_the_pages_tokenizer_gives_bpe_ids(started, english):
@@ -601,10 +639,9 @@ def test_the_pages_tokenizer_gives_bpe_ids(started, english):
     page.check_offline()
 
 
-def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, english):
+def test_forty_draws_and_the_sliders_follow_next_token_probs(started, english):
     model, tok = english
-    page = Page(browser, site.url + "/index.html")
-    page.start()
+    page = fresh(started[0], tok)
     ids = tok.encode(OPENING)
     checked = [check_distribution(page, model, ids)]
     # the sliders: temperature down, top-k on, top-p lower, then off again; each is next_token_probs
@@ -672,7 +709,6 @@ def test_forty_draws_and_the_sliders_follow_next_token_probs(browser, site, engl
         page.press(".gptlib-samp-step")
     assert json.loads(page.play.get_attribute("data-path")) == path[:3]
     page.check_offline()
-    page.close()
 
 
 def test_sampling_past_the_context_slides_the_window(started, english):
