@@ -15,7 +15,7 @@ DOCTESTED_SCRIPTS := scripts/rlhf_sweep.py scripts/lora_mla_sweep.py scripts/hel
     scripts/export_inputs.py scripts/book_inputs.py
 export PYTHONHASHSEED := 0
 
-.PHONY: test nbval nbval-scalar check lint tools book widgets execute bench model small-model induction-toy rlhf-runs install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
+.PHONY: test nbval nbval-scalar check lint tools book widgets execute bench model small-model induction-toy tiny-run rlhf-runs install assets gpt2-ranks brown smollm2 browser chromium sync-colab clean
 
 LINTED := gptlib tests scripts bench book_ext chapters
 UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
@@ -227,10 +227,13 @@ small-model: install
 	$(PY) scripts/train_documentation_model.py
 
 # The stored runs two chapters re-run in part and load (the same files again on the same kernels):
-# Chapter 8's induction toy (models/induction_toy) and Chapter 9's SFT, reward model, PPO and DPO
-# (models/rlhf, from the English model).
+# Chapter 8's first run (models/tiny_run) and induction toy (models/induction_toy), and Chapter 9's
+# SFT, reward model, PPO and DPO (models/rlhf, from the English model).
 induction-toy: install
 	$(PY) scripts/induction_toy.py
+
+tiny-run: install
+	$(PY) scripts/tiny_run.py
 
 rlhf-runs: install
 	$(PY) scripts/rlhf_runs.py

@@ -73,6 +73,11 @@ __all__ = [
     "fine_tune",
     "ATTENTION_VARIANTS",
     "attention_variant",
+    "TINY_RUN",
+    "tiny_run_config",
+    "train_tiny_run",
+    "save_tiny_run",
+    "load_tiny_run",
     "INDUCTION_TOY",
     "induction_toy_halves",
     "train_induction_toy",
@@ -453,6 +458,82 @@ def attention_variant(name: str) -> ModernGPT:
         raise ValueError(f"name must be one of {sorted(ATTENTION_VARIANTS)}, got {name!r}")
     config, latent = ATTENTION_VARIANTS[name]
     return ModernGPT(config) if latent is None else mla_model(config, *latent)
+
+
+# --- Chapter 8's first training run (8.4): the tiny preset on the documentation text ------------
+TINY_RUN = TrainConfig(steps=300, batch_size=16, eval_every=50)
+"""8.4's optimisation: 300 AdamW steps of 16 windows, the validation loss every 50 steps."""
+_HISTORY_KEYS = ("step", "loss", "lr", "eval_step", "eval_loss")
+
+
+def tiny_run_config(d_vocab: int) -> GPTConfig:
+    """8.4's model: the ``tiny`` preset with ``n_ctx = 64`` over a vocabulary of ``d_vocab``.
+
+    >>> tiny_run_config(1024).n_ctx
+    64
+    """
+    return GPTConfig.preset("tiny", d_vocab=check_int("d_vocab", d_vocab, 2), n_ctx=64)
+
+
+def train_tiny_run(
+    train_ids: torch.Tensor, val_ids: torch.Tensor, d_vocab: int, tc: TrainConfig = TINY_RUN
+) -> tuple[GPT, History]:
+    """Chapter 8's run of 8.4, as its cell trains it: :func:`tiny_run_config` from seed 0,
+    training windows of n_ctx tokens at stride n_ctx / 2, validation windows tiled, and a
+    :class:`~gptlib.trainer.Trainer` with ``tc``. Returns the model (eval mode) and its history."""
+    cfg = tiny_run_config(d_vocab)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    train_windows = make_windows(train_ids, cfg.n_ctx, cfg.n_ctx // 2)
+    val_windows = make_windows(val_ids, cfg.n_ctx, cfg.n_ctx)
+    hist = Trainer(model, train_windows, val_windows, tc).run(progress=False)
+    return model.eval(), hist
+
+
+def save_tiny_run(folder, model: GPT, hist: History) -> Path:
+    """Write ``folder/model.safetensors`` (float32, as trained) and ``folder/history.json`` (the
+    history and the weights' sha256, so that a pair that does not belong together is refused),
+    each atomically; returns the JSON file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = model.save(folder / "model.safetensors")
+    record = {
+        "weights_sha256": read_fields(weights)["sha256"],
+        "history": {k: list(getattr(hist, k)) for k in _HISTORY_KEYS},
+    }
+    return atomic_write(folder / "history.json", json.dumps(record, allow_nan=False) + "\n")
+
+
+def load_tiny_run(folder, config: GPTConfig) -> tuple[GPT, History]:
+    """The model (eval mode, of shape ``config``) and history :func:`save_tiny_run` wrote; a
+    missing, damaged or mismatched file raises ``ValueError`` naming it."""
+    folder = Path(folder)
+    hint = "run scripts/tiny_run.py"
+    weights = check_file(folder / "model.safetensors", "weights", hint=hint)
+    source = check_file(folder / "history.json", "history", hint=hint)
+    try:
+        record = json.loads(source.read_text())
+        raw, sha = dict(record["history"]), record["weights_sha256"]
+        hist = History(
+            step=[int(s) for s in raw["step"]],
+            loss=[float(v) for v in raw["loss"]],
+            lr=[float(v) for v in raw["lr"]],
+            eval_step=[int(s) for s in raw["eval_step"]],
+            eval_loss=[float(v) for v in raw["eval_loss"]],
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{source}: not a training history ({e!r})") from None
+    for steps, values in ((hist.step, (hist.loss, hist.lr)), (hist.eval_step, (hist.eval_loss,))):
+        if not steps or steps != sorted(set(steps)) or any(len(v) != len(steps) for v in values):
+            raise ValueError(f"{source}: history must be increasing steps, one value per step")
+        if not all(math.isfinite(v) for vs in values for v in vs):
+            raise ValueError(f"{source}: history values must be finite")
+    if read_fields(weights)["sha256"] != sha:
+        raise ValueError(f"{source}: weights_sha256 does not match {weights}")
+    model = GPT.load(weights)
+    if model.config != config:
+        raise ValueError(f"{weights}: config is {model.config}, expected {config}")
+    return model.eval(), hist
 
 
 # --- Chapter 8's induction toy: an attention-only model that learns to copy ---------------------
