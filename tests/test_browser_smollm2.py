@@ -48,6 +48,9 @@ SMOL_TEXTS = [
 ]
 SMOL_QUESTION = "Name three colours of the rainbow."
 SMOL_GREEDY = 16  # greedy tokens compared with PyTorch
+# The long waits (a start, a run of tokens) look every POLL_MS rather than at every animation
+# frame (Playwright's default), which would keep the renderer drawing while the worker computes.
+POLL_MS = 200
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def smol_page(browser, smollm2, tmp_path_factory):
         "() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined ||"
         " document.querySelector('.gptlib-play').dataset.live === 'failed'",
         timeout=120_000,
+        polling=POLL_MS,
     )
     facts["wall_first_s"] = time.perf_counter() - t0
     page.wait_idle(timeout=120_000)
@@ -162,29 +166,30 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
     page.page.wait_for_function(
         "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
         timeout=120_000,
+        polling=POLL_MS,
     )
     page.wait_idle()
     ids = json.loads(page.play.get_attribute("data-ids"))
     path = json.loads(page.play.get_attribute("data-path"))
     prompt = ids[: len(ids) - len(path)]
     stop = tok.special_tokens["<|im_end|>"]
-    want, worst_p, worst_y = [], 0.0, 0.0
+    want, ys, worst_p, worst_y = [], [], 0.0, 0.0
     past, mask, lens, targets, rows = step_inputs(model)
     x = torch.tensor([prompt])
-    for _ in range(len(path)):
+    for _ in range(len(path) + 1):  # one step past the path: the logits after its last token
         out = step(model, x, past, mask, lens, targets, rows)
         past = torch.cat([past, out["kv"]])
-        nxt = int(torch.argmax(out["logits"][0]))
-        want.append(nxt)
-        x = torch.tensor([[nxt]])
-        if nxt == stop:
+        ys.append(out["logits"][0].double())  # PyTorch's logits after prompt + want
+        if len(want) == len(path) or (want and want[-1] == stop):
             break
+        want.append(int(torch.argmax(out["logits"][0])))
+        x = torch.tensor([[want[-1]]])
     assert path == want, (tok.decode(path), tok.decode(want))
-    # probabilities at the last position, and along the way through the page's own backend
+    # probabilities at the last position, and along the way through the page's own backend;
+    # PyTorch's are those of its cached greedy steps above (the path is theirs)
     for k in (0, len(path) // 2, len(path)):
-        ctx = prompt + path[:k]
-        got = torch.tensor(_page_run(page, ctx)["logits"], dtype=torch.float64)
-        y = reference(model, ctx)["logits"][0].double()
+        got = torch.tensor(_page_run(page, prompt + path[:k])["logits"], dtype=torch.float64)
+        y = ys[k]
         worst_y = max(worst_y, float((got - y).abs().max()))
         worst_p = max(worst_p, float((got.softmax(-1) - y.softmax(-1)).abs().max()))
     summary(
@@ -213,6 +218,7 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     page.page.wait_for_function(
         "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
         timeout=300_000,
+        polling=POLL_MS,
     )
     page.wait_idle()
     assert int(page.play.get_attribute("data-run-steps")) == 40
@@ -363,6 +369,7 @@ def _start(page, served) -> tuple[int, float]:
         "() => { const r = document.querySelector('.gptlib-play');"
         " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
         timeout=180_000,
+        polling=POLL_MS,
     )
     page.wait_idle(timeout=180_000)
     assert page.play.get_attribute("data-live") == "browser"
