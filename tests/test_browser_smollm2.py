@@ -33,7 +33,6 @@ from test_browser_live import (
 )
 
 from gptlib.sampling import next_token_probs
-from gptlib.step import step, step_inputs
 
 pytestmark = pytest.mark.browser
 
@@ -48,6 +47,9 @@ SMOL_TEXTS = [
 ]
 SMOL_QUESTION = "Name three colours of the rainbow."
 SMOL_GREEDY = 16  # greedy tokens compared with PyTorch
+# The long waits (a start, a run of tokens) look every POLL_MS rather than at every animation
+# frame (Playwright's default), which would keep the renderer drawing while the worker computes.
+POLL_MS = 200
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,7 @@ def smol_page(browser, smollm2, tmp_path_factory):
         "() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined ||"
         " document.querySelector('.gptlib-play').dataset.live === 'failed'",
         timeout=120_000,
+        polling=POLL_MS,
     )
     facts["wall_first_s"] = time.perf_counter() - t0
     page.wait_idle(timeout=120_000)
@@ -162,29 +165,27 @@ def test_smollm2_greedy_answer_and_probabilities_equal_pytorch(smol_page, smollm
     page.page.wait_for_function(
         "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
         timeout=120_000,
+        polling=POLL_MS,
     )
     page.wait_idle()
     ids = json.loads(page.play.get_attribute("data-ids"))
     path = json.loads(page.play.get_attribute("data-path"))
     prompt = ids[: len(ids) - len(path)]
     stop = tok.special_tokens["<|im_end|>"]
-    want, worst_p, worst_y = [], 0.0, 0.0
-    past, mask, lens, targets, rows = step_inputs(model)
-    x = torch.tensor([prompt])
-    for _ in range(len(path)):
-        out = step(model, x, past, mask, lens, targets, rows)
-        past = torch.cat([past, out["kv"]])
-        nxt = int(torch.argmax(out["logits"][0]))
-        want.append(nxt)
-        x = torch.tensor([[nxt]])
-        if nxt == stop:
-            break
+    # PyTorch's logits after every prefix of the page's text, in one forward pass (a cached step
+    # per token would read the weights once per token): greedy decoding gives the page's path
+    # exactly when each of its tokens is the argmax after the tokens before it
+    with torch.no_grad():
+        ys = model(torch.tensor([ids]))[0, len(prompt) - 1 :].double()  # (len(path) + 1, V)
+    want = ys[: len(path)].argmax(-1).tolist()
     assert path == want, (tok.decode(path), tok.decode(want))
+    # greedy decoding stops at the end-of-turn token, and only there, or after SMOL_GREEDY
+    assert stop not in path[:-1] and (len(path) == SMOL_GREEDY or path[-1] == stop)
+    worst_p, worst_y = 0.0, 0.0
     # probabilities at the last position, and along the way through the page's own backend
     for k in (0, len(path) // 2, len(path)):
-        ctx = prompt + path[:k]
-        got = torch.tensor(_page_run(page, ctx)["logits"], dtype=torch.float64)
-        y = reference(model, ctx)["logits"][0].double()
+        got = torch.tensor(_page_run(page, prompt + path[:k])["logits"], dtype=torch.float64)
+        y = ys[k]
         worst_y = max(worst_y, float((got - y).abs().max()))
         worst_p = max(worst_p, float((got.softmax(-1) - y.softmax(-1)).abs().max()))
     summary(
@@ -213,6 +214,7 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     page.page.wait_for_function(
         "() => document.querySelector('.gptlib-play').dataset.runSteps !== undefined",
         timeout=300_000,
+        polling=POLL_MS,
     )
     page.wait_idle()
     assert int(page.play.get_attribute("data-run-steps")) == 40
@@ -223,11 +225,10 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
     us = [u for _, u in zip(range(draws), xorshift32(0))][-40:]
     s = _settings(page)
     assert len(path) == 40 and draws >= 40
-    past, mask, lens, targets, rows = step_inputs(model)
-    x, near = torch.tensor([ids[:-40]]), 0
-    for k, (u, drawn) in enumerate(zip(us, path)):
-        out = step(model, x, past, mask, lens, targets, rows)
-        past, y = torch.cat([past, out["kv"]]), out["logits"][0].double()
+    with torch.no_grad():  # PyTorch's logits after each prefix, in one forward pass
+        ys = model(torch.tensor([ids]))[0, len(ids) - 41 : -1].double()  # (40, V)
+    near = 0
+    for k, (u, drawn, y) in enumerate(zip(us, path, ys)):
         p = next_token_probs(
             y,
             temperature=s["temperature"],
@@ -241,7 +242,6 @@ def test_smollm2_forty_draws_and_ms_per_token_at_200(smol_page, smollm2, summary
             assert float((cum - u).abs().min()) < 1e-4, (k, u, drawn, want)
             near += 1
         assert p[drawn] > 0, (k, drawn)
-        x = torch.tensor([[drawn]])
     assert near <= 2, near
     # 200 tokens of context, then one token at a time through the cache
     text = " ".join(SMOL_TEXTS[:2] + SMOL_TEXTS[3:]) * 3
@@ -363,6 +363,7 @@ def _start(page, served) -> tuple[int, float]:
         "() => { const r = document.querySelector('.gptlib-play');"
         " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
         timeout=180_000,
+        polling=POLL_MS,
     )
     page.wait_idle(timeout=180_000)
     assert page.play.get_attribute("data-live") == "browser"
@@ -384,16 +385,14 @@ def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(smol_page, 
     # a step whose last id is outside the vocabulary, on a window that cuts the cache by two
     bad = page.page.evaluate(RUN, [ids[:-2] + [10**9]])
     assert "error" in bad, bad
-    # the next steps: greedy from the whole text through the cache, as PyTorch gives them
-    past, mask, lens, targets, rows = step_inputs(model)
-    x, ctx, got, want = torch.tensor([ids]), list(ids), [], []
+    # the next steps: greedy from the whole text through the page's cache, as PyTorch gives them
+    # (PyTorch's greedy tokens are the page's when each is the argmax after those before it)
+    ctx, got = list(ids), []
     for _ in range(6):
-        out = step(model, x, past, mask, lens, targets, rows)
-        past, nxt = torch.cat([past, out["kv"]]), int(out["logits"][0].argmax())
-        want.append(nxt)
         got.append(int(torch.tensor(page.page.evaluate(RUN, [ctx])["logits"]).argmax()))
         ctx.append(got[-1])
-        x = torch.tensor([[nxt]])
+    with torch.no_grad():
+        want = model(torch.tensor([ctx[:-1]]))[0, len(ids) - 1 :].argmax(-1).tolist()
     assert got == want, (tok.decode(got), tok.decode(want))
     # a reload: the old page's session and worker go, the files come from the Cache API
     page.page.reload()
