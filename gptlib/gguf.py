@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import mmap
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from .tokenizers.gguf import GGUFTokenizer
 __all__ = [
     "GGUFContents",
     "read_gguf",
+    "gguf_tensor_table",
     "config_from_gguf",
     "state_from_gguf",
     "q4_1_roundtrip",
@@ -118,6 +121,108 @@ def read_gguf(path: str | Path, tensors: bool = True) -> GGUFContents:
                 f"be read: {e}"
             ) from None
     return GGUFContents(str(path), metadata, out, types)
+
+
+# sizes in bytes of GGUF's scalar metadata types (8 is a string, 9 an array)
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def gguf_tensor_table(path: str | Path) -> tuple[dict[str, tuple[str, list[int], int]], int]:
+    """The tensor table of a GGUF file (version 2 or 3) without its metadata values:
+    ``{name: (type, shape fastest dimension first, offset)}`` and the byte at which the tensors'
+    data begins (a tensor's bytes start at that plus its offset). The metadata (SmolLM2's
+    vocabulary and merges, some 100,000 strings) is skipped over, not decoded, which
+    :func:`read_gguf` (the ``gguf`` package's reader) does for every field; only
+    ``general.alignment`` is read. A file that is not GGUF or is truncated raises ``ValueError``
+    naming the file.
+
+    >>> import tempfile, gguf
+    >>> d = tempfile.mkdtemp(); p = f"{d}/tiny.gguf"
+    >>> w = gguf.GGUFWriter(p, "llama")
+    >>> w.add_token_list(["a", "b"])
+    >>> w.add_tensor("x", np.zeros((2, 3), np.float32))  # numpy shape: slowest first
+    >>> w.add_tensor("y", np.ones(5, np.float32))
+    >>> w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    >>> table, start = gguf_tensor_table(p)
+    >>> table
+    {'x': ('F32', [3, 2], 0), 'y': ('F32', [5], 32)}
+    >>> data = open(p, "rb").read()
+    >>> np.frombuffer(data, "<f4", count=5, offset=start + table["y"][2]).tolist()
+    [1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+    from gguf import GGMLQuantizationType
+
+    path = check_file(path)
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise ValueError(f"{path} is not a GGUF file: it is empty") from None
+    at = 0
+
+    def u(fmt):
+        nonlocal at
+        (v,) = struct.unpack_from(fmt, data, at)
+        at += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal at
+        n = u("<Q")
+        if at + n > len(data):
+            raise struct.error(f"a string of {n} bytes at byte {at} runs past the end")
+        at += n
+        return bytes(data[at - n : at]).decode("utf-8")
+
+    def skip(kind):
+        nonlocal at
+        if kind == 8:
+            n = u("<Q")  # read before ``at`` is: u moves it
+            at += n
+        elif kind == 9:
+            inner, n = u("<I"), u("<Q")
+            if inner in _SCALAR_BYTES:
+                at += n * _SCALAR_BYTES[inner]
+            else:
+                for _ in range(n):
+                    skip(inner)
+        elif kind in _SCALAR_BYTES:
+            at += _SCALAR_BYTES[kind]
+        else:
+            raise ValueError(f"{path}: unknown metadata value type {kind}")
+
+    def type_name(kind):
+        try:
+            return GGMLQuantizationType(kind).name
+        except ValueError:
+            return str(kind)
+
+    try:
+        magic, version, n_tensors, n_kv = (u("<4s"), u("<I"), u("<Q"), u("<Q"))
+        if magic != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (it begins with {magic!r})")
+        if version not in (2, 3):
+            raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
+        alignment = 32
+        for _ in range(n_kv):
+            key, kind = string(), u("<I")
+            if key == "general.alignment" and kind == 4:
+                alignment = u("<I")
+            else:
+                skip(kind)
+        table = {}
+        for _ in range(n_tensors):
+            name = string()
+            shape = [u("<Q") for _ in range(u("<I"))]
+            kind = u("<I")
+            table[name] = (type_name(kind), shape, u("<Q"))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is truncated or corrupt at byte {at}: {e}") from None
+    finally:
+        data.close()
+    if alignment <= 0:
+        raise ValueError(f"{path}: general.alignment is {alignment}, not positive")
+    return table, -(-at // alignment) * alignment
 
 
 def _meta(contents: GGUFContents, key: str):

@@ -14,6 +14,7 @@ from gptlib.gguf import (  # noqa: E402
     _export_paths,
     config_from_gguf,
     export_gguf,
+    gguf_tensor_table,
     load_export,
     q4_1_roundtrip,
     read_gguf,
@@ -185,6 +186,43 @@ def test_corrupt_files_give_clear_errors(tiny, tmp_path):
         read_gguf(tmp_path / "header.gguf")
     with pytest.raises(FileNotFoundError):
         read_gguf(tmp_path / "missing.gguf")
+
+
+def test_tensor_table_equals_the_gguf_packages_reader(tiny, tmp_path):
+    """The table read without the metadata values names the same tensors, types, shapes and
+    data positions as the ``gguf`` package's reader, which decodes everything."""
+    quantize = {"blk.0.ffn_gate.weight": "Q4_1", "token_embd.weight": "Q8_0"}
+    path = write_gguf(tmp_path / "tiny.gguf", tiny, quantize=quantize)
+    table, start = gguf_tensor_table(path)
+    reader = gguf.GGUFReader(str(path))
+    assert list(table) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        kind, shape, offset = table[t.name]
+        assert (kind, shape, start + offset) == (
+            t.tensor_type.name,
+            [int(n) for n in t.shape],
+            t.data_offset,
+        ), t.name
+    assert {table[n][0] for n in quantize} == {"Q4_1", "Q8_0"}
+
+
+def test_tensor_table_errors_name_the_file(tiny, tmp_path):
+    good = write_gguf(tmp_path / "good.gguf", tiny).read_bytes()
+    (tmp_path / "junk.gguf").write_bytes(b"definitely not gguf" * 10)
+    with pytest.raises(ValueError, match=r"junk.gguf is not a GGUF file \(it begins with"):
+        gguf_tensor_table(tmp_path / "junk.gguf")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.gguf is not a GGUF file: it is empty"):
+        gguf_tensor_table(tmp_path / "empty.gguf")
+    for n in (10, 40, len(good) // 100):
+        (tmp_path / "cut.gguf").write_bytes(good[:n])
+        with pytest.raises(ValueError, match="cut.gguf is truncated or corrupt at byte"):
+            gguf_tensor_table(tmp_path / "cut.gguf")
+    (tmp_path / "v9.gguf").write_bytes(good[:4] + (9).to_bytes(4, "little") + good[8:])
+    with pytest.raises(ValueError, match="v9.gguf is GGUF version 9"):
+        gguf_tensor_table(tmp_path / "v9.gguf")
+    with pytest.raises(FileNotFoundError):
+        gguf_tensor_table(tmp_path / "missing.gguf")
 
 
 def test_mismatched_files_name_what_is_wrong(tiny, tmp_path):

@@ -6,7 +6,6 @@ operation rounded once (Math.fround), on blocks whose d and m run through float1
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -92,61 +91,6 @@ def test_js_unpacking_equals_numpys_bit_for_bit(tmp_path):
 
 
 EMBEDDING_ROWS = 4096
-GGML_TYPES = {3: "Q4_1", 8: "Q8_0"}  # ggml's type ids of the two block formats
-
-
-def _gguf_tensor_table(path: Path) -> tuple[dict[str, tuple[str, list[int], int]], int]:
-    """The tensor table of a GGUF file (version 2 or 3): {name: (type, shape fastest first,
-    offset)} and where the tensors' data begins. The metadata (SmolLM2's vocabulary and merges,
-    some 100,000 strings) is skipped over, not decoded: the ``gguf`` package's reader decodes
-    every field into numpy views, which takes seconds."""
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    with open(path, "rb") as f:
-        data = f.read(32 << 20)  # the header and the tables, not the tensors
-    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data)
-    assert magic == b"GGUF" and version in (2, 3), (magic, version)
-    at, alignment = 24, 32
-
-    def u(fmt):
-        nonlocal at
-        (v,) = struct.unpack_from(fmt, data, at)
-        at += struct.calcsize(fmt)
-        return v
-
-    def string():
-        nonlocal at
-        n = u("<Q")
-        at += n
-        return data[at - n : at].decode("utf-8")
-
-    def skip(kind):
-        nonlocal at
-        if kind == 8:
-            n = u("<Q")  # read before ``at`` is: u moves it
-            at += n
-        elif kind == 9:
-            inner, n = u("<I"), u("<Q")
-            if inner in sizes:
-                at += n * sizes[inner]
-            else:
-                for _ in range(n):
-                    skip(inner)
-        else:
-            at += sizes[kind]
-
-    for _ in range(n_kv):
-        key, kind = string(), u("<I")
-        if key == "general.alignment":
-            alignment = u("<I")
-        else:
-            skip(kind)
-    table = {}
-    for _ in range(n_tensors):
-        name = string()
-        shape = [u("<Q") for _ in range(u("<I"))]
-        kind = u("<I")
-        table[name] = (GGML_TYPES.get(kind, str(kind)), shape, u("<Q"))
-    return table, -(-at // alignment) * alignment
 
 
 def test_js_unpacking_equals_the_cached_smollm2_weights(tmp_path):
@@ -156,13 +100,13 @@ def test_js_unpacking_equals_the_cached_smollm2_weights(tmp_path):
     blocks, stored one after another, so a prefix of its blocks is a tensor of its own; all of it
     is 113 MB of float32 that node, numpy and the comparisons each went through."""
     from gptlib.assets import asset_path
-    from gptlib.gguf import ASSET
+    from gptlib.gguf import ASSET, gguf_tensor_table
 
     try:
         path = asset_path(ASSET)
     except (FileNotFoundError, ValueError) as e:
         pytest.skip(f"SmolLM2's GGUF is not in the cache ({e})")
-    table, start = _gguf_tensor_table(path)
+    table, start = gguf_tensor_table(path)
     picked = ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "token_embd.weight")
     shapes, parts = [], []
     with open(path, "rb") as f:
