@@ -1620,7 +1620,7 @@ def test_live_js_cache_plan_and_rows(tmp_path):
     """The page's cache (page.js): the longest cached prefix under the same mask is kept (no more
     than the positions whose rows are held, when the rows are wanted), the last position runs
     again when nothing is new, a mask change recomputes everything; the cache, position first, is
-    fed as a view of its first P positions and grows by doubling (the attention rows it keeps:
+    fed as a view of its first P positions and grows by half (the attention rows it keeps:
     tests/test_rows_js.py)."""
     js = _node(
         tmp_path,
@@ -1637,7 +1637,7 @@ out.plans = [
 ];
 const store = m.kvStore(2, 2);  // 2 floats a position, room for 2
 store.put(0, Float32Array.from([1, 1, 2, 2]));
-store.put(2, Float32Array.from([3, 3, 4, 4, 5, 5]));  // grows to 8 positions
+store.put(2, Float32Array.from([3, 3, 4, 4, 5, 5]));  // grows by half: 2, 3, 5 positions
 const view = store.past(4);
 store.put(1, Float32Array.from([9, 9]));  // a step from position 1: what came after is stale
 out.store = { capacity: store.capacity, past: Array.from(store.past(3)), shared: view[2] };
@@ -1657,7 +1657,7 @@ console.log(JSON.stringify(out));
         {"keep": 0, "feed": [7]},
         {"keep": 1, "feed": [2, 3, 4, 5]},
     ]
-    assert js["store"] == {"capacity": 8, "past": [1, 1, 9, 9, 3, 3], "shared": 9}
+    assert js["store"] == {"capacity": 5, "past": [1, 1, 9, 9, 3, 3], "shared": 9}
     assert js["lens"][0]["ids"] == [5, 2] and js["lens"][1]["ids"] == [7, 1]
     assert js["lens"][0]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
     assert js["lens"][1]["probs"] == pytest.approx([math.exp(-1), math.exp(-2)], rel=1e-6)
