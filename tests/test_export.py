@@ -87,8 +87,13 @@ CAT_TEXT, CAT_VOCAB = "the cat sat on the mat " * 10, 269  # all the merges the 
 
 @pytest.fixture(scope="module")
 def gpt_graph(tiny_gpt):
-    """A two-layer GPT (n_ctx 16, the command line's vocabulary) and its graph."""
+    """A two-layer GPT (n_ctx 16, the command line's vocabulary) and its graph; the first block's
+    weights are rounded to float16 (which then holds them exactly, as it holds the English
+    model's), the others are float32 draws that float16 cannot hold."""
     model = tiny_gpt(3, d_vocab=CAT_VOCAB, n_ctx=16, n_layers=2)
+    with torch.no_grad():
+        for w in model.blocks[0].parameters():
+            w.copy_(w.half().float())
     return model, to_onnx(model)
 
 
@@ -366,9 +371,9 @@ class TestTheTinyGPTGraph:
         """``python -m gptlib.export`` writes the three files, the manifest last, and nothing else
         (no temporary file is left); the manifest is :func:`manifest` of what it wrote; its export
         of a model (saved and read back) gives the same bytes as a second export, :func:`to_onnx`
-        of the model in memory; weights that float16 cannot hold exactly stay float32: nothing is
-        lost."""
-        from onnx import TensorProto
+        of the model in memory; the weights that float16 holds exactly are stored as float16 and
+        cast back to float32 under their names, the others stay float32: nothing is lost."""
+        from onnx import TensorProto, numpy_helper
 
         model, graph = gpt_graph
         src, out = tmp_path / "tiny", tmp_path / "out"
@@ -388,11 +393,20 @@ class TestTheTinyGPTGraph:
         # a graph the page optimizes itself (only SmolLM2's is optimized ahead of time)
         assert info["onnx"]["optimized"] is None and info["onnx"]["bytes"] == len(a)
         proto = onnx.load_from_string(a)
-        assert all(
-            i.data_type == TensorProto.FLOAT
-            for i in proto.graph.initializer
-            if np.prod(i.dims) >= 1024
-        )
+        inits = {i.name: i for i in proto.graph.initializer}
+        casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
+        matrices = ["attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "mlp.W_in", "mlp.W_out"]
+        for name in (f"model.blocks.0.{m}" for m in matrices):  # float16 holds them
+            assert inits[f"{name}.fp16"].data_type == TensorProto.FLOAT16 and name not in inits
+        for name in [f"model.blocks.1.{m}" for m in matrices] + ["model.unembed.W_E"]:
+            assert inits[name].data_type == TensorProto.FLOAT, name  # float16 cannot hold them
+        for name, i in inits.items():
+            if i.data_type == TensorProto.FLOAT16:  # each cast back under the name the graph uses
+                assert casts[name] == name.removesuffix(".fp16"), name
+            elif i.data_type == TensorProto.FLOAT:  # float32 only where float16 would round
+                w = numpy_helper.to_array(i)
+                assert not np.array_equal(w.astype(np.float16).astype(np.float32), w), name
+        assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no traces
         args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
         got = _run(_session(a), args)
         np.testing.assert_allclose(
