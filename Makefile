@@ -22,9 +22,9 @@ UNIT := --doctest-modules tests gptlib $(DOCTESTED_SCRIPTS)
 
 # Everything, on a fresh clone: the tools it needs beyond Python, ruff, the unit tests with the
 # doctests of gptlib and of the scripts' helpers (the slow ones included; two workers, each test
-# module on one of them, so that a module's fixtures, the English model's ONNX export, the
+# module or class on one of them, so that its fixtures, the tiny models' ONNX exports, the
 # distributed runs, are made once); the chapters under strict nbval (`make nbval`); then the book
-# and the browser tests.
+# and the browser tests (the live models' files among them).
 test: tools install assets lint $(NODE_MODULES)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not browser" $(UNIT)
 	$(MAKE) --no-print-directory nbval

@@ -28,25 +28,29 @@ def pytest_report_header(config):
 
 # --- the order of the unit stage ----------------------------------------------------------
 
-# The scopes that take longest (torch.onnx exports, the fuzzed tokenizers, SmolLM2's GGUF),
+# The scopes that take longest (torch.onnx exports, a simulated Colab, the fuzzed tokenizers),
 # longest first, measured with ``--durations``. ``make test`` runs the unit stage with
 # ``--dist loadscope --no-loadscope-reorder``, so the scopes go to the two workers in the order
 # collected here: the long ones first, side by side, and the many short ones after them fill
 # whichever worker is free, instead of a long scope starting last while the other worker idles.
 LONG_FIRST = (
-    "tests/test_export.py",  # the two-layer GPT's and ModernGPT's exports, the command line's
-    "tests/test_export.py::TestTheEnglishExport",
-    "tests/test_tokenizers_fuzz.py",
-    "tests/test_q4_js.py",  # reading SmolLM2's GGUF
+    "tests/test_export.py::TestTheTinyGPTGraph",  # a two-layer GPT exported twice
+    "tests/test_colab_setup.py",  # a simulated Colab: a venv, pip from the wheelhouse, a clone
+    # third, so on the GPT's worker, which takes a second scope at once: a process's first
+    # torch.onnx export pays for torch.export's warm-up (seconds), its second does not
     "tests/test_export.py::TestTheTinyGGUF",
-    "tests/test_tokenizers.py",
+    "tests/test_tokenizers_fuzz.py",
+    "tests/test_parallel.py",
     "tests/test_parallel_scale.py",
-    "tests/test_colab_setup.py",
+    "tests/test_gguf.py",
     "tests/test_inference.py",
+    "tests/test_widgets.py",
+    "tests/test_model.py",
     "tests/test_data.py",  # the English model's held-out loss, recomputed
-    "tests/test_tokenizers_checks.py",
+    "tests/test_rlhf.py",
     # the browser stage (``make browser``, ``--dist loadfile --no-loadscope-reorder``): its files,
     # longest first, so that the last to start is short
+    "tests/test_export.py",  # the live models' files (in the unit stage: its short tests)
     "tests/test_browser_reading.py",
     "tests/test_browser.py",
     "tests/test_browser_smollm2.py",

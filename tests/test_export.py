@@ -3,7 +3,9 @@ cached step equals the full forward pass, a masked head equals hooks that scale 
 lens equals logit_lens, the heads' direct contributions and the other terms add up to the logit),
 the ONNX graph equals the step under onnxruntime (the peer that the page's onnxruntime-web shares
 its kernels with), its bytes are deterministic and its weights float16, and the tokenizer.json gives
-BPETokenizer.encode's ids under Hugging Face's tokenizers."""
+BPETokenizer.encode's ids under Hugging Face's tokenizers. The exporter is tested on tiny models;
+the live models' files that `make book` writes (book_static/live) are tested in the browser stage,
+after the book is built."""
 
 from __future__ import annotations
 
@@ -72,36 +74,27 @@ def tiny(request, tiny_gpt, tiny_modern):
     return tiny_gpt(n_ctx=16, n_layers=3) if request.param == "gpt" else tiny_modern(n_layers=3)
 
 
-# The graphs: every export traces the whole step (a few seconds per layer), so the models exported
-# here have two layers, as few as a head mask on two layers and a lens between the ends need, and
-# each graph is exported once and shared. The GPT's has the command line's vocabulary (the BPE
-# below), so that the command line's export of the same model is a second export to compare.
+# The graphs: every export traces the whole step (a few seconds per layer, and some seconds more
+# whatever the size), so the unit stage exports three tiny graphs, each once and shared by the
+# tests of its class (a scope of its own under ``--dist loadscope``): a two-layer GPT's, twice (the
+# command line's export of the same model is the second export its bytes are compared with), and a
+# two-layer ModernGPT read from a GGUF (the path of the page's ModernGPT, SmolLM2). Two layers are
+# as few as a head mask on two layers and a lens between the ends need. The English model's graph
+# is the one `make book` writes; the browser stage tests that file (below) instead of exporting
+# the model again. The GPT's graph has the command line's vocabulary (the BPE below).
 CAT_TEXT, CAT_VOCAB = "the cat sat on the mat " * 10, 269  # all the merges the text allows
 
 
 @pytest.fixture(scope="module")
 def gpt_graph(tiny_gpt):
-    """A two-layer GPT (n_ctx 16, the command line's vocabulary) and its graph."""
+    """A two-layer GPT (n_ctx 16, the command line's vocabulary) and its graph; the first block's
+    weights are rounded to float16 (which then holds them exactly, as it holds the English
+    model's), the others are float32 draws that float16 cannot hold."""
     model = tiny_gpt(3, d_vocab=CAT_VOCAB, n_ctx=16, n_layers=2)
+    with torch.no_grad():
+        for w in model.blocks[0].parameters():
+            w.copy_(w.half().float())
     return model, to_onnx(model)
-
-
-@pytest.fixture(scope="module")
-def modern_graph(tiny_modern):
-    """A two-layer ModernGPT (GQA: 4 query heads on 2 key-value heads) and its graph."""
-    model = tiny_modern(n_layers=2)
-    return model, to_onnx(model)
-
-
-@pytest.fixture(scope="module")
-def exported(english, tmp_path_factory):
-    """What `make book` writes for the English model: export() into a fresh folder, once."""
-    return export(ENGLISH, tmp_path_factory.mktemp("live") / "live")
-
-
-@pytest.fixture(scope="module")
-def english_onnx(exported):
-    return exported[0].read_bytes()
 
 
 def _steps(model, ids, cuts, mask=None, lens=(), targets=(), rows=True):
@@ -335,13 +328,10 @@ def test_bad_arguments_are_value_errors_naming_them(tiny_gpt, tiny_modern):
 # --- the ONNX graph -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ["gpt", "modern"])
-def test_onnx_equals_the_step(family, request):
-    """onnxruntime against step() in PyTorch, with P = 0 and P > 0, no lens, targets or rows and
-    some (the argmax among the targets), a masked and a half head; every output within 1e-5."""
-    tiny, graph = request.getfixturevalue(f"{family}_graph")
-    s = _session(graph)
+def _check_graph_equals_the_step(s, tiny) -> None:
+    """onnxruntime's session ``s`` against step() in PyTorch, with P = 0 and P > 0, no lens,
+    targets or rows and some (the argmax among the targets), a masked and a half head; every
+    output within 1e-5, of step()'s shape and dtype."""
     assert [i.name for i in s.get_inputs()] == list(INPUTS)
     assert [o.name for o in s.get_outputs()] == list(OUTPUTS)
     L, H = tiny.config.n_layers, tiny.config.n_heads
@@ -365,94 +355,65 @@ def test_onnx_equals_the_step(family, request):
             np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
 
 
-class TestTheEnglishExport:
-    """The English model exported as `make book` exports it, once: a class, so that under
-    ``--dist loadscope`` its export is a scope of its own and runs beside the tiny ones."""
+class TestTheTinyGPTGraph:
+    """The two-layer GPT's graph, exported twice (to_onnx, then the command line): a class, so that
+    under ``--dist loadscope`` its exports are a scope of their own, beside the GGUF's."""
 
     @pytest.mark.slow
-    def test_onnx_equals_the_step_on_the_english_model(self, english, english_onnx):
-        """Unicode prompts in one step and token by token, and a full n_ctx window."""
-        model, tok = english
-        s = _session(english_onnx)
-        window = torch.randint(
-            0,
-            model.config.d_vocab,
-            (1, model.config.n_ctx),
-            generator=torch.Generator().manual_seed(0),
-        )
-        lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
-        worst = {}
-        for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
-            past, mask, lens_t, targets_t, _ = step_inputs(model, lens, targets)
-            cuts = (
-                [(0, ids.shape[1])]
-                if ids.shape[1] > 40
-                else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
-            )
-            for a, b in cuts:
-                args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
-                args += (head_input(model, [(a % 4, 2, b - a - 1, 11)]),)  # the last query
-                want, got = step(model, *args), _run(s, args)
-                for k in OUTPUTS:
-                    worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
-                past = torch.cat([past, want["kv"]])
-        print(f"English graph vs step, max |difference|: {worst}")
-        assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
+    def test_onnx_equals_the_step(self, gpt_graph):
+        model, graph = gpt_graph
+        _check_graph_equals_the_step(_session(graph), model)
 
-    @pytest.mark.slow  # the English model's export (make test); make check exports tiny models
-    def test_onnx_stores_the_weights_in_float16(self, english, english_onnx):
-        from onnx import TensorProto
+    @pytest.mark.slow
+    def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
+        self, tmp_path, capsys, gpt_graph
+    ):
+        """``python -m gptlib.export`` writes the three files, the manifest last, and nothing else
+        (no temporary file is left); the manifest is :func:`manifest` of what it wrote; its export
+        of a model (saved and read back) gives the same bytes as a second export, :func:`to_onnx`
+        of the model in memory; the weights that float16 holds exactly are stored as float16 and
+        cast back to float32 under their names, the others stay float32: nothing is lost."""
+        from onnx import TensorProto, numpy_helper
 
-        model, _ = english
-        proto = onnx.load_from_string(english_onnx)
+        model, graph = gpt_graph
+        src, out = tmp_path / "tiny", tmp_path / "out"
+        tok = BPETokenizer.train(CAT_TEXT, CAT_VOCAB)
+        assert tok.vocab_size == model.config.d_vocab
+        model.save(src)
+        tok.save(src / "tokenizer.json")
+        assert main([str(src), str(out), "--name", "t"]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        names = ["t.onnx.0", "t.tokenizer.json", "t.json"]
+        assert [line.split()[:2] for line in printed] == [["wrote", str(out / n)] for n in names]
+        assert sorted(p.name for p in out.iterdir()) == sorted(names)
+        a = (out / "t.onnx.0").read_bytes()
+        assert graph == a
+        info = json.loads((out / "t.json").read_text(encoding="utf-8"))
+        assert info == manifest(model, tok, "t", [a], (out / "t.tokenizer.json").read_bytes())
+        # a graph the page optimizes itself (only SmolLM2's is optimized ahead of time)
+        assert info["onnx"]["optimized"] is None and info["onnx"]["bytes"] == len(a)
+        proto = onnx.load_from_string(a)
         inits = {i.name: i for i in proto.graph.initializer}
-        big = [i for i in inits.values() if np.prod(i.dims) >= 1024]
-        assert big and all(i.data_type == TensorProto.FLOAT16 for i in big)
-        # every fp16 initializer is cast back to float32 under the name the graph uses
         casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
-        assert all(
-            name in casts and casts[name] == name.removesuffix(".fp16")
-            for name, i in inits.items()
-            if i.data_type == TensorProto.FLOAT16
+        matrices = ["attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "mlp.W_in", "mlp.W_out"]
+        for name in (f"model.blocks.0.{m}" for m in matrices):  # float16 holds them
+            assert inits[f"{name}.fp16"].data_type == TensorProto.FLOAT16 and name not in inits
+        for name in [f"model.blocks.1.{m}" for m in matrices] + ["model.unembed.W_E"]:
+            assert inits[name].data_type == TensorProto.FLOAT, name  # float16 cannot hold them
+        for name, i in inits.items():
+            if i.data_type == TensorProto.FLOAT16:  # each cast back under the name the graph uses
+                assert casts[name] == name.removesuffix(".fp16"), name
+            elif i.data_type == TensorProto.FLOAT:  # float32 only where float16 would round
+                w = numpy_helper.to_array(i)
+                assert not np.array_equal(w.astype(np.float16).astype(np.float32), w), name
+        assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no traces
+        args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
+        got = _run(_session(a), args)
+        np.testing.assert_allclose(
+            got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
         )
-        assert len(english_onnx) < 0.52 * 4 * model.num_parameters()  # about 2 bytes per parameter
-        assert not any(
-            n.metadata_props or n.doc_string for n in proto.graph.node
-        )  # no stack traces
-
-    @pytest.mark.slow  # the English model's export (make test); make check exports tiny models
-    def test_export_writes_the_three_files(self, english, exported, english_onnx):
-        model, tok = english
-        written = exported
-        assert [p.name for p in written] == [
-            "english.onnx.0",
-            "english.tokenizer.json",
-            "english.json",
-        ]
-        info = json.loads(written[2].read_text(encoding="utf-8"))
-        assert (
-            info["format"] == "gptlib-live"
-            and info["version"] == VERSION
-            and info["name"] == "english"
-        )
-        assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
-        assert info["config"] == {
-            "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
-            "n_kv_heads": 4, "d_head": 64, "rope_base": None, "ln_f_centred": True,
-            "attn_bias": True,
-        }  # fmt: skip
-        assert info["onnx"]["bytes"] == len(english_onnx) == info["onnx"]["pieces"][0]["bytes"]
-        assert info["download_bytes"] == len(english_onnx) + written[1].stat().st_size
-        assert info["weights_sha256"] == weights_sha256(model)
-        assert info["special"] == {} and info["chat"] is None
-        assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
-        assert [base64.b64decode(b) for b in info["token_bytes"]] == [
-            tok.token_bytes(i) for i in range(4096)
-        ]
-        assert info == manifest(model, tok, "english", [english_onnx], written[1].read_bytes())
-        assert sorted(p.name for p in written[0].parent.iterdir()) == sorted(
-            p.name for p in written
-        )  # no temporary file left
+        with pytest.raises(SystemExit):
+            main([str(src)])  # a model directory needs an output directory
 
 
 def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
@@ -548,94 +509,6 @@ def test_export_checks_its_input_before_writing(tmp_path, english):
     assert not out.exists()
 
 
-@pytest.mark.slow
-def test_command_line_bytes_are_deterministic_and_lossless_for_float32_weights(
-    tmp_path, capsys, gpt_graph
-):
-    """``python -m gptlib.export`` writes the three files; its export of a model (saved and read
-    back) gives the same bytes as a second export, :func:`to_onnx` of the model in memory; weights
-    that float16 cannot hold exactly stay float32: nothing is lost."""
-    from onnx import TensorProto
-
-    model, graph = gpt_graph
-    src = tmp_path / "tiny"
-    tok = BPETokenizer.train(CAT_TEXT, CAT_VOCAB)
-    assert tok.vocab_size == model.config.d_vocab
-    model.save(src)
-    tok.save(src / "tokenizer.json")
-    assert main([str(src), str(tmp_path / "out"), "--name", "t"]) == 0
-    assert "wrote" in capsys.readouterr().out
-    # a graph the page optimizes itself (only SmolLM2's is optimized ahead of time)
-    assert json.loads((tmp_path / "out" / "t.json").read_text())["onnx"]["optimized"] is None
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "t.json",
-        "t.onnx.0",
-        "t.tokenizer.json",
-    ]
-    a = (tmp_path / "out" / "t.onnx.0").read_bytes()
-    assert graph == a
-    proto = onnx.load_from_string(a)
-    assert all(
-        i.data_type == TensorProto.FLOAT for i in proto.graph.initializer if np.prod(i.dims) >= 1024
-    )
-    args = (torch.tensor([[5, 1, 268, 7, 7, 7]]), *step_inputs(model, [1], [7], queries=[5]))
-    got = _run(_session(a), args)
-    np.testing.assert_allclose(
-        got["logits"], step(model, *args)["logits"].numpy(), atol=1e-5, rtol=0
-    )
-    with pytest.raises(SystemExit):
-        main([str(src)])  # a model directory needs an output directory
-
-
-class TestTheTinyGGUF:
-    """A tiny GGUF's export: a scope of its own, as above."""
-
-    @pytest.mark.slow
-    def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(self, tmp_path, tiny_modern):
-        """A tiny ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding, read back
-        (the cached SmolLM2's path): the graph's external weights, unpacked from the blocks, are the
-        model's, bit for bit; the graph holds no unpacking and, optimized ahead of time and loaded
-        with onnxruntime's optimizations off (as the page loads it), equals step()."""
-        from onnx import helper, numpy_helper
-        from test_gguf import write_gguf
-
-        from gptlib.export.graph import optimize_ahead
-        from gptlib.export.q4 import store_gguf_blocks
-        from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
-
-        source = tiny_modern(d_mlp=64, n_layers=1)  # one layer: the blocks, not the depth
-        names = _gguf_names(source.config)
-        quantize = {t: "Q4_1" for t, tr in names.values() if tr} | {"token_embd.weight": "Q8_0"}
-        path = write_gguf(tmp_path / "t.gguf", source, quantize=quantize)
-        contents = read_gguf(path)
-        assert {t: contents.types[t] for t in quantize} == quantize
-        model = ModernGPT.from_state(*state_from_gguf(contents), source=str(path))
-        data, tensors, blocks = to_onnx_gguf(model, path, "t.weights")
-        assert {t["name"]: t["type"] for t in tensors}["model.W_E"] == "Q8_0"
-        assert {t["name"]: t["type"] for t in tensors}["model.blocks.0.attn.W_Q"] == "Q4_1"
-        assert len(blocks) == sum(t["blocks_bytes"] for t in tensors)
-        _check_external(data, tensors, blocks, model)
-        args = (IDS, *step_inputs(model, [0, 1], [5, -1], queries=[0, 9]))
-        got, want = (
-            _run(_external_session(data, tensors, blocks, tmp_path, optimize=False), args),
-            step(model, *args),
-        )
-        assert any(n.domain == "com.microsoft" for n in onnx.load_from_string(data).graph.node)
-        for k in OUTPUTS:
-            np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
-        # the float32 model the file was written from is not what its blocks hold
-        graph = helper.make_graph([], "g", [], [], initializer=[
-            numpy_helper.from_array(v.numpy(), f"model.{k}") for k, v in source.state_dict().items()
-        ])  # fmt: skip
-        with pytest.raises(
-            ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
-        ):
-            store_gguf_blocks(graph, source, path, "t.weights")
-        assert not _external(graph.SerializeToString())  # checked before the graph is changed
-        with pytest.raises(ValueError, match="level must be 'basic' or 'extended', got 'all'"):
-            optimize_ahead(graph, tensors, b"", "t.weights", level="all")
-
-
 # --- a hostile caller ---------------------------------------------------------------------------
 
 
@@ -727,11 +600,199 @@ def _check_external(graph: bytes, tensors: list[dict], blocks: bytes, model) -> 
         assert np.array_equal(mine.view(np.uint32), w.view(np.uint32)), t["name"]
 
 
-# --- SmolLM2 as `make book` writes it (book_static/live) ------------------------------------------
+@pytest.fixture(scope="module")
+def gguf_graph(tiny_modern, tmp_path_factory):
+    """A two-layer ModernGPT written as a GGUF with Q4_1 matrices and a Q8_0 embedding and read
+    back (the cached SmolLM2's path), and its graph: ``source`` (the float32 model the file was
+    written from), ``path``, ``quantize`` (the file's types), ``model`` (read from the file),
+    ``data``, ``tensors`` and ``blocks`` (what :func:`to_onnx_gguf` returns)."""
+    from types import SimpleNamespace
+
+    from test_gguf import write_gguf
+
+    from gptlib.gguf import _gguf_names, read_gguf, state_from_gguf
+
+    source = tiny_modern(d_mlp=64, n_layers=2)
+    names = _gguf_names(source.config)
+    quantize = {t: "Q4_1" for t, tr in names.values() if tr} | {"token_embd.weight": "Q8_0"}
+    path = write_gguf(tmp_path_factory.mktemp("gguf") / "t.gguf", source, quantize=quantize)
+    model = ModernGPT.from_state(*state_from_gguf(read_gguf(path)), source=str(path))
+    data, tensors, blocks = to_onnx_gguf(model, path, "t.weights")
+    return SimpleNamespace(
+        source=source, path=path, quantize=quantize, model=model, data=data, tensors=tensors,
+        blocks=blocks,
+    )  # fmt: skip
+
+
+class TestTheTinyGGUF:
+    """A tiny GGUF's export (the page's ModernGPT graph): a scope of its own, as above."""
+
+    @pytest.mark.slow
+    def test_gguf_blocks_in_the_graph_on_a_tiny_gguf(self, gguf_graph):
+        """The graph's external weights, unpacked from the blocks, are the model's, bit for bit;
+        the graph holds no unpacking; a model that is not what the blocks hold is refused before
+        the graph changes."""
+        from onnx import helper, numpy_helper
+
+        from gptlib.export.graph import optimize_ahead
+        from gptlib.export.q4 import store_gguf_blocks
+        from gptlib.gguf import read_gguf
+
+        g = gguf_graph
+        contents = read_gguf(g.path)
+        assert {t: contents.types[t] for t in g.quantize} == g.quantize
+        assert {t["name"]: t["type"] for t in g.tensors}["model.W_E"] == "Q8_0"
+        assert {t["name"]: t["type"] for t in g.tensors}["model.blocks.1.attn.W_Q"] == "Q4_1"
+        assert len(g.blocks) == sum(t["blocks_bytes"] for t in g.tensors)
+        _check_external(g.data, g.tensors, g.blocks, g.model)
+        assert any(n.domain == "com.microsoft" for n in onnx.load_from_string(g.data).graph.node)
+        # the float32 model the file was written from is not what its blocks hold
+        graph = helper.make_graph([], "g", [], [], initializer=[
+            numpy_helper.from_array(v.numpy(), f"model.{k}")
+            for k, v in g.source.state_dict().items()
+        ])  # fmt: skip
+        with pytest.raises(
+            ValueError, match="'token_embd.weight' unpacked does not equal the model's 'W_E'"
+        ):
+            store_gguf_blocks(graph, g.source, g.path, "t.weights")
+        assert not _external(graph.SerializeToString())  # checked before the graph is changed
+        with pytest.raises(ValueError, match="level must be 'basic' or 'extended', got 'all'"):
+            optimize_ahead(graph, g.tensors, b"", "t.weights", level="all")
+
+    @pytest.mark.slow
+    def test_onnx_equals_the_step(self, gguf_graph, tmp_path):
+        """The graph, optimized ahead of time and loaded with onnxruntime's optimizations off (as
+        the page loads it), its weights unpacked from the blocks, equals step() on the model read
+        from the file: the sweep of the GPT's graph, and a whole window at once."""
+        g = gguf_graph
+        s = _external_session(g.data, g.tensors, g.blocks, tmp_path, optimize=False)
+        _check_graph_equals_the_step(s, g.model)
+        args = (IDS, *step_inputs(g.model, [0, 1], [5, -1], queries=[0, 9]))
+        got, want = _run(s, args), step(g.model, *args)
+        for k in OUTPUTS:
+            np.testing.assert_allclose(got[k], want[k].numpy(), atol=1e-5, rtol=0, err_msg=k)
+
+
+# --- the live models as `make book` writes them (book_static/live) --------------------------------
+# The browser stage (``-m browser``, after `make book`, under GPTLIB_REQUIRE_BOOK=1, so that a
+# missing file fails) tests the files the page reads; the unit stage tests the exporter itself on
+# the tiny models above.
 LIVE = ROOT / "book_static" / "live"
-built = pytest.mark.skipif(
-    not (LIVE / "smollm2.json").is_file(), reason="no book_static/live/smollm2.json: run make book"
-)
+
+
+def _built(name: str):
+    return pytest.mark.skipif(
+        not (LIVE / f"{name}.json").is_file(),
+        reason=f"no book_static/live/{name}.json: run make book",
+    )
+
+
+# --- the English model ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def english_files():
+    """The English model's manifest, its graph's bytes (its pieces joined) and its tokenizer.json's
+    bytes, as make book wrote them."""
+    info = json.loads((LIVE / "english.json").read_text("utf-8"))
+    graph = b"".join((LIVE / p["file"]).read_bytes() for p in info["onnx"]["pieces"])
+    return info, graph, (LIVE / info["tokenizer"]["file"]).read_bytes()
+
+
+@pytest.mark.browser
+@_built("english")
+def test_the_english_graph_equals_the_step(english, english_files):
+    """Unicode prompts in one step and token by token, and a full n_ctx window."""
+    model, tok = english
+    s = _session(english_files[1])
+    window = torch.randint(
+        0, model.config.d_vocab, (1, model.config.n_ctx), generator=torch.Generator().manual_seed(0)
+    )
+    lens, targets = list(range(model.config.n_layers + 1)), [11, 200, 4095]
+    worst = {}
+    for ids in [torch.tensor([tok.encode(p)]) for p in PROMPTS] + [window]:
+        past, mask, lens_t, targets_t, _ = step_inputs(model, lens, targets)
+        cuts = (
+            [(0, ids.shape[1])]
+            if ids.shape[1] > 40
+            else [(0, 1)] + [(t, t + 1) for t in range(1, ids.shape[1])]
+        )
+        for a, b in cuts:
+            args = (ids[:, a:b], past, mask, lens_t, targets_t, torch.arange(b - a))
+            args += (head_input(model, [(a % 4, 2, b - a - 1, 11)]),)  # the last query
+            want, got = step(model, *args), _run(s, args)
+            for k in OUTPUTS:
+                worst[k] = max(worst.get(k, 0.0), float(np.abs(got[k] - want[k].numpy()).max()))
+            past = torch.cat([past, want["kv"]])
+    print(f"English graph vs step, max |difference|: {worst}")
+    assert worst["lens_ids"] == 0 and max(worst.values()) <= 1e-4, worst
+
+
+@pytest.mark.browser
+@_built("english")
+def test_the_english_graph_stores_the_weights_in_float16(english, english_files):
+    from onnx import TensorProto
+
+    model, _ = english
+    graph = english_files[1]
+    proto = onnx.load_from_string(graph)
+    inits = {i.name: i for i in proto.graph.initializer}
+    big = [i for i in inits.values() if np.prod(i.dims) >= 1024]
+    assert big and all(i.data_type == TensorProto.FLOAT16 for i in big)
+    # every fp16 initializer is cast back to float32 under the name the graph uses
+    casts = {n.input[0]: n.output[0] for n in proto.graph.node if n.op_type == "Cast"}
+    assert all(
+        name in casts and casts[name] == name.removesuffix(".fp16")
+        for name, i in inits.items()
+        if i.data_type == TensorProto.FLOAT16
+    )
+    assert len(graph) < 0.52 * 4 * model.num_parameters()  # about 2 bytes per parameter
+    assert not any(n.metadata_props or n.doc_string for n in proto.graph.node)  # no stack traces
+
+
+@pytest.mark.browser
+@_built("english")
+def test_the_english_manifest_is_the_models(english, english_files):
+    """The manifest is :func:`manifest` of the files beside it, for the shipped model (its
+    weights_sha256: not a stale export), the tokenizer.json is :func:`tokenizer_json`'s, and the
+    folder holds only the files the manifests list: no temporary file, no piece of an earlier
+    export."""
+    model, tok = english
+    info, graph, tok_bytes = english_files
+    assert [p["file"] for p in info["onnx"]["pieces"]] == ["english.onnx.0"]
+    assert info["tokenizer"]["file"] == "english.tokenizer.json"
+    assert (
+        info["format"] == "gptlib-live" and info["version"] == VERSION and info["name"] == "english"
+    )
+    assert info["family"] == "gpt" and info["lens_top"] == LENS_TOP
+    assert info["config"] == {
+        "d_vocab": 4096, "n_ctx": 128, "d_model": 256, "n_layers": 4, "n_heads": 4,
+        "n_kv_heads": 4, "d_head": 64, "rope_base": None, "ln_f_centred": True,
+        "attn_bias": True,
+    }  # fmt: skip
+    assert info["onnx"]["bytes"] == len(graph) == info["onnx"]["pieces"][0]["bytes"]
+    assert info["onnx"]["optimized"] is None and info["weights"] is None
+    assert info["download_bytes"] == len(graph) + len(tok_bytes)
+    assert info["weights_sha256"] == weights_sha256(model)
+    assert info["special"] == {} and info["chat"] is None
+    assert info["tokens"] == [tok.token_str(i) for i in range(4096)]
+    assert [base64.b64decode(b) for b in info["token_bytes"]] == [
+        tok.token_bytes(i) for i in range(4096)
+    ]
+    assert info == manifest(model, tok, "english", [graph], tok_bytes)
+    assert json.loads(tok_bytes) == json.loads(json.dumps(tokenizer_json(tok)))
+    listed = set()
+    for path in LIVE.glob("*.json"):
+        if not path.name.endswith(".tokenizer.json"):  # a manifest
+            m = json.loads(path.read_text("utf-8"))
+            blocks = m["weights"]["blocks"]["pieces"] if m["weights"] else []
+            listed |= {path.name, m["tokenizer"]["file"]}
+            listed |= {p["file"] for p in m["onnx"]["pieces"] + blocks}
+    assert sorted(p.name for p in LIVE.iterdir()) == sorted(listed)
+
+
+# --- SmolLM2 -------------------------------------------------------------------------------------
+built = _built("smollm2")
 
 
 @pytest.fixture(scope="module")

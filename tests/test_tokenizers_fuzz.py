@@ -148,7 +148,8 @@ def check_texts(tok: BPETokenizer, enc: tiktoken.Encoding, texts: list[str]) -> 
         assert tok.decode(ids) == text, text
         with_special = tok.encode(text, allowed_special="all")
         assert with_special == enc.encode(text, allowed_special="all"), text
-        assert tok.decode(with_special) == text, text
+        # decode is a function of the ids: its round trip is asked again only of other ids
+        assert with_special == ids or tok.decode(with_special) == text, text
 
 
 def test_generator_makes_the_hard_cases():
