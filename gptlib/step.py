@@ -154,8 +154,17 @@ def _step(
     chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
     W_t = model.W_U_rows.index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
     u = _ln_f_dual(model, W_t, resid[-1])  # (d_model, m)
-    W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
-    W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
+    # W_O^h u_t times head h's mask, a layer at a time from the weights themselves: a stack of
+    # the L masked W_O (40 MB for SmolLM2), formed and split again on every step, grew the page's
+    # memory by about 0.1 GB; the mask scales the product, which for a mask of 0 and 1 is the
+    # product of the masked rows, bit for bit
+    m, d_model = u.shape[1], u.shape[0]
+    W_Ou = torch.stack(
+        [
+            (model.blocks[layer].attn.W_O @ u).view(H, d_head, m) * head_mask[layer][:, None, None]
+            for layer in range(L)
+        ]
+    )  # (L, H, d_head, m)
     last = _last_rows(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
     vals = torch.stack([cache.v[layer][0] for layer in range(L)])  # (L, n_kv, P + T, d_head)
     z = torch.einsum("lgrs,lgsd->lgrd", last, vals).reshape(L, H, d_head)  # z_h, no copies of V
@@ -166,7 +175,17 @@ def _step(
     # gathers nothing
     s = head.shape[0]
     pick = lambda per_layer: per_layer[layers, torch.arange(s)]  # noqa: E731 (L, s, ..) -> (s, ..)
-    W_Oh = pick(torch.stack([w.view(H, d_head, -1).index_select(0, heads) for w in W_O]))
+    offsets = torch.arange(d_head, device=heads.device)
+    rows = (heads[:, None] * d_head + offsets).reshape(-1)  # (s d_head,): the rows of W_O^h
+    W_Oh = pick(
+        torch.stack(
+            [
+                model.blocks[layer].attn.W_O.index_select(0, rows).view(s, d_head, d_model)
+                * head_mask[layer].index_select(0, heads)[:, None, None]
+                for layer in range(L)
+            ]
+        )
+    )  # (s, d_head, d_model): the rows of W_O^h times its mask, as the forward pass uses them
     X_L = streams[-1][0].index_select(0, at)  # (s, d_model): X_L at the asked queries
     return {
         "logits": logits,
