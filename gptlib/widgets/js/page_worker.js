@@ -11,7 +11,7 @@
 //   {type: "encode", id, text} -> {id, result: the ids} (@huggingface/tokenizers, here too);
 //   {type: "release", id} -> {id, result: true}: the session released.
 // A failure answers {id, error, live}: live when the message is written for the reader.
-import { fromBase64, LiveError, megabytes } from "./backend.js";
+import { LiveError, megabytes } from "./backend.js";
 import { cacheStepper } from "./page.js";
 import { lazyWeights } from "./q4.js";
 
@@ -131,24 +131,6 @@ async function download(cache, manifestUrl, listed, onBytes) {
   return out;
 }
 
-// A graph of one Identity node (ONNX, opset 17): y = x for x float32 (1).
-const IDENTITY =
-  "CAgSADo3ChAKAXgSAXkiCElkZW50aXR5EgFnWg8KAXgSCgoICAESBAoCCAFiDwoBeRIKCggIARIECgIIAUIECgAQEQ==";
-
-// onnxruntime-web's WebAssembly started (the first session starts it), its time in phases.wasm
-// (from the start of the worker's start); a failure is left to the model's own session to say.
-async function warmUp(ort) {
-  try {
-    const s = await ort.InferenceSession.create(fromBase64(IDENTITY), {
-      executionProviders: ["wasm"],
-    });
-    phases.wasm = performance.now() - phases.t0;
-    await s.release();
-  } catch {
-    // the model's session tries again and reports what is wrong
-  }
-}
-
 let stepper = null,
   session = null,
   tokenizer = null,
@@ -156,8 +138,8 @@ let stepper = null,
 
 async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   if (session) throw new Error("this worker holds a session already");
+  phases = {};
   const t0 = performance.now();
-  phases = { t0 };
   const cache = await openCache();
   const blocks = manifest.weights?.blocks;
   const tokFile = { bytes: manifest.tokenizer.bytes, pieces: [manifest.tokenizer] };
@@ -171,26 +153,14 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
     );
   };
   tick(0);
-  const files = Promise.all([
+  const [ort, tk, tokText, graph, packed] = await Promise.all([
+    import(base + VENDOR.ort),
     import(base + VENDOR.tokenizers),
     download(cache, manifestUrl, tokFile, tick),
     download(cache, manifestUrl, manifest.onnx, tick),
     blocks ? download(cache, manifestUrl, blocks, tick) : null,
   ]);
-  const ort = await import(base + VENDOR.ort);
-  // One thread unless the page asks for more (page.js's liveThreads): threads need a cross-origin
-  // isolated page, and two measured slower than one on the 2-core machine the book is built on
-  // (onnxruntime-web 1.30 in node, a bare SmolLM2 step at 200 tokens 821-868 ms against
-  // 478-558 ms, under load).
-  ort.env.wasm.numThreads = threads;
-  ort.env.wasm.proxy = false;
-  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
-  // onnxruntime's WebAssembly fetched, compiled and started while the files come (a session of
-  // a one-node graph makes onnxruntime-web start it), not after them
-  const ready = warmUp(ort);
-  const [tk, tokText, graph, packed] = await files;
   since("files", t0);
-  await ready;
   let t1 = performance.now();
   const tok = new tk.Tokenizer(JSON.parse(new TextDecoder().decode(tokText)), {});
   since("tokenizer", t1);
@@ -207,6 +177,13 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
     extra: { session: { disable_prepacking: "1" } },
   };
   if (weights) options.externalData = [{ path: manifest.weights.file, data: weights.data }];
+  // One thread unless the page asks for more (page.js's liveThreads): threads need a cross-origin
+  // isolated page, and two measured slower than one on the 2-core machine the book is built on
+  // (onnxruntime-web 1.30 in node, a bare SmolLM2 step at 200 tokens 821-868 ms against
+  // 478-558 ms, under load).
+  ort.env.wasm.numThreads = threads;
+  ort.env.wasm.proxy = false;
+  ort.env.wasm.wasmPaths = base + VENDOR.ortDir;
   progress("unpacking the 4-bit weights into onnxruntime-web", 1);
   t1 = performance.now();
   try {
@@ -233,7 +210,6 @@ async function start({ base, manifestUrl, manifest, threads = 1 }, progress) {
   since("total", t0);
   stepper = cacheStepper(ort, session, manifest);
   tokenizer = tok;
-  delete phases.t0;
   const ms = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, Math.round(v)]));
   // the threads onnxruntime-web runs: one where the page is not cross-origin isolated
   return { phases: ms, threads: ort.env.wasm.numThreads };
