@@ -25,7 +25,6 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from .hooks import capture, capture_patterns
 from .kvcache import KVCache
@@ -120,19 +119,14 @@ def _step(
     T, P = ids.shape[1], past.shape[0]
     torch._check(P + T <= n_ctx)  # the model raises beyond n_ctx; the trace learns the bound
     cache = _PastCache(past)
-    # head h's output z_h W_O^h times its mask: the rows of W_O scaled, as ablate_heads zeroes them
-    masked = {
-        f"blocks.{layer}.attn.W_O": model.blocks[layer].attn.W_O
-        * head_mask[layer][:, None].expand(H, d_head).reshape(H * d_head, 1)  # (H d_head, 1)
-        for layer in range(L)
-    }
     layers, heads, at, tokens = head.unbind(1)  # (s,) each: the asked heads, s = 0 for none
     with (
         capture(model, "hook_resid") as streams,
         capture_patterns(model) as patterns,
         _queries_of(model, heads, at) as picked,
+        _masked_heads(model, head_mask),
     ):
-        functional_call(model, masked, (ids, cache), {"check_ids": False}, strict=False)
+        model(ids, cache, check_ids=False)
     resid = torch.stack([x[0, -1] for x in streams])  # (L + 1, d_model): X_0 .. X_L, last row
     # the asked rows only: r = len(queries) of the T new queries' rows, each layer's cut first
     attn = torch.stack([p[0].index_select(1, queries) for p in patterns])  # (L, H, r, P + T)
@@ -154,19 +148,42 @@ def _step(
     chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
     W_t = model.W_U_rows.index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
     u = _ln_f_dual(model, W_t, resid[-1])  # (d_model, m)
-    W_O = torch.stack([masked[f"blocks.{layer}.attn.W_O"] for layer in range(L)])
-    W_Ou = W_O.view(L, H, d_head, -1) @ u  # (L, H, d_head, m): W_O^h u_t
-    last = _last_rows(patterns, n_kv)  # (L, n_kv, H / n_kv, P + T): the last query's rows
-    vals = torch.stack([cache.v[layer][0] for layer in range(L)])  # (L, n_kv, P + T, d_head)
-    z = torch.einsum("lgrs,lgsd->lgrd", last, vals).reshape(L, H, d_head)  # z_h, no copies of V
+    # W_O^h u_t times head h's mask, a layer at a time from the weights themselves (no masked
+    # copy of them; for a mask of 0 and 1 the product of the masked rows, bit for bit)
+    m, d_model = u.shape[1], u.shape[0]
+    W_Ou = torch.stack(
+        [
+            (model.blocks[layer].attn.W_O @ u).view(H, d_head, m) * head_mask[layer][:, None, None]
+            for layer in range(L)
+        ]
+    )  # (L, H, d_head, m)
+    # z_h at the last position, a layer at a time: its last row of each group of heads times the
+    # group's values (no stack of every layer's values: half the cache again, 190 MB for SmolLM2
+    # at 8,192 positions)
+    z = torch.stack(
+        [
+            (p[0, :, -1].view(n_kv, H // n_kv, -1) @ cache.v[layer][0]).reshape(H, d_head)
+            for layer, p in enumerate(patterns)
+        ]
+    )  # (L, H, d_head)
     direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou)  # (L, H, m)
     # one head at one query, for each of the s asked (head.js): its query, the gathers of its
-    # slice W_O^h (the mask's rows scaled as above), ln_f's normaliser at X_L[t] and gain, and
+    # slice W_O^h (times the head's mask), ln_f's normaliser at X_L[t] and gain, and
     # W_U[:, v]; each layer's rows gathered first, then the asked layer's picked, so that s = 0
     # gathers nothing
     s = head.shape[0]
     pick = lambda per_layer: per_layer[layers, torch.arange(s)]  # noqa: E731 (L, s, ..) -> (s, ..)
-    W_Oh = pick(torch.stack([w.view(H, d_head, -1).index_select(0, heads) for w in W_O]))
+    offsets = torch.arange(d_head, device=heads.device)
+    rows = (heads[:, None] * d_head + offsets).reshape(-1)  # (s d_head,): the rows of W_O^h
+    W_Oh = pick(
+        torch.stack(
+            [
+                model.blocks[layer].attn.W_O.index_select(0, rows).view(s, d_head, d_model)
+                * head_mask[layer].index_select(0, heads)[:, None, None]
+                for layer in range(L)
+            ]
+        )
+    )  # (s, d_head, d_model): the rows of W_O^h times its mask, as the forward pass uses them
     X_L = streams[-1][0].index_select(0, at)  # (s, d_model): X_L at the asked queries
     return {
         "logits": logits,
@@ -182,6 +199,26 @@ def _step(
         "head_ln_w": model.ln_f.w[None].expand(s, -1).clone(),  # (s, d_model)
         "head_W_U": model.W_U_rows.index_select(0, tokens),  # (s, d_model)
     }
+
+
+@contextmanager
+def _masked_heads(model: nn.Module, head_mask: Tensor) -> Iterator[None]:
+    """Each head's attention pattern A_h times its mask m_h (``head_mask`` (L, H)) where its layer
+    multiplies the values, so that the head's output is (m_h A_h) V = m_h z_h: for a mask of 0
+    and 1 exactly what zeroing the head's rows of W_O gives (:func:`gptlib.circuits.ablate_heads`),
+    without a masked copy of every W_O on each step. Entered after the hooks that record the
+    patterns, which see them unmasked."""
+    handles = [
+        blk.attn.hook_pattern.register_forward_hook(
+            lambda m, args, p, mask=head_mask[layer]: p * mask[None, :, None, None]
+        )
+        for layer, blk in enumerate(model.blocks)
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @contextmanager
@@ -201,13 +238,6 @@ def _queries_of(model: nn.Module, heads: Tensor, at: Tensor) -> Iterator[list[Te
     finally:
         for h in handles:
             h.remove()
-
-
-def _last_rows(patterns: list[Tensor], n_kv: int) -> Tensor:
-    """The last query's attention row of each head, grouped by the key-value head it reads:
-    (L, n_kv, H / n_kv, P + T) from the patterns (1, H, T, P + T) of the L layers."""
-    last = torch.stack([p[0, :, -1] for p in patterns])  # (L, H, P + T)
-    return last.view(last.shape[0], n_kv, -1, last.shape[-1])
 
 
 def _check_model(model: object) -> None:
@@ -317,8 +347,8 @@ def step(
       ``head_W_U`` (s, d_model) W_U[:, v].
 
     The model itself computes: a :class:`~gptlib.kvcache.KVCache` that starts from ``past``,
-    its forward pass with W_O's rows scaled by the mask, hooks reading the patterns and the
-    residual streams.
+    its forward pass with each head's pattern scaled by its mask, hooks reading the patterns and
+    the residual streams.
 
     >>> from gptlib.model import GPTConfig
     >>> _ = torch.manual_seed(0)

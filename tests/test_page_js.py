@@ -205,8 +205,8 @@ console.log(JSON.stringify({
 
 def test_feed_runs_stay_within_the_budget():
     """A long feed runs as several runs of the graph, each forming at most RUN_WEIGHTS attention
-    weights (n_layers * n_heads * t * (a + t) for a run of t positions after a), the head's run
-    last and to the end; together they cover the feed once, in order."""
+    weights (n_layers * n_heads * t * (a + t) for a run of t positions after a); together they
+    cover the feed once, in order."""
     js = _node(
         """
 const out = {};
@@ -216,8 +216,6 @@ out.short = m.feedRuns(0, 172, 270);
 out.step = m.feedRuns(1000, 1, 270);
 out.rows = m.feedRuns(923, 127, 270);
 out.tiny = m.feedRuns(5, 4, 1, 2);
-out.head = m.feedRuns(3, 20, 1, 30, 10);
-out.headFits = m.feedRuns(3, 5, 1, 1000, 4);
 console.log(JSON.stringify(out));
 """
     )
@@ -236,9 +234,51 @@ console.log(JSON.stringify(out));
     assert js["step"] == [[1000, 1001]]
     assert len(js["smol"]) > 5 and len(js["rows"]) > 1
     assert js["tiny"] == [[5, 6], [6, 7], [7, 8], [8, 9]]
-    assert js["head"][-1] == [10, 23] and js["head"][0][0] == 3
-    assert all(b <= 10 for _, b in js["head"][:-1])
-    assert js["headFits"] == [[3, 8]]
+
+
+# FAKE's session, which also answers a head asked (layer, h, t, v) with head_q = [t] and
+# head_W_O = [the run's first position]: the position the head was asked at, and in which run.
+HEAD_SESSION = """
+const headSession = (fed) => ({ async run(f) {
+  const out = await session.run(f);
+  const asked = Array.from(f.head.data, Number), s = f.head.dims[0], P = f.past.dims[0];
+  fed.push([P, f.ids.dims[1], s]);
+  const one = (x) => new Tensor("float32", Float32Array.from(s ? [x] : []), [s]);
+  return { ...out, head_q: one(asked[2]), head_W_O: one(P), head_ln_scale: one(1),
+           head_ln_w: one(1), head_W_U: one(asked[3]) }; } });
+"""
+
+
+def test_a_head_asked_far_back_runs_within_the_budget():
+    """A head asked at a position far back in a long feed is asked of the run that holds that
+    position (at its offset in the run); every run keeps to the budget (before, the head's run
+    went from its position to the end in one run); the head's keys and values are the cache's
+    after the whole step."""
+    js = _node(
+        FAKE
+        + HEAD_SESSION
+        + """
+const runs = [], ids = Array.from({ length: 40 }, (_, i) => 1 + (i % 9));
+const step = m.cacheStepper(ort, headSession(runs), manifest, 40);
+const r = await step(ids, { head: { layer: 0, head: 0, position: 5, target: 3 } });
+console.log(JSON.stringify({ runs, head: { q: Array.from(r.head.q), W_O: Array.from(r.head.W_O),
+  unembed: Array.from(r.head.unembed), k: Array.from(r.head.k), v: Array.from(r.head.v) } }));
+"""
+    )
+    runs, head = js["runs"], js["head"]
+    assert runs[0][0] == 0 and runs[-1][0] + runs[-1][1] == 40 and len(runs) > 3
+    assert all(T * (P + T) <= 40 or T == 1 for P, T, _ in runs), runs
+    asked = [(P, T) for P, T, s in runs if s]
+    assert len(asked) == 1 and asked[0][0] <= 5 < sum(asked[0])
+    assert (
+        head["W_O"] == [asked[0][0]] and head["q"] == [5 - asked[0][0]] and head["unembed"] == [3]
+    )
+    assert head["k"] == ids_k(40) and head["v"] == ids_k(40)
+
+
+def ids_k(n: int) -> list[float]:
+    """The cache's keys (as FAKE's session writes them: each position's id) of 1 + i % 9."""
+    return [float(1 + i % 9) for i in range(n)]
 
 
 # A session whose attention row of query q holds 100 (q + 1) + j at key j <= q (0 after), whose

@@ -230,16 +230,14 @@ export function kvStore(per, capacity = 64) {
 export const RUN_WEIGHTS = 8e6;
 
 // The runs of a feed of the positions P .. P + T - 1 for n_layers * n_heads = LH heads: [a, b)
-// each, in order, each as long as the budget allows (at least one position). `from`: the
-// position of the head asked, which must be one of the last run's: that run goes to the end.
-export function feedRuns(P, T, LH, budget = RUN_WEIGHTS, from = null) {
+// each, in order, each as long as the budget allows (at least one position).
+export function feedRuns(P, T, LH, budget = RUN_WEIGHTS) {
   const runs = [],
     c = budget / LH,
     end = P + T;
   let a = P;
   while (a < end) {
-    let t = Math.max(1, Math.floor((-a + Math.sqrt(a * a + 4 * c)) / 2)); // LH t (a + t) <= budget
-    if (from !== null) t = a >= from || t >= end - a ? end - a : Math.min(t, from - a); // the head's: to the end
+    const t = Math.max(1, Math.floor((-a + Math.sqrt(a * a + 4 * c)) / 2)); // LH t (a + t) <= budget
     const b = Math.min(end, a + t);
     runs.push([a, b]);
     a = b;
@@ -259,9 +257,13 @@ export function feedRuns(P, T, LH, budget = RUN_WEIGHTS, from = null) {
 // ids it holds only once a run has succeeded: a step that fails (an exception, out of memory)
 // leaves it as it was, or holding the positions of its runs that succeeded, so the next step is
 // fed the keys and values of the ids it says it holds. A `head` {layer, head, position, target}
-// (position in the window) asks for one head at one query (head.js): the step's last run then
-// starts at that position at the latest and its result's `head` holds the graph's head_*
-// outputs and the cache's keys and values of that head's key-value head (head.js's pageInputs).
+// (position in the window) asks for one head at one query (head.js): the position is one of the
+// step's new ones, asked of the run that holds it (within the budget like the others, however
+// far back it is), and the result's `head` holds that run's head_* outputs and the cache's keys
+// and values of that head's key-value head after the step (head.js's pageInputs).
+// the graph's outputs for one head at one query (gptlib.step.HEAD_OUTPUTS)
+const HEAD_KEYS = ["head_q", "head_W_O", "head_ln_scale", "head_ln_w", "head_W_U"];
+
 export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
   const c = manifest.config,
     L = c.n_layers,
@@ -299,15 +301,17 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
       n = rows ? windowPositions(E).length : 0;
     const cut = rows ? new Float32Array(L * H * R * n) : null,
       entropy = rows ? new Float64Array(L * H) : null;
-    const runs = feedRuns(P, T, L * H, budget, head ? head.position : null);
+    const runs = feedRuns(P, T, L * H, budget);
     let done = P, // the positions whose keys and values the store holds for `window`
-      result = null;
+      result = null,
+      asked = null; // the head's outputs, copied from the run that holds its position
     try {
       for (const [a, b] of runs) {
         const last = b === E,
           qFrom = Math.max(a, E - R); // the rows wanted among this run's queries
         const qs = Array.from({ length: Math.max(0, b - qFrom) }, (_, k) => qFrom - a + k);
-        const asked = head && last ? [head.layer, head.head, head.position - a, head.target] : [];
+        const mine = head && a <= head.position && head.position < b;
+        const row = mine ? [head.layer, head.head, head.position - a, head.target] : [];
         const out = await session.run({
           ids: new ort.Tensor("int64", i64(feed.slice(a - P, b - P)), [1, b - a]),
           past: new ort.Tensor("float32", store.past(a), [a, L, 2, G, D]),
@@ -315,7 +319,7 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
           lens: tensor(last ? ls : []),
           targets: tensor(last ? tg : []),
           queries: tensor(qs),
-          head: new ort.Tensor("int64", i64(asked), [asked.length / 4, 4]),
+          head: new ort.Tensor("int64", i64(row), [row.length / 4, 4]),
         });
         try {
           if (rows) {
@@ -345,9 +349,11 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
               direct: tg.length ? out.direct.data.slice() : null,
             };
           }
+          if (mine)
+            asked = Object.fromEntries(HEAD_KEYS.map((k) => [k, { data: out[k].data.slice() }]));
           store.put(a, out.kv.data); // the new positions after the kept ones; the rest is stale
           done = b;
-          if (last && head) result.head = headOutputs(out, store.past(E), head, c);
+          if (last && head) result.head = headOutputs(asked, store.past(E), head, c);
         } finally {
           for (const t of Object.values(out)) t.dispose?.();
         }

@@ -51,20 +51,42 @@ const cacheKey = (url, sha) => `${url}?sha256=${sha}`;
 // much later): its buffer, detached, holds nothing. Where the browser cannot, the collector will.
 const drop = (a) => a?.buffer.transfer?.(0);
 
+// The body of a response (a stream) into dest, which it must fill exactly; onBytes(k) as the
+// bytes come. Returns null, or what is wrong (its bytes are not the manifest's count).
+async function streamInto(body, p, dest, onBytes) {
+  let got = 0;
+  const reader = body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (got + value.length > p.bytes) {
+      await reader.cancel();
+      return `${p.file} has more bytes than the manifest's ${p.bytes}`;
+    }
+    dest.set(value, got);
+    got += value.length;
+    onBytes(value.length);
+  }
+  return got === p.bytes ? null : `${p.file} has ${got} bytes, the manifest says ${p.bytes}`;
+}
+
 // The bytes of the file `p` ({file, bytes, sha256}) at `url` into out[at .. at + p.bytes),
-// from the cache when they are there with their SHA-256, else downloaded (streamed), checked
-// and put in the cache (dropping that file's earlier versions); onBytes(k) as they come.
+// from the cache when they are there with their SHA-256, else downloaded, checked and put in
+// the cache (dropping that file's earlier versions); onBytes(k) as they come. Both are streamed
+// into `out`: a cached file read whole (arrayBuffer) was a second copy of the 96 MB of blocks,
+// held until the garbage collector's next full pass.
 async function fileInto(cache, url, p, out, at, onBytes) {
   const key = cacheKey(url, p.sha256),
     dest = out.subarray(at, at + p.bytes);
   const hit = cache && (await cache.match(key).catch(() => null));
-  if (hit) {
-    const b = new Uint8Array(await hit.arrayBuffer());
-    if (b.length === p.bytes && (await sha256Hex(b)) === p.sha256) {
-      dest.set(b);
-      onBytes(p.bytes);
-      return;
-    }
+  if (hit?.body) {
+    let n = 0;
+    const wrong = await streamInto(hit.body, p, dest, (k) => {
+      n += k;
+      onBytes(k);
+    }).catch((e) => e.message);
+    if (!wrong && (await sha256Hex(dest)) === p.sha256) return;
+    onBytes(-n); // read again below
     await cache.delete(key);
   }
   let r;
@@ -74,19 +96,8 @@ async function fileInto(cache, url, p, out, at, onBytes) {
     throw new LiveError(`could not fetch ${p.file} (${url}): ${e.message}`);
   }
   if (!r.ok) throw new LiveError(`could not fetch ${p.file} (${url}): HTTP ${r.status}`);
-  let got = 0;
-  const reader = r.body.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (got + value.length > p.bytes)
-      throw new LiveError(`${p.file} has more bytes than the manifest's ${p.bytes}`);
-    dest.set(value, got);
-    got += value.length;
-    onBytes(value.length);
-  }
-  if (got !== p.bytes)
-    throw new LiveError(`${p.file} has ${got} bytes, the manifest says ${p.bytes}`);
+  const wrong = await streamInto(r.body, p, dest, onBytes);
+  if (wrong) throw new LiveError(wrong);
   if (globalThis.crypto?.subtle && (await sha256Hex(dest)) !== p.sha256) {
     throw new LiveError(`${p.file} does not match its SHA-256 in the manifest`);
   }

@@ -119,7 +119,10 @@ export function lazyWeights(blocks, weights) {
     data: new Unpacked(0),
     served: () => read.size === tensors.length,
     ms: () => ms,
+    // the scratch buffer (as large as the largest tensor, 113 MB for SmolLM2's W_E) given back
+    // now (detached), not at the garbage collector's next full pass
     release: () => {
+      scratch.buffer.transfer?.(0);
       scratch = new Float32Array(0);
     },
   };
