@@ -31,13 +31,14 @@ CDN_HOSTS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com")
 
 
 class Page:
-    """A chapter page (or ``url``) with every request, failure and script error recorded."""
+    """A chapter page (or ``url``), a tab of the module's browser ``context``, with every
+    request, failure and script error recorded."""
 
-    def __init__(self, browser, site: str, chapter: str, url: str | None = None):
+    def __init__(self, context, site: str, chapter: str, url: str | None = None):
         if url is None and not (HTML / "chapters" / f"{chapter}.html").is_file():
             pytest.skip(f"chapter {chapter} is not in the built book")
         self.requests, self.failed, self.errors = [], [], []
-        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.page = context.new_page()
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
         self.page.on(
@@ -77,6 +78,20 @@ class Page:
         self.page.close()
 
 
+@pytest.fixture(scope="module")
+def context(browser):
+    """One browser context for the module's tabs, as a reader's, with the widgets' test hook on
+    (as conftest's ``browser.new_page``): the scripts every page loads (MathJax, the theme's,
+    the widget manager) come from its caches, not fetched and set up afresh for each page. Each
+    test opens its own tab (a test changes its widgets), so that none depends on another's."""
+    ctx = browser.new_context(viewport={"width": 1200, "height": 900})
+    ctx.add_init_script("window.__gptlibTest = true;")
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
 def test_every_chapter_is_in_the_toc():
     """`only_build_toc_files` leaves a chapter missing from _toc.yml silently out of the book."""
     toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
@@ -106,8 +121,8 @@ def test_built_pages_name_no_cdn():
 
 
 @browser_test
-def test_maths_is_rendered_offline(browser, site):
-    p = Page(browser, site, "00_next_token")
+def test_maths_is_rendered_offline(context, site):
+    p = Page(context, site, "00_next_token")
     p.check_maths()
     assert p.page.locator("mjx-container").count() > 5
     p.screenshot("maths.png", "article mjx-container[display='true']")
@@ -116,8 +131,8 @@ def test_maths_is_rendered_offline(browser, site):
 
 
 @browser_test
-def test_bpe_widget_slider_changes_the_split(browser, site):
-    p = Page(browser, site, "01_tokens")
+def test_bpe_widget_slider_changes_the_split(context, site):
+    p = Page(context, site, "01_tokens")
     root = p.page.locator(".gptlib-bpe").first
     root.wait_for(timeout=20_000)
     before = int(root.get_attribute("data-tokens"))
@@ -257,8 +272,8 @@ def check_attention_view(root) -> list[str]:
 
 
 @browser_test
-def test_attention_widget_head_selector_changes_heatmap(browser, site):
-    p = Page(browser, site, "04_attention")
+def test_attention_widget_head_selector_changes_heatmap(context, site):
+    p = Page(context, site, "04_attention")
     root = p.page.locator(".gptlib-attn").first
     root.wait_for(timeout=20_000)
     before = root.get_attribute("data-view")
@@ -407,11 +422,11 @@ def check_sample_step(root, tree_root: dict | None = None) -> int:
 
 
 @pytest.fixture(scope="module")
-def chapter_7(browser, site):
+def chapter_7(context, site):
     """Chapter 7's page, loaded once for its three tests: the bigram view's (which ends reset, its
     sliders untouched), the sliders' on that view after it, and the view on a model (a view of
     its own)."""
-    p = Page(browser, site, "07_sampling")
+    p = Page(context, site, "07_sampling")
     try:
         yield p
     finally:
@@ -596,15 +611,24 @@ def shipped_page(site, tmp_path_factory):
         yield f"{url}/index.html", attention, sampling
 
 
+@pytest.fixture(scope="module")
+def shipped_tab(context, site, shipped_page):
+    """The shipped model's page, loaded once for its two tests: one uses only its attention
+    view, the other only its sampling view, and neither view reads the other."""
+    p = Page(context, site, "", url=shipped_page[0])
+    try:
+        yield p
+    finally:
+        p.close()
+
+
 @browser_test
-def test_attention_view_on_the_shipped_model(browser, site, shipped_page):
-    url, _attention, _ = shipped_page
-    p = Page(browser, site, "", url=url)
+def test_attention_view_on_the_shipped_model(shipped_tab):
+    p = shipped_tab
     root = p.page.locator(".gptlib-attn").first
     assert "induction" in check_attention_view(root)  # the text repeats
     p.screenshot("attention_widget_shipped.png", ".gptlib-attn")
     p.check_offline()
-    p.close()
 
 
 def _set_temperature(root, value: float):
@@ -617,9 +641,9 @@ def _set_temperature(root, value: float):
 
 
 @browser_test
-def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
-    url, _, sampling = shipped_page
-    p = Page(browser, site, "", url=url)
+def test_sampling_view_on_the_shipped_model(shipped_tab, shipped_page):
+    _, _, sampling = shipped_page
+    p = shipped_tab
     root = p.page.locator(".gptlib-samp").first
     root.wait_for(timeout=20_000)
     trees = [q["root"] for q in sampling.prompts]
@@ -684,4 +708,3 @@ def test_sampling_view_on_the_shipped_model(browser, site, shipped_page):
     )
     assert len(checked) >= 8
     p.check_offline()
-    p.close()

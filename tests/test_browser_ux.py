@@ -54,10 +54,11 @@ MATHS = """() => {
 }"""
 
 
-def _open(browser, site, chapter, width, theme="light"):
+def _open(context, site, chapter, width, theme="light"):
     if not (HTML / "chapters" / f"{chapter}.html").is_file():
         pytest.skip(f"chapter {chapter} is not in the built book")
-    page = browser.new_page(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_viewport_size({"width": width, "height": 900})
     page.add_init_script(
         f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
     )
@@ -76,12 +77,17 @@ def _open(browser, site, chapter, width, theme="light"):
 def opened(browser, site):
     """``opened(chapter, width, theme="light")``: the chapter's page at that window width and
     theme, typeset and its wide formulas marked, loaded once for the module (the tests only read
-    it: the 420 px light page of Chapter 4 serves its maths and its attention view)."""
+    it: the 420 px light page of Chapter 4 serves its maths and its attention view). The pages
+    are tabs of one browser context, with the widgets' test hook on (as conftest's
+    ``browser.new_page``), so that the scripts every page loads (MathJax, the theme's, the widget
+    manager) come from its caches; each tab sets its theme before its scripts run."""
     pages = {}
+    context = browser.new_context()
+    context.add_init_script("window.__gptlibTest = true;")
 
     def get(chapter, width, theme="light"):
         if (chapter, width, theme) not in pages:
-            pages[chapter, width, theme] = _open(browser, site, chapter, width, theme)
+            pages[chapter, width, theme] = _open(context, site, chapter, width, theme)
         return pages[chapter, width, theme]
 
     try:
@@ -89,6 +95,7 @@ def opened(browser, site):
     finally:
         for page in pages.values():
             page.close()
+        context.close()
 
 
 def _frames(page, n: int = 2) -> None:
