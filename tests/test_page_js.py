@@ -276,6 +276,15 @@ console.log(JSON.stringify({ runs, head: { q: Array.from(r.head.q), W_O: Array.f
     assert head["k"] == ids_k(40) and head["v"] == ids_k(40)
 
 
+def test_the_head_outputs_are_the_graphs_outputs_named_head():
+    """page.js keeps a run's head outputs as the outputs whose names start with head_: those are
+    exactly gptlib.step's HEAD_OUTPUTS."""
+    from gptlib.step import HEAD_OUTPUTS, OUTPUTS
+
+    assert [k for k in OUTPUTS if k.startswith("head_")] == list(HEAD_OUTPUTS)
+    assert 'k.startsWith("head_")' in (JS / "page.js").read_text(encoding="utf-8")
+
+
 def ids_k(n: int) -> list[float]:
     """The cache's keys (as FAKE's session writes them: each position's id) of 1 + i % 9."""
     return [float(1 + i % 9) for i in range(n)]

@@ -261,9 +261,6 @@ export function feedRuns(P, T, LH, budget = RUN_WEIGHTS) {
 // step's new ones, asked of the run that holds it (within the budget like the others, however
 // far back it is), and the result's `head` holds that run's head_* outputs and the cache's keys
 // and values of that head's key-value head after the step (head.js's pageInputs).
-// the graph's outputs for one head at one query (gptlib.step.HEAD_OUTPUTS)
-const HEAD_KEYS = ["head_q", "head_W_O", "head_ln_scale", "head_ln_w", "head_W_U"];
-
 export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
   const c = manifest.config,
     L = c.n_layers,
@@ -349,8 +346,11 @@ export function cacheStepper(ort, session, manifest, budget = RUN_WEIGHTS) {
               direct: tg.length ? out.direct.data.slice() : null,
             };
           }
-          if (mine)
-            asked = Object.fromEntries(HEAD_KEYS.map((k) => [k, { data: out[k].data.slice() }]));
+          if (mine) {
+            // the graph's outputs for the head (gptlib.step.HEAD_OUTPUTS, all named head_*)
+            const kept = Object.entries(out).filter(([k]) => k.startsWith("head_"));
+            asked = Object.fromEntries(kept.map(([k, t]) => [k, { data: t.data.slice() }]));
+          }
           store.put(a, out.kv.data); // the new positions after the kept ones; the rest is stale
           done = b;
           if (last && head) result.head = headOutputs(asked, store.past(E), head, c);
