@@ -100,7 +100,9 @@ def _read_out(model: nn.Module, x: Tensor) -> Tensor:
     """ln_f(x) W_U for the rows x (n, d_model) -> (n, d_vocab), as (W_U^T ln_f(x)^T)^T: the
     model's read_out, multiplied by the rows ``model.W_U_rows`` (W_E itself where W_U is tied to
     it), so that the graph holds W_E once: given W_E^T, onnxruntime folds the transpose into a
-    second matrix of the vocabulary's size (113 MB for SmolLM2)."""
+    second matrix of the vocabulary's size (113 MB for SmolLM2). The export then stores that one
+    matrix as W_E^T (:func:`gptlib.export.graph._vocab_columns`), the layout in which
+    onnxruntime-web multiplies one row by it fast."""
     return (model.W_U_rows @ model.ln_f(x).T).T
 
 

@@ -398,7 +398,7 @@ class TestTheTinyGPTGraph:
         matrices = ["attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "mlp.W_in", "mlp.W_out"]
         for name in (f"model.blocks.0.{m}" for m in matrices):  # float16 holds them
             assert inits[f"{name}.fp16"].data_type == TensorProto.FLOAT16 and name not in inits
-        for name in [f"model.blocks.1.{m}" for m in matrices] + ["model.unembed.W_E"]:
+        for name in [f"model.blocks.1.{m}" for m in matrices] + ["model.unembed.W_E.T"]:
             assert inits[name].data_type == TensorProto.FLOAT, name  # float16 cannot hold them
         for name, i in inits.items():
             if i.data_type == TensorProto.FLOAT16:  # each cast back under the name the graph uses
@@ -580,7 +580,7 @@ def _check_external(graph: bytes, tensors: list[dict], blocks: bytes, model) -> 
     blocks unpack to holds the model's weights bit for bit."""
     from onnx import TensorProto
 
-    from gptlib.export.q4 import unpack_external
+    from gptlib.export.q4 import TRANSPOSED, unpack_external
 
     proto = onnx.load_from_string(graph)
     small = (TensorProto.UINT8, TensorProto.INT8)
@@ -594,7 +594,9 @@ def _check_external(graph: bytes, tensors: list[dict], blocks: bytes, model) -> 
         e = {x.key: x.value for x in ext[t["name"]].external_data}
         assert (int(e["offset"]), int(e["length"])) == (t["offset"], t["bytes"])
         assert ext[t["name"]].data_type == TensorProto.FLOAT
-        w = state[t["name"].removeprefix("model.")].numpy()
+        name = t["name"].removeprefix("model.")
+        w = state[name.removesuffix(TRANSPOSED)].numpy()
+        w = np.ascontiguousarray(w.T) if name.endswith(TRANSPOSED) else w  # stored as W^T
         assert list(ext[t["name"]].dims) == list(w.shape)
         mine = flat[t["offset"] // 4 : (t["offset"] + t["bytes"]) // 4].reshape(w.shape)
         assert np.array_equal(mine.view(np.uint32), w.view(np.uint32)), t["name"]
@@ -641,7 +643,14 @@ class TestTheTinyGGUF:
         g = gguf_graph
         contents = read_gguf(g.path)
         assert {t: contents.types[t] for t in g.quantize} == g.quantize
-        assert {t["name"]: t["type"] for t in g.tensors}["model.W_E"] == "Q8_0"
+        # W_E stored as W_E^T, the page's transposed unpacking of the GGUF's rows
+        W_E = {t["name"]: t for t in g.tensors}["model.W_E.T"]
+        assert W_E["type"] == "Q8_0" and W_E["transpose"]
+        # ... which the optimized graph gathers columns of, and multiplies rows by: never a
+        # product W_E x^T with one column (graph.py's _vocab_columns)
+        uses = [n for n in onnx.load_from_string(g.data).graph.node if "model.W_E.T" in n.input]
+        assert {n.op_type for n in uses} == {"Gather", "MatMul"}, [n.op_type for n in uses]
+        assert all(list(n.input).index("model.W_E.T") == (n.op_type == "MatMul") for n in uses)
         assert {t["name"]: t["type"] for t in g.tensors}["model.blocks.1.attn.W_Q"] == "Q4_1"
         assert len(g.blocks) == sum(t["blocks_bytes"] for t in g.tensors)
         _check_external(g.data, g.tensors, g.blocks, g.model)

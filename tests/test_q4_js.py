@@ -74,8 +74,10 @@ def _random_blocks(tensors: list[dict], rng) -> bytes:
 
 
 def test_js_unpacking_equals_numpys_bit_for_bit(tmp_path):
+    # transposed tensors of whole and partial tiles of 32 rows
     tensors = _table([("Q4_1", 96, 64, True), ("Q4_1", 40, 32, False), ("Q8_0", 64, 96, False),
-                      ("Q8_0", 32, 64, True), ("Q4_1", 1024, 2048, True)])  # fmt: skip
+                      ("Q8_0", 32, 64, True), ("Q4_1", 1024, 2048, True), ("Q8_0", 45, 64, True),
+                      ("Q4_1", 7, 32, True)])  # fmt: skip
     blocks = _random_blocks(tensors, np.random.default_rng(0))
     weights = {"bytes": tensors[-1]["offset"] + tensors[-1]["bytes"], "tensors": tensors}
     want = unpack_external(blocks, tensors)

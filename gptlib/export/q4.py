@@ -24,6 +24,11 @@ __all__ = ["BLOCK", "unpack_q4_1", "unpack_q8_0", "unpack_external", "store_gguf
 
 BLOCK = 32  # numbers per block, Q4_1 and Q8_0
 Q4_1_BYTES, Q8_0_BYTES = 20, 34
+
+# the suffix of an initializer the graph stores as the transpose of the model's parameter
+# (graph.py's _vocab_columns: the tied embedding W_E as W_E^T)
+TRANSPOSED = ".T"
+
 BLOCK_BYTES = {"Q4_1": Q4_1_BYTES, "Q8_0": Q8_0_BYTES}
 
 
@@ -120,6 +125,8 @@ def store_gguf_blocks(
         if theirs not in raw:
             raise ValueError(f"{gguf_path} lacks tensor {theirs!r}")
         t, name = raw[theirs], f"model.{ours}"
+        if name not in inits and name + TRANSPOSED in inits:  # graph.py's _vocab_columns
+            name, transpose = name + TRANSPOSED, not transpose
         kind = t.tensor_type
         if kind == GGMLQuantizationType.F32:
             continue  # the norms' gains: float32 in the file and in the graph

@@ -23,7 +23,10 @@ const BLOCK_BYTES = { Q4_1: 20, Q8_0: 34 };
 
 // One tensor of the table ({type, rows, cols, transpose, blocks_offset, blocks_bytes, offset,
 // bytes}) unpacked from `blocks` (Uint8Array) into `out` (a Float32Array over the external-data
-// file) at t.offset: the GGUF's (rows, cols), or (cols, rows) with t.transpose.
+// file) at t.offset: the GGUF's (rows, cols), or (cols, rows) with t.transpose. A transposed
+// tensor is unpacked 32 rows at a time (a tile of 32 x 32 numbers per block column) and written
+// a row of the tile at a time, 32 numbers side by side: one number at a time, each a row of
+// the output apart (196 KB for SmolLM2's W_E^T), took several times as long.
 export function unpackTensor(blocks, t, out) {
   const per = BLOCK_BYTES[t.type];
   if (!per) throw new Error(`${t.name}: blocks of type ${t.type}; Q4_1 or Q8_0 expected`);
@@ -37,29 +40,40 @@ export function unpackTensor(blocks, t, out) {
   const at = t.offset / 4,
     R = t.rows,
     C = t.cols,
-    tr = t.transpose;
+    perRow = C / 32; // blocks in a row: a block never crosses a row, C is a multiple of 32
   const b8 = blocks.subarray(t.blocks_offset, t.blocks_offset + t.blocks_bytes);
   const f = Math.fround;
-  const w = new Float32Array(32),
-    q4 = new Float32Array(16); // a Q4_1 block's 16 possible numbers, d q + m for q = 0..15
-  for (let b = 0, o = 0; b < n / 32; b++, o += per) {
-    const d = HALF[b8[o] | (b8[o + 1] << 8)];
+  const q4 = new Float32Array(16); // a Q4_1 block's 16 possible numbers, d q + m for q = 0..15
+  // block b's 32 numbers into w[to .. to + 32)
+  const block = (b, w, to) => {
+    const o = b * per,
+      d = HALF[b8[o] | (b8[o + 1] << 8)];
     if (per === 20) {
       const m = HALF[b8[o + 2] | (b8[o + 3] << 8)];
       for (let q = 0; q < 16; q++) q4[q] = f(f(d * q) + m);
       for (let j = 0; j < 16; j++) {
         const x = b8[o + 4 + j];
-        w[j] = q4[x & 15];
-        w[j + 16] = q4[x >> 4];
+        w[to + j] = q4[x & 15];
+        w[to + j + 16] = q4[x >> 4];
       }
     } else {
-      for (let j = 0; j < 32; j++) w[j] = f(((b8[o + 2 + j] << 24) >> 24) * d);
+      for (let j = 0; j < 32; j++) w[to + j] = f(((b8[o + 2 + j] << 24) >> 24) * d);
     }
-    const i0 = b * 32,
-      r = Math.floor(i0 / C),
-      c0 = i0 - r * C; // a block never crosses a row: C is a multiple of 32
-    if (tr) for (let j = 0; j < 32; j++) out[at + (c0 + j) * R + r] = w[j];
-    else out.set(w, at + i0);
+  };
+  if (!t.transpose) {
+    for (let b = 0; b < n / 32; b++) block(b, out, at + b * 32);
+    return;
+  }
+  const tile = new Float32Array(32 * 32); // tile[i * 32 + j]: row r0 + i, column cb * 32 + j
+  for (let r0 = 0; r0 < R; r0 += 32) {
+    const h = Math.min(32, R - r0);
+    for (let cb = 0; cb < perRow; cb++) {
+      for (let i = 0; i < h; i++) block((r0 + i) * perRow + cb, tile, i * 32);
+      for (let j = 0; j < 32; j++) {
+        const to = at + (cb * 32 + j) * R + r0;
+        for (let i = 0; i < h; i++) out[to + i] = tile[i * 32 + j];
+      }
+    }
   }
 }
 
