@@ -2,7 +2,8 @@
 // the class gptlib-wide-math, which book.css turns into a box of its own that scrolls sideways
 // with a cue, rather than a formula that runs past the page's edge. Marked once MathJax has
 // typeset the page, and again when the window's width changes. Formulas that fit are left as
-// they are (a scrolling box would move them off the text's baseline).
+// they are (a scrolling box would move them off the text's baseline). Each marking ends with the
+// event "gptlib-maths-marked" on the document, which the browser tests wait for.
 (function () {
   function mark() {
     var all = document.querySelectorAll(
@@ -15,6 +16,7 @@
         m.classList.add("gptlib-wide-math");
       }
     });
+    document.dispatchEvent(new Event("gptlib-maths-marked"));
   }
   function whenTypeset() {
     var mj = window.MathJax;

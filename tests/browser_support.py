@@ -157,6 +157,31 @@ def serve(directory: Path, isolated: bool = False):
         thread.join(timeout=5)
 
 
+# Playwright hands a value from the page to Python as a tree with an object per number, each
+# checked by its protocol's validators in Python: about 10 microseconds a number, so seconds for
+# a model's logits, probabilities or attention weights. evaluate_json sends one JSON text instead
+# (numbers as JSON writes them: the same doubles), typed arrays as arrays, and NaN and the
+# infinities as the literals Python's json reads.
+_AS_JSON = """
+  if (value === undefined) return null;
+  const mark = "__gptlib_nonfinite__";
+  return JSON.stringify(value, (key, x) =>
+    ArrayBuffer.isView(x) && !(x instanceof DataView) ? Array.from(x)
+    : typeof x === "number" && !Number.isFinite(x) ? mark + x : x
+  ).replace(new RegExp(`"${mark}(NaN|-?Infinity)"`, "g"), "$1");
+"""
+
+
+def evaluate_json(page, expression: str, arg=None):
+    """``page.evaluate(expression, arg)`` for a large value (an array of numbers, nested or not):
+    the value goes through one JSON text, not Playwright's serialization of every number.
+    ``expression`` is a function of one argument (or none); ``undefined`` comes back as None."""
+    text = page.evaluate(
+        f"async (arg) => {{ const value = await ({expression})(arg);{_AS_JSON}}}", arg
+    )
+    return None if text is None else json.loads(text)
+
+
 def open_page(page, url: str, maths: bool = True, timeout: float = 20_000) -> None:
     """Go to ``url`` and wait for what a test reads: the page's load event, then each stored
     widget view drawn (a ``.gptlib-widget`` per ``widget-view+json`` script) and MathJax's

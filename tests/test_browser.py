@@ -1,4 +1,6 @@
 """The built HTML book in a real browser: widgets live without a kernel, maths rendered, no CDN.
+(That every page's maths is typeset, offline, is measured in test_browser_reading.py's one load of
+each page.)
 
 Needs `make book` first (`make test` runs it) and Debian's Chromium at /usr/bin/chromium, driven
 by Playwright (the fixtures ``site`` and ``browser`` are in conftest.py). Screenshots go to
@@ -118,16 +120,6 @@ def test_built_pages_name_no_cdn():
         text = page.read_text(encoding="utf-8")
         assert not [h for h in CDN_HOSTS if h in text], f"{page.name} names a CDN"
         assert not external.search(text), f"{page.name} loads a resource from another host"
-
-
-@browser_test
-def test_maths_is_rendered_offline(context, site):
-    p = Page(context, site, "00_next_token")
-    p.check_maths()
-    assert p.page.locator("mjx-container").count() > 5
-    p.screenshot("maths.png", "article mjx-container[display='true']")
-    p.check_offline()
-    p.close()
 
 
 @browser_test

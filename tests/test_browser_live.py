@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
-from browser_support import open_page, widget_page
+from browser_support import evaluate_json, open_page, widget_page
 from fuzz_texts import fuzzed_texts
 
 from gptlib.sampling import next_token_probs
@@ -169,9 +169,11 @@ class Page:
         assert not self.errors, f"script errors: {self.errors}"
 
     def js(self, expr: str):
-        """The value of ``expr`` with ``root`` bound to the playground's element."""
-        return self.page.evaluate(
-            f"() => {{ const root = document.querySelector('.gptlib-play'); return {expr}; }}"
+        """The value of ``expr`` with ``root`` bound to the playground's element (as one JSON text:
+        logits, probabilities and patterns are large)."""
+        return evaluate_json(
+            self.page,
+            f"() => {{ const root = document.querySelector('.gptlib-play'); return {expr}; }}",
         )
 
     def wait_idle(self, timeout=60_000):
@@ -623,7 +625,8 @@ def test_the_pages_tokenizer_gives_bpe_ids(started, english):
     _, tok = english
     page = started[0]
     texts = fuzzed_texts(1000, 25, ("<|endoftext|>",)) + PROMPTS
-    got = page.page.evaluate(
+    got = evaluate_json(
+        page.page,
         "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
         " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }",
         texts,
@@ -631,7 +634,8 @@ def test_the_pages_tokenizer_gives_bpe_ids(started, english):
     bad = [(t, a, tok.encode(t)) for t, a in zip(texts, got) if a != tok.encode(t)]
     assert not bad, bad[:3]
     ids = [tok.encode(t) for t in texts[:200]] + [[0xE9], [4095, 100, 0xC3]]
-    decoded = page.page.evaluate(
+    decoded = evaluate_json(
+        page.page,
         "(all) => all.map((ids) => document.querySelector('.gptlib-play').__gptlib.decode(ids))",
         ids,
     )

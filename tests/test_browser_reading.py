@@ -12,7 +12,12 @@ widgets are drawn, and measured there and again with the window narrowed to 420 
   typeset maths,
   code and outputs;
 * ``errors``: console errors, script errors and failed requests;
-* ``small_img``: images shown below 0.62 of the width they were drawn at.
+* ``small_img``: images shown below 0.62 of the width they were drawn at;
+* at 1280 px, the formulas MathJax (the book's own copy) left untypeset; at 420 px, once the book's
+  maths.js has marked the inline formulas wider than their line, the display formulas that their
+  numbers cover or that are clipped, and the inline ones that run past the column
+  (test_browser_ux.py's ``MATHS``); on Chapter 4's page at 420 px, its attention view in the light
+  theme (test_browser_ux.py's ``attention_at_420``: the dark theme's is tested there).
 
 The table of every page is printed at the end of the test log. Each target of the book (issue 27)
 is one test below, and every chapter meets every target. A new target the chapters do not meet
@@ -32,6 +37,7 @@ from urllib.parse import urlparse
 
 import pytest
 from browser_support import HTML, ROOT
+from test_browser_ux import MATHS, attention_at_420, check_attention_at_420
 
 pytestmark = pytest.mark.browser
 
@@ -97,6 +103,10 @@ MEASURE = r"""
     views: document.querySelectorAll(
         'script[type="application/vnd.jupyter.widget-view+json"]').length,
     widgets: document.querySelectorAll(".gptlib-widget").length,
+    untypeset: [...article.querySelectorAll(".math")]
+        .filter((e) => !e.querySelector("mjx-container"))
+        .map((e) => `${name(e)}: ${e.textContent.slice(0, 60)}`),
+    typeset: article.querySelectorAll("mjx-container").length,
     tex: raw,
     images: images,
   };
@@ -124,6 +134,10 @@ class Reading:
     hosts: list[str] = field(default_factory=list)  # the hosts the page asked
     views: int = 0  # stored widget views in the page
     widgets: int = 0  # widgets drawn
+    untypeset: list[str] = field(default_factory=list)  # formulas MathJax left as TeX
+    typeset: int = 0  # formulas MathJax typeset
+    maths: dict = field(default_factory=dict)  # test_browser_ux.MATHS, at 420 px
+    attention: dict = field(default_factory=dict)  # Chapter 4 at 420 px: attention_at_420
     # the first chapter at 1280 px: whether a code line of 88 characters fits its cell, and one
     # of 96 does not (FITS_88)
     fits_88: list[bool] = field(default_factory=list)
@@ -143,6 +157,15 @@ class Reading:
 # animation frame (Playwright's default), which would keep Chromium drawing frames meanwhile.
 POLL = 100
 AHEAD = 2  # pages loading in their own tabs while the one before them is measured
+ATTENTION_PAGE = "chapters/04_attention"  # its attention view is read at 420 px
+ARTIFACTS = ROOT / "test-artifacts"
+
+# Run before the window is narrowed: a promise of the book's maths.js marking the wide inline
+# formulas again, which it does once the resize has settled (and says with an event).
+MARKED = """() => { window.__gptlibMarked = new Promise((done, fail) => {
+    document.addEventListener("gptlib-maths-marked", done, {once: true});
+    setTimeout(() => fail(new Error("maths.js did not mark the formulas after a resize")), 20000);
+}); }"""
 
 # Run in the first chapter once measured, at 1280 px: a code cell's line of 88 characters fits
 # (book.css), and one of 96 does not (so that the test measures).
@@ -207,16 +230,25 @@ def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int,
         tab.evaluate("() => document.fonts.ready.then(() => null)")
         for width, height in (WIDE, NARROW):
             if width != WIDE[0]:  # the tab opened at the wide window
+                tab.evaluate(MARKED)
                 tab.set_viewport_size({"width": width, "height": height})
+                tab.evaluate("() => window.__gptlibMarked.then(() => null)")
             tab.evaluate(
                 "() => new Promise((done) => requestAnimationFrame(() => "
                 "requestAnimationFrame(done)))"
             )
             for key, value in tab.evaluate(MEASURE).items():
                 setattr(readings[width], key, value)
+        readings[NARROW[0]].maths = tab.evaluate(MATHS)
+        if page == ATTENTION_PAGE:  # scrolls the page: after the measurements
+            readings[NARROW[0]].attention = attention_at_420(tab)
         if page == CHAPTERS[0]:  # what changes the page comes last
             tab.set_viewport_size({"width": WIDE[0], "height": WIDE[1]})
             readings[WIDE[0]].fits_88 = tab.evaluate(FITS_88)
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.locator("article mjx-container[display='true']").first.screenshot(
+                path=str(ARTIFACTS / "maths.png")
+            )
     finally:
         tab.close()
     for reading in readings.values():
@@ -385,3 +417,29 @@ def test_the_code_column_holds_88_characters(readings):
     assert readings[CHAPTERS[0], WIDE[0]].fits_88 == [True, True], (
         "88 characters must fit a code cell at 1280 px (96 must not: the test measures)"
     )
+
+
+def test_every_formula_is_typeset(readings):
+    """MathJax, served from the book itself (test_no_request_leaves_the_machine), has typeset every
+    formula of every page: none is left as TeX."""
+    raw = failures(readings, WIDE[0], lambda r: r.untypeset)
+    assert not raw, f"formulas left untypeset, by page: {raw}"
+    assert readings[CHAPTERS[0], WIDE[0]].typeset > 5
+
+
+def test_maths_at_420_px_scrolls_and_numbers_stay_clear(readings):
+    """At 420 px, on every page, every display formula scrolls in its own box beside its number
+    (Chapter 4's (4.4) and its proof, Chapter 7's Proposition 7.1 among them), and an inline formula
+    wider than its line scrolls in its own box; Chapters 4 and 7 each have such a formula."""
+    bad = failures(readings, NARROW[0], lambda r: r.maths["bad"][:5])
+    assert not bad, f"maths at {NARROW[0]} px, by page: {bad}"
+    for chapter in ("chapters/04_attention", "chapters/07_sampling"):
+        assert readings[chapter, NARROW[0]].maths["wide"] >= 1, (
+            f"at {NARROW[0]} px some inline formula of {chapter} is wider than a line"
+        )
+
+
+def test_attention_widget_at_420_px_follows_the_light_theme(readings):
+    """Chapter 4's attention view at 420 px in the light theme (test_browser_ux.py's
+    check_attention_at_420; the dark theme there)."""
+    check_attention_at_420(readings[ATTENTION_PAGE, NARROW[0]].attention, "light")

@@ -19,7 +19,7 @@ import time
 
 import pytest
 import torch
-from browser_support import renderer_rss, widget_page
+from browser_support import evaluate_json, renderer_rss, widget_page
 from page_twins import xorshift32
 from test_browser_live import (
     ARTIFACTS,
@@ -100,7 +100,8 @@ def smol_page(browser, smollm2, tmp_path_factory):
 
 def _page_run(page, ids, mask=None, lens=None, targets=None) -> dict:
     """backend.run in the page (the playground's own backend and cache)."""
-    return page.page.evaluate(
+    return evaluate_json(
+        page.page,
         "async ([ids, mask, lens, targets]) => {"
         " const b = document.querySelector('.gptlib-play').__gptlib.backend;"
         " const r = await b.run(ids, {mask, lens, targets});"
@@ -138,7 +139,8 @@ def test_smollm2_starts_on_demand_within_its_budgets(smol_page, smollm2, summary
 def test_smollm2_page_tokenizer_gives_gguf_ids(smol_page, smollm2):
     page, _, _ = smol_page
     _, tok = smollm2
-    got = page.page.evaluate(
+    got = evaluate_json(
+        page.page,
         "async (texts) => { const g = document.querySelector('.gptlib-play').__gptlib;"
         " const out = []; for (const t of texts) out.push(await g.encode(t)); return out; }",
         SMOL_TEXTS,
@@ -381,15 +383,15 @@ def test_a_failed_step_leaves_the_cache_and_a_reload_reads_the_cache(smol_page, 
     page, served, facts = smol_page
     model, tok = smollm2
     ids = json.loads(page.play.get_attribute("data-ids"))
-    assert page.page.evaluate(RUN, [ids]).get("logits")
+    assert evaluate_json(page.page, RUN, [ids]).get("logits")
     # a step whose last id is outside the vocabulary, on a window that cuts the cache by two
-    bad = page.page.evaluate(RUN, [ids[:-2] + [10**9]])
+    bad = evaluate_json(page.page, RUN, [ids[:-2] + [10**9]])
     assert "error" in bad, bad
     # the next steps: greedy from the whole text through the page's cache, as PyTorch gives them
     # (PyTorch's greedy tokens are the page's when each is the argmax after those before it)
     ctx, got = list(ids), []
     for _ in range(6):
-        got.append(int(torch.tensor(page.page.evaluate(RUN, [ctx])["logits"]).argmax()))
+        got.append(int(torch.tensor(evaluate_json(page.page, RUN, [ctx])["logits"]).argmax()))
         ctx.append(got[-1])
     with torch.no_grad():
         want = model(torch.tensor([ctx[:-1]]))[0, len(ids) - 1 :].argmax(-1).tolist()

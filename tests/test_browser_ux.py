@@ -1,10 +1,12 @@
 """What a reader trips on at 420 px and in dark mode, measured in the built book (`make book`).
 
 Display maths scrolls sideways in its own box and its number never covers it; an inline formula
-stays within the column or scrolls in its own box; the attention widget's colour scale starts at
-the page's background (light and dark), its heatmap fits the column or says it scrolls, and its key
-labels tell the tokens apart. A page is loaded once per chapter, width and theme (``opened``), and
-the tests that only read it share that load.
+stays within the column or scrolls in its own box (:data:`MATHS`); the attention widget's colour
+scale starts at the page's background, its heatmap fits the column or says it scrolls, and its key
+labels tell the tokens apart (:func:`attention_at_420`, :func:`check_attention_at_420`). The light
+theme's pages at 420 px are those test_browser_reading.py loads once for every page and narrows to
+420 px: it runs both checks there (the maths on every page), so that Chapters 4 and 7 are not
+loaded again for them. Here: Chapter 4 in the dark theme, set before its scripts run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ browser_test = pytest.mark.browser
 
 # Every display formula: its visible part (clipped to its scrolling box) must not meet its number,
 # and a formula wider than its box must be able to scroll. Inline formulas that run past the
-# column's right edge must be marked to scroll (book_static/maths.js) and scroll.
+# column's right edge must be marked to scroll (book_static/maths.js) and scroll, unless they sit
+# in a table, whose own box scrolls sideways (the theme's .pst-scrollable-table-container).
 MATHS = """() => {
   const col = document.querySelector('article.bd-article').getBoundingClientRect();
   const bad = [];
@@ -44,7 +47,9 @@ MATHS = """() => {
   const inline = 'article.bd-article mjx-container:not([display="true"])';
   for (const m of document.querySelectorAll(inline)) {
     const r = m.getBoundingClientRect();
-    if (r.width === 0 || m.closest('aside, .margin, .sidebar')) continue;
+    // (a table scrolls sideways in its own box, with the formulas in it)
+    if (r.width === 0 || m.closest('aside, .margin, .sidebar, .pst-scrollable-table-container'))
+      continue;
     if (r.right > col.right + 1 && !m.classList.contains('gptlib-wide-math'))
       bad.push(`inline ${m.textContent.slice(0, 40)} runs past the column`);
   }
@@ -77,8 +82,7 @@ def _open(context, site, chapter, width, theme="light"):
 def opened(browser, site):
     """``opened(chapter, width, theme="light")``: the chapter's page at that window width and
     theme, typeset and its wide formulas marked, loaded once for the module (the tests only read
-    it: the 420 px light page of Chapter 4 serves its maths and its attention view). The pages
-    are tabs of one browser context, with the widgets' test hook on (as conftest's
+    it). The pages are tabs of one browser context, with the widgets' test hook on (as conftest's
     ``browser.new_page``), so that the scripts every page loads (MathJax, the theme's, the widget
     manager) come from its caches; each tab sets its theme before its scripts run."""
     pages = {}
@@ -108,16 +112,6 @@ def _frames(page, n: int = 2) -> None:
     )
 
 
-@browser_test
-@pytest.mark.parametrize("chapter", ["04_attention", "07_sampling"])
-def test_maths_at_420_px_scrolls_and_numbers_stay_clear(opened, chapter):
-    """Chapter 4's (4.4) and its proof, Chapter 7's Proposition 7.1: at 420 px every display
-    formula scrolls in its own box beside its number, and long inline maths scrolls."""
-    got = opened(chapter, 420).evaluate(MATHS)
-    assert not got["bad"], got["bad"][:5]
-    assert got["wide"] >= 1, "at 420 px some inline formula of this chapter is wider than a line"
-
-
 def _luminance(rgb):
     lin = [
         (c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4) for c in rgb
@@ -130,18 +124,14 @@ def _contrast(a, b):
     return (hi + 0.05) / (lo + 0.05)
 
 
-@browser_test
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_attention_widget_at_420_px_follows_the_theme(opened, theme):
-    """Chapter 4's attention view: weight 0 is the page's background and weight 1 stands out from
-    it (contrast >= 3) in either theme; the heatmap's box fits the column and says when it
-    scrolls; each key label names its token in full, with its position in the hover text."""
-    page = opened("04_attention", 420, theme)
+def attention_at_420(page) -> dict:
+    """What Chapter 4's attention view shows in ``page`` (the chapter at 420 px): the theme, the
+    background behind the view, its colour scale, its scrolling boxes and its key labels."""
     root = page.locator(".gptlib-attn").first
     root.scroll_into_view_if_needed()
     root.wait_for(timeout=20_000)
     _frames(page)  # the heatmap's scroll cue is set once the box is laid out
-    got = page.evaluate(
+    return page.evaluate(
         """(root) => {
           const bg = (e) => { for (; e; e = e.parentElement) { const m = getComputedStyle(e)
             .backgroundColor.match(/[\\d.]+/g); if (m && (m.length < 4 || +m[3] > 0.5))
@@ -162,6 +152,13 @@ def test_attention_widget_at_420_px_follows_the_theme(opened, theme):
         }""",
         root.element_handle(),
     )
+
+
+def check_attention_at_420(got: dict, theme: str) -> None:
+    """Chapter 4's attention view (:func:`attention_at_420`): weight 0 is the page's background
+    and weight 1 stands out from it (contrast >= 3) in the ``theme``; the heatmap's box fits the
+    column and says when it scrolls; each key label names its token in full, with its position in
+    the hover text."""
     assert got["theme"] == theme
     scale = got["scale"]
     assert scale[0] == got["bg"], "weight 0 is the page's background"
@@ -172,3 +169,10 @@ def test_attention_widget_at_420_px_follows_the_theme(opened, theme):
     words = [w.strip() for w in got["words"]]
     assert got["labels"] == words, "every key labelled by its whole token"
     assert all(t.startswith(f"key {j} ") and words[j] in t for j, t in enumerate(got["titles"]))
+
+
+@browser_test
+def test_attention_widget_at_420_px_follows_the_dark_theme(opened):
+    """Chapter 4's attention view in the dark theme, at 420 px (in the light theme:
+    test_browser_reading.py, on its load of the chapter)."""
+    check_attention_at_420(attention_at_420(opened("04_attention", 420, "dark")), "dark")
