@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.block import BLOCK_KINDS, Block, LayerNorm, layer_norm
 from gptlib.hf import from_hf
@@ -75,6 +74,8 @@ def test_block_dropout_only_in_training():
 
 
 def test_block_matches_hf_gpt2_block():
+    from transformers import GPT2Config, GPT2LMHeadModel  # the peer, imported where it is used
+
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(
         GPT2Config(

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptlib.files import config_from_dict, read_file, write_file
 from gptlib.hf import from_hf, from_pretrained
@@ -20,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def hf_model(seed=0, **kw):
+    """A seeded Hugging Face GPT-2 of a few tiny layers (``kw`` go to its config), in eval mode:
+    the peer. transformers is imported here, where a test uses it, so that collecting the module
+    (in every pytest-xdist worker) does not import it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(seed)
     cfg = dict(
         vocab_size=200,
@@ -322,6 +326,8 @@ def test_shipped_models_load_bit_identically_and_save_as_shipped(name, dtype, tm
 
 @pytest.mark.slow
 def test_preset_counts_equal_the_formula_and_hf():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     known = {
         "gpt2": 124_439_808,
         "gpt2-medium": 354_823_168,
