@@ -38,7 +38,7 @@ from .assets import asset_path, cache_dir, sha256_file
 from .files import read_fields, save_model
 from .inference.quantize import blockwise_quantize
 from .modern import ModernConfig, ModernGPT
-from .runtime import atomic_write, check_file
+from .runtime import all_finite, atomic_write, check_file
 from .tokenizers.gguf import GGUFTokenizer
 
 __all__ = [
@@ -372,7 +372,7 @@ def q4_1_roundtrip(x: Tensor) -> Tensor:
         )
     if x.dim() < 1 or x.shape[-1] % 32:
         raise ValueError(f"x's last dimension must be a multiple of 32, got shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
+    if not all_finite([x]):
         raise ValueError("x must be finite: Q4_1 has no NaN or infinity")
     return blockwise_quantize(x, bits=4, block=32).values  # one copy of the map, checks included
 

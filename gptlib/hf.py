@@ -262,12 +262,24 @@ def to_hf_llama(model: ModernGPT):
         from contextlib import nullcontext as no_init_weights
     with no_init_weights():
         hf = LlamaForCausalLM(hf_config)
+    if c.tie_weights:
+        del sd["lm_head.weight"]  # Llama's lm_head is its embedding, tied again below
+    # One copy of each weight, float32 and contiguous, which the peer then holds (assign: no
+    # second copy into the memory its constructor allocated); a copy, so that changing the model's
+    # weights later does not change the peer's
     missing, unexpected = hf.load_state_dict(
-        {k: v.detach().float().contiguous() for k, v in sd.items()}, strict=False
+        {
+            k: v.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+            for k, v in sd.items()
+        },
+        strict=False,
+        assign=True,
     )
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         raise ValueError(
             f"Hugging Face's Llama does not match: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}"
         )
+    if c.tie_weights:
+        hf.lm_head.weight = hf.model.embed_tokens.weight
     return hf.eval()

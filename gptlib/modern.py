@@ -128,6 +128,21 @@ def swiglu(x: Tensor, W_gate: Tensor, W_up: Tensor, W_out: Tensor) -> Tensor:
     return (F.silu(x @ W_gate) * (x @ W_up)) @ W_out
 
 
+def _normal_init(*shape: int) -> nn.Parameter:
+    """A parameter of the given shape drawn from N(0, 0.02^2). On the meta device (shapes only, as
+    :meth:`ModernGPT.from_state` builds a model) there are no values to scale, and PyTorch's
+    arithmetic on meta tensors imports torch._dynamo (about 2 s of CPU, once per process): the meta
+    tensor is kept as it is.
+
+    >>> with torch.device("meta"):
+    ...     W = _normal_init(2, 3)
+    >>> tuple(W.shape), W.is_meta, _normal_init(2, 3).is_meta
+    ((2, 3), True, False)
+    """
+    W = torch.randn(*shape)  # (*shape), on the default device
+    return nn.Parameter(W if W.is_meta else W * 0.02)
+
+
 class SwiGLU(nn.Module):
     """SwiGLU MLP: W_gate, W_up (d_model, d_mlp) and W_out (d_mlp, d_model); 3 d_model d_mlp
     parameters."""
@@ -136,9 +151,9 @@ class SwiGLU(nn.Module):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("d_mlp", d_mlp)
-        self.W_gate = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
-        self.W_up = nn.Parameter(torch.randn(d_model, d_mlp) * 0.02)
-        self.W_out = nn.Parameter(torch.randn(d_mlp, d_model) * 0.02)
+        self.W_gate = _normal_init(d_model, d_mlp)
+        self.W_up = _normal_init(d_model, d_mlp)
+        self.W_out = _normal_init(d_mlp, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         return swiglu(x, self.W_gate, self.W_up, self.W_out)
@@ -214,10 +229,10 @@ class GroupedQueryAttention(nn.Module):
             check_int("layer", layer, lo=0),
             fused,
         )
-        self.W_Q = nn.Parameter(torch.randn(d_model, n_heads * d_head) * 0.02)
-        self.W_K = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
-        self.W_V = nn.Parameter(torch.randn(d_model, n_kv_heads * d_head) * 0.02)
-        self.W_O = nn.Parameter(torch.randn(n_heads * d_head, d_model) * 0.02)
+        self.W_Q = _normal_init(d_model, n_heads * d_head)
+        self.W_K = _normal_init(d_model, n_kv_heads * d_head)
+        self.W_V = _normal_init(d_model, n_kv_heads * d_head)
+        self.W_O = _normal_init(n_heads * d_head, d_model)
         self.hook_pattern = HookPoint()  # (B, n_heads, T, T_k), on the readable path only
         self.hook_q = HookPoint()  # (B, n_heads, T, d_head): the queries after RoPE
 
@@ -349,13 +364,11 @@ class ModernGPT(nn.Module):
         if not isinstance(config, ModernConfig):
             raise ValueError(f"config must be a ModernConfig, got {type(config).__name__}")
         c = self.config = config
-        self.W_E = nn.Parameter(torch.randn(c.d_vocab, c.d_model) * 0.02)
+        self.W_E = _normal_init(c.d_vocab, c.d_model)
         self.hook_resid = HookPoint()
         self.blocks = nn.ModuleList(ModernBlock(c, layer) for layer in range(c.n_layers))
         self.ln_f = RMSNorm(c.d_model, c.ln_eps)
-        self.W_U_untied = (
-            None if c.tie_weights else nn.Parameter(torch.randn(c.d_model, c.d_vocab) * 0.02)
-        )
+        self.W_U_untied = None if c.tie_weights else _normal_init(c.d_model, c.d_vocab)
 
     @property
     def W_U(self) -> Tensor:

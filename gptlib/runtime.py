@@ -35,6 +35,7 @@ __all__ = [
     "check_mask",
     "check_finite",
     "check_finite_weights",
+    "all_finite",
     "check_file",
 ]
 
@@ -186,6 +187,8 @@ def check_ids(ids: object, size: int, name: str = "ids") -> None:
             f"{name} must be a tensor or a sequence of ints, got {type(ids).__name__}"
         ) from None
     for k, i in enumerate(items):
+        if type(i) is int and 0 <= i < size:  # the common case, without the ABC check below
+            continue
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= int(i) < size:
             raise ValueError(f"{name} must be ints in [0, {size}), got {i!r} at position {k}")
 
@@ -272,14 +275,38 @@ def check_finite(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every entry of every tensor (floating point, not on the meta device) is finite: no
+    NaN, no infinity. One device synchronisation.
+
+    A sum is finite only if every term is (a NaN or an infinity makes every partial sum that holds
+    it NaN or infinite, whatever the order of the additions), and a sum reads each number once and
+    writes nothing: on a model's weights about ten times faster than ``isfinite(t).all()``, which
+    writes a boolean per number. Only a sum that is not finite (a non-finite entry, or finite
+    entries whose sum overflows) is settled entry by entry.
+
+    >>> all_finite([torch.ones(3), torch.full((2,), 6e4, dtype=torch.float16)])  # the sum overflows
+    True
+    >>> all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
+    False
+    """
+    tensors = [t.detach() for t in tensors if t.numel()]
+    if not tensors:
+        return True
+    dev = tensors[0].device
+    sums = torch.stack([t.sum().to(dev, torch.float32) for t in tensors])
+    if bool(torch.isfinite(sums).all()):
+        return True
+    return bool(torch.stack([torch.isfinite(t).all().to(dev) for t in tensors]).all())
+
+
 def check_finite_weights(model: torch.nn.Module) -> None:
     """Raise ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an
     infinity.
 
     Its outputs would be meaningless; the error says where the fault is, before any is computed. A
-    model on the meta device (shapes without values) is refused too.
-    One reduction per tensor (its max and min, which NaN and the infinities reach) and one device
-    synchronisation in all.
+    model on the meta device (shapes without values) is refused too. One sum per tensor
+    (:func:`all_finite`) and one device synchronisation while the weights are finite.
 
     >>> m = torch.nn.Linear(2, 1)
     >>> _ = m.bias.data.fill_(float("inf"))
@@ -298,18 +325,10 @@ def check_finite_weights(model: torch.nn.Module) -> None:
                 "load or initialise them first"
             )
     named = [(n, t) for n, t in tensors if t.is_floating_point() and t.numel()]
-    if not named:
+    if all_finite([t for _, t in named]):
         return
-    dev = named[0][1].device
-    ends = torch.stack(
-        [
-            torch.stack([t.detach().amax(), t.detach().amin()]).to(dev, torch.float32)
-            for _, t in named
-        ]
-    )
-    if not bool(torch.isfinite(ends).all()):
-        name = named[int((~torch.isfinite(ends)).any(dim=1).nonzero()[0])][0]
-        raise ValueError(f"the model has non-finite weights: {name} holds NaN or inf")
+    name = next(n for n, t in named if not bool(torch.isfinite(t.detach()).all()))
+    raise ValueError(f"the model has non-finite weights: {name} holds NaN or inf")
 
 
 def check_file(

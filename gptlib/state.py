@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .runtime import all_finite
+
 __all__ = [
     "FLOAT_DTYPES",
     "tied_aliases",
@@ -107,7 +109,7 @@ def check_state(
         for k, v in state.items()
         if v.is_floating_point() and v.numel() and v.device.type != "meta"
     ]
-    if floats and not bool(torch.stack([v.isfinite().all() for _, v in floats]).all()):  # one sync
+    if not all_finite([v for _, v in floats]):  # one sync while every tensor is finite
         k = next(k for k, v in floats if not bool(v.isfinite().all()))
         raise ValueError(f"{source}: tensor {k!r} holds NaN or infinite values")
     return state

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..runtime import check_finite_weights, check_int
+from ..runtime import all_finite, check_finite_weights, check_int
 
 __all__ = [
     "Quantized",
@@ -66,10 +66,10 @@ def _check_float(x: Tensor) -> Tensor:
         )
     if x.device.type == "meta":
         raise ValueError("x is on the meta device: it has no values to quantize")
-    if not bool(torch.isfinite(x).all()):
+    if not all_finite([x]):
         raise ValueError("x must be finite")
-    x32 = x.detach().float()
-    if not bool(torch.isfinite(x32).all()):
+    x32 = x.detach().float()  # x itself when float32; float16 and bfloat16 fit in float32
+    if x.dtype.itemsize > 4 and not all_finite([x32]):
         raise ValueError(
             f"x must lie within float32's range (|x| <= 3.4e38), got |x| up to "
             f"{float(x.detach().abs().max()):.3g}"
@@ -81,7 +81,7 @@ def _check_result(values: Tensor, dtype: torch.dtype) -> Tensor:
     """``values`` cast to ``dtype``, refused if the cast makes an infinity (a value rounded past
     the dtype's largest number)."""
     out = values.to(dtype)
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite([out]):
         raise ValueError(
             f"x's quantized values do not fit in its dtype {dtype}: they round past "
             f"{torch.finfo(dtype).max:.6g}"
@@ -125,8 +125,8 @@ def blockwise_codes(x: Tensor, bits: int = 4, block: int = 32) -> tuple[Tensor, 
             f"x's last dimension must be a multiple of block={block}, got shape {tuple(x.shape)}"
         )
     blocks = x32.unflatten(-1, (-1, block))  # (..., n_blocks, block)
-    lo = blocks.amin(dim=-1, keepdim=True)
-    d = (blocks.amax(dim=-1, keepdim=True) - lo) / (2**bits - 1)
+    lo, hi = torch.aminmax(blocks, dim=-1, keepdim=True)  # (..., n_blocks, 1) each
+    d = (hi - lo) / (2**bits - 1)
     d16, lo16 = d.half(), lo.half()
     if not bool(torch.isfinite(d16).all() & torch.isfinite(lo16).all()):
         raise ValueError(
@@ -135,7 +135,7 @@ def blockwise_codes(x: Tensor, bits: int = 4, block: int = 32) -> tuple[Tensor, 
             f"{float(lo.abs().max()):.3g}"
         )
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    q = torch.trunc((blocks - lo) * inv + 0.5).clamp(0, 2**bits - 1)
+    q = (blocks - lo).mul_(inv).add_(0.5).trunc_().clamp_(0, 2**bits - 1)  # in place: one copy
     return q.long(), d16, lo16
 
 

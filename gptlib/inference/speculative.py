@@ -36,10 +36,11 @@ __all__ = [
 ]
 
 
-def _check_distributions(p: object, q: object) -> None:
+def _check_distributions(p: object, q: object, p_values: Tensor | None = None) -> None:
     """p and q: floating-point tensors of one shape (..., d_vocab), d_vocab >= 1, each row a
     probability distribution (entries >= 0, summing to 1 within 1e-4, or 8 units of rounding of a
-    half-precision dtype)."""
+    half-precision dtype). ``p_values``: more rows of the target's (..., d_vocab) whose values are
+    checked with p's (:func:`speculative_round`'s last row of p, which has no q)."""
     for name, t in (("p", p), ("q", q)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 1:
             raise ValueError(
@@ -51,15 +52,21 @@ def _check_distributions(p: object, q: object) -> None:
             f"p and q must have one shape (..., d_vocab), got {tuple(p.shape)}, {tuple(q.shape)}"
         )
     tol = max(1e-4, 8 * torch.finfo(p.dtype).eps)
+    ps = (p,) if p_values is None else (p, p_values)
 
     def valid(t: Tensor) -> Tensor:  # NaN and -inf fail t >= 0, +inf fails the row sums
         return (t >= 0).all() & ((t.double().sum(-1) - 1).abs() <= tol).all()
 
-    # both at once (the check runs on every round of a sampling loop); named on failure
-    if bool(valid(torch.stack((p.double(), q.double())))):
-        return
-    for name, t in (("p", p), ("q", q)):
-        if not bool(valid(t)):
+    # all at once, in few operations and one sync (the check runs on every round of a sampling
+    # loop): the smallest entry and the largest |row sum - 1|, which NaN and -inf make fail the
+    # first comparison and +inf the second; named on failure
+    rows = torch.cat([t.double().reshape(-1, p.shape[-1]) for t in (*ps, q)])  # (n, d_vocab)
+    if rows.numel():
+        lowest, worst = torch.stack((rows.amin(), (rows.sum(-1) - 1).abs().amax())).tolist()
+        if lowest >= 0 and worst <= tol:
+            return
+    for name, ts in (("p", ps), ("q", (q,))):
+        if not all(bool(valid(t)) for t in ts):
             raise ValueError(
                 f"{name} must hold probability distributions (entries >= 0, each row summing to "
                 "1): softmax logits first"
@@ -145,8 +152,7 @@ def accept_or_resample(
             f"for p {tuple(p.shape)}"
         )
     check_ids(x, p.shape[-1], "x")
-    # the public rules, looked up at each call (the tests replace them with broken ones)
-    return _accept_or_resample(p, q, x, generator, acceptance_probability, residual_distribution)
+    return _accept_or_resample(p, q, x, generator, *_rules())
 
 
 def _accept_or_resample(
@@ -207,10 +213,9 @@ def speculative_round(
             f"p must have gamma + 1 rows and drafts gamma entries; got p {tuple(p.shape)}, "
             f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}"
         )
-    _check_distributions(p[:gamma], q)
-    _check_distributions(p[gamma:], p[gamma:])
+    _check_distributions(p[:gamma], q, p[gamma:])  # every row of p and of q, at once
     check_ids(drafts, p.shape[-1], "drafts")
-    return _round(p, q, drafts, generator, acceptance_probability, residual_distribution)
+    return _round(p, q, drafts, generator, *_rules())
 
 
 def _round(
@@ -231,6 +236,22 @@ def _round(
         return torch.cat([drafts, torch.multinomial(p[gamma], 1, generator=generator)])
     j = int(rejected[0])
     return tokens[: j + 1]  # drafts[:j], then the replacement of draft j
+
+
+_PUBLIC_RULES = (acceptance_probability, residual_distribution)
+
+
+def _rules() -> tuple[Callable, Callable]:
+    """The acceptance and residual rules as this module names them at this call: the public
+    functions, looked up each time, since the tests and Chapter 13 replace them with broken ones to
+    see the checks fail. While they are this module's own, their unchecked bodies (the caller has
+    checked p, q and the tokens once: the same values, without checking them again on every round
+    of a sampling loop)."""
+    accept, residual = acceptance_probability, residual_distribution
+    return (
+        _acceptance_probability if accept is _PUBLIC_RULES[0] else accept,
+        _residual_distribution if residual is _PUBLIC_RULES[1] else residual,
+    )
 
 
 def emitted_distribution(
@@ -283,11 +304,12 @@ def emitted_distribution(
             for t in range(d_vocab):
                 start_round(seq + (t,), prob * float(p[t]))
             return
-        r = residual_distribution(p, q)
+        accept, residual = _rules()  # p and q are checked above
+        r = residual(p, q)
         for x in range(d_vocab):
             if q[x] == 0:
                 continue  # never drafted
-            a = float(acceptance_probability(p, q, torch.tensor(x)))
+            a = float(accept(p, q, torch.tensor(x)))
             if a > 0:
                 draft(seq + (x,), i + 1, prob * float(q[x]) * a)
             if a < 1:

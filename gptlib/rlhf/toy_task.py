@@ -105,20 +105,15 @@ class SentenceTask:
 
     def judged(self, ids: Tensor) -> Tensor:
         """(B,) float32: the labeller's score of each response ``ids[:, prompt_len:]``, decoded."""
-        return torch.tensor(
-            [self.labeller(self.tokenizer.decode(row[self.prompt_len :].tolist())) for row in ids]
-        )
+        responses = ids[:, self.prompt_len :].tolist()  # one conversion, not one per row
+        return torch.tensor([self.labeller(self.tokenizer.decode(row)) for row in responses])
 
     def judged_parts(self, ids: Tensor) -> Tensor:
         """(B, 2) bool: for each response, whether it finishes a sentence and whether it uses only
         known
         words (:meth:`SentenceLabeller.parts`); :meth:`judged` is half their sum."""
-        return torch.tensor(
-            [
-                self.labeller.parts(self.tokenizer.decode(row[self.prompt_len :].tolist()))
-                for row in ids
-            ]
-        )
+        responses = ids[:, self.prompt_len :].tolist()
+        return torch.tensor([self.labeller.parts(self.tokenizer.decode(row)) for row in responses])
 
 
 def sentence_task(
