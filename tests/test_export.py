@@ -423,6 +423,23 @@ def test_to_onnx_refuses_what_it_cannot_export(tiny_gpt):
         to_onnx(tiny_gpt(n_ctx=3))
 
 
+def test_the_tied_embedding_is_stored_transposed_only_for_its_own_uses():
+    """_vocab_columns rewrites a gather of rows and a product W_E B; any other use of W_E (here
+    W_E as a product's second operand) is refused, naming it, and the graph is left as it was."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gptlib.export.graph import _vocab_columns
+
+    W = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g", [x], [y], [W])
+    before = graph.SerializeToString()
+    with pytest.raises(ValueError, match=r"W is input 1 of a MatMul"):
+        _vocab_columns(graph, "W")
+    assert graph.SerializeToString() == before
+
+
 def test_pieces_cut_and_join():
     data = bytes(range(256)) * 5
     assert b"".join(pieces(data, 300)) == data and [len(p) for p in pieces(data, 300)][-1] == 80

@@ -143,16 +143,20 @@ def _export_proto(model: nn.Module):
         model.to(dev).train(was_training)
     proto = program.model_proto
     _strip_metadata(proto)
-    _vocab_columns(proto.graph)
+    # W_U tied to W_E (W_U_rows is the parameter itself): the graph stores it as W_E^T
+    rows = model.W_U_rows
+    tied = {f"model.{n}" for n, p in model.named_parameters(remove_duplicate=False) if p is rows}
+    if tied:
+        _vocab_columns(proto.graph, next(i.name for i in proto.graph.initializer if i.name in tied))
     return proto
 
 
-def _vocab_columns(graph) -> str | None:
-    """Store the tied embedding W_E (V, d_model), which the graph both gathers rows of and
-    multiplies (the read-out W_E x^T), as W_E^T (d_model, V) under the name ``W_E`` +
-    :data:`TRANSPOSED`, and rewrite its users to match: a gather of rows becomes a gather of
-    columns, transposed; W_E B becomes (B^T W_E^T)^T, whose pairs of transposes onnxruntime
-    removes. Returns the name of the matrix rewritten (None where the graph has no tied one).
+def _vocab_columns(graph, name: str) -> None:
+    """Store the tied embedding W_E (V, d_model), the initializer ``name``, which the graph both
+    gathers rows of and multiplies (the read-out W_E x^T), as W_E^T (d_model, V) under the name
+    ``name`` + :data:`TRANSPOSED`, and rewrite its users to match: a gather of rows becomes a
+    gather of columns, transposed; W_E B becomes (B^T W_E^T)^T, whose pairs of transposes
+    onnxruntime removes. A use of another kind raises ``ValueError``, before the graph changes.
 
     Why: the read-out of one position is a product with one column, and onnxruntime's
     WebAssembly kernels compute W_E x^T in blocks of 16 columns of which one is used: SmolLM2's
@@ -168,28 +172,15 @@ def _vocab_columns(graph) -> str | None:
         v.name: len(v.type.tensor_type.shape.dim)
         for v in list(graph.input) + list(graph.value_info) + list(graph.output)
     }
-
-    def tied(init) -> bool:
-        uses = users.get(init.name, [])
-        return (
-            len(init.dims) == 2
-            and any(n.op_type == "MatMul" for n, _ in uses)
-            and all(
-                k == 0 and (n.op_type == "MatMul" or (n.op_type == "Gather" and _axis(n) == 0))
-                for n, k in uses
+    for n, k in users.get(name, []):
+        if k != 0 or not (n.op_type == "MatMul" or (n.op_type == "Gather" and _axis(n) == 0)):
+            raise ValueError(
+                f"{name} is input {k} of a {n.op_type} ({n.name}): only gathers of its rows and "
+                "products W_E B can use it transposed"
             )
-        )
-
-    found = [i for i in graph.initializer if tied(i)]
-    if not found:
-        return None
-    if len(found) > 1:
-        raise ValueError(f"the graph has {len(found)} tied embeddings: {[i.name for i in found]}")
-    init = found[0]
-    name, columns = init.name, init.name + TRANSPOSED
-    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).T.copy(), columns))
+    columns = name + TRANSPOSED
     made = []  # (the node rewritten, the nodes that replace it)
-    for node, _ in users[name]:
+    for node, _ in users.get(name, []):
         out, tmp = node.output[0], f"{node.output[0]}{TRANSPOSED}"
         if node.op_type == "Gather":  # W_E[I] (*I, d) = (W_E^T[:, I])^T, axis 0 moved last
             r = rank.get(node.input[1])
@@ -217,13 +208,14 @@ def _vocab_columns(graph) -> str | None:
                     ],
                 )
             )
+    init = next(i for i in graph.initializer if i.name == name)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).T.copy(), columns))
     nodes = list(graph.node)
     for node, new in made:
         at = next(k for k, n in enumerate(nodes) if n is node)
         nodes[at : at + 1] = new
     del graph.node[:]
     graph.node.extend(nodes)
-    return name
 
 
 def _axis(node) -> int:
