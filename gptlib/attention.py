@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .embedding import init_normal_
 from .hooks import HookPoint
 from .kvcache import KVCache
 from .runtime import check_float, check_int, check_positive_int
@@ -350,7 +351,7 @@ class MultiHeadAttention(nn.Module):
         self.W_V = nn.Parameter(torch.empty(d_model, d_attn))
         self.W_O = nn.Parameter(torch.empty(d_attn, d_model))
         for W in (self.W_Q, self.W_K, self.W_V, self.W_O):
-            nn.init.normal_(W, std=0.02)
+            init_normal_(W, 0.02)
         if bias:
             self.b_Q = nn.Parameter(torch.zeros(d_attn))
             self.b_K = nn.Parameter(torch.zeros(d_attn))

@@ -7,13 +7,55 @@ d_vocab logits with W_U; GPT-2 ties W_U = W_E^T.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor, nn
 
 from . import runtime
 from .runtime import check_float, check_positive_int
 
-__all__ = ["one_hot", "learned_table", "Embedding", "Unembedding"]
+__all__ = ["one_hot", "init_normal_", "skip_init", "learned_table", "Embedding", "Unembedding"]
+
+# False inside skip_init(): the layers leave their weights as allocated (a load overwrites them).
+_INIT = ContextVar("gptlib_init_weights", default=True)
+
+
+def init_normal_(W: Tensor, std: float) -> Tensor:
+    """W drawn in place from N(0, std^2), exactly as ``nn.init.normal_`` draws it; returns W.
+
+    A tensor on the meta device (shapes only) has no values to draw: it is left as it is, since
+    any random or arithmetic op on a meta tensor imports torch._dynamo (about 2 s of CPU, once per
+    process). Inside :func:`skip_init` nothing is drawn either, and the global generator is not
+    advanced.
+
+    >>> W = torch.empty(2, 3, device="meta")
+    >>> init_normal_(W, 0.02) is W, W.is_meta
+    (True, True)
+    """
+    if W.is_meta or not _INIT.get():
+        return W
+    return nn.init.normal_(W, std=std)
+
+
+@contextmanager
+def skip_init() -> Iterator[None]:
+    """Within this block the layers of gptlib allocate their weights without drawing them (their
+    values are whatever memory held): for a model whose every weight is loaded next.
+
+    >>> with skip_init():
+    ...     state = torch.random.get_rng_state()
+    ...     _ = Embedding(50, 8)
+    ...     torch.equal(state, torch.random.get_rng_state())
+    True
+    """
+    token = _INIT.set(False)
+    try:
+        yield
+    finally:
+        _INIT.reset(token)
 
 
 def one_hot(ids: Tensor, d_vocab: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -41,8 +83,8 @@ def learned_table(rows_name: str, rows: int, d_model: int, std: float) -> nn.Par
     check_positive_int(rows_name, rows)
     check_positive_int("d_model", d_model)
     std = check_float("std", std, 0.0)
-    W = nn.Parameter(torch.empty(rows, d_model))
-    nn.init.normal_(W, std=std)
+    W = nn.Parameter(torch.empty(rows, d_model))  # (rows, d_model)
+    init_normal_(W, std)
     return W
 
 
@@ -115,7 +157,7 @@ class Unembedding(nn.Module):
             self.W_E = tied_to.W_E  # shared, not copied
         else:
             self.W_U = nn.Parameter(torch.empty(d_model, d_vocab))
-            nn.init.normal_(self.W_U, std=0.02)
+            init_normal_(self.W_U, 0.02)
 
     @property
     def tied(self) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .embedding import skip_init
 from .files import read_tensors
 from .model import GPT, GPTConfig
 from .modern import ModernGPT
@@ -189,7 +190,8 @@ def _from_hf_parts(cfg: dict, state: dict[str, Tensor], source: str) -> GPT:
         )
     if sd:
         raise ValueError(f"{source} has unexpected tensor(s) {sorted(sd)[:5]}")
-    model = GPT(config)
+    with skip_init():  # no random initial weights: every one is loaded below
+        model = GPT(config)
     load_state_checked(
         model, {k: v.detach() for k, v in ours.items()}, source
     )  # float widths cast, nothing else

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .embedding import init_normal_
 from .runtime import check_positive_int
 
 __all__ = [
@@ -360,8 +361,8 @@ class MLP(nn.Module):
         self.W_out = nn.Parameter(torch.empty(d_mlp, d_model))
         self.b_in = nn.Parameter(torch.zeros(d_mlp)) if bias else None
         self.b_out = nn.Parameter(torch.zeros(d_model)) if bias else None
-        nn.init.normal_(self.W_in, std=0.02)
-        nn.init.normal_(self.W_out, std=0.02)
+        init_normal_(self.W_in, 0.02)
+        init_normal_(self.W_out, 0.02)
 
     @property
     def phi(self) -> Callable[[Tensor], Tensor]:

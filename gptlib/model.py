@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .block import Block, LayerNorm
 from .config import PRESETS, GPTConfig
-from .embedding import Embedding, Unembedding
+from .embedding import Embedding, Unembedding, init_normal_, skip_init
 from .files import config_from_dict, read_model, save_model
 from .hooks import HookPoint, capture_patterns
 from .kvcache import KVCache, check_cache
@@ -61,9 +61,9 @@ class GPT(nn.Module):
         # GPT-2's initialisation: N(0, 0.02), with the two projections that write into the
         # residual stream scaled by 1/sqrt(2 n_layers) so its variance does not grow with depth.
         for blk in self.blocks:
-            nn.init.normal_(blk.attn.W_O, std=0.02 / math.sqrt(2 * c.n_layers))
+            init_normal_(blk.attn.W_O, 0.02 / math.sqrt(2 * c.n_layers))
             if blk.mlp is not None:
-                nn.init.normal_(blk.mlp.W_out, std=0.02 / math.sqrt(2 * c.n_layers))
+                init_normal_(blk.mlp.W_out, 0.02 / math.sqrt(2 * c.n_layers))
 
     # --- names of the notes -----------------------------------------------------------------
     @property
@@ -183,8 +183,14 @@ class GPT(nn.Module):
         A file that is damaged, holds another class's model, or whose tensors do not match its
         config (names, shapes, dtypes: float widths are cast, nothing else) raises ``ValueError``
         naming the file and the field or tensor.
+
+        The model is built without drawing its initial weights
+        (:func:`~gptlib.embedding.skip_init`): every weight is loaded next, and the global random
+        generator is left as it was.
         """
         config, state, _, source = read_model(path, cls.__name__)
-        model = cls(config_from_dict(GPTConfig, config, source))
+        config = config_from_dict(GPTConfig, config, source)
+        with skip_init():  # every weight is overwritten below, or the model is discarded
+            model = cls(config)
         load_state_checked(model, state, source)
         return model.to(map_location)

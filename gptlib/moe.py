@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .embedding import init_normal_
 from .mlp import MLP
 from .runtime import check_float, check_ids, check_int, check_positive_int
 
@@ -181,7 +182,7 @@ class MoE(nn.Module):
             MLP(d_model, d_mlp, activation, bias) for _ in range(n_experts)
         )
         self.W_r = nn.Parameter(torch.empty(d_model, n_experts))
-        nn.init.normal_(self.W_r, std=0.02)
+        init_normal_(self.W_r, 0.02)
         self.aux_loss: Tensor | None = None  # the last forward pass's load-balancing loss
 
     def forward(self, x: Tensor) -> Tensor:

@@ -2,12 +2,16 @@
 
 import dataclasses
 import json
+import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from gptlib.embedding import skip_init
 from gptlib.files import config_from_dict, read_file, write_file
 from gptlib.hf import from_hf, from_pretrained
 from gptlib.hooks import capture_patterns
@@ -523,3 +527,96 @@ def test_hf_parity_at_perturbed_weights_fails_on_small_slips():
             b_bias.mlp.b_in.zero_()
         for slipped in (gelu, scale, no_bias):
             assert float((y_hf - slipped(ids)).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tie_weights": False, "positional": "sinusoidal", "block": "post_ln"},
+        {"attn_only": True, "bias": False},
+    ],
+)
+def test_gpt_draws_its_initial_weights_in_the_documented_order(overrides):
+    """Issue 41: the guarded initialisation draws what nn.init.normal_ drew, call for call: W_E,
+    W_pos, then per block W_Q, W_K, W_V, W_O, W_in, W_out (an attention-only block draws its MLP
+    too, then drops it), then an untied W_U, then W_O and W_out of each block again with std
+    0.02 / sqrt(2 n_layers). Bit for bit, and the generator ends where it ended."""
+    c = GPTConfig(d_vocab=37, n_ctx=8, d_model=16, n_heads=2, n_layers=3, **overrides)
+    torch.manual_seed(5)
+    model = GPT(c)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+
+    def draw(*shape, std=0.02):
+        return torch.empty(*shape).normal_(0.0, std)
+
+    want = {"embed.W_E": draw(c.d_vocab, c.d_model)}
+    if c.positional == "learned":
+        want["pos.W_pos"] = draw(c.n_ctx, c.d_model, std=0.01)
+    for i in range(c.n_layers):
+        for name in ("W_Q", "W_K", "W_V"):
+            want[f"blocks.{i}.attn.{name}"] = draw(c.d_model, c.d_model)
+        draw(c.d_model, c.d_model)  # W_O, drawn again below
+        mlp = [draw(c.d_model, c.d_mlp), draw(c.d_mlp, c.d_model)]  # W_out drawn again below
+        if not c.attn_only:
+            want[f"blocks.{i}.mlp.W_in"] = mlp[0]
+    if not c.tie_weights:
+        want["unembed.W_U"] = draw(c.d_model, c.d_vocab)
+    std = 0.02 / math.sqrt(2 * c.n_layers)
+    for i in range(c.n_layers):
+        want[f"blocks.{i}.attn.W_O"] = draw(c.d_model, c.d_model, std=std)
+        if not c.attn_only:
+            want[f"blocks.{i}.mlp.W_out"] = draw(c.d_mlp, c.d_model, std=std)
+    assert torch.equal(torch.rand(4), after)
+    state = model.state_dict()
+    for k, v in want.items():
+        assert torch.equal(state[k], v), k
+    assert {k for k in state if ".W_" in k} - set(tied_aliases(model)) == set(want)
+
+
+def test_a_model_built_on_the_meta_device_imports_no_dynamo():
+    """Issue 41: any random or arithmetic op on a meta tensor imports torch._dynamo (about 2 s of
+    CPU once per process); GPT, its layers and check_savable build on meta without one."""
+    code = (
+        "import sys, torch\n"
+        "from gptlib.files import check_savable\n"
+        "from gptlib.model import GPT, GPTConfig\n"
+        "from gptlib.moe import MoE\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "check_savable(GPT(GPTConfig.preset('tiny', tie_weights=False)))\n"
+        "with torch.device('meta'):\n"
+        "    m = GPT(GPTConfig.preset('gpt2', tie_weights=False)); MoE(16, 32, 4)\n"
+        "assert m.W_E.is_meta and m.blocks[0].mlp.W_out.is_meta\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_load_draws_no_initial_weights_and_still_names_a_bad_file(tmp_path):
+    """Issue 41: GPT.load builds its model without random initial weights (skip_init), so the
+    global generator is left as it was; the loaded weights and a bad file's error are as
+    before."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny", tie_weights=False, positional="sinusoidal"))
+    path = m.save(tmp_path / "m")
+    state = torch.random.get_rng_state()
+    loaded = GPT.load(path)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for (k, v), (k2, v2) in zip(m.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    assert torch.equal(loaded.pos.PE, m.pos.PE)  # the buffer that no file holds
+    tensors, fields = read_file(path)
+    del tensors["blocks.1.mlp.W_out"]
+    write_file(tmp_path / "short.safetensors", tensors, fields)
+    with pytest.raises(ValueError, match=r"short.safetensors lacks tensor\(s\) \['blocks.1.mlp"):
+        GPT.load(tmp_path / "short.safetensors")
+    # skip_init ends with its block, even when the block raises
+    with pytest.raises(ValueError), skip_init():
+        GPT.load(tmp_path / "short.safetensors")
+    torch.manual_seed(0)
+    assert torch.equal(GPT(m.config).W_E, m.W_E)

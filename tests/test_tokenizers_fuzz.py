@@ -141,10 +141,15 @@ def trained():
     return tok, tok.to_tiktoken()
 
 
+def by_pieces(tok: BPETokenizer, text: str) -> list[int]:
+    """The ids by definition: the split's pieces, each merged by the Python loop encode_piece."""
+    return [i for p in tok.split(text) for i in encode_piece(p.encode("utf-8"), tok.ranks)]
+
+
 def check_texts(tok: BPETokenizer, enc: tiktoken.Encoding, texts: list[str]) -> None:
     for text in texts:
         ids = tok.encode(text)
-        assert ids == enc.encode_ordinary(text), text
+        assert ids == enc.encode_ordinary(text) == by_pieces(tok, text), text
         assert tok.decode(ids) == text, text
         with_special = tok.encode(text, allowed_special="all")
         assert with_special == enc.encode(text, allowed_special="all"), text
@@ -219,3 +224,14 @@ def test_encode_piece_equals_the_readable_loops(which, request):
             == by_merge_steps(piece, tok.ranks)
             == by_get_stats_and_merge(piece, tok.ranks, rule)
         ), piece
+
+
+def test_encode_of_a_long_text_equals_the_python_merges(trained):
+    """Issue 41: encode merges a piece met for the first time in tiktoken's compiled code and
+    caches it by the piece. On a corpus (most pieces met before, a few longer than the cache
+    keeps) a fresh tokenizer, then the same one from its cache, give the Python loop's ids."""
+    text = load_corpus()[:120_000] + " " + "ab" * 300 + "\n\n" + "é" * 70
+    fresh = BPETokenizer(trained[0].ranks, trained[0].pattern, trained[0].special_tokens)
+    want = by_pieces(fresh, text)
+    assert fresh.encode(text) == want
+    assert fresh.encode(text) == want

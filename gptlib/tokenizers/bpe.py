@@ -118,8 +118,9 @@ class BPETokenizer:
         self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
         longest_first = sorted(self.special_tokens, key=len, reverse=True)
         self._special_split = regex.compile("(" + "|".join(map(regex.escape, longest_first)) + ")")
-        self._cache: dict[bytes, tuple[int, ...]] = {}
+        self._cache: dict[str, tuple[int, ...]] = {}  # piece -> its ids (short pieces only)
         self._merges: list[tuple[int, int]] | None = None
+        self._bpe: tiktoken.Encoding | None = None  # the merges in compiled code, made when used
 
     # -- sizes and views --
     @property
@@ -161,19 +162,39 @@ class BPETokenizer:
         """
         return split_pieces(self._split, check_text(text, utf8=True))
 
-    def _encode_chunk(self, chunk: bytes) -> tuple[int, ...]:
-        ids = self._cache.get(chunk)
-        if ids is None:
-            ids = self.ranks.get(chunk)
-            ids = (ids,) if ids is not None else tuple(encode_piece(chunk, self.ranks))
-            if len(chunk) <= 64 and len(self._cache) < 500_000:  # (long pieces are rare: not kept)
-                self._cache[chunk] = ids
+    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        """The ids of one piece of the split, kept in the cache if it is short.
+
+        The merges of :func:`~gptlib.tokenizers.merges.encode_piece` (lowest rank first, the
+        leftmost among equals) are run by tiktoken's compiled code on the same ranks, which picks
+        the same pair at every step: the same ids, several times faster on a piece met for the
+        first time (``tests/test_tokenizers_fuzz.py`` compares the two on fuzzed texts).
+        """
+        chunk = piece.encode("utf-8")
+        ids = self.ranks.get(chunk)
+        if ids is not None:
+            ids = (ids,)
+        else:
+            if self._bpe is None:  # its pattern takes the whole piece: no second split
+                self._bpe = tiktoken.Encoding(
+                    name=self.name,
+                    pat_str=r"(?s).+",
+                    mergeable_ranks=self.ranks,
+                    special_tokens={},
+                )
+            ids = tuple(self._bpe.encode_ordinary(piece))  # the whole piece, one match
+        if len(chunk) <= 64 and len(self._cache) < 500_000:  # (long pieces are rare: not kept)
+            self._cache[piece] = ids
         return ids
 
     def _encode_ordinary(self, text: str) -> list[int]:
+        # Most pieces of a long text recur: the cache is read by the piece itself (its UTF-8
+        # bytes are made only for a piece met for the first time).
         out: list[int] = []
+        extend, cached, encode = out.extend, self._cache.get, self._encode_piece
         for piece in split_pieces(self._split, text):
-            out.extend(self._encode_chunk(piece.encode("utf-8")))
+            ids = cached(piece)
+            extend(encode(piece) if ids is None else ids)
         return out
 
     def encode_ordinary(self, text: str) -> list[int]:
