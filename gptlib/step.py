@@ -161,15 +161,15 @@ def _step(
     # copy of them; for a mask of 0 and 1 the product of the masked rows, bit for bit)
     m, d_model = u.shape[1], u.shape[0]
     W_Ou = (
-        torch.stack([(model.blocks[layer].attn.W_O @ u).view(H, d_head, m) for layer in range(L)])
+        torch.cat([(model.blocks[layer].attn.W_O @ u).view(1, H, d_head, m) for layer in range(L)])
         * head_mask[:, :, None, None]
     )  # (L, H, d_head, m), the mask multiplied once for all the layers
     # z_h at the last position, a layer at a time: its last row of each group of heads times the
     # group's values (no stack of every layer's values: half the cache again, 190 MB for SmolLM2
     # at 8,192 positions)
-    z = torch.stack(
+    z = torch.cat(
         [
-            (p[:, :, -1].view(n_kv, H // n_kv, -1) @ cache.v[layer]).reshape(H, d_head)
+            (p[:, :, -1].view(n_kv, H // n_kv, -1) @ cache.v[layer]).reshape(1, H, d_head)
             for layer, p in enumerate(patterns)
         ]
     )  # (L, H, d_head)
@@ -183,11 +183,8 @@ def _step(
     offsets = torch.arange(d_head, device=heads.device)
     rows = (heads[:, None] * d_head + offsets).reshape(-1)  # (s d_head,): the rows of W_O^h
     W_Oh = pick(
-        torch.stack(
-            [
-                model.blocks[layer].attn.W_O.index_select(0, rows).view(s, d_head, d_model)
-                for layer in range(L)
-            ]
+        torch.cat([model.blocks[layer].attn.W_O.index_select(0, rows) for layer in range(L)]).view(
+            L, s, d_head, d_model
         )
         * head_mask.index_select(1, heads)[:, :, None, None]
     )  # (s, d_head, d_model): the rows of W_O^h times its mask, as the forward pass uses them
