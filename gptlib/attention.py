@@ -228,7 +228,14 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
     [1.0, 1.0, 2.0, 2.0]
     """
     check_positive_int("group", group)
-    return k if group == 1 else k.repeat_interleave(group, dim=1)
+    if group == 1:
+        return k
+    B, n_kv, T, d_head = k.shape
+    if T == 0:
+        return k.repeat_interleave(group, dim=1)
+    # kv head g copied to heads g group .. (g + 1) group - 1; the positions' count left to -1,
+    # so that an exported graph reshapes to a constant shape rather than one it computes
+    return k[:, :, None].expand(-1, -1, group, -1, -1).reshape(B, n_kv * group, -1, d_head)
 
 
 # The kernel that replaces attend's own within gptlib.inference.use_tiled_attention (None: none):
@@ -304,9 +311,9 @@ def non_finite_rows(q: Tensor, k: Tensor) -> Tensor:
     [0.0, 0.0, nan]
     """
     wide = torch.promote_types(q.dtype, torch.float32)
-    rows = q.sum(dim=(1, 3), dtype=wide)  # (B, T)
-    first_key = k[:, :, :1].sum(dim=(1, 2, 3), dtype=wide)  # (B,)
-    return ((rows + first_key[:, None]) * 0)[..., None].to(q.dtype)  # (B, T, 1): 0, or NaN
+    rows = q.sum(dim=(1, 3), keepdim=True, dtype=wide)  # (B, 1, T, 1)
+    first_key = k[:, :, :1].sum(dim=(1, 2, 3), keepdim=True, dtype=wide)  # (B, 1, 1, 1)
+    return ((rows + first_key) * 0)[:, 0].to(q.dtype)  # (B, T, 1): 0, or NaN
 
 
 class MultiHeadAttention(nn.Module):

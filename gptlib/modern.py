@@ -74,7 +74,10 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
     """Rotate each coordinate pair (x_2i, x_2i+1) of the rows of x by its angle: x R_t.
 
     x: (..., T, d_head), angles: (T, d_head/2). With row vectors, pair i maps to
-    (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a), a = angles[t, i].
+    (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a), a = angles[t, i], computed as
+    x * (cos a, cos a) + (x_2i+1, x_2i) * (-sin a, sin a): the same products and sums, so the same
+    numbers bit for bit, in four operations on the whole row (an exported graph of the step runs
+    them as four nodes, not a split, a stack and a dozen small ones per rotation).
 
     >>> import math
     >>> rotated = apply_rope(torch.tensor([[1.0, 0.0]]), torch.tensor([[math.pi / 2]]))
@@ -86,12 +89,22 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
             f"angles must have shape (T, d_head/2) for x of shape {tuple(x.shape)}, got "
             f"{tuple(angles.shape)}"
         )
-    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)  # (T, d_head/2)
-    pairs = x.unflatten(-1, (-1, 2))  # (..., T, d_head/2, 2)
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(
-        -2
-    )  # (..., T, d_head)
+    # contiguous, as the stack of the pairs made it: the products that read it take the same path
+    return _rotate_pairs(x, *_rope_tables(angles, x.dtype)).contiguous()  # (..., T, d_head)
+
+
+def _rope_tables(angles: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(cos a, cos a) and (-sin a, sin a) for each pair's angle a, in ``dtype``: (T, d_head)."""
+    cos, sin = torch.cos(angles), torch.sin(angles)  # (T, d_head/2)
+    c = torch.stack([cos, cos], dim=-1).flatten(-2).to(dtype)
+    s = torch.stack([-sin, sin], dim=-1).flatten(-2).to(dtype)
+    return c, s
+
+
+def _rotate_pairs(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
+    """x * c + (x_2i+1, x_2i) * s: :func:`apply_rope` with its tables (broadcast against x)."""
+    swap = torch.arange(x.shape[-1], device=x.device) ^ 1  # 1, 0, 3, 2, ...: each pair swapped
+    return x * c + x.index_select(-1, swap) * s
 
 
 # --- RMSNorm and SwiGLU -------------------------------------------------------------------------
@@ -249,20 +262,21 @@ class GroupedQueryAttention(nn.Module):
                 f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}"
             )
         B, T, _ = x.shape
-        q = (
-            (x @ self.W_Q).view(B, T, self.n_heads, self.d_head).transpose(1, 2)
-        )  # (B, n_heads, T, d_head)
-        k = (
-            (x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
-        )  # (B, n_kv_heads, T, d_head)
-        v = (x @ self.W_V).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
         offset = (
             0 if cache is None else cache.offset(self.layer)
         )  # the position of the first row of x
         angles = rope_angles(
             T, self.d_head, self.rope_base, offset=offset, device=x.device
         )  # (T, d_head/2)
-        q, k = self.hook_q(apply_rope(q, angles)), apply_rope(k, angles)
+        # apply_rope's rotation, on the rows before the heads are moved forward (its tables
+        # broadcast over the heads), then (B, heads, T, d_head) made contiguous as apply_rope
+        # returns it: the same numbers, and an exported graph transposes each once
+        c, s = (t[:, None] for t in _rope_tables(angles, x.dtype))  # (T, 1, d_head)
+        q = _rotate_pairs((x @ self.W_Q).view(B, T, self.n_heads, self.d_head), c, s)
+        k = _rotate_pairs((x @ self.W_K).view(B, T, self.n_kv_heads, self.d_head), c, s)
+        q = self.hook_q(q.transpose(1, 2).contiguous())  # (B, n_heads, T, d_head)
+        k = k.transpose(1, 2).contiguous()  # (B, n_kv_heads, T, d_head)
+        v = (x @ self.W_V).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, n_kv_heads, T_k, d_head), T_k = offset + T
         z = attend(

@@ -46,19 +46,25 @@ LENS_TOP = 10
 class _PastCache(KVCache):
     """A :class:`KVCache` that starts from ``past`` (P, n_layers, 2, n_kv, d_head) and appends by
     concatenation, so that a traced graph holds no buffers: the keys and values the model's own
-    attention layers write, P + T positions per layer after the step."""
+    attention layers write, P + T positions per layer after the step; ``new`` holds each layer's
+    appended keys and values, (1, n_kv, T, d_head) each."""
 
     def __init__(self, past: Tensor):
         super().__init__(past.shape[1])
-        per_layer = past.permute(1, 2, 3, 0, 4)  # (L, 2, n_kv, P, d_head), a view
-        self._k = [per_layer[layer, 0][None] for layer in range(self.n_layers)]  # (1, n_kv, P, d)
-        self._v = [per_layer[layer, 1][None] for layer in range(self.n_layers)]
+        # (L, 2, n_kv, P, d_head), a view, cut into its layers once and each into its keys and
+        # values (1, n_kv, P, d_head), views: a graph splits ``past`` instead of selecting and
+        # unsqueezing 2 L times
+        pairs = [kv.split(1) for kv in past.permute(1, 2, 3, 0, 4).unbind(0)]
+        self._k = [k for k, _ in pairs]
+        self._v = [v for _, v in pairs]
         self._filled = [past.shape[0]] * self.n_layers
+        self.new: list[Tensor] = []  # k_0, v_0, k_1, v_1, ... in the order the layers append
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         self._k[layer] = torch.cat([self._k[layer], k], dim=2)  # (1, n_kv, P + T, d_head)
         self._v[layer] = torch.cat([self._v[layer], v], dim=2)
         self._filled[layer] += k.shape[2]
+        self.new += [k, v]
         return self._k[layer], self._v[layer]
 
 
@@ -129,12 +135,13 @@ def _step(
         _masked_heads(model, head_mask),
     ):
         model(ids, cache, check_ids=False)
-    resid = torch.stack([x[0, -1] for x in streams])  # (L + 1, d_model): X_0 .. X_L, last row
+    # (L + 1, d_model): X_0 .. X_L, last row; one gather a layer and one concatenation (as
+    # everywhere below, the fewest nodes a layer in the graph, whose T and P are symbolic)
+    resid = torch.cat([x[:, -1] for x in streams])
     # the asked rows only: r = len(queries) of the T new queries' rows, each layer's cut first
-    attn = torch.stack([p[0].index_select(1, queries) for p in patterns])  # (L, H, r, P + T)
-    kv = torch.stack(
-        [torch.stack([cache.k[layer][0, :, P:], cache.v[layer][0, :, P:]]) for layer in range(L)]
-    ).permute(3, 0, 1, 2, 4)  # (T, L, 2, n_kv, d_head): the new positions only
+    attn = torch.cat([p.index_select(2, queries) for p in patterns])  # (L, H, r, P + T)
+    # (T, L, 2, n_kv, d_head): the new positions only, as the layers appended them (-1: T)
+    kv = torch.cat(cache.new).view(L, 2, n_kv, -1, d_head).permute(3, 0, 1, 2, 4)
     logits = _read_out(model, resid[-1:])  # (1, V): ln_f(X_L[-1]) W_U
     # the logit lens at the last position, cut to its top K inside the step; n = 0 streams make
     # an empty projection, and the top K of a row of zeros stands in for the rows (no row is kept)
@@ -153,18 +160,16 @@ def _step(
     # W_O^h u_t times head h's mask, a layer at a time from the weights themselves (no masked
     # copy of them; for a mask of 0 and 1 the product of the masked rows, bit for bit)
     m, d_model = u.shape[1], u.shape[0]
-    W_Ou = torch.stack(
-        [
-            (model.blocks[layer].attn.W_O @ u).view(H, d_head, m) * head_mask[layer][:, None, None]
-            for layer in range(L)
-        ]
-    )  # (L, H, d_head, m)
+    W_Ou = (
+        torch.cat([(model.blocks[layer].attn.W_O @ u).view(1, H, d_head, m) for layer in range(L)])
+        * head_mask[:, :, None, None]
+    )  # (L, H, d_head, m), the mask multiplied once for all the layers
     # z_h at the last position, a layer at a time: its last row of each group of heads times the
     # group's values (no stack of every layer's values: half the cache again, 190 MB for SmolLM2
     # at 8,192 positions)
-    z = torch.stack(
+    z = torch.cat(
         [
-            (p[0, :, -1].view(n_kv, H // n_kv, -1) @ cache.v[layer][0]).reshape(H, d_head)
+            (p[:, :, -1].view(n_kv, H // n_kv, -1) @ cache.v[layer]).reshape(1, H, d_head)
             for layer, p in enumerate(patterns)
         ]
     )  # (L, H, d_head)
@@ -178,13 +183,10 @@ def _step(
     offsets = torch.arange(d_head, device=heads.device)
     rows = (heads[:, None] * d_head + offsets).reshape(-1)  # (s d_head,): the rows of W_O^h
     W_Oh = pick(
-        torch.stack(
-            [
-                model.blocks[layer].attn.W_O.index_select(0, rows).view(s, d_head, d_model)
-                * head_mask[layer].index_select(0, heads)[:, None, None]
-                for layer in range(L)
-            ]
+        torch.cat([model.blocks[layer].attn.W_O.index_select(0, rows) for layer in range(L)]).view(
+            L, s, d_head, d_model
         )
+        * head_mask.index_select(1, heads)[:, :, None, None]
     )  # (s, d_head, d_model): the rows of W_O^h times its mask, as the forward pass uses them
     X_L = streams[-1][0].index_select(0, at)  # (s, d_model): X_L at the asked queries
     return {
@@ -210,10 +212,9 @@ def _masked_heads(model: nn.Module, head_mask: Tensor) -> Iterator[None]:
     and 1 exactly what zeroing the head's rows of W_O gives (:func:`gptlib.circuits.ablate_heads`),
     without a masked copy of every W_O on each step. Entered after the hooks that record the
     patterns, which see them unmasked."""
+    masks = head_mask[:, None, :, None, None]  # (L, 1, H, 1, 1): one unsqueeze for all layers
     handles = [
-        blk.attn.hook_pattern.register_forward_hook(
-            lambda m, args, p, mask=head_mask[layer]: p * mask[None, :, None, None]
-        )
+        blk.attn.hook_pattern.register_forward_hook(lambda m, args, p, mask=masks[layer]: p * mask)
         for layer, blk in enumerate(model.blocks)
     ]
     try:

@@ -686,6 +686,24 @@ class TestTheTinyGGUF:
             optimize_ahead(graph, g.tensors, b"", "t.weights", level="all")
 
     @pytest.mark.slow
+    def test_the_graph_has_few_nodes_a_layer(self, gguf_graph):
+        """onnxruntime-web spends several microseconds on every node it runs, and SmolLM2's step
+        ran about 4,100 (134 a layer), most of them small: RoPE's split, stack and dozen
+        elementwise nodes for each of q and k, the shapes of views computed from a layer's
+        own tensors, a select and an unsqueeze for every layer's piece of ``past``, of the mask
+        and of each read-out. The two-layer graph held 396 nodes before those were cut (about
+        82 a layer now, 310 in all); no shape is computed from a layer's tensors (the five Shape
+        nodes read the inputs' lengths), and RoPE neither splits nor stacks."""
+        from collections import Counter
+
+        nodes = onnx.load_from_string(gguf_graph.data).graph.node
+        counts = Counter(n.op_type for n in nodes)
+        assert len(nodes) <= 320, counts
+        assert counts["Shape"] <= 5, counts  # ids, past, lens, targets, head
+        # head, past and the mask cut once, each layer's piece of past into keys and values
+        assert counts["Split"] <= 3 + 2 and counts["Neg"] == 1, counts  # -sin once
+
+    @pytest.mark.slow
     def test_onnx_equals_the_step(self, gguf_graph, tmp_path):
         """The graph, optimized ahead of time and loaded with onnxruntime's optimizations off (as
         the page loads it), its weights unpacked from the blocks, equals step() on the model read

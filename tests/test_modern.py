@@ -67,6 +67,32 @@ def test_rope_preserves_norms_and_offset_matches_slice():
     )
 
 
+def _rope_by_pairs(x, angles):
+    """The rotation written pair by pair, as the definition reads (the reference of the next
+    test): (x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a)."""
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+def test_rope_equals_the_pairwise_formula_bit_for_bit(dtype):
+    # apply_rope computes x * (cos, cos) + (x_2i+1, x_2i) * (-sin, sin): the same products and
+    # sums (a + (-b) is a - b; the odd coordinate adds its two products in the other order), so
+    # the same numbers, here for every finite input, transposed (strided) input included; its
+    # output is contiguous, as the pairs' stack made it, so that the products after it take the
+    # same path
+    torch.manual_seed(5)
+    x = (torch.randn(2, 7, 3, 16) * 5).to(dtype).transpose(1, 2)  # (B, H, T, d), strided
+    x[0, 0, 0, :4] = torch.tensor([0.0, -0.0, -0.0, 0.0], dtype=dtype)
+    angles = rope_angles(7, 16, offset=11)
+    got, want = apply_rope(x, angles), _rope_by_pairs(x, angles)
+    assert got.is_contiguous() and got.dtype == dtype
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    assert torch.equal(got.view(bits[got.element_size()]), want.view(bits[got.element_size()]))
+    assert not torch.equal(got, _rope_by_pairs(x, -angles))  # the inverse rotation is another
+
+
 def test_rope_bad_arguments():
     with pytest.raises(ValueError, match="T must"):
         rope_angles(0, 8)
