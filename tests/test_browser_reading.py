@@ -175,14 +175,18 @@ MARKED = """() => { window.__gptlibMarked = new Promise((done, fail) => {
     setTimeout(() => fail(new Error("maths.js did not mark the formulas after a resize")), 20000);
 }); }"""
 
-# Run in the first chapter once measured, at 1280 px: a code cell's line of 88 characters fits
-# (book.css), and one of 96 does not (so that the test measures).
+# Run in the first chapter once measured at 1280 px, before the window is narrowed (back at 1280
+# px the theme's sidebars take a moment to settle): a code cell's line of 88 characters fits
+# (book.css), and one of 96 does not (so that the test measures); the cell is then put back.
 FITS_88 = """() => {
     const pre = document.querySelector("article .cell_input pre");
+    const text = pre.textContent;
     pre.textContent = "x".repeat(88);
     const one = pre.scrollWidth <= pre.clientWidth;
     pre.textContent = "x".repeat(96);
-    return [one, pre.scrollWidth > pre.clientWidth];
+    const fits = [one, pre.scrollWidth > pre.clientWidth];
+    pre.textContent = text;
+    return fits;
 }"""
 
 
@@ -240,16 +244,15 @@ def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int,
             )
             for key, value in tab.evaluate(MEASURE).items():
                 setattr(readings[width], key, value)
+            if width == WIDE[0] and page == CHAPTERS[0]:
+                readings[width].fits_88 = tab.evaluate(FITS_88)
+                ARTIFACTS.mkdir(exist_ok=True)
+                tab.locator("article mjx-container[display='true']").first.screenshot(
+                    path=str(ARTIFACTS / "maths.png")
+                )
         readings[NARROW[0]].maths = tab.evaluate(MATHS)
         if page == ATTENTION_PAGE:  # scrolls the page: after the measurements
             readings[NARROW[0]].attention = attention_at_420(tab)
-        if page == CHAPTERS[0]:  # what changes the page comes last
-            tab.set_viewport_size({"width": WIDE[0], "height": WIDE[1]})
-            readings[WIDE[0]].fits_88 = tab.evaluate(FITS_88)
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.locator("article mjx-container[display='true']").first.screenshot(
-                path=str(ARTIFACTS / "maths.png")
-            )
     finally:
         tab.close()
     for reading in readings.values():
