@@ -93,20 +93,21 @@ function pageDocument(fontURL) {
  * `name` names the page in errors; `fontURL` is the fonts' folder relative to the page.
  */
 export function typesetPage(html, name, fontURL) {
-  if (!INLINE.test(html) && !DISPLAY.test(html)) {
-    INLINE.lastIndex = 0;
-    DISPLAY.lastIndex = 0;
+  if (html.search(INLINE) < 0 && html.search(DISPLAY) < 0) {
     checkAllTypeset(html, name);
     return null;
   }
-  INLINE.lastIndex = 0;
-  DISPLAY.lastIndex = 0;
   const { doc, chtml } = pageDocument(fontURL);
   const render = (escaped, display) => {
     let tex;
     try {
       tex = unescapeHtml(escaped);
-      const node = doc.convert(tex, { display, em: EM, ex: EM * X_HEIGHT, containerWidth: 80 * EM });
+      const node = doc.convert(tex, {
+        display,
+        em: EM,
+        ex: EM * X_HEIGHT,
+        containerWidth: 80 * EM,
+      });
       return adaptor.outerHTML(node);
     } catch (err) {
       const what = display ? "\\[...\\]" : "\\(...\\)";
@@ -116,10 +117,7 @@ export function typesetPage(html, name, fontURL) {
     }
   };
   let out = html.replace(INLINE, (_m, open, tex) => `${open}${render(tex, false)}</span>`);
-  out = out.replace(
-    DISPLAY,
-    (_m, open, eqno, tex) => `${open}${eqno}${render(tex, true)}</div>`,
-  );
+  out = out.replace(DISPLAY, (_m, open, eqno, tex) => `${open}${eqno}${render(tex, true)}</div>`);
   checkAllTypeset(out, name);
   const css = adaptor.textContent(chtml.styleSheet(doc));
   const style = `<style id="${STYLE_ID}">\n${css}\n</style>\n`;
@@ -137,7 +135,9 @@ function checkAllTypeset(html, name) {
     const content = m[2].trimStart().replace(/^<span class="eqno">[\s\S]*?<\/a><\/span>/, "");
     if (!content.startsWith("<mjx-container")) {
       const start = JSON.stringify(content.slice(0, 80));
-      throw new MathsError(`${name}: a ${m[1]}.math holds no formula typeset or to typeset: ${start}`);
+      throw new MathsError(
+        `${name}: a ${m[1]}.math holds no formula typeset or to typeset: ${start}`,
+      );
     }
   }
 }
