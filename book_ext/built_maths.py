@@ -20,6 +20,9 @@ from pathlib import Path
 
 from sphinx.errors import ExtensionError
 from sphinx.ext import mathjax
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
 
 RENDERER = "built"
 SCRIPT = Path(__file__).with_name("typeset_maths.mjs")
@@ -42,7 +45,7 @@ def typeset(app, exception) -> None:
     )
     if done.returncode != 0:
         raise ExtensionError(f"built_maths: {(done.stderr or done.stdout).strip()}")
-    print(done.stdout.strip())
+    logger.info(done.stdout.strip())
 
 
 def setup(app):
