@@ -86,6 +86,9 @@ tools:
 # since the last build that passed (scripts/book_inputs.py: the Markdown, labels, citations, toc,
 # configuration, extensions, static files and widget bundles); otherwise every page (--all), so
 # that --warningiserror sees every page's warnings and no page keeps a reference another dropped.
+# The maths is typeset as the build ends (book_ext/built_maths.py runs book_ext/typeset_maths.mjs
+# with node_modules' mathjax-full over _build/html; pages already typeset are left as they are),
+# so that no page loads MathJax.
 BOOK_STAMP := _build/.book-inputs
 book: install widgets $(VENDOR)/.done $(LIVE)/english.json $(LIVE)/smollm2.json
 	@mkdir -p _build

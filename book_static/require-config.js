@@ -6,6 +6,11 @@
     paths: {
       anywidget: here + "vendor/anywidget/index",
       "@jupyter-widgets/html-manager/dist": here + "vendor/html-manager",
+      // The module embed-amd.js defines under this name finds its fonts (Font Awesome 5) beside
+      // its own address (webpack's publicPath, from the module's uri): without this entry, under
+      // the page's folder, a 404 whenever the page draws an icon after the module's stylesheet
+      // arrived.
+      "@jupyter-widgets/html-manager": here + "vendor/html-manager/html-manager",
     },
   });
 })();

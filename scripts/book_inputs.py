@@ -9,7 +9,8 @@ are not raised again, so under ``--warningiserror`` an incremental build after a
 pass without a change. Hence the rule, kept by this script:
 
 * the hash of the shared inputs (every page's Markdown, the notebooks' markdown cells and cell
-  tags, the configuration, the bibliography, book_ext/, book_static/ and the widget bundles) is
+  tags, the configuration, the bibliography, book_ext/, book_static/, the widget bundles and
+  package-lock.json, which pins the mathjax-full that typesets the maths) is
   written to ``STAMP.pending`` before each build, and the Makefile moves it to ``STAMP`` only when
   the build passes;
 * ``--all`` (a fresh environment, every page) unless ``STAMP`` holds the same hash, that is unless
@@ -35,6 +36,8 @@ SHARED = [
     "book_ext",
     "book_static",
     "gptlib/widgets/static",
+    # the npm versions: mathjax-full typesets every page's maths (book_ext/typeset_maths.mjs)
+    "package-lock.json",
 ]
 
 

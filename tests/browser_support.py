@@ -182,11 +182,27 @@ def evaluate_json(page, expression: str, arg=None):
     return None if text is None else json.loads(text)
 
 
+# maths.js has marked the page's wide inline formulas once (it does on the load event)
+MATHS_MARKED = "() => document.documentElement.hasAttribute('data-maths-marked')"
+
+# Whether the page loads MathJax in any way (it must not: its maths is typeset when the book is
+# built), and the MathJax fonts the page asked for that failed to load.
+NO_MATHJAX = """() => ({
+    mathjax: window.MathJax !== undefined
+        || document.querySelector('script[src*="mathjax" i], script[id^="MathJax" i]') !== null,
+    fonts_failed: [...document.fonts]
+        .filter((f) => f.family.startsWith("MJX") && f.status === "error").map((f) => f.family),
+    fonts_loaded: [...document.fonts]
+        .filter((f) => f.family.startsWith("MJX") && f.status === "loaded").map((f) => f.family),
+})"""
+
+
 def open_page(page, url: str, maths: bool = True, timeout: float = 20_000) -> None:
     """Go to ``url`` and wait for what a test reads: the page's load event, then each stored
-    widget view drawn (a ``.gptlib-widget`` per ``widget-view+json`` script) and MathJax's
-    typesetting where the page loads it (unless ``maths`` is false). Deterministic where
-    ``networkidle`` (half a second without a request) guesses, and faster."""
+    widget view drawn (a ``.gptlib-widget`` per ``widget-view+json`` script) and, unless
+    ``maths`` is false, the book's maths.js done marking the wide inline formulas (the formulas
+    arrive typeset: book_ext/typeset_maths.mjs). Deterministic where ``networkidle`` (half a
+    second without a request) guesses, and faster."""
     page.goto(url, wait_until="load")
     views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
     if views:
@@ -194,8 +210,5 @@ def open_page(page, url: str, maths: bool = True, timeout: float = 20_000) -> No
             f"() => document.querySelectorAll('.gptlib-widget').length >= {views}",
             timeout=timeout,
         )
-    if maths and page.locator('script[src*="mathjax"]').count():
-        page.wait_for_function(
-            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=timeout
-        )
-        page.evaluate("() => MathJax.startup.promise")
+    if maths and page.locator('script[src$="maths.js"]').count():
+        page.wait_for_function(MATHS_MARKED, timeout=timeout)

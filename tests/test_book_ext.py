@@ -1,8 +1,10 @@
-"""The book's Sphinx extensions (book_ext/): equation numbers relative to the chapter, and the
-widgets' code put into the pages.
+"""The book's Sphinx extensions (book_ext/): equation numbers relative to the chapter, the
+widgets' code put into the pages, and the maths typeset when the book is built.
 
-A small book is built here with Sphinx, MyST-NB, book_ext/book_equations.py and
-book_ext/widget_code.py: a chapter notebook and a Markdown page that label equations
+The typesetting script, book_ext/typeset_maths.mjs, is run with node on small pages written here:
+inline, display and numbered formulas, idempotence, and the errors that stop the build. A small
+book is built here with Sphinx, MyST-NB, book_ext/book_equations.py, book_ext/widget_code.py and
+book_ext/built_maths.py: a chapter notebook and a Markdown page that label equations
 (``$$ ... $$ (label)``) and cite them with ``{eq}``, on the page and across pages; the notebook
 shows a widget whose stored state holds its data only. The built book itself is checked too, in the
 browser stage of
@@ -14,6 +16,8 @@ from __future__ import annotations
 import doctest
 import json
 import re
+import shutil
+import subprocess
 
 import nbformat
 import pytest
@@ -24,6 +28,8 @@ from gptlib.widgets.stored import WIDGET_STATE
 book_equations = load_module(ROOT / "book_ext" / "book_equations.py")  # Sphinx finds it by name
 chapter_of, renumber = book_equations.chapter_of, book_equations.renumber
 load_module(ROOT / "book_ext" / "widget_code.py")
+load_module(ROOT / "book_ext" / "built_maths.py")
+TYPESET = ROOT / "book_ext" / "typeset_maths.mjs"
 WIDGET_MODEL = "0" * 32
 
 
@@ -152,7 +158,8 @@ def small_book(tmp_path_factory):
     )
     out = src / "_build"
     conf = {
-        "extensions": ["myst_nb", "book_equations", "widget_code"],
+        "extensions": ["myst_nb", "book_equations", "widget_code", "built_maths"],
+        "html_math_renderer": "built",
         "myst_enable_extensions": ["dollarmath", "amsmath"],
         "nb_execution_mode": "off",
         "numfig": True,
@@ -173,10 +180,12 @@ def small_book(tmp_path_factory):
         warningiserror=True,
     )
     app.build(force_all=True)
-    return {
+    pages = {
         name: (out / "chapters" / f"{name}.html").read_text(encoding="utf-8")
         for name in ("03_mlp", "notation")
     }
+    pages["fonts"] = sorted(p.name for p in (out / "_static" / "mathjax-woff").glob("*.woff"))
+    return pages
 
 
 def test_chapter_equations_are_numbered_after_the_chapter(small_book):
@@ -220,3 +229,123 @@ def test_the_built_notation_page_numbers_and_links_its_equations():
     assert eq_numbers(html) == ["1", "2", "3"]  # the slice, the softmax, the loss
     assert ("equation-notation-softmax", "2") in eq_links(html)
     assert ("equation-notation-loss", "3") in eq_links(html)
+
+
+def test_the_small_book_arrives_typeset_without_mathjax(small_book):
+    """book_ext/built_maths.py: Sphinx adds no MathJax to a page, whose formulas are MathJax's
+    CHTML markup (with MathML for screen readers) and whose head holds their stylesheet, with
+    the fonts served from the book."""
+    chapter = small_book["03_mlp"]
+    assert "window.MathJax" not in chapter and "tex-chtml" not in chapter
+    assert not re.search(r"<script[^>]*mathjax", chapter, re.I)
+    assert chapter.count('<mjx-container class="MathJax" jax="CHTML" display="true"') == 3
+    assert chapter.count('<mjx-container class="MathJax" jax="CHTML"') == 4  # and $y$
+    assert chapter.count("<mjx-assistive-mml") == 4
+    assert "\\(" not in chapter and "\\[" not in chapter
+    assert chapter.count('<style id="gptlib-maths-chtml">') == 1
+    assert 'url("../_static/mathjax-woff/MathJax_Main-Regular.woff")' in chapter
+    assert "MathJax_Main-Regular.woff" in small_book["fonts"]
+
+
+def page(body: str) -> str:
+    return f"<html><head><title>t</title></head><body>{body}</body></html>"
+
+
+INLINE = '<p>With <span class="math notranslate nohighlight">\\(a &lt; b^2\\)</span>.</p>'
+NUMBERED = (
+    '<div class="math notranslate nohighlight" id="equation-x">\n'
+    '<span class="eqno">(4.1)<a class="headerlink" href="#equation-x" title="Link">#</a></span>'
+    "\\[\n\\frac{1}{\\sqrt{d}}\n\\]</div>"
+)
+DISPLAY = '<div class="math notranslate nohighlight">\n\\[x \\mapsto \\mathbb{R}\\]</div>'
+
+
+def typeset(folder, *pages: str) -> subprocess.CompletedProcess:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    return subprocess.run(
+        [node, str(TYPESET), str(folder), *pages], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def typeset_page(tmp_path_factory):
+    """A page in a subfolder with an inline, a numbered and an unnumbered display formula,
+    typeset once: ``(folder, html)``."""
+    folder = tmp_path_factory.mktemp("html")
+    (folder / "chapters").mkdir()
+    (folder / "chapters" / "a.html").write_text(page(INLINE + NUMBERED + DISPLAY), "utf-8")
+    done = typeset(folder)
+    assert done.returncode == 0, done.stderr
+    assert "typeset the maths of 1 page(s)" in done.stdout
+    return folder, (folder / "chapters" / "a.html").read_text("utf-8")
+
+
+def test_each_formula_becomes_chtml_in_place(typeset_page):
+    _, html = typeset_page
+    inline = re.search(r'<span class="math notranslate nohighlight">(.*?)</span>.</p>', html)
+    assert inline.group(1).startswith('<mjx-container class="MathJax" jax="CHTML"')
+    assert 'display="true"' not in inline.group(1)
+    # the HTML-escaped TeX was read as TeX: a < b squared, in the MathML for screen readers
+    mml = re.search(r"<mjx-assistive-mml[^>]*>(.*?)</mjx-assistive-mml>", html).group(1)
+    assert re.sub(r"\s+", "", mml).startswith(
+        '<mathxmlns="http://www.w3.org/1998/Math/MathML"><mi>a</mi><mo>&lt;</mo><msup>'
+        "<mi>b</mi><mn>2</mn></msup></math>"
+    )
+    # the number and its link stay, before the formula; the unnumbered one has none
+    numbered = re.search(r'<div [^>]*id="equation-x">\n(.*?)</div>', html, re.S).group(1)
+    assert numbered.startswith(
+        '<span class="eqno">(4.1)<a class="headerlink" href="#equation-x" title="Link">#</a>'
+        '</span><mjx-container class="MathJax" jax="CHTML" display="true"'
+    )
+    assert "mjx-msqrt" in numbered and "mjx-mfrac" in numbered
+    assert html.count('display="true"><mjx-math') == 0  # attributes, not positions, tested
+    assert html.count('<mjx-container class="MathJax" jax="CHTML" display="true"') == 2
+    assert "\\(" not in html and "\\[" not in html and "\\frac" not in html
+    # the stylesheet: in the head, once, the fonts relative to the page, double-struck R in it
+    head = html[: html.index("</head>")]
+    assert head.count('<style id="gptlib-maths-chtml">') == 1
+    assert 'url("../_static/mathjax-woff/MathJax_AMS-Regular.woff")' in head
+    assert "mjx-c211D.TEX-A::before" in head  # the AMS font's R, used by \\mathbb{R}
+
+
+def test_the_fonts_are_copied_into_the_book(typeset_page):
+    folder, _ = typeset_page
+    fonts = sorted(p.name for p in (folder / "_static" / "mathjax-woff").iterdir())
+    assert len(fonts) == 23 and "MathJax_Zero.woff" in fonts
+
+
+def test_typesetting_again_changes_nothing(typeset_page):
+    folder, html = typeset_page
+    file = folder / "chapters" / "a.html"
+    before = file.stat().st_mtime_ns
+    done = typeset(folder)
+    assert done.returncode == 0, done.stderr
+    assert "typeset the maths of 0 page(s)" in done.stdout
+    assert file.read_text("utf-8") == html and file.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ('<span class="math notranslate nohighlight">\\(x^{2\\)</span>', '"x^{2"'),
+        ('<span class="math notranslate nohighlight">\\(\\nosuchmacro y\\)</span>', "nosuchmacro"),
+        (
+            '<div class="math notranslate nohighlight">\n\\[\\begin{matrix}\\]</div>',
+            "begin{matrix}",
+        ),
+        ('<span class="math notranslate nohighlight">x + y</span>', '"x + y'),  # no delimiters
+        ('<span class="math notranslate nohighlight">\\(a &bogus; b\\)</span>', "&bogus;"),
+    ],
+)
+def test_a_tex_error_stops_naming_the_page_and_formula(tmp_path, body, named):
+    good = page(INLINE)
+    (tmp_path / "good.html").write_text(good, "utf-8")
+    (tmp_path / "bad.html").write_text(page(INLINE + body), "utf-8")
+    done = typeset(tmp_path, "bad.html")
+    assert done.returncode == 1
+    assert done.stderr.startswith("bad.html: "), done.stderr
+    assert named in done.stderr, done.stderr
+    assert (tmp_path / "bad.html").read_text("utf-8") == page(INLINE + body)  # left as it was
+    assert (tmp_path / "good.html").read_text("utf-8") == good  # not named: not read

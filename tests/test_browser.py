@@ -22,7 +22,15 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
-from browser_support import HTML, ROOT, open_page, serve, widget_page
+from browser_support import (
+    HTML,
+    MATHS_MARKED,
+    NO_MATHJAX,
+    ROOT,
+    open_page,
+    serve,
+    widget_page,
+)
 
 from gptlib.sampling import next_token_probs
 
@@ -59,11 +67,15 @@ class Page:
         assert not self.errors, f"script errors: {self.errors}"
 
     def check_maths(self):
-        """MathJax (served from the book itself) has typeset every formula: none is left raw."""
-        self.page.wait_for_function(
-            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000
-        )
-        self.page.evaluate("() => MathJax.startup.promise")
+        """Every formula arrives typeset (book_ext/typeset_maths.mjs, when the book was built):
+        none is left raw, the page loads no MathJax, and the maths fonts it uses come from the
+        book itself (check_offline: no other host)."""
+        self.page.wait_for_function(MATHS_MARKED, timeout=20_000)
+        self.page.evaluate("() => document.fonts.ready.then(() => null)")
+        loads = self.page.evaluate(NO_MATHJAX)
+        assert not loads["mathjax"], "the page loads MathJax"
+        assert not loads["fonts_failed"], f"maths fonts that failed: {loads['fonts_failed']}"
+        assert "MJXTEX" in loads["fonts_loaded"], loads
         raw = self.page.evaluate(
             """() => [...document.querySelectorAll('article .math')]
                      .filter((e) => !e.querySelector('mjx-container'))
@@ -83,8 +95,8 @@ class Page:
 @pytest.fixture(scope="module")
 def context(browser):
     """One browser context for the module's tabs, as a reader's, with the widgets' test hook on
-    (as conftest's ``browser.new_page``): the scripts every page loads (MathJax, the theme's,
-    the widget manager) come from its caches, not fetched and set up afresh for each page. Each
+    (as conftest's ``browser.new_page``): the scripts every page loads (the theme's, the
+    widget manager) come from its caches, not fetched and set up afresh for each page. Each
     test opens its own tab (a test changes its widgets), so that none depends on another's."""
     ctx = browser.new_context(viewport={"width": 1200, "height": 900})
     ctx.add_init_script("window.__gptlibTest = true;")

@@ -1,7 +1,8 @@
 """What a reader sees on each page of the built book, measured in Chromium.
 
-Every page of the table of contents is opened once at 1280x900, after MathJax has typeset it and its
-widgets are drawn, and measured there and again with the window narrowed to 420 px:
+Every page of the table of contents is opened once at 1280x900, once its widgets are drawn and the
+book's maths.js has marked its wide formulas (they arrive typeset: book_ext/typeset_maths.mjs), and
+measured there and again with the window narrowed to 420 px:
 
 * ``code``: the share of the article's height taken by code sources a reader sees (a cell whose
   input is hidden behind "Show code cell source" counts only once opened, so not here);
@@ -13,7 +14,8 @@ widgets are drawn, and measured there and again with the window narrowed to 420 
   code and outputs;
 * ``errors``: console errors, script errors and failed requests;
 * ``small_img``: images shown below 0.62 of the width they were drawn at;
-* at 1280 px, the formulas MathJax (the book's own copy) left untypeset; at 420 px, once the book's
+* at 1280 px, the formulas left untypeset, whether the page loads MathJax (it must not) and the
+  maths fonts that failed to load; at 420 px, once the book's
   maths.js has marked the inline formulas wider than their line, the display formulas that their
   numbers cover or that are clipped, and the inline ones that run past the column
   (test_browser_ux.py's ``MATHS``); on Chapter 4's page at 420 px, its attention view in the light
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import pytest
-from browser_support import HTML, ROOT
+from browser_support import HTML, MATHS_MARKED, ROOT
 from test_browser_ux import MATHS, attention_at_420, check_attention_at_420
 
 pytestmark = pytest.mark.browser
@@ -55,7 +57,7 @@ def toc_pages() -> list[str]:
 PAGES = toc_pages()
 CHAPTERS = [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()]
 
-# Runs in the page once MathJax is done: every measurement of one page at one window size.
+# Runs in the page once maths.js has marked it: every measurement of one page at one window size.
 MEASURE = r"""
 () => {
   const article = document.querySelector("article.bd-article") || document.querySelector("main");
@@ -107,6 +109,10 @@ MEASURE = r"""
         .filter((e) => !e.querySelector("mjx-container"))
         .map((e) => `${name(e)}: ${e.textContent.slice(0, 60)}`),
     typeset: article.querySelectorAll("mjx-container").length,
+    mathjax: window.MathJax !== undefined
+        || document.querySelector('script[src*="mathjax" i], script[id^="MathJax" i]') !== null,
+    fonts_failed: [...document.fonts]
+        .filter((f) => f.family.startsWith("MJX") && f.status === "error").map((f) => f.family),
     tex: raw,
     images: images,
   };
@@ -134,8 +140,10 @@ class Reading:
     hosts: list[str] = field(default_factory=list)  # the hosts the page asked
     views: int = 0  # stored widget views in the page
     widgets: int = 0  # widgets drawn
-    untypeset: list[str] = field(default_factory=list)  # formulas MathJax left as TeX
-    typeset: int = 0  # formulas MathJax typeset
+    untypeset: list[str] = field(default_factory=list)  # formulas left as TeX
+    typeset: int = 0  # formulas typeset (MathJax's CHTML markup)
+    mathjax: bool = False  # whether the page loads MathJax
+    fonts_failed: list[str] = field(default_factory=list)  # maths fonts that did not load
     maths: dict = field(default_factory=dict)  # test_browser_ux.MATHS, at 420 px
     attention: dict = field(default_factory=dict)  # Chapter 4 at 420 px: attention_at_420
     # the first chapter at 1280 px: whether a code line of 88 characters fits its cell, and one
@@ -153,7 +161,7 @@ class Reading:
         ]
 
 
-# Waiting for MathJax or the widgets, the condition is checked every POLL ms, not at every
+# Waiting for maths.js or the widgets, the condition is checked every POLL ms, not at every
 # animation frame (Playwright's default), which would keep Chromium drawing frames meanwhile.
 POLL = 100
 AHEAD = 2  # pages loading in their own tabs while the one before them is measured
@@ -167,14 +175,18 @@ MARKED = """() => { window.__gptlibMarked = new Promise((done, fail) => {
     setTimeout(() => fail(new Error("maths.js did not mark the formulas after a resize")), 20000);
 }); }"""
 
-# Run in the first chapter once measured, at 1280 px: a code cell's line of 88 characters fits
-# (book.css), and one of 96 does not (so that the test measures).
+# Run in the first chapter once measured at 1280 px, before the window is narrowed (back at 1280
+# px the theme's sidebars take a moment to settle): a code cell's line of 88 characters fits
+# (book.css), and one of 96 does not (so that the test measures); the cell is then put back.
 FITS_88 = """() => {
     const pre = document.querySelector("article .cell_input pre");
+    const text = pre.textContent;
     pre.textContent = "x".repeat(88);
     const one = pre.scrollWidth <= pre.clientWidth;
     pre.textContent = "x".repeat(96);
-    return [one, pre.scrollWidth > pre.clientWidth];
+    const fits = [one, pre.scrollWidth > pre.clientWidth];
+    pre.textContent = text;
+    return fits;
 }"""
 
 
@@ -203,20 +215,13 @@ def start_page(reader, site: str, page: str):
 def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int, Reading]:
     """The page in ``tab`` (from :func:`start_page`) once loaded, measured at the wide window,
     then narrowed and measured again: ``{width: Reading}``. The book's layout follows the window
-    by CSS alone (no widget or MathJax sizes itself in script), so a narrowed window shows what a
+    by CSS alone (no widget or formula sizes itself in script), so a narrowed window shows what a
     narrow one would have loaded; the errors of the one load count at both widths."""
     readings = {w: Reading(page, w) for w, _ in (WIDE, NARROW)}
     try:
         tab.wait_for_load_state("load")
-        if tab.locator(
-            'script[src*="mathjax"]'
-        ).count():  # Sphinx loads MathJax only where there is maths
-            tab.wait_for_function(
-                "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                polling=POLL,
-                timeout=20_000,
-            )
-            tab.evaluate("() => MathJax.startup.promise")
+        # every page loads maths.js, which marks the wide inline formulas on the load event
+        tab.wait_for_function(MATHS_MARKED, polling=POLL, timeout=20_000)
         views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
         if views:
             tab.wait_for_function(
@@ -239,16 +244,15 @@ def finish_page(page: str, tab, errors: list[str], hosts: set[str]) -> dict[int,
             )
             for key, value in tab.evaluate(MEASURE).items():
                 setattr(readings[width], key, value)
+            if width == WIDE[0] and page == CHAPTERS[0]:
+                readings[width].fits_88 = tab.evaluate(FITS_88)
+                ARTIFACTS.mkdir(exist_ok=True)
+                tab.locator("article mjx-container[display='true']").first.screenshot(
+                    path=str(ARTIFACTS / "maths.png")
+                )
         readings[NARROW[0]].maths = tab.evaluate(MATHS)
         if page == ATTENTION_PAGE:  # scrolls the page: after the measurements
             readings[NARROW[0]].attention = attention_at_420(tab)
-        if page == CHAPTERS[0]:  # what changes the page comes last
-            tab.set_viewport_size({"width": WIDE[0], "height": WIDE[1]})
-            readings[WIDE[0]].fits_88 = tab.evaluate(FITS_88)
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.locator("article mjx-container[display='true']").first.screenshot(
-                path=str(ARTIFACTS / "maths.png")
-            )
     finally:
         tab.close()
     for reading in readings.values():
@@ -263,7 +267,7 @@ def readings(browser, site, summary) -> dict[tuple[str, int], Reading]:
     The next pages load in their own tabs while one is measured (each measured alone, in its
     own window, once loaded), so that Chromium never waits on the test between pages. The tabs
     are those of one browser context, as a reader's, so that the scripts every page loads
-    (MathJax, the theme's, the widget manager) come from its caches: a context per page, which
+    (the theme's, the widget manager) come from its caches: a context per page, which
     fetched and set them up afresh for each page, cost this module about 1.45 times the CPU
     time (Chromium's processes included)."""
     missing = [p for p in PAGES if not (HTML / f"{p}.html").is_file()]
@@ -420,10 +424,15 @@ def test_the_code_column_holds_88_characters(readings):
 
 
 def test_every_formula_is_typeset(readings):
-    """MathJax, served from the book itself (test_no_request_leaves_the_machine), has typeset every
-    formula of every page: none is left as TeX."""
+    """Every formula of every page arrives typeset (book_ext/typeset_maths.mjs, when the book is
+    built): none is left as TeX, no page loads MathJax, and the maths fonts, served from the book
+    itself (test_no_request_leaves_the_machine), all load."""
     raw = failures(readings, WIDE[0], lambda r: r.untypeset)
     assert not raw, f"formulas left untypeset, by page: {raw}"
+    mathjax = [p for p in PAGES if readings[p, WIDE[0]].mathjax]
+    assert not mathjax, f"pages that load MathJax: {mathjax}"
+    fonts = failures(readings, WIDE[0], lambda r: r.fonts_failed)
+    assert not fonts, f"maths fonts that failed to load, by page: {fonts}"
     assert readings[CHAPTERS[0], WIDE[0]].typeset > 5
 
 

@@ -68,9 +68,9 @@ def _open(context, site, chapter, width, theme="light"):
         f"localStorage.setItem('theme', '{theme}'); localStorage.setItem('mode', '{theme}');"
     )
     open_page(page, f"{site}/chapters/{chapter}.html")
-    # open_page waited for MathJax; maths.js then marks the wide inline formulas (each chapter
-    # tested here has one at 420 px): wait for its mark, not a fixed time (without one, the
-    # test says so below)
+    # open_page waited for maths.js's first marking of the wide inline formulas (each chapter
+    # tested here has one at 420 px): wait for the mark itself, not a fixed time (without one,
+    # the test says so below)
     with contextlib.suppress(PlaywrightTimeout):
         page.wait_for_function(
             "() => document.querySelector('.gptlib-wide-math') !== null", timeout=5_000
@@ -83,8 +83,8 @@ def opened(browser, site):
     """``opened(chapter, width, theme="light")``: the chapter's page at that window width and
     theme, typeset and its wide formulas marked, loaded once for the module (the tests only read
     it). The pages are tabs of one browser context, with the widgets' test hook on (as conftest's
-    ``browser.new_page``), so that the scripts every page loads (MathJax, the theme's, the widget
-    manager) come from its caches; each tab sets its theme before its scripts run."""
+    ``browser.new_page``), so that the scripts every page loads (the theme's, the widget manager)
+    come from its caches; each tab sets its theme before its scripts run."""
     pages = {}
     context = browser.new_context()
     context.add_init_script("window.__gptlibTest = true;")
