@@ -123,7 +123,12 @@ class SinusoidalPositional(nn.Module):
     def __init__(self, n_ctx: int, d_model: int, base: float = 10000.0):
         super().__init__()
         self.n_ctx, self.d_model, self.base = n_ctx, d_model, _check_sizes(d_model, base)
-        self.register_buffer("PE", sinusoidal_encoding(n_ctx, d_model, base), persistent=False)
+        # built on the meta device (shapes only) the table has no values to compute: any
+        # arithmetic on a meta tensor would import torch._dynamo (about 2 s of CPU a process)
+        PE = torch.empty(n_ctx, d_model)  # (n_ctx, d_model), on the device being built on
+        if not PE.is_meta:
+            PE = sinusoidal_encoding(n_ctx, d_model, base).to(PE.device)
+        self.register_buffer("PE", PE, persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
         _check_len(T, self.n_ctx, offset)

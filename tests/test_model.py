@@ -587,7 +587,9 @@ def test_a_model_built_on_the_meta_device_imports_no_dynamo():
         "check_savable(GPT(GPTConfig.preset('tiny', tie_weights=False)))\n"
         "with torch.device('meta'):\n"
         "    m = GPT(GPTConfig.preset('gpt2', tie_weights=False)); MoE(16, 32, 4)\n"
+        "    s = GPT(GPTConfig.preset('tiny', positional='sinusoidal'))\n"
         "assert m.W_E.is_meta and m.blocks[0].mlp.W_out.is_meta\n"
+        "assert s.pos.PE.is_meta and tuple(s.pos.PE.shape) == (s.config.n_ctx, s.config.d_model)\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     out = subprocess.run(
