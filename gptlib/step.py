@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .hooks import capture, capture_patterns
@@ -157,13 +158,20 @@ def _step(
     chosen = torch.where(targets < 0, top1.expand_as(targets), targets)  # (m,)
     W_t = model.W_U_rows.index_select(0, chosen).T  # (d_model, m): W_U[:, chosen]
     u = _ln_f_dual(model, W_t, resid[-1])  # (d_model, m)
-    # W_O^h u_t times head h's mask, a layer at a time from the weights themselves (no masked
-    # copy of them; for a mask of 0 and 1 the product of the masked rows, bit for bit)
+    # (W_O^h u_t)^T as u_t^T W_O^T, F.linear's product of rows with the stored W_O (a Gemm that
+    # reads W_O transposed: onnxruntime's WebAssembly kernels multiply a matrix by one column
+    # several times slower), times head h's mask: a layer at a time from the weights themselves
+    # (no masked copy of them), the mask multiplied once for all the layers
     m, d_model = u.shape[1], u.shape[0]
     W_Ou = (
-        torch.cat([(model.blocks[layer].attn.W_O @ u).view(1, H, d_head, m) for layer in range(L)])
-        * head_mask[:, :, None, None]
-    )  # (L, H, d_head, m), the mask multiplied once for all the layers
+        torch.cat(
+            [
+                F.linear(u.T, model.blocks[layer].attn.W_O).view(1, m, H, d_head)
+                for layer in range(L)
+            ]
+        )
+        * head_mask[:, None, :, None]
+    )  # (L, m, H, d_head)
     # z_h at the last position, a layer at a time: its last row of each group of heads times the
     # group's values (no stack of every layer's values: half the cache again, 190 MB for SmolLM2
     # at 8,192 positions)
@@ -173,7 +181,7 @@ def _step(
             for layer, p in enumerate(patterns)
         ]
     )  # (L, H, d_head)
-    direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou)  # (L, H, m)
+    direct = torch.einsum("lhd,lhdm->lhm", z, W_Ou.permute(0, 2, 3, 1))  # (L, H, m)
     # one head at one query, for each of the s asked (head.js): its query, the gathers of its
     # slice W_O^h (times the head's mask), ln_f's normaliser at X_L[t] and gain, and
     # W_U[:, v]; each layer's rows gathered first, then the asked layer's picked, so that s = 0
