@@ -135,6 +135,39 @@ console.log(JSON.stringify(out));
     assert js["calls"] == ["run", "run", "run", "run", "release"] and js["terminated"] == 1
 
 
+def test_a_runs_steps_keep_their_rows_without_building_the_patterns():
+    """A step with rows and ``patterns: false`` (a token of "generate N" while the heads' panel is
+    open) keeps its new rows and returns no patterns; the step after the run then feeds only its
+    own position and gets the whole window's patterns (before, the run's end fed every token of
+    the run again for its rows)."""
+    js = _node(
+        """
+const fed = [];
+const client = { async call(type, p) {
+    if (type === "release") return true;
+    const P = Math.min(p.ids.length - 1, p.options.most ?? 1e9), T = p.ids.length - P;
+    fed.push([P, T]);
+    return { logits: new Float32Array(4), P, T, R: p.options.rows ? T : 0, lens: null,
+             direct: null,
+             cut: p.options.rows ? new Float32Array(T * (P + T)).fill(0.5) : null,
+             entropy: p.options.rows ? Float64Array.of(0.7) : null }; },
+  terminate() {} };
+const manifest = { name: "t", config: { n_layers: 1, n_heads: 1, n_ctx: 64 }, tokens: [],
+                   token_bytes: [] };
+const be = m.pageBackend(client, manifest, null);
+const quiet = [];
+for (const ids of [[1], [1, 2], [1, 2, 3]]) {
+  quiet.push((await be.run(ids, { rows: true, patterns: false })).patterns);
+}
+const r = await be.run([1, 2, 3, 4], { rows: true });
+console.log(JSON.stringify({ quiet, fed, rows: r.patterns[0][0].map((x) => x.length) }));
+"""
+    )
+    assert js["quiet"] == [None, None, None]
+    assert js["fed"] == [[0, 1], [1, 1], [2, 1], [3, 1]]
+    assert js["rows"] == [1, 2, 3, 4]
+
+
 def test_one_backend_per_model_released_once():
     """releasePageBackend closes the model's one backend and forgets it: the next start makes a
     new one; a model never started has none to release."""

@@ -117,7 +117,10 @@ export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     head: async (ids, { mask = null, ...req }) =>
       (await ask({ kind: "head", ids, ...req, mask: mask ? Array.from(mask) : null }, timeoutMs))
         .msg.inputs,
-    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
+    run: async (
+      ids,
+      { mask = null, lens = null, targets = null, rows = false, patterns = true } = {},
+    ) => {
       const t0 = performance.now();
       const T = ids.length,
         m = mask ? Array.from(mask) : null,
@@ -147,7 +150,7 @@ export async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
         win.addCut(view(attn, Float32Array), view(entropy, Float32Array), from, T - from, r);
         heldIds = ids.slice();
         heldMask = mKey;
-        heads = win.heads();
+        if (patterns) heads = win.heads();
       }
       return {
         logits: view(logits, Float32Array),

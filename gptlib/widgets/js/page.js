@@ -385,7 +385,14 @@ export function pageBackend(client, manifest, started) {
     closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null, rows: want = false, head = null } = options;
+    const {
+      mask = null,
+      lens = null,
+      targets = null,
+      rows: want = false,
+      patterns = true,
+      head = null,
+    } = options;
     // the cache may keep the positions whose rows the window holds (while a context of K can
     // use them: rows.held) and those before the first row it keeps
     const K = Math.min(ids.length, c.n_ctx);
@@ -405,7 +412,8 @@ export function pageBackend(client, manifest, started) {
       rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
-    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
+    const heads =
+      want && patterns ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
       ...heads,
