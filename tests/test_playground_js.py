@@ -191,3 +191,21 @@ console.log(JSON.stringify(out));
     assert js["left"] == {"reads": 5, "media": 0, "doc": 0, "timers": 0, "disconnected": True}
     assert js["afterLeft"] == 5
     assert js["later"] == 1 and js["stopped"] == 1
+
+
+def test_the_lens_panel_opens_by_itself_only_where_the_lens_is_cheap():
+    """playground_draw.js's lensIsCheap: the lens's (L + 1) d_model d_vocab multiplications a step
+    against LENS_OPEN_MACS. The English model's (5 x 256 x 4,096) open the panel; SmolLM2's
+    (31 x 576 x 49,152, 878 million) leave it closed until the reader opens it."""
+    js = run_node(
+        FAKE_DOM
+        + import_as("d", "playground_draw.js")
+        + """
+const english = { n_layers: 4, n_heads: 4, d_head: 64, d_vocab: 4096 };
+const smollm2 = { n_layers: 30, n_heads: 9, d_head: 64, d_vocab: 49152 };
+console.log(JSON.stringify({ cheap: [d.lensIsCheap(english), d.lensIsCheap(smollm2)],
+  limit: d.LENS_OPEN_MACS }));
+"""
+    )
+    assert js["cheap"] == [True, False]
+    assert 5 * 256 * 4096 <= js["limit"] < 31 * 576 * 49152

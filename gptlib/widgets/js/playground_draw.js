@@ -13,6 +13,16 @@ import {
 import { headScores } from "./heads.js";
 import { largestDirect, restLogZAt } from "./analysis.js";
 
+// The multiplications of the logit lens at one position, (L + 1) d_model d_vocab (d_model =
+// n_heads d_head in both families of models here), above which its panel starts closed: 100
+// million, about 15 ms a step in onnxruntime-web on one thread. The English model's lens is far
+// below it; SmolLM2's 31 streams times a 49,152-token vocabulary (878 million, about 100 ms in
+// Chromium, a bare step's 60) wait for the reader to open the panel, so that a click costs about
+// one step.
+export const LENS_OPEN_MACS = 1e8;
+export const lensIsCheap = (c) =>
+  (c.n_layers + 1) * c.n_heads * c.d_head * c.d_vocab <= LENS_OPEN_MACS;
+
 // The view's elements: the text box and the live model's switch, the context's tokens and text,
 // the sampling controls and chart, the logit lens, and every head (an attention panel).
 export function layout(model) {
@@ -123,20 +133,24 @@ function arrange(v, model) {
   );
   const section = (text) => make("div", "gptlib-play-section", text);
   // a panel the reader can close: the model computes what it shows only while it is open
-  const panel = (cls, text, ...parts) => {
+  const panel = (cls, text, open, ...parts) => {
     const d = make("details", cls);
-    d.open = true;
+    d.open = open;
     d.append(make("summary", "gptlib-play-section", text), ...parts);
     return d;
   };
+  const cheap = lensIsCheap(model.get("config"));
   v.lensPanel = panel(
     "gptlib-play-lens-panel",
-    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
+    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)" +
+      (cheap ? "" : "; computed only while open, at more than a step's cost"),
+    cheap,
     v.lens,
   );
   v.headsPanel = panel(
     "gptlib-play-heads-panel",
     "Every head on this text",
+    true,
     ablateRow,
     v.direct,
     v.heads,

@@ -1715,7 +1715,14 @@ function pageBackend(client, manifest, started) {
   let known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null, rows: want = false, head = null } = options;
+    const {
+      mask = null,
+      lens = null,
+      targets = null,
+      rows: want = false,
+      patterns = true,
+      head = null
+    } = options;
     const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
@@ -1733,7 +1740,7 @@ function pageBackend(client, manifest, started) {
       rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
-    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
+    const heads = want && patterns ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
       ...heads,
@@ -1881,7 +1888,7 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     // one head at one query of the window `ids` (head.js's inputs): gptlib.widgets.head's
     // head_reply, under the head mask `mask`
     head: async (ids, { mask = null, ...req }) => (await ask({ kind: "head", ids, ...req, mask: mask ? Array.from(mask) : null }, timeoutMs)).msg.inputs,
-    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false, patterns = true } = {}) => {
       const t0 = performance.now();
       const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
       const from = rows ? Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(T), T - 1) : 0;
@@ -1905,7 +1912,7 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
         win.addCut(view(attn, Float32Array), view(entropy2, Float32Array), from, T - from, r);
         heldIds = ids.slice();
         heldMask = mKey;
-        heads = win.heads();
+        if (patterns) heads = win.heads();
       }
       return {
         logits: view(logits, Float32Array),
@@ -1956,6 +1963,8 @@ function connect(model) {
 var startError = (e) => e instanceof LiveError ? e.message : `The live model could not start: ${e.message}`;
 
 // gptlib/widgets/js/playground_draw.js
+var LENS_OPEN_MACS = 1e8;
+var lensIsCheap = (c) => (c.n_layers + 1) * c.n_heads * c.d_head * c.d_vocab <= LENS_OPEN_MACS;
 function layout(model) {
   const v = {
     root: make("div", "gptlib-widget gptlib-play"),
@@ -2058,20 +2067,23 @@ function arrange(v, model) {
     v.ablation
   );
   const section = (text) => make("div", "gptlib-play-section", text);
-  const panel = (cls, text, ...parts) => {
+  const panel = (cls, text, open, ...parts) => {
     const d = make("details", cls);
-    d.open = true;
+    d.open = open;
     d.append(make("summary", "gptlib-play-section", text), ...parts);
     return d;
   };
+  const cheap = lensIsCheap(model.get("config"));
   v.lensPanel = panel(
     "gptlib-play-lens-panel",
-    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)",
+    "Logit lens: the next token read off the residual stream after each block (the final norm, then W_U; temperature 1)" + (cheap ? "" : "; computed only while open, at more than a step's cost"),
+    cheap,
     v.lens
   );
   v.headsPanel = panel(
     "gptlib-play-heads-panel",
     "Every head on this text",
+    true,
     ablateRow,
     v.direct,
     v.heads
@@ -2490,7 +2502,9 @@ var Playground = class {
   // adds what the open panels show, at the last position: the logit lens of every stream when
   // its panel is open; every head's attention rows and direct contribution to the most probable
   // token's logit when the heads' panel is open. A step of a run (`full` false) computes the
-  // logits only and draws nothing (the run draws every few tokens); it returns the step's time.
+  // logits, and the new attention rows when the heads' panel is open, which the backend keeps
+  // (so that the run's end need not feed its tokens again for them: 40 tokens took 0.4 s for
+  // SmolLM2); it draws nothing (the run draws every few tokens) and returns the step's time.
   async compute(full = true) {
     const { v, live } = this, ctx = this.promptIds.concat(this.path);
     if (!ctx.length) {
@@ -2509,7 +2523,8 @@ var Playground = class {
       lens: lensOn ? [...Array(this.cfg.n_layers + 1).keys()] : null,
       targets: headsOn ? [-1] : null,
       // -1: the step's most probable token
-      rows: headsOn
+      rows: v.headsPanel.open,
+      patterns: full
     });
     const n = this.model.get("lens_top");
     this.current = {

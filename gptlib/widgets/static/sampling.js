@@ -642,7 +642,14 @@ function pageBackend(client, manifest, started) {
   let known = 0, closed = false;
   const step = async (ids, options = {}) => {
     const t0 = performance.now();
-    const { mask = null, lens = null, targets = null, rows: want = false, head = null } = options;
+    const {
+      mask = null,
+      lens = null,
+      targets = null,
+      rows: want = false,
+      patterns = true,
+      head = null
+    } = options;
     const K = Math.min(ids.length, c.n_ctx);
     const r = await client.call("run", {
       ids: Array.from(ids),
@@ -660,7 +667,7 @@ function pageBackend(client, manifest, started) {
       rows.addCut(r.cut, r.entropy, r.P, r.T, r.R);
       known = r.P + r.T;
     }
-    const heads = want ? rows.heads() : { patterns: null, positions: null, entropy: null };
+    const heads = want && patterns ? rows.heads() : { patterns: null, positions: null, entropy: null };
     return {
       logits: r.logits,
       ...heads,
@@ -808,7 +815,7 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
     // one head at one query of the window `ids` (head.js's inputs): gptlib.widgets.head's
     // head_reply, under the head mask `mask`
     head: async (ids, { mask = null, ...req }) => (await ask({ kind: "head", ids, ...req, mask: mask ? Array.from(mask) : null }, timeoutMs)).msg.inputs,
-    run: async (ids, { mask = null, lens = null, targets = null, rows = false } = {}) => {
+    run: async (ids, { mask = null, lens = null, targets = null, rows = false, patterns = true } = {}) => {
       const t0 = performance.now();
       const T = ids.length, m = mask ? Array.from(mask) : null, mKey = m ? m.join(",") : "";
       const from = rows ? Math.min(mKey === heldMask ? sharedPrefix(heldIds, ids) : 0, win.held(T), T - 1) : 0;
@@ -832,7 +839,7 @@ async function kernelBackend(ask, timeoutMs = STEP_TIMEOUT_MS) {
         win.addCut(view(attn, Float32Array), view(entropy2, Float32Array), from, T - from, r);
         heldIds = ids.slice();
         heldMask = mKey;
-        heads = win.heads();
+        if (patterns) heads = win.heads();
       }
       return {
         logits: view(logits, Float32Array),
