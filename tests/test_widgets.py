@@ -918,6 +918,22 @@ def test_sampling_js_orders_float32_logits_as_torch_sort(tmp_path):
     assert js["order"] == torch.sort(y, descending=True, stable=True).indices.tolist()
 
 
+def test_sampling_js_distribution_given_its_order_is_the_same(tmp_path):
+    """distribution(..., sorted) with sorted = byLogit(logits), sorted once for several settings
+    (the playground's chart and a draw), gives what it gives when it sorts itself."""
+    js = _node(
+        tmp_path,
+        "const y = Float32Array.from({ length: 300 }, (_, i) => Math.sin(i * 1.7) * 5);\n"
+        "const order = m.byLogit(y), same = [];\n"
+        "for (const [t, k, p] of [[1, 0, 1], [0.7, 20, 0.9], [0, 0, 1], [1.3, 0, 0.5]]) {\n"
+        "  same.push(JSON.stringify(m.distribution(y, t, k, p, null, order)) ===\n"
+        "    JSON.stringify(m.distribution(y, t, k, p)));\n"
+        "}\n"
+        "console.log(JSON.stringify({ same }));",
+    )
+    assert js["same"] == [True, True, True, True]
+
+
 def test_sampling_js_draws_are_seeded_inverse_cdf(tmp_path):
     js = _node(
         tmp_path,

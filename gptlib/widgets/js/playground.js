@@ -18,6 +18,7 @@ import {
   drawTokens,
   enable,
   layout,
+  logitOrder,
 } from "./playground_draw.js";
 import { mountHeadPanel } from "./playground_head.js";
 
@@ -325,7 +326,7 @@ class Playground {
     const { current } = this;
     if (greedy) return argmax(current.logits);
     const { T, k, tp } = this.settings();
-    const d = distribution(current.logits, T, k, tp);
+    const d = distribution(current.logits, T, k, tp, null, logitOrder(current));
     const u = this.rng();
     this.draws += 1;
     report(this.v.root, { u });

@@ -3,6 +3,7 @@
 // their direct contributions; each function takes the playground `p` (playground.js).
 import { button, make, report, show, svg } from "./dom.js";
 import {
+  byLogit,
   chartKey,
   chartRows,
   distribution,
@@ -293,14 +294,22 @@ export function drawTokens(p, grow = false) {
   }
 }
 
+// The tokens of the analysis shown, most probable first (byLogit), sorted once per analysis: the
+// chart's two distributions and a draw share it.
+export const logitOrder = (current) => {
+  if (!current.order) current.order = byLogit(current.logits);
+  return current.order;
+};
+
 // The next-token distribution under the sliders' settings.
 export function drawDistribution(p) {
   const { v, current } = p;
   if (!current) return;
   const { T, k, tp } = p.settings();
   v.controls.show(T, k, tp);
-  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T)),
-    g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1));
+  const order = logitOrder(current);
+  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T), order),
+    g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1), order);
   const V = current.logits.length,
     kept = d.p.filter((p) => p > 0).length;
   v.stats.textContent = !current.rest

@@ -336,8 +336,8 @@ function byLogit(logits) {
   for (let k = 0; k < n; k++) order[k] = keys[k] % 2 ** 20;
   return order;
 }
-function distribution(logits, temperature, topK, topP, restLogZ = null) {
-  const n = logits.length, order = byLogit(logits);
+function distribution(logits, temperature, topK, topP, restLogZ = null, sorted = null) {
+  const n = logits.length, order = sorted || byLogit(logits);
   const p = new Array(n).fill(0);
   if (temperature === 0) {
     p[order[0]] = 1;
@@ -2189,12 +2189,17 @@ function drawTokens(p, grow = false) {
     v.out.replaceChildren(make("span", "gptlib-samp-ctx", v.box.value));
   }
 }
+var logitOrder = (current) => {
+  if (!current.order) current.order = byLogit(current.logits);
+  return current.order;
+};
 function drawDistribution(p) {
   const { v, current } = p;
   if (!current) return;
   const { T, k, tp } = p.settings();
   v.controls.show(T, k, tp);
-  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T)), g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1));
+  const order = logitOrder(current);
+  const d = distribution(current.logits, T, k, tp, restLogZAt(current.rest, T), order), g = distribution(current.logits, 1, 0, 1, restLogZAt(current.rest, 1), order);
   const V = current.logits.length, kept = d.p.filter((p2) => p2 > 0).length;
   v.stats.textContent = !current.rest ? `entropy ${entropy(d.p).toFixed(3)} nats; ${kept} of the ${V} tokens can be drawn` : `stored: the ${kept} most probable of the ${V} tokens (start the live model for all of them)`;
   const { rows, other } = chartRows(d, g, p.model.get("n_show"), (id) => p.tokenStr(id), V);
@@ -2692,7 +2697,7 @@ ${this.v.box.value}`;
     const { current } = this;
     if (greedy) return argmax2(current.logits);
     const { T, k, tp } = this.settings();
-    const d = distribution(current.logits, T, k, tp);
+    const d = distribution(current.logits, T, k, tp, null, logitOrder(current));
     const u = this.rng();
     this.draws += 1;
     report(this.v.root, { u });

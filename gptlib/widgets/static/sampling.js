@@ -68,8 +68,8 @@ function byLogit(logits) {
   for (let k = 0; k < n; k++) order[k] = keys[k] % 2 ** 20;
   return order;
 }
-function distribution(logits, temperature, topK, topP, restLogZ = null) {
-  const n = logits.length, order = byLogit(logits);
+function distribution(logits, temperature, topK, topP, restLogZ = null, sorted = null) {
+  const n = logits.length, order = sorted || byLogit(logits);
   const p = new Array(n).fill(0);
   if (temperature === 0) {
     p[order[0]] = 1;
