@@ -207,7 +207,9 @@ def _step(
         "direct": direct,
         "head_q": pick(torch.stack(picked)),  # (s, d_head)
         "head_W_O": W_Oh,  # (s, d_head, d_model)
-        "head_ln_scale": frozen_scale(model.ln_f, X_L),  # (s,)
+        # (s,), from s + 1 rows: onnxruntime's ReduceMean of 0 rows gives a (0, d_model) tensor,
+        # which it then warns of on every step without a head
+        "head_ln_scale": frozen_scale(model.ln_f, torch.cat([X_L, X_L.new_ones(1, d_model)]))[:s],
         "head_ln_w": model.ln_f.w[None].expand(s, -1).clone(),  # (s, d_model)
         "head_W_U": model.W_U_rows.index_select(0, tokens),  # (s, d_model)
     }

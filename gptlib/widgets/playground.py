@@ -26,9 +26,11 @@ Who computes, always :func:`gptlib.step.step`:
 
 Each action of the reader runs the model once, asking only for what is shown: the logit lens
 and the heads (their rows and direct contributions) are panels the reader can close, computed
-only while open; a run of draws takes bare steps (the logits only) and draws its text every few
-tokens. An action that comes during a step waits for it (the latest such action wins), and a
-kernel that does not answer a step in time is said so in the status line.
+only while open (the lens starts closed where reading every stream through W_U costs more than
+100 million multiplications, as SmolLM2's does); a run of draws takes steps without the lens or
+the direct contributions, keeps the new attention rows while the heads' panel is open, and draws
+its text every few tokens. An action that comes during a step waits for it (the latest such
+action wins), and a kernel that does not answer a step in time is said so in the status line.
 
 Until the live model starts, the page shows the analysis of ``text`` stored in the widget state
 (computed here, so the page shows something true without downloading anything).
