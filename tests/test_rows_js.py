@@ -6,6 +6,7 @@ window needs fails, naming them."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -69,6 +70,69 @@ def test_window_after_steps_equals_the_cut_patterns(W):
         torch.testing.assert_close(
             torch.tensor(g["entropy"], dtype=torch.float64), ent, atol=1e-6, rtol=0
         )
+
+
+# JavaScript that defines A (the patterns (L, H, N, N), flat) and row(S): the rows of query S - 1
+# over its S keys, (L, H, 1, S) flat, as a step of one token at position S - 1 gives them
+def _steps_js(A):
+    L, H, N, _ = A.shape
+    b64 = base64.b64encode(A.contiguous().numpy().tobytes()).decode()  # node's argument: < 128 KB
+    return (
+        f"const A = new Float32Array(new Uint8Array(Buffer.from('{b64}', 'base64')).buffer);\n"
+        f"const row = (S) => {{ const out = new Float32Array({L * H} * S);\n"
+        f"  for (let k = 0; k < {L * H}; k++)\n"
+        f"    out.set(A.subarray((k * {N} + S - 1) * {N}, (k * {N} + S - 1) * {N} + S), k * S);\n"
+        "  return out; };\n"
+    )
+
+
+def test_a_sliding_window_reads_its_rows_where_they_are():
+    """One token a step past the window (W = 40, 90 positions): the window moves a key a step, so
+    its rows are read at an offset and cut again only every 16 to 31 moves (rows.js's SLACK).
+    After every step the patterns and total(l, h, [[c, j]]) are the full patterns cut to the
+    window; what a step's heads() gave is unchanged by the later steps (read at the end)."""
+    L, H, W, N = 1, 2, 40, 90
+    A = _patterns(L, H, N, seed=11)
+    got = _node(
+        _steps_js(A) + f"const out = [], ws = [], w = m.rowWindow({L}, {H}, {W});\n"
+        f"for (let S = 1; S <= {N}; S++) {{\n"
+        "  const g = w.add(row(S), S - 1, 1, 1).heads(), n = g.positions.length;\n"
+        "  out.push(g);\n"
+        f"  ws.push([...Array({L * H}).keys()].map((k) => [...Array(n).keys()].map((c) =>\n"
+        f"    [...Array(c + 1).keys()].map((j) =>\n"
+        f"      g.total(Math.floor(k / {H}), k % {H}, [[c, j]])))));\n"
+        "}\n"
+        "console.log(JSON.stringify({ out, ws }, plain));"
+    )
+    for S in range(1, N + 1):
+        g, ws = got["out"][S - 1], got["ws"][S - 1]
+        pos, rows = _window(A, S, W)
+        assert g["positions"] == pos
+        for h in range(H):
+            for c, r in enumerate(rows[0][h]):
+                assert g["patterns"][0][h][c] == pytest.approx(r, abs=0), (S, h, c)
+                assert ws[h][c] == pytest.approx(r, abs=0), (S, h, c)
+
+
+def test_head_scores_from_the_kept_rows_equal_those_of_the_patterns():
+    """heads.js's scores of every head, read from the kept rows by total(l, h, pairs), are
+    those of the window's patterns themselves, bit for bit (the same sums in the same order)."""
+    L, H, W, N = 2, 2, 24, 60
+    A = _patterns(L, H, N, seed=12)
+    ids = [7, 3, 9, 7, 3, 5] * 12
+    got = _node(
+        import_as("hd", "heads.js") + _steps_js(A) + f"const w = m.rowWindow({L}, {H}, {W});\n"
+        "const out = [];\n"
+        f"for (let S = 1; S <= {N}; S++) {{\n"
+        "  const g = w.add(row(S), S - 1, 1, 1).heads();\n"
+        f"  const keys = g.positions.map((p) => {json.dumps(ids)}[p]);\n"
+        "  const a = hd.headScores(g.patterns, keys, g.positions, g.total),\n"
+        "    b = hd.headScores(g.patterns, keys, g.positions);\n"
+        "  out.push([JSON.stringify(a) === JSON.stringify(b), a.length]);\n"
+        "}\n"
+        "console.log(JSON.stringify(out));"
+    )
+    assert all(same for same, _ in got) and {n for _, n in got[5:]} == {3}  # induction too
 
 
 def test_rows_wanted_and_missing_rows():

@@ -106,13 +106,26 @@ export function inductionPairs(keys, pos = null) {
 // and first-token scores (mean weight on key i - 1, on key 0, over queries 1..T-1) and, when a
 // token repeats, the induction score; each with a uniform causal head's score beside it. `pos`:
 // the tokens' positions in a window that leaves some out (rows.js; key 0 is always there): the
-// scores are then those of the queries in the window whose keys it holds.
-export function headScores(patterns, keys, pos = null) {
+// scores are then those of the queries in the window whose keys it holds. `total(l, h, pairs)`,
+// when given, is the sum of patterns[l][h][i][j] over the pairs [i, j] in their order (rows.js's,
+// from its kept rows: no head's pattern is cut for the scores).
+export function headScores(patterns, keys, pos = null, total = null) {
   const T = keys.length;
   if (T < 2) return [];
   const at = (i) => (pos ? pos[i] : i);
   const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
   const uniform = (i) => 1 / (at(i) + 1);
+  // head (l, h)'s mean over the pairs, summed in their order (270 of SmolLM2's heads a click: a
+  // loop)
+  const sum =
+    total ||
+    ((l, h, pairs) => {
+      const A = patterns[l][h];
+      let s = 0;
+      for (let r = 0; r < pairs.length; r++) s += A[pairs[r][0]][pairs[r][1]];
+      return s;
+    });
+  const meanWeight = (pairs, l, h) => sum(l, h, pairs) / pairs.length;
   const rows = [...Array(T - 1).keys()].map((i) => i + 1);
   const found = [
     ["previous token", rows.filter((i) => at(i - 1) === at(i) - 1).map((i) => [i, i - 1])],
@@ -120,9 +133,10 @@ export function headScores(patterns, keys, pos = null) {
   ];
   const induction = inductionPairs(keys, pos);
   if (induction.length) found.push(["induction", induction]);
+  const H = patterns[0]?.length ?? 0;
   return found.map(([name, pairs]) => ({
     name,
-    values: patterns.map((layer) => layer.map((A) => mean(pairs, (i, j) => A[i][j]))),
+    values: patterns.map((_layer, l) => [...Array(H).keys()].map((h) => meanWeight(pairs, l, h))),
     uniform: mean(pairs, (i) => uniform(i)),
   }));
 }
@@ -361,7 +375,8 @@ export function attentionPanel(root, state) {
     pal = palette(STOPS), // the colour scales on the page's background (scaleOn)
     themeRead = false, // pal read on the page (getComputedStyle, up the tree): once, then on a change
     built = "", // the labels the overview's cells were made for
-    drawnWidth = 0; // the width the heatmap was sized for
+    drawnWidth = 0, // the width the heatmap was sized for
+    boxWidth = 0; // the heatmap's box's width, as its ResizeObserver last saw it (0: unknown)
   const grid = headGrid({
     preview: (l, h) => drawDetail(...(l === null ? state.get() : [l, h])),
     pick: (l, h) => state.pick?.(l, h) || select(l, h),
@@ -384,12 +399,16 @@ export function attentionPanel(root, state) {
     v.current.textContent =
       `${layerLabels[layer]}, ${headLabels[head]}` +
       (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
-    const A = data.patterns[layer][head];
+    const A = data.patterns[layer][head],
+      pos = data.positions || null;
     const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
     };
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
-    requestAnimationFrame(v.gridScroll.check);
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, pos, boxWidth);
+    requestAnimationFrame(() => {
+      drawn.fit();
+      v.gridScroll.check();
+    });
     // What is drawn: the diagonal as a fingerprint, and the whole enlarged pattern.
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
@@ -458,8 +477,8 @@ export function attentionPanel(root, state) {
   // when the background does: the overview and the detail, not the rest (scores, text).
   const watcher = watch(root, v.gridScroll, {
     resized: () => {
-      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
-        drawDetail(...shown);
+      boxWidth = v.gridScroll.box.clientWidth; // laid out already: the observer reports after
+      if (data && shown && Math.abs(boxWidth - drawnWidth) > 24) drawDetail(...shown);
     },
     themed: () => {
       if (!theme() || !data) return;

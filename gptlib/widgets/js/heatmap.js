@@ -4,7 +4,9 @@
 // the attention panel (heads.js).
 import { make, show } from "./dom.js";
 
-const CANVAS_FROM = 48; // texts longer than this draw the enlarged head on a canvas
+// texts longer than this draw the enlarged head on a canvas: a grid of 48 x 48 cells, each an
+// element, took a click 10 to 18 ms to make and as long again to lay out
+const CANVAS_FROM = 24;
 
 // A pattern as the pixels of a canvas T x T (masked cells stay transparent: the theme shows through).
 export function patternCanvas(P, T, LUT) {
@@ -114,7 +116,7 @@ function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
 
 // What the panel has drawn of the enlarged head: the text's spans (`words`), the heatmap's key
 // labels and rows (each [query label, ...cells]), the pattern A, the canvas band (long texts), the
-// cell size in pixels and the focused query (or null).
+// cell size in pixels, the focused query (or null) and fit() (drawHeatmap's).
 export function heatmapState() {
   return {
     tokens: [],
@@ -126,6 +128,7 @@ export function heatmapState() {
     band: null,
     cellPx: 0,
     focused: null,
+    fit: () => {},
   };
 }
 
@@ -133,12 +136,18 @@ export function heatmapState() {
 // shrink for long texts so that the heatmap stays about as wide as the space it has (528 px of
 // cells at most, beside the query labels; never under 4 px a cell, or 2 px on the canvas of a long
 // text, so that the panel's whole window fits a phone); where the query labels are wider than the
-// 110 px first allowed them, the cells shrink once more to leave them room. onQuery(i): the
-// pointer is on row i of a canvas. Returns the width drawn for.
-export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
+// 110 px first allowed them, d.fit() shrinks the cells once more to leave them room. onQuery(i):
+// the pointer is on row i of a canvas. `width`: the box's width when the caller knows it (its
+// ResizeObserver's), else measured here. Returns the width drawn for.
+//
+// Nothing here reads the page's layout after changing it: a click's drawing changes the text and
+// the charts before it comes here, and each read would lay the whole page out again (10 to 20 ms
+// a click for SmolLM2's panel). d.fit() reads it; the caller runs it at the next frame, when the
+// browser lays the page out anyway.
+export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null, width = 0) {
   const T = tokens.length;
   const box = v.gridScroll.box;
-  const room = box.clientWidth || 640;
+  const room = width || box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const least = T > CANVAS_FROM ? 2 : 4;
   const draw = (cell) => {
@@ -163,8 +172,11 @@ export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   draw(cell);
-  const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
-  if (over > 0 && cell > least) draw(Math.max(least, cell - Math.ceil(over / T)));
+  d.fit = () => {
+    if (d.A !== A || d.cellPx !== cell || cell === least) return; // drawn again since, or least
+    const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
+    if (over > 0) draw(Math.max(least, cell - Math.ceil(over / T)));
+  };
   return room;
 }
 

@@ -1,7 +1,8 @@
 // The live model of a view: connect() is the one way in, for every view that runs a model (the
 // playground, the sampling view past its stored tree). It gives a backend, one of two with one API:
 //   {kind, describe, config, tokens, bytes, special, chat, encode(text) -> ids,
-//    run(ids, {mask, lens, targets, rows, patterns}) -> {logits, patterns, lens, direct, ms},
+//    run(ids, {mask, lens, targets, rows, patterns}) -> {logits, patterns, positions, entropy,
+//      total, lens, direct, ms},
 //    memory(),
 //    head(ids, {layer, head, position, target, pair, mask}) -> head.js's inputs}
 // - the kernel (Jupyter, Colab; kernel.js): PyTorch (gptlib.step.step on the whole context) in
@@ -11,8 +12,9 @@
 // `mask` is (n_layers * n_heads) numbers, 1 keeps a head and 0 ablates it; `lens` the residual
 // streams (0 .. n_layers) to read through the logit lens at the last position, or null; `targets`
 // token ids whose logit each head adds to directly, or null; `rows` the heads panel's attention
-// rows of the new positions, kept by the backend and returned as `patterns` (its window), unless
-// `patterns` is false (a step of a run: the rows are kept, the patterns built once at its end).
+// rows of the new positions, kept by the backend and returned as `patterns` (its window, each
+// head's cut when first read) with total(l, h, pairs) (rows.js's heads()), unless `patterns` is
+// false (a step of a run: the rows are kept, the patterns built once at its end).
 import { LiveError, staticBase } from "./backend.js";
 import { kernelBackend, kernelLink, pingKernel } from "./kernel.js";
 import { sharedPageBackend } from "./page.js";

@@ -148,6 +148,7 @@ class Playground {
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
+      total: r.total || null, // sums of patterns[l][h][i][j], read where the backend keeps them
       positions: r.positions, // the heads panel's window (rows.js)
       entropy: r.entropy,
       lens: r.lens
@@ -186,6 +187,11 @@ class Playground {
     try {
       await f();
       report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) }); // computing and drawing
+      // and to the frame that shows it drawn: the browser's style, layout and paint after the
+      // script (a callback before the next frame, then a task after it)
+      globalThis.requestAnimationFrame?.(() =>
+        setTimeout(() => report(this.v.root, { shownMs: (performance.now() - t0).toFixed(1) })),
+      );
     } catch (e) {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
       if (e.timeout) this.setStatus(`live: ${this.live.describe}; ${e.message}.`, "timeout");

@@ -346,7 +346,7 @@ export function drawHeads(p) {
   const { n_layers: L, n_heads: H } = cfg;
   const pos = current.positions || null; // the heads panel's window of the context (rows.js)
   const ids = pos ? pos.map((i) => current.window[i]) : current.window;
-  const scores = headScores(current.patterns, ids, pos);
+  const scores = headScores(current.patterns, ids, pos, current.total);
   if (current.direct) {
     scores.push({
       name: "direct",

@@ -6,9 +6,24 @@
 // The window of a context of S positions is the key list `positions`: every position while
 // S <= W, else [0, S - W + 1, ..., S - 1] (W of them). A head's pattern over it is lower-
 // triangular: row c is the query positions[c]'s weights on the keys positions[0..c] (its weights
-// on the keys left out, 1 .. S - W, are not kept: such a row sums to less than 1).
+// on the keys left out, 1 .. S - W, are not kept: such a row sums to less than 1). Each kept row
+// holds at most 2 SLACK - 1 weights more, of keys the window has let go (see SLACK).
 
 export const PANEL_WINDOW = 128;
+// A kept row is cut again (copied without the keys the window has let go) once the window's start
+// has moved SLACK to 2 SLACK - 1 positions past the one it was cut for (by its query: the rows of
+// one step are not all cut on the same step); until then it is read at an offset. A window that
+// slides by one position a step would otherwise cut every row it keeps (SmolLM2: 270 heads x 127
+// rows, 50 ms a click); this way a step cuts about 1/SLACK of them.
+const SLACK = 16;
+
+// Row `row` (key 0, then keys from lo0 on) cut to start at lo0 + d: key 0, then lo0 + d on.
+function cutRow(row, d) {
+  const out = new Float32Array(row.length - d);
+  out[0] = row[0];
+  out.set(row.subarray(1 + d), 1);
+  return out;
+}
 
 // The key list of a context of S positions in a window of W (see above).
 export function windowPositions(S, W = PANEL_WINDOW) {
@@ -36,11 +51,14 @@ export const rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstK
 // knows they are still right: the same ids and head mask before them; a query the window needs
 // and nobody gave is an Error). addCut(cut, entropy, P, T, r) takes rows already cut to the
 // window's keys (L, H, r, positions.length) and each head's last-row entropy (L, H), as the
-// kernel sends them. heads() -> {positions, patterns[l][h][c], entropy[l][h]} (the last row's,
-// over all its keys), or null before any rows; held(K) -> the positions its rows are of, as far
-// as a context of K positions (the same ids before) can build on them: 0 when it would need
-// rows before the first one kept (K smaller than before: an undo, a restart), which a step must
-// then bring from firstKept(K) on.
+// kernel sends them. heads() -> {positions, patterns[l][h][c], entropy[l][h] (the last row's,
+// over all its keys), total(l, h, pairs)}, or null before any rows: each head's pattern is cut
+// from the kept rows when it is first read (a panel draws one head), and total(l, h, pairs) is
+// the sum of patterns[l][h][c][j] over the pairs [c, j], in their order, read from the kept rows
+// themselves (the scores of every head: no pattern cut); neither changes when later rows come.
+// held(K) -> the positions its rows are of, as far as a context of K positions (the same ids
+// before) can build on them: 0 when it would need rows before the first one kept (K smaller than
+// before: an undo, a restart), which a step must then bring from firstKept(K) on.
 export function rowWindow(L, H, W = PANEL_WINDOW) {
   const lh = L * H;
   let rows = [], // rows[k][q - from]: [w(q, 0), w(q, lo), ..., w(q, q)], lo = los[q - from]
@@ -114,27 +132,50 @@ export function rowWindow(L, H, W = PANEL_WINDOW) {
     heads() {
       if (!S) return null;
       const positions = windowPositions(S, W),
-        lo = Math.max(1, firstKept(S, W));
-      const line = (k) => {
-        const out = from === 0 ? [] : [Float32Array.of(1)]; // query 0 sees only key 0
-        rows[k].forEach((row, i) => {
-          const q = from + i;
-          if (los[i] !== lo && q > 0) {
-            const cut = new Float32Array(q - lo + 2); // cut once: later windows start no earlier
-            cut[0] = row[0];
-            cut.set(row.subarray(1 + lo - los[i]), 1);
-            rows[k][i] = row = cut;
-          }
-          out.push(row);
-        });
-        return out;
+        lo = Math.max(1, firstKept(S, W)),
+        first = from === 0 ? 0 : 1; // 1: the window's row 0 is query 0's, which sees only key 0
+      // (rows that came in one step are cut again on different steps: by their query)
+      los.forEach((l0, i) => {
+        if (lo - l0 >= SLACK + ((from + i) % SLACK) && from + i > 0) {
+          for (const r of rows) r[i] = cutRow(r[i], lo - l0); // a new array: none is changed
+          los[i] = lo;
+        }
+      });
+      const query0 = Float32Array.of(1),
+        kept = rows.map((r) => r.slice()), // the rows as they are now, for the reads below
+        shift = los.map((l0, i) => (from + i === 0 ? 0 : lo - l0)); // row i's keys' offset
+      // head k's row c of the window: its weights on positions[0 .. c]
+      const rowOf = (k, c) => {
+        if (c < first) return query0;
+        const i = c - first;
+        return shift[i] ? cutRow(kept[k][i], shift[i]) : kept[k][i];
       };
-      const patterns = [...Array(L).keys()].map((l) =>
-        [...Array(H).keys()].map((h) => line(l * H + h)),
-      );
-      los = los.map(() => lo);
+      const total = (l, h, pairs) => {
+        const rs = kept[l * H + h];
+        let s = 0;
+        for (let r = 0; r < pairs.length; r++) {
+          const c = pairs[r][0],
+            j = pairs[r][1];
+          if (c < first) s += j === 0 ? 1 : 0;
+          else s += rs[c - first][j === 0 ? 0 : j + shift[c - first]];
+        }
+        return s;
+      };
+      const n = positions.length,
+        cut = new Array(L * H);
+      const pattern = (k) => {
+        cut[k] ??= Array.from({ length: n }, (_, c) => rowOf(k, c));
+        return cut[k];
+      };
+      const patterns = [...Array(L).keys()].map((l) => {
+        const layer = new Array(H);
+        for (let h = 0; h < H; h++) {
+          Object.defineProperty(layer, h, { get: () => pattern(l * H + h), enumerable: true });
+        }
+        return layer;
+      });
       const ent = [...Array(L).keys()].map((l) => Array.from(entropy.subarray(l * H, l * H + H)));
-      return { positions, patterns, entropy: ent };
+      return { positions, patterns, entropy: ent, total };
     },
   };
 }

@@ -55,7 +55,7 @@ function report(root, facts, objects) {
 }
 
 // gptlib/widgets/js/heatmap.js
-var CANVAS_FROM = 48;
+var CANVAS_FROM = 24;
 function patternCanvas(P, T, LUT) {
   const canvas = document.createElement("canvas");
   canvas.width = T;
@@ -147,13 +147,15 @@ function heatmapState() {
     A: null,
     band: null,
     cellPx: 0,
-    focused: null
+    focused: null,
+    fit: () => {
+    }
   };
 }
-function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
+function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null, width = 0) {
   const T = tokens.length;
   const box = v.gridScroll.box;
-  const room = box.clientWidth || 640;
+  const room = width || box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const least = T > CANVAS_FROM ? 2 : 4;
   const draw = (cell2) => {
@@ -178,8 +180,11 @@ function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   draw(cell);
-  const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
-  if (over > 0 && cell > least) draw(Math.max(least, cell - Math.ceil(over / T)));
+  d.fit = () => {
+    if (d.A !== A || d.cellPx !== cell || cell === least) return;
+    const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
+    if (over > 0) draw(Math.max(least, cell - Math.ceil(over / T)));
+  };
   return room;
 }
 function focus(d, i, pal) {
@@ -678,7 +683,7 @@ function panelScores(data) {
 }
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  let data = null, scores = [], shown = null, pal = palette(STOPS), themeRead = false, built = "", drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), themeRead = false, built = "", drawnWidth = 0, boxWidth = 0;
   const grid = headGrid({
     preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
     pick: (l, h) => state.pick?.(l, h) || select(l, h)
@@ -697,12 +702,15 @@ function attentionPanel(root, state) {
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
     v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
-    const A = data.patterns[layer][head];
+    const A = data.patterns[layer][head], pos = data.positions || null;
     const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
     };
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
-    requestAnimationFrame(v.gridScroll.check);
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, pos, boxWidth);
+    requestAnimationFrame(() => {
+      drawn.fit();
+      v.gridScroll.check();
+    });
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
       pattern: A.map((r) => Array.from(r))
@@ -755,8 +763,8 @@ function attentionPanel(root, state) {
   }
   const watcher = watch(root, v.gridScroll, {
     resized: () => {
-      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
-        drawDetail(...shown);
+      boxWidth = v.gridScroll.box.clientWidth;
+      if (data && shown && Math.abs(boxWidth - drawnWidth) > 24) drawDetail(...shown);
     },
     themed: () => {
       if (!theme() || !data) return;

@@ -97,6 +97,13 @@ function deviceRefusal(manifest, nav = globalThis.navigator, wasm = globalThis.W
 
 // gptlib/widgets/js/rows.js
 var PANEL_WINDOW = 128;
+var SLACK = 16;
+function cutRow(row, d) {
+  const out = new Float32Array(row.length - d);
+  out[0] = row[0];
+  out.set(row.subarray(1 + d), 1);
+  return out;
+}
 function windowPositions(S, W = PANEL_WINDOW) {
   const lo = Math.max(1, S - W + 1);
   return S === 0 ? [] : [0, ...Array.from({ length: S - lo }, (_, k) => lo + k)];
@@ -167,27 +174,43 @@ function rowWindow(L, H, W = PANEL_WINDOW) {
     held: (K = S) => from <= firstKept(K, W) ? S : 0,
     heads() {
       if (!S) return null;
-      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W));
-      const line = (k) => {
-        const out = from === 0 ? [] : [Float32Array.of(1)];
-        rows[k].forEach((row, i) => {
-          const q = from + i;
-          if (los[i] !== lo && q > 0) {
-            const cut = new Float32Array(q - lo + 2);
-            cut[0] = row[0];
-            cut.set(row.subarray(1 + lo - los[i]), 1);
-            rows[k][i] = row = cut;
-          }
-          out.push(row);
-        });
-        return out;
+      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W)), first = from === 0 ? 0 : 1;
+      los.forEach((l0, i) => {
+        if (lo - l0 >= SLACK + (from + i) % SLACK && from + i > 0) {
+          for (const r of rows) r[i] = cutRow(r[i], lo - l0);
+          los[i] = lo;
+        }
+      });
+      const query0 = Float32Array.of(1), kept = rows.map((r) => r.slice()), shift = los.map((l0, i) => from + i === 0 ? 0 : lo - l0);
+      const rowOf = (k, c) => {
+        if (c < first) return query0;
+        const i = c - first;
+        return shift[i] ? cutRow(kept[k][i], shift[i]) : kept[k][i];
       };
-      const patterns = [...Array(L).keys()].map(
-        (l) => [...Array(H).keys()].map((h) => line(l * H + h))
-      );
-      los = los.map(() => lo);
+      const total = (l, h, pairs) => {
+        const rs = kept[l * H + h];
+        let s = 0;
+        for (let r = 0; r < pairs.length; r++) {
+          const c = pairs[r][0], j = pairs[r][1];
+          if (c < first) s += j === 0 ? 1 : 0;
+          else s += rs[c - first][j === 0 ? 0 : j + shift[c - first]];
+        }
+        return s;
+      };
+      const n = positions.length, cut = new Array(L * H);
+      const pattern = (k) => {
+        cut[k] ?? (cut[k] = Array.from({ length: n }, (_, c) => rowOf(k, c)));
+        return cut[k];
+      };
+      const patterns = [...Array(L).keys()].map((l) => {
+        const layer = new Array(H);
+        for (let h = 0; h < H; h++) {
+          Object.defineProperty(layer, h, { get: () => pattern(l * H + h), enumerable: true });
+        }
+        return layer;
+      });
       const ent = [...Array(L).keys()].map((l) => Array.from(entropy2.subarray(l * H, l * H + H)));
-      return { positions, patterns, entropy: ent };
+      return { positions, patterns, entropy: ent, total };
     }
   };
 }
@@ -320,21 +343,45 @@ function report(root, facts, objects) {
 // gptlib/widgets/js/distribution.js
 var F32 = new Float32Array(1);
 var U32 = new Uint32Array(F32.buffer);
+var DIGIT = 11;
+var BUCKETS = 1 << DIGIT;
+function descendingKey(y) {
+  F32[0] = y === 0 ? 0 : y;
+  const u = U32[0], up = u & 2147483648 ? ~u : u | 2147483648;
+  return ~up >>> 0;
+}
 function byLogit(logits) {
   const n = logits.length;
-  if (!(logits instanceof Float32Array) || n > 2 ** 20) {
+  if (!(logits instanceof Float32Array) || n > 2 ** 31) {
     return [...Array(n).keys()].sort((a, b) => logits[b] - logits[a] || a - b);
   }
-  const keys = new Float64Array(n);
-  for (let i = 0; i < n; i++) {
-    F32[0] = logits[i] === 0 ? 0 : logits[i];
-    const u = U32[0], up = u & 2147483648 ? ~u >>> 0 : (u | 2147483648) >>> 0;
-    keys[i] = (4294967295 - up) * 2 ** 20 + i;
+  const keys = new Uint32Array(n);
+  for (let i = 0; i < n; i++) keys[i] = descendingKey(logits[i]);
+  let from = new Int32Array(n), to = new Int32Array(n);
+  for (let i = 0; i < n; i++) from[i] = i;
+  const count = new Int32Array(BUCKETS);
+  for (let shift = 0; shift < 32; shift += DIGIT) {
+    count.fill(0);
+    for (let i = 0; i < n; i++) count[keys[i] >>> shift & BUCKETS - 1] += 1;
+    for (let b = 0, at = 0; b < BUCKETS; b++) {
+      const c = count[b];
+      count[b] = at;
+      at += c;
+    }
+    for (let i = 0; i < n; i++) {
+      const t = from[i];
+      to[count[keys[t] >>> shift & BUCKETS - 1]++] = t;
+    }
+    [from, to] = [to, from];
   }
-  keys.sort();
   const order = new Array(n);
-  for (let k = 0; k < n; k++) order[k] = keys[k] % 2 ** 20;
+  for (let k = 0; k < n; k++) order[k] = from[k];
   return order;
+}
+function sum(x) {
+  let s = 0;
+  for (let i = 0; i < x.length; i++) s += x[i];
+  return s;
 }
 function distribution(logits, temperature, topK, topP, restLogZ = null, sorted = null) {
   const n = logits.length, order = sorted || byLogit(logits);
@@ -355,18 +402,15 @@ function distribution(logits, temperature, topK, topP, restLogZ = null, sorted =
   const restAll = rest;
   let approx = false;
   if (topK > 0) {
-    if (topK < n)
-      order.slice(topK).forEach((i) => {
-        p[i] = 0;
-      });
+    for (let r = topK; r < n; r++) p[order[r]] = 0;
     if (topK <= n) rest = 0;
     else if (rest > 0) approx = true;
-    const zk = p.reduce((s, v) => s + v, 0) + rest;
+    const zk = sum(p) + rest;
     for (let i = 0; i < n; i++) p[i] /= zk;
     rest /= zk;
   }
-  let c = 0;
-  const cum = order.map((i) => c += p[i]);
+  const cum = new Array(n);
+  for (let r = 0, c = 0; r < n; r++) cum[r] = c += p[order[r]];
   if (topP < 1) {
     let before = 0;
     const keep = new Array(n).fill(false);
@@ -382,7 +426,7 @@ function distribution(logits, temperature, topK, topP, restLogZ = null, sorted =
         rest = Math.min(rest, topP - before);
       } else rest = 0;
     }
-    const zp = p.reduce((s, v) => s + v, 0) + rest;
+    const zp = sum(p) + rest;
     for (let i = 0; i < n; i++) p[i] /= zp;
     rest /= zp;
   }
@@ -552,7 +596,7 @@ function chartRows(d, g, n, label2, V) {
 }
 
 // gptlib/widgets/js/heatmap.js
-var CANVAS_FROM = 48;
+var CANVAS_FROM = 24;
 function patternCanvas(P, T, LUT) {
   const canvas = document.createElement("canvas");
   canvas.width = T;
@@ -644,13 +688,15 @@ function heatmapState() {
     A: null,
     band: null,
     cellPx: 0,
-    focused: null
+    focused: null,
+    fit: () => {
+    }
   };
 }
-function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
+function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null, width = 0) {
   const T = tokens.length;
   const box = v.gridScroll.box;
-  const room = box.clientWidth || 640;
+  const room = width || box.clientWidth || 640;
   const budget = Math.min(528, Math.max(160, room - 110));
   const least = T > CANVAS_FROM ? 2 : 4;
   const draw2 = (cell2) => {
@@ -675,8 +721,11 @@ function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null) {
   };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
   draw2(cell);
-  const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
-  if (over > 0 && cell > least) draw2(Math.max(least, cell - Math.ceil(over / T)));
+  d.fit = () => {
+    if (d.A !== A || d.cellPx !== cell || cell === least) return;
+    const over = box.clientWidth > 0 ? box.scrollWidth - box.clientWidth : 0;
+    if (over > 0) draw2(Math.max(least, cell - Math.ceil(over / T)));
+  };
   return room;
 }
 function focus(d, i, pal) {
@@ -1005,12 +1054,19 @@ function inductionPairs(keys, pos = null) {
   });
   return pairs;
 }
-function headScores(patterns, keys, pos = null) {
+function headScores(patterns, keys, pos = null, total = null) {
   const T = keys.length;
   if (T < 2) return [];
   const at = (i) => pos ? pos[i] : i;
   const mean = (pairs, A) => pairs.reduce((s, [i, j]) => s + A(i, j), 0) / pairs.length;
   const uniform = (i) => 1 / (at(i) + 1);
+  const sum2 = total || ((l, h, pairs) => {
+    const A = patterns[l][h];
+    let s = 0;
+    for (let r = 0; r < pairs.length; r++) s += A[pairs[r][0]][pairs[r][1]];
+    return s;
+  });
+  const meanWeight = (pairs, l, h) => sum2(l, h, pairs) / pairs.length;
   const rows = [...Array(T - 1).keys()].map((i) => i + 1);
   const found = [
     ["previous token", rows.filter((i) => at(i - 1) === at(i) - 1).map((i) => [i, i - 1])],
@@ -1018,9 +1074,10 @@ function headScores(patterns, keys, pos = null) {
   ];
   const induction = inductionPairs(keys, pos);
   if (induction.length) found.push(["induction", induction]);
+  const H = patterns[0]?.length ?? 0;
   return found.map(([name, pairs]) => ({
     name,
-    values: patterns.map((layer) => layer.map((A) => mean(pairs, (i, j) => A[i][j]))),
+    values: patterns.map((_layer, l) => [...Array(H).keys()].map((h) => meanWeight(pairs, l, h))),
     uniform: mean(pairs, (i) => uniform(i))
   }));
 }
@@ -1203,7 +1260,7 @@ function panelScores(data) {
 }
 function attentionPanel(root, state) {
   root.classList.add("gptlib-attn");
-  let data = null, scores = [], shown = null, pal = palette(STOPS), themeRead = false, built = "", drawnWidth = 0;
+  let data = null, scores = [], shown = null, pal = palette(STOPS), themeRead = false, built = "", drawnWidth = 0, boxWidth = 0;
   const grid = headGrid({
     preview: (l, h) => drawDetail(...l === null ? state.get() : [l, h]),
     pick: (l, h) => state.pick?.(l, h) || select(l, h)
@@ -1222,12 +1279,15 @@ function attentionPanel(root, state) {
     v.layerSel.value = String(layer);
     v.headSel.value = String(head);
     v.current.textContent = `${layerLabels[layer]}, ${headLabels[head]}` + (scores.length ? `: ${scoreText(scores, layer, head, 3)}` : "");
-    const A = data.patterns[layer][head];
+    const A = data.patterns[layer][head], pos = data.positions || null;
     const onQuery = (i) => {
       if (drawn.focused !== i || drawn.band.style.display !== "block") focusQuery(i);
     };
-    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, data.positions || null);
-    requestAnimationFrame(v.gridScroll.check);
+    drawnWidth = drawHeatmap(drawn, v, data.tokens, A, pal, onQuery, pos, boxWidth);
+    requestAnimationFrame(() => {
+      drawn.fit();
+      v.gridScroll.check();
+    });
     report(root, {
       view: `${layer}/${head}:${A.map((r, i) => r[i].toFixed(3)).join(",")}`,
       pattern: A.map((r) => Array.from(r))
@@ -1280,8 +1340,8 @@ function attentionPanel(root, state) {
   }
   const watcher = watch(root, v.gridScroll, {
     resized: () => {
-      if (data && shown && Math.abs(v.gridScroll.box.clientWidth - drawnWidth) > 24)
-        drawDetail(...shown);
+      boxWidth = v.gridScroll.box.clientWidth;
+      if (data && shown && Math.abs(boxWidth - drawnWidth) > 24) drawDetail(...shown);
     },
     themed: () => {
       if (!theme() || !data) return;
@@ -1581,7 +1641,7 @@ function headPanel(inp, { names } = {}) {
 // gptlib/widgets/js/page.js
 var VERSION = 5;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var k=class extends Error{};var F=t=>`${(t/1e6).toFixed(1)} MB`;function fe(t,n,e,r,o){return[...Array(r).keys()].map(s=>({ids:Array.from(t.slice(s*o,(s+1)*o),Number),probs:Array.from(n.slice(s*o,(s+1)*o),l=>Math.exp(l-e[s]))}))}var Le=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);function de(t,n,e,r){let o=r.d_head,s=r.n_kv_heads,l=r.n_layers*2*s*o,a=n.length/l,y=Math.floor(e.head/(r.n_heads/s)),u=d=>{let i=new Float32Array(a*o),f=((e.layer*2+d)*s+y)*o;for(let h=0;h<a;h++)i.set(n.subarray(h*l+f,h*l+f+o),h*o);return i};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function pe(t,n=128){let e=Math.max(1,t-n+1);return t===0?[]:[0,...Array.from({length:t-e},(r,o)=>e+o)]}function be(t){let n=0;for(let e of t)e>0&&(n-=e*Math.log(e));return n}var X=(t,n=128)=>t>n?t-n+1:0,me=(t,n,e=128)=>t+n-Math.max(t,X(t+n,e));var ot=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Te(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function Me(t,n,e,r,o=Number.POSITIVE_INFINITY){let s=n===r?Te(t,e):0;return s=Math.min(s,o,e.length-1),{keep:s,feed:e.slice(s)}}function qe(t,n=64){let e=new Float32Array(t*n);return{past:r=>e.subarray(0,r*t),put(r,o){let s=r*t+o.length;if(s>e.length){let l=Math.max(1,e.length/t);for(;l*t<s;)l=Math.ceil(l*1.5);let a=new Float32Array(l*t);a.set(e.subarray(0,r*t)),e=a}e.set(o,r*t)},get capacity(){return e.length/t}}}var ye=8e6;function Ee(t,n,e,r=ye){let o=[],s=r/e,l=t+n,a=t;for(;a<l;){let y=Math.max(1,Math.floor((-a+Math.sqrt(a*a+4*s))/2)),u=Math.min(l,a+y);o.push([a,u]),a=u}return o}function we(t,n,e,r=ye){let o=e.config,s=o.n_layers,l=o.n_heads,a=o.n_kv_heads,y=o.d_head,u=o.d_vocab,d=e.lens_top,i=new Float32Array(s*l).fill(1),f=qe(s*2*a*y),h=[],b="",m=c=>BigInt64Array.from(c,x=>BigInt(x)),w=c=>new t.Tensor("int64",m(c),[c.length]);return async(c,x={})=>{let{mask:p=null,lens:g=null,targets:O=null,rows:$=!1,head:_=null}=x,L=c.slice(-o.n_ctx),te=p?Float32Array.from(p):i,ne=te.join(","),G=x.most??Number.POSITIVE_INFINITY;if(_){if(!(_.position>=0&&_.position<L.length))throw new k(`the query position must be in [0, ${L.length})`);G=Math.min(G,_.position)}let{keep:Ae,feed:oe}=Me(h,b,L,ne,G),T=Ae,z=oe.length,q=T+z,re=g||[],se=O||[],I=$?me(T,z):0,ve=Math.max(1,X(q)),ae=$?pe(q).length:0,K=$?new Float32Array(s*l*I*ae):null,le=$?new Float64Array(s*l):null,We=Ee(T,z,s*l,r),H=T,V=null,ie=null;try{for(let[v,E]of We){let U=E===q,Q=Math.max(v,q-I),J=Array.from({length:Math.max(0,E-Q)},(M,A)=>Q-v+A),ce=_&&v<=_.position&&_.position<E,he=ce?[_.layer,_.head,_.position-v,_.target]:[],W=await n.run({ids:new t.Tensor("int64",m(oe.slice(v-T,E-T)),[1,E-v]),past:new t.Tensor("float32",f.past(v),[v,s,2,a,y]),head_mask:new t.Tensor("float32",te,[s,l]),lens:w(U?re:[]),targets:w(U?se:[]),queries:w(J),head:new t.Tensor("int64",m(he),[he.length/4,4])});try{if($){let M=W.attn.data;for(let A=0;A<s*l;A++)for(let N=0;N<J.length;N++){let P=Q+N,R=(A*J.length+N)*E,ue=(A*I+(P-(q-I)))*ae;K[ue]=M[R],P>0&&K.set(M.subarray(R+ve,R+P+1),ue+1),P===q-1&&(le[A]=be(M.subarray(R,R+P+1)))}}if(U&&(V={logits:W.logits.data.slice(0,u),cut:K,entropy:le,P:T,T:z,R:I,lens:g?fe(W.lens_ids.data,W.lens_logits.data,W.lens_lse.data,re.length,d):null,direct:se.length?W.direct.data.slice():null}),ce){let M=Object.entries(W).filter(([A])=>A.startsWith("head_"));ie=Object.fromEntries(M.map(([A,N])=>[A,{data:N.data.slice()}]))}f.put(v,W.kv.data),H=E,U&&_&&(V.head=de(ie,f.past(q),_,o))}finally{for(let M of Object.values(W))M.dispose?.()}}}finally{H>T&&(h=L.slice(0,H),b=ne)}return V}}function Se(t){let n=t&32768?-1:1,e=t>>10&31,r=t&1023;return e===0?n*r*2**-24:e===31?r?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+r)*2**(e-25)}var Y=new Float64Array(65536);for(let t=0;t<65536;t++)Y[t]=Se(t);var Ne={Q4_1:20,Q8_0:34};function Oe(t,n,e){let r=Ne[n.type];if(!r)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let o=n.rows*n.cols;if(n.blocks_bytes!==o/32*r||n.bytes!==o*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,y=a/32,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,i=new Float32Array(16),f=(b,m,w)=>{let c=b*r,x=Y[u[c]|u[c+1]<<8];if(r===20){let p=Y[u[c+2]|u[c+3]<<8];for(let g=0;g<16;g++)i[g]=d(d(x*g)+p);for(let g=0;g<16;g++){let O=u[c+4+g];m[w+g]=i[O&15],m[w+g+16]=i[O>>4]}}else for(let p=0;p<32;p++)m[w+p]=d((u[c+2+p]<<24>>24)*x)};if(!n.transpose){for(let b=0;b<o/32;b++)f(b,e,s+b*32);return}let h=new Float32Array(1024);for(let b=0;b<l;b+=32){let m=Math.min(32,l-b);for(let w=0;w<y;w++){for(let c=0;c<m;c++)f((b+c)*y+w,h,c*32);for(let c=0;c<32;c++){let x=s+(w*32+c)*l+b;for(let p=0;p<m;p++)e[x+p]=h[p*32+c]}}}}function ge(t,n){let e=n.tensors,r=new Map(e.map((d,i)=>[d.offset,i])),o=new Set,s=0,l=Math.max(...e.map(d=>d.bytes)),a=new Float32Array(l/4),y=d=>{let i=e[d],f=a.subarray(0,i.bytes/4),h=performance.now();return Oe(t,{...i,offset:0},f),s+=performance.now()-h,o.add(d),new Uint8Array(f.buffer,0,i.bytes)};class u extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(i=0,f=n.bytes){let h=r.get(i);if(h!==void 0&&e[h].offset+e[h].bytes===f)return y(h);let b=new Uint8Array(f-i);return e.forEach((m,w)=>{let c=Math.max(i,m.offset),x=Math.min(f,m.offset+m.bytes);c<x&&b.set(y(w).subarray(c-m.offset,x-m.offset),c-i)}),b}}return{data:new u(0),served:()=>o.size===e.length,ms:()=>s,release:()=>{a.buffer.transfer?.(0),a=new Float32Array(0)}}}var Z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Ie="gptlib-live-models",B={},j=(t,n)=>{B[t]=(B[t]||0)+performance.now()-n};async function _e(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return j("sha256",n),Array.from(e,r=>r.toString(16).padStart(2,"0")).join("")}async function Pe(){try{return globalThis.caches?await caches.open(Ie):null}catch{return null}}var Re=(t,n)=>`${t}?sha256=${n}`,xe=t=>t?.buffer.transfer?.(0);async function ke(t,n,e,r){let o=0,s=t.getReader();for(;;){let{done:l,value:a}=await s.read();if(l)break;if(o+a.length>n.bytes)return await s.cancel(),`${n.file} has more bytes than the manifest\'s ${n.bytes}`;e.set(a,o),o+=a.length,r(a.length)}return o===n.bytes?null:`${n.file} has ${o} bytes, the manifest says ${n.bytes}`}async function Fe(t,n,e,r,o,s){let l=Re(n,e.sha256),a=r.subarray(o,o+e.bytes),y=t&&await t.match(l).catch(()=>null);if(y?.body){let i=0;if(!await ke(y.body,e,a,h=>{i+=h,s(h)}).catch(h=>h.message)&&await _e(a)===e.sha256)return;s(-i),await t.delete(l)}let u;try{u=await fetch(n)}catch(i){throw new k(`could not fetch ${e.file} (${n}): ${i.message}`)}if(!u.ok)throw new k(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=await ke(u.body,e,a,s);if(d)throw new k(d);if(globalThis.crypto?.subtle&&await _e(a)!==e.sha256)throw new k(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let i of await t.keys())i.url.startsWith(`${n}?sha256=`)&&await t.delete(i);await t.put(l,new Response(a))}catch{}}async function ee(t,n,e,r){let o;try{o=new Uint8Array(e.bytes)}catch(a){throw new k(`This tab cannot hold ${F(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(Fe(t,new URL(a.file,n).href,a,o,s,r)),s+=a.bytes;return await Promise.all(l),o}var C=null,S=null,D=null,$e=Promise.resolve();async function je({base:t,manifestUrl:n,manifest:e,threads:r=1},o){if(S)throw new Error("this worker holds a session already");B={};let s=performance.now(),l=await Pe(),a=e.weights?.blocks,y={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},u=e.onnx.bytes+(a?a.bytes:0)+y.bytes,d=0,i=$=>{d+=$,o(`downloading ${e.name}: ${F(d)} of ${F(u)}`,d/u)};i(0);let[f,h,b,m,w]=await Promise.all([import(t+Z.ort),import(t+Z.tokenizers),ee(l,n,y,i),ee(l,n,e.onnx,i),a?ee(l,n,a,i):null]);j("files",s);let c=performance.now(),x=new h.Tokenizer(JSON.parse(new TextDecoder().decode(b)),{});j("tokenizer",c);let p=w?ge(w,e.weights):null,g={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};p&&(g.externalData=[{path:e.weights.file,data:p.data}]),f.env.wasm.numThreads=r,f.env.wasm.proxy=!1,f.env.wasm.wasmPaths=t+Z.ortDir,o("unpacking the 4-bit weights into onnxruntime-web",1),c=performance.now();try{if(S=await f.InferenceSession.create(m,g),p&&!p.served())throw new Error("it did not read every weight from the external data")}catch($){let _=S;throw S=null,await _?.release(),new k(`onnxruntime-web could not load ${e.name} in this tab (${$.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{g.externalData=null,p?.release(),xe(w),xe(m)}return j("session",c),p&&(B.unpack=p.ms()),j("total",s),C=we(f,S,e),D=x,{phases:Object.fromEntries(Object.entries(B).map(([$,_])=>[$,Math.round(_)])),threads:f.env.wasm.numThreads}}async function Be(t){let n=(e,r=[])=>self.postMessage({id:t.id,...e},r);try{if(t.type==="start")n({result:await je(t,(e,r)=>n({type:"progress",text:e,fraction:r}))});else if(t.type==="run"){if(!C)throw new k("the live model is not started (or was released)");let e=await C(t.ids,t.options||{}),r=[e.logits.buffer];e.cut&&r.push(e.cut.buffer,e.entropy.buffer),e.direct&&r.push(e.direct.buffer),n({result:e},r)}else if(t.type==="encode"){if(!D)throw new k("the live model is not started (or was released)");n({result:D.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=S;S=C=D=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof k})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{$e=$e.then(()=>Be(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var k=class extends Error{};var F=t=>`${(t/1e6).toFixed(1)} MB`;function fe(t,n,e,r,o){return[...Array(r).keys()].map(s=>({ids:Array.from(t.slice(s*o,(s+1)*o),Number),probs:Array.from(n.slice(s*o,(s+1)*o),l=>Math.exp(l-e[s]))}))}var Be=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);function de(t,n,e,r){let o=r.d_head,s=r.n_kv_heads,l=r.n_layers*2*s*o,a=n.length/l,y=Math.floor(e.head/(r.n_heads/s)),u=d=>{let i=new Float32Array(a*o),f=((e.layer*2+d)*s+y)*o;for(let h=0;h<a;h++)i.set(n.subarray(h*l+f,h*l+f+o),h*o);return i};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function pe(t,n=128){let e=Math.max(1,t-n+1);return t===0?[]:[0,...Array.from({length:t-e},(r,o)=>e+o)]}function be(t){let n=0;for(let e of t)e>0&&(n-=e*Math.log(e));return n}var X=(t,n=128)=>t>n?t-n+1:0,me=(t,n,e=128)=>t+n-Math.max(t,X(t+n,e));var ot=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Te(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function Me(t,n,e,r,o=Number.POSITIVE_INFINITY){let s=n===r?Te(t,e):0;return s=Math.min(s,o,e.length-1),{keep:s,feed:e.slice(s)}}function Se(t,n=64){let e=new Float32Array(t*n);return{past:r=>e.subarray(0,r*t),put(r,o){let s=r*t+o.length;if(s>e.length){let l=Math.max(1,e.length/t);for(;l*t<s;)l=Math.ceil(l*1.5);let a=new Float32Array(l*t);a.set(e.subarray(0,r*t)),e=a}e.set(o,r*t)},get capacity(){return e.length/t}}}var ye=8e6;function Oe(t,n,e,r=ye){let o=[],s=r/e,l=t+n,a=t;for(;a<l;){let y=Math.max(1,Math.floor((-a+Math.sqrt(a*a+4*s))/2)),u=Math.min(l,a+y);o.push([a,u]),a=u}return o}function we(t,n,e,r=ye){let o=e.config,s=o.n_layers,l=o.n_heads,a=o.n_kv_heads,y=o.d_head,u=o.d_vocab,d=e.lens_top,i=new Float32Array(s*l).fill(1),f=Se(s*2*a*y),h=[],b="",m=c=>BigInt64Array.from(c,x=>BigInt(x)),w=c=>new t.Tensor("int64",m(c),[c.length]);return async(c,x={})=>{let{mask:p=null,lens:g=null,targets:N=null,rows:$=!1,head:_=null}=x,B=c.slice(-o.n_ctx),te=p?Float32Array.from(p):i,ne=te.join(","),D=x.most??Number.POSITIVE_INFINITY;if(_){if(!(_.position>=0&&_.position<B.length))throw new k(`the query position must be in [0, ${B.length})`);D=Math.min(D,_.position)}let{keep:Ae,feed:oe}=Me(h,b,B,ne,D),T=Ae,z=oe.length,S=T+z,re=g||[],se=N||[],I=$?me(T,z):0,ve=Math.max(1,X(S)),ae=$?pe(S).length:0,G=$?new Float32Array(s*l*I*ae):null,le=$?new Float64Array(s*l):null,We=Oe(T,z,s*l,r),V=T,H=null,ie=null;try{for(let[v,O]of We){let C=O===S,Q=Math.max(v,S-I),J=Array.from({length:Math.max(0,O-Q)},(M,A)=>Q-v+A),ce=_&&v<=_.position&&_.position<O,he=ce?[_.layer,_.head,_.position-v,_.target]:[],W=await n.run({ids:new t.Tensor("int64",m(oe.slice(v-T,O-T)),[1,O-v]),past:new t.Tensor("float32",f.past(v),[v,s,2,a,y]),head_mask:new t.Tensor("float32",te,[s,l]),lens:w(C?re:[]),targets:w(C?se:[]),queries:w(J),head:new t.Tensor("int64",m(he),[he.length/4,4])});try{if($){let M=W.attn.data;for(let A=0;A<s*l;A++)for(let E=0;E<J.length;E++){let P=Q+E,R=(A*J.length+E)*O,ue=(A*I+(P-(S-I)))*ae;G[ue]=M[R],P>0&&G.set(M.subarray(R+ve,R+P+1),ue+1),P===S-1&&(le[A]=be(M.subarray(R,R+P+1)))}}if(C&&(H={logits:W.logits.data.slice(0,u),cut:G,entropy:le,P:T,T:z,R:I,lens:g?fe(W.lens_ids.data,W.lens_logits.data,W.lens_lse.data,re.length,d):null,direct:se.length?W.direct.data.slice():null}),ce){let M=Object.entries(W).filter(([A])=>A.startsWith("head_"));ie=Object.fromEntries(M.map(([A,E])=>[A,{data:E.data.slice()}]))}f.put(v,W.kv.data),V=O,C&&_&&(H.head=de(ie,f.past(S),_,o))}finally{for(let M of Object.values(W))M.dispose?.()}}}finally{V>T&&(h=B.slice(0,V),b=ne)}return H}}function qe(t){let n=t&32768?-1:1,e=t>>10&31,r=t&1023;return e===0?n*r*2**-24:e===31?r?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+r)*2**(e-25)}var Y=new Float64Array(65536);for(let t=0;t<65536;t++)Y[t]=qe(t);var Ee={Q4_1:20,Q8_0:34};function Ne(t,n,e){let r=Ee[n.type];if(!r)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let o=n.rows*n.cols;if(n.blocks_bytes!==o/32*r||n.bytes!==o*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,y=a/32,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,i=new Float32Array(16),f=(b,m,w)=>{let c=b*r,x=Y[u[c]|u[c+1]<<8];if(r===20){let p=Y[u[c+2]|u[c+3]<<8];for(let g=0;g<16;g++)i[g]=d(d(x*g)+p);for(let g=0;g<16;g++){let N=u[c+4+g];m[w+g]=i[N&15],m[w+g+16]=i[N>>4]}}else for(let p=0;p<32;p++)m[w+p]=d((u[c+2+p]<<24>>24)*x)};if(!n.transpose){for(let b=0;b<o/32;b++)f(b,e,s+b*32);return}let h=new Float32Array(1024);for(let b=0;b<l;b+=32){let m=Math.min(32,l-b);for(let w=0;w<y;w++){for(let c=0;c<m;c++)f((b+c)*y+w,h,c*32);for(let c=0;c<32;c++){let x=s+(w*32+c)*l+b;for(let p=0;p<m;p++)e[x+p]=h[p*32+c]}}}}function ge(t,n){let e=n.tensors,r=new Map(e.map((d,i)=>[d.offset,i])),o=new Set,s=0,l=Math.max(...e.map(d=>d.bytes)),a=new Float32Array(l/4),y=d=>{let i=e[d],f=a.subarray(0,i.bytes/4),h=performance.now();return Ne(t,{...i,offset:0},f),s+=performance.now()-h,o.add(d),new Uint8Array(f.buffer,0,i.bytes)};class u extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(i=0,f=n.bytes){let h=r.get(i);if(h!==void 0&&e[h].offset+e[h].bytes===f)return y(h);let b=new Uint8Array(f-i);return e.forEach((m,w)=>{let c=Math.max(i,m.offset),x=Math.min(f,m.offset+m.bytes);c<x&&b.set(y(w).subarray(c-m.offset,x-m.offset),c-i)}),b}}return{data:new u(0),served:()=>o.size===e.length,ms:()=>s,release:()=>{a.buffer.transfer?.(0),a=new Float32Array(0)}}}var Z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Ie="gptlib-live-models",L={},j=(t,n)=>{L[t]=(L[t]||0)+performance.now()-n};async function _e(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return j("sha256",n),Array.from(e,r=>r.toString(16).padStart(2,"0")).join("")}async function Pe(){try{return globalThis.caches?await caches.open(Ie):null}catch{return null}}var Re=(t,n)=>`${t}?sha256=${n}`,xe=t=>t?.buffer.transfer?.(0);async function ke(t,n,e,r){let o=0,s=t.getReader();for(;;){let{done:l,value:a}=await s.read();if(l)break;if(o+a.length>n.bytes)return await s.cancel(),`${n.file} has more bytes than the manifest\'s ${n.bytes}`;e.set(a,o),o+=a.length,r(a.length)}return o===n.bytes?null:`${n.file} has ${o} bytes, the manifest says ${n.bytes}`}async function Fe(t,n,e,r,o,s){let l=Re(n,e.sha256),a=r.subarray(o,o+e.bytes),y=t&&await t.match(l).catch(()=>null);if(y?.body){let i=0;if(!await ke(y.body,e,a,h=>{i+=h,s(h)}).catch(h=>h.message)&&await _e(a)===e.sha256)return;s(-i),await t.delete(l)}let u;try{u=await fetch(n)}catch(i){throw new k(`could not fetch ${e.file} (${n}): ${i.message}`)}if(!u.ok)throw new k(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=await ke(u.body,e,a,s);if(d)throw new k(d);if(globalThis.crypto?.subtle&&await _e(a)!==e.sha256)throw new k(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let i of await t.keys())i.url.startsWith(`${n}?sha256=`)&&await t.delete(i);await t.put(l,new Response(a))}catch{}}async function ee(t,n,e,r){let o;try{o=new Uint8Array(e.bytes)}catch(a){throw new k(`This tab cannot hold ${F(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(Fe(t,new URL(a.file,n).href,a,o,s,r)),s+=a.bytes;return await Promise.all(l),o}var U=null,q=null,K=null,$e=Promise.resolve();async function je({base:t,manifestUrl:n,manifest:e,threads:r=1},o){if(q)throw new Error("this worker holds a session already");L={};let s=performance.now(),l=await Pe(),a=e.weights?.blocks,y={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},u=e.onnx.bytes+(a?a.bytes:0)+y.bytes,d=0,i=$=>{d+=$,o(`downloading ${e.name}: ${F(d)} of ${F(u)}`,d/u)};i(0);let[f,h,b,m,w]=await Promise.all([import(t+Z.ort),import(t+Z.tokenizers),ee(l,n,y,i),ee(l,n,e.onnx,i),a?ee(l,n,a,i):null]);j("files",s);let c=performance.now(),x=new h.Tokenizer(JSON.parse(new TextDecoder().decode(b)),{});j("tokenizer",c);let p=w?ge(w,e.weights):null,g={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};p&&(g.externalData=[{path:e.weights.file,data:p.data}]),f.env.wasm.numThreads=r,f.env.wasm.proxy=!1,f.env.wasm.wasmPaths=t+Z.ortDir,o("unpacking the 4-bit weights into onnxruntime-web",1),c=performance.now();try{if(q=await f.InferenceSession.create(m,g),p&&!p.served())throw new Error("it did not read every weight from the external data")}catch($){let _=q;throw q=null,await _?.release(),new k(`onnxruntime-web could not load ${e.name} in this tab (${$.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{g.externalData=null,p?.release(),xe(w),xe(m)}return j("session",c),p&&(L.unpack=p.ms()),j("total",s),U=we(f,q,e),K=x,{phases:Object.fromEntries(Object.entries(L).map(([$,_])=>[$,Math.round(_)])),threads:f.env.wasm.numThreads}}async function Le(t){let n=(e,r=[])=>self.postMessage({id:t.id,...e},r);try{if(t.type==="start")n({result:await je(t,(e,r)=>n({type:"progress",text:e,fraction:r}))});else if(t.type==="run"){if(!U)throw new k("the live model is not started (or was released)");let e=await U(t.ids,t.options||{}),r=[e.logits.buffer];e.cut&&r.push(e.cut.buffer,e.entropy.buffer),e.direct&&r.push(e.direct.buffer),n({result:e},r)}else if(t.type==="encode"){if(!K)throw new k("the live model is not started (or was released)");n({result:K.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=U=K=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof k})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{$e=$e.then(()=>Le(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
@@ -2223,7 +2283,7 @@ function drawHeads(p) {
   const { n_layers: L, n_heads: H } = cfg;
   const pos = current.positions || null;
   const ids = pos ? pos.map((i) => current.window[i]) : current.window;
-  const scores = headScores(current.patterns, ids, pos);
+  const scores = headScores(current.patterns, ids, pos, current.total);
   if (current.direct) {
     scores.push({
       name: "direct",
@@ -2537,6 +2597,8 @@ var Playground = class {
       logits: r.logits,
       rest: null,
       patterns: r.patterns,
+      total: r.total || null,
+      // sums of patterns[l][h][i][j], read where the backend keeps them
       positions: r.positions,
       // the heads panel's window (rows.js)
       entropy: r.entropy,
@@ -2572,6 +2634,9 @@ var Playground = class {
     try {
       await f();
       report(this.v.root, { actMs: (performance.now() - t0).toFixed(1) });
+      globalThis.requestAnimationFrame?.(
+        () => setTimeout(() => report(this.v.root, { shownMs: (performance.now() - t0).toFixed(1) }))
+      );
     } catch (e) {
       this.v.msg.textContent = `The live model failed: ${e.message}`;
       if (e.timeout) this.setStatus(`live: ${this.live.describe}; ${e.message}.`, "timeout");
