@@ -1,6 +1,6 @@
 """The playground's drawing during a run and the heads panel's watch on the page's background,
-run with node on stand-ins for the DOM: a run draws only the tokens added since its last
-drawing, and the row it grows is the row a whole drawing makes (gptlib/widgets/js/
+run with node on stand-ins for the DOM: a run (or a click) draws only the tokens added since its
+last drawing, and the row it grows is the row a whole drawing makes (gptlib/widgets/js/
 playground_draw.js's drawTokens); the background is read again when a theme may have changed
 it (attributes of <html> and <body>, a stylesheet, the system's dark mode), at most once a
 frame, and the watch ends with its view (gptlib/widgets/js/theme.js)."""
@@ -76,6 +76,13 @@ p.path.pop();
 p.path.push(6);
 d.drawTokens(p, true);
 out.changed = spans(p.v.tokenRow).map((s) => s[1]).join("");
+// an earlier token changed, the last the same (an undo of two, then two draws)
+const q = playground(64);
+q.path.push(3, 4);
+d.drawTokens(q);
+q.path.splice(0, 2, 5, 4);
+d.drawTokens(q, true);
+out.earlier = spans(q.v.tokenRow).map((s) => s[1]).join("");
 console.log(JSON.stringify(out));
 """
     )
@@ -92,6 +99,7 @@ console.log(JSON.stringify(out));
     assert js["6"]["count"][0] == "3 token(s) + 7 drawn; the model sees the last 6: "
     assert [s[1] for s in js["restart"]["row"]] == list("abcf") and not js["restart"]["kept"]
     assert js["changed"] == "abcg"  # the last token changed: drawn whole, not appended
+    assert js["earlier"] == "abcfe"  # so did an earlier one: drawn whole too
 
 
 # Stand-ins for what watchBackground uses: MutationObserver, matchMedia, animation frames and

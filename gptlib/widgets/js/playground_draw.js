@@ -236,9 +236,10 @@ function tokenSpan(p, id, i, first) {
   return s;
 }
 
-// The tokens row of `ctx` drawn whole, or (`grow`, during a run of draws) only its new tokens
-// appended to the row drawn before, when that row is a prefix of this one (p.tokensDrawn: the
-// spans drawn, for which prompt and path), and the tokens that left the model's window dimmed.
+// The tokens row of `ctx` drawn whole, or (`grow`: a run of draws, a click's new token) only its
+// new tokens appended to the row drawn before, when that row is a prefix of this one
+// (p.tokensDrawn: the spans drawn, for which prompt and path, and their ids), and the tokens
+// that left the model's window dimmed.
 function tokenRow(p, ctx, first, grow) {
   const { v, promptIds, path } = p,
     d = p.tokensDrawn,
@@ -252,7 +253,7 @@ function tokenRow(p, ctx, first, grow) {
     d.path === path &&
     d.spans.length <= ctx.length &&
     d.spans.length > 0 &&
-    d.ids[d.spans.length - 1] === ctx[d.spans.length - 1];
+    d.spans.every((_s, i) => d.ids[i] === ctx[i]); // an undo and new draws change the path
   if (!prefix) {
     const spans = ctx.map((id, i) => tokenSpan(p, id, i, first));
     const head = make("span", "gptlib-play-count", count);
@@ -274,7 +275,8 @@ function tokenRow(p, ctx, first, grow) {
 }
 
 // The context's tokens (those outside the model's window dimmed) and the text they decode to;
-// `grow`: only the tokens added since the last drawing are drawn (a run of draws).
+// `grow`: only the tokens added since the last drawing are drawn, where the tokens drawn are
+// still the first ones (a run of draws, a click).
 export function drawTokens(p, grow = false) {
   const { v, live, promptIds, path } = p,
     nCtx = p.cfg.n_ctx;
@@ -373,7 +375,7 @@ export function drawHeads(p) {
 export function draw(p, heads = true) {
   const { v, current } = p;
   const t0 = performance.now();
-  drawTokens(p);
+  drawTokens(p, true);
   if (!current) return;
   drawDistribution(p);
   drawLens(v.lens, current.lens, p.lensLabels, (id) => p.tokenStr(id));

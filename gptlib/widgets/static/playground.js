@@ -2216,7 +2216,7 @@ function tokenSpan(p, id, i, first) {
 function tokenRow(p, ctx, first, grow) {
   const { v, promptIds, path } = p, d = p.tokensDrawn, nCtx = p.cfg.n_ctx;
   const count = `${promptIds.length} token(s)${path.length ? ` + ${path.length} drawn` : ""}${first ? `; the model sees the last ${nCtx}` : ""}: `;
-  const prefix = grow && d?.prompt === promptIds && d.path === path && d.spans.length <= ctx.length && d.spans.length > 0 && d.ids[d.spans.length - 1] === ctx[d.spans.length - 1];
+  const prefix = grow && d?.prompt === promptIds && d.path === path && d.spans.length <= ctx.length && d.spans.length > 0 && d.spans.every((_s, i) => d.ids[i] === ctx[i]);
   if (!prefix) {
     const spans = ctx.map((id, i) => tokenSpan(p, id, i, first));
     const head = make("span", "gptlib-play-count", count);
@@ -2309,7 +2309,7 @@ function drawHeads(p) {
 function draw(p, heads = true) {
   const { v, current } = p;
   const t0 = performance.now();
-  drawTokens(p);
+  drawTokens(p, true);
   if (!current) return;
   drawDistribution(p);
   drawLens(v.lens, current.lens, p.lensLabels, (id) => p.tokenStr(id));
