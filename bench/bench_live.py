@@ -24,14 +24,16 @@ SmolLM2, from the reader's "download") to the first token drawn, the time of one
 cache at ``--context`` tokens (median of ``--repeats``), a greedy click with the panels as the
 page opens them and with every panel open (the page's own time from the click to its script's
 end, the text and views drawn, and to the frame that shows them: the browser's style, layout and
-paint after the script), a token of "generate N"
-(drawing included; and, where the page reports it, the mean of its steps' own time, what a token
-would cost bare), and the tab's memory once loaded: the
+paint after the script), a token of "generate N" (drawing included; and, where the page reports
+it, the mean of its steps' own time, what a token would cost bare), and the tab's memory: the
 JavaScript heap (performance.memory) and the resident memory of the page's renderer process (ps),
-which includes onnxruntime's WebAssembly memory, and the worker's parts of the start. Then a
-greedy run of ``--long`` tokens (1,000 by default; 0: none; the chat switch off, so that no stop
-token ends it), every panel open: its time a token and the renderer's resident memory before the
-start, once loaded, at its peak during the run (sampled every 0.2 s) and after it. With
+which includes onnxruntime's WebAssembly memory, at the start's peak (sampled every 0.2 s) and
+once loaded, and the worker's parts of the start. Then a greedy run of ``--long`` tokens (1,000
+by default; 0: none; the chat switch off, so that no stop token ends it), every panel open: its
+time a token and the renderer's resident memory before the start, once loaded, at its peak
+during the run and after it. Last, the page reloaded and the model started again (its files from
+the browser's Cache API): the renderer's peak over the reload and the start, the time to the
+first result and the model's bytes downloaded again. With
 ``--threads 1 2`` all of it once with each number of onnxruntime-web threads (more than one: the
 page served cross-origin isolated, as threads need). tests/test_browser_live.py prints the same
 budgets. Nothing is asserted (the machine is shared).
@@ -253,21 +255,8 @@ def in_browser(
             before = sum(n for _, n in sizes)
             n = len(sizes)
             rss_page = renderer_rss_mb(profile)
-            play.locator(".gptlib-play-start").click()
-            yes = play.locator(".gptlib-play-confirm-yes")
-            t0 = time.perf_counter()
-            try:
-                yes.wait_for(timeout=10_000)
-                t0 = time.perf_counter()
-                yes.click()
-            except Exception:  # a small model starts without asking
-                pass
-            page.wait_for_function(
-                "() => { const r = document.querySelector('.gptlib-play');"
-                " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
-                timeout=300_000,
-            )
-            wall = time.perf_counter() - t0
+            with RendererPeak(profile) as start_peak:
+                wall = start_model(page, play)
             error = play.get_attribute("data-error")
             if error:
                 raise SystemExit(f"{name}: the page could not start the model: {error}")
@@ -363,6 +352,7 @@ def in_browser(
             )
             rss = renderer_rss_mb(profile)
             long = long_run(page, play, profile, long_n) if long_n else None
+            again = second_start(page, play, profile, sizes)
         ctx.close()
     return {
         "before_mb": before / 1e6,
@@ -381,6 +371,8 @@ def in_browser(
         "run_step_ms": float(run_step_ms) if run_step_ms else None,
         "rss_page_mb": rss_page,
         "rss_loaded_mb": rss_loaded,
+        "rss_start_peak_mb": start_peak.mb,
+        "again": again,
         "long": long,
         "heap_mb": heap / 1e6 if heap else None,
         "rss_mb": rss,
@@ -389,12 +381,74 @@ def in_browser(
     }
 
 
+class RendererPeak:
+    """The largest resident memory of this browser's renderer (renderer_rss_mb, in MB) while the
+    with-block runs, sampled every 0.2 s and once at its end: ``mb`` after the block."""
+
+    def __init__(self, profile: str):
+        import threading
+
+        self.profile, self.mb = profile, renderer_rss_mb(profile) or 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._done.wait(0.2):
+            self.mb = max(self.mb, renderer_rss_mb(self.profile) or 0.0)
+
+    def __enter__(self) -> RendererPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.mb = max(self.mb, renderer_rss_mb(self.profile) or 0.0)
+
+
+def start_model(page, play) -> float:
+    """Start the page's model (its download agreed to) and wait for the first result: the time
+    from the agreement (or the start, where none is asked) to it, seen here, in s."""
+    play.locator(".gptlib-play-start").click()
+    yes = play.locator(".gptlib-play-confirm-yes")
+    t0 = time.perf_counter()
+    try:
+        yes.wait_for(timeout=10_000)
+        t0 = time.perf_counter()
+        yes.click()
+    except Exception:  # a small model starts without asking
+        pass
+    page.wait_for_function(
+        "() => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.firstMs !== undefined || r.dataset.live === 'failed'; }",
+        timeout=300_000,
+    )
+    return time.perf_counter() - t0
+
+
+def second_start(page, play, profile: str, sizes: list) -> dict:
+    """The page reloaded and its model started again, its files from the browser's Cache API:
+    the renderer's peak over the reload and the start (MB), the time to the first result (the
+    page's, in s) and the model's bytes downloaded again (MB)."""
+    n = len(sizes)
+    with RendererPeak(profile) as peak:
+        page.reload(wait_until="networkidle")
+        play.wait_for(timeout=60_000)
+        start_model(page, play)
+    error = play.get_attribute("data-error")
+    if error:
+        raise SystemExit(f"the page could not start the model again: {error}")
+    return {
+        "peak_mb": peak.mb,
+        "first_s": float(play.get_attribute("data-first-ms")) / 1000,
+        "download_mb": sum(k for u, k in sizes[n:] if "/live/" in u) / 1e6,
+    }
+
+
 def long_run(page, play, profile: str, n: int) -> dict:
     """A greedy run of ``n`` tokens in the started page (the chat switch off: no stop token), every
     panel open: its time a token, the run's own mean step where reported, and the renderer's
     resident memory before it, at its peak (every 0.2 s) and after it, with the JavaScript heap."""
-    import threading
-
     chat = play.locator(".gptlib-play-chat")
     if chat.is_visible() and chat.is_checked():
         chat.uncheck()
@@ -403,28 +457,16 @@ def long_run(page, play, profile: str, n: int) -> dict:
         )
     page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }")
     before = renderer_rss_mb(profile) or 0.0
-    peak = [before]
-    done = threading.Event()
-
-    def poll():
-        while not done.wait(0.2):
-            peak[0] = max(peak[0], renderer_rss_mb(profile) or 0.0)
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
     play.locator(".gptlib-play-run-n").fill(str(n))
     play.locator(".gptlib-play-run-greedy").check()
     t0 = time.perf_counter()
-    play.locator(".gptlib-play-run").click()
-    try:
+    with RendererPeak(profile) as peak:
+        play.locator(".gptlib-play-run").click()
         page.wait_for_function(
             "() => { const r = document.querySelector('.gptlib-play');"
             " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
             timeout=max(300_000, n * 2_000),
         )
-    finally:
-        done.set()
-        watcher.join()
     wall = time.perf_counter() - t0
     after = renderer_rss_mb(profile) or 0.0
     step_ms = play.get_attribute("data-run-step-ms")
@@ -435,7 +477,7 @@ def long_run(page, play, profile: str, n: int) -> dict:
         "step_ms": float(step_ms) if step_ms else None,
         "wall_s": wall,
         "before_mb": before,
-        "peak_mb": max(peak[0], after),
+        "peak_mb": max(peak.mb, before),
         "after_mb": after,
         "heap_mb": heap / 1e6 if heap else None,
     }
@@ -520,7 +562,14 @@ def report(name: str, b: dict, ids: list[int], args) -> None:
     print(
         f"{name} in Chromium, generate {b['run_steps']}: {b['run_ms']:.0f} ms a token against a "
         f"bare step's {q['bare']:.0f} ms ({b['run_ms'] / q['bare']:.2f}x){own}; the renderer "
-        f"{mb(b['rss_page_mb'])} before the start, {mb(b['rss_loaded_mb'])} once loaded"
+        f"{mb(b['rss_page_mb'])} before the start, {mb(b['rss_start_peak_mb'])} at the start's "
+        f"peak, {mb(b['rss_loaded_mb'])} once loaded"
+    )
+    a = b["again"]
+    print(
+        f"{name} in Chromium, the page reloaded and the model started again: the renderer's "
+        f"peak {mb(a['peak_mb'])} over the reload and the start; {a['first_s']:.1f} s to the "
+        f"first result; {a['download_mb']:.1f} MB of the model's files downloaded again"
     )
     g = b["long"]
     if g:
@@ -530,8 +579,9 @@ def report(name: str, b: dict, ids: list[int], args) -> None:
             f"{name} in Chromium, a greedy run of {g['n']} tokens, every panel open: "
             f"{g['ms']:.0f} ms a token{own}, {1000 / g['ms']:.1f} tokens/s, {g['wall_s']:.0f} s "
             f"in all; the renderer {g['before_mb']:.0f} MB before it, {g['peak_mb']:.0f} MB at "
-            f"its peak, {g['after_mb']:.0f} MB after it ({g['after_mb'] - b['rss_page_mb']:+.0f} "
-            f"MB above the page before the start); the JavaScript heap {heap}"
+            f"its peak, {g['after_mb']:.0f} MB after it (above the page before the start: "
+            f"{g['peak_mb'] - b['rss_page_mb']:+.0f} MB at the peak, "
+            f"{g['after_mb'] - b['rss_page_mb']:+.0f} MB after); the JavaScript heap {heap}"
             if b["rss_page_mb"]
             else f"{name}: a run of {g['n']} tokens: {g['ms']:.0f} ms a token"
         )
