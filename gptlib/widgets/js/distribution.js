@@ -8,9 +8,9 @@ import { make, show, svg } from "./dom.js";
 // (negatives' bits flipped, positives' sign bit set) and flipped again for decreasing order, a
 // 32-bit key a token, then a least-significant-digit radix sort on the keys' three digits of 11
 // bits: each pass is stable, so tokens of equal logits stay in the order of their indices. Linear
-// in the vocabulary: SmolLM2's 49,152 logits in about a millisecond (a native sort of one number
-// a token took 5 to 9 ms a click, a comparator 8x that). Other arrays (float64 numbers), and a
-// vocabulary of over 2^31 tokens, sort with the comparator.
+// in the vocabulary: SmolLM2's 49,152 logits in 2.5 ms under node (a native sort of one number a
+// token took 6 ms, a comparator 8x that). Other arrays (float64 numbers), and a vocabulary of
+// over 2^31 tokens, sort with the comparator.
 const F32 = new Float32Array(1),
   U32 = new Uint32Array(F32.buffer);
 const DIGIT = 11,
