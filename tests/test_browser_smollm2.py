@@ -320,8 +320,11 @@ def test_smollm2_one_head_step_by_step(smol_page, smollm2, summary):
         arg=window,
         timeout=60_000,
     )
+    # the panel's answers so far, read before it opens: its first answer may come before a read
+    # made after it (a loaded machine's round trips)
+    before = page.play.get_attribute("data-head-n")
     page.js("(root.querySelector('.gptlib-play-head-panel').open = true)")
-    shown = _head_shown(page, page.play.get_attribute("data-head-n"))
+    shown = _head_shown(page, before)
     page.play.locator(".gptlib-head-pick-layer").select_option("18")
     shown = _head_shown(page, shown["key"])
     page.play.locator(".gptlib-head-pick-head").select_option("6")
