@@ -87,10 +87,10 @@ def _steps_js(A):
 
 
 def test_a_sliding_window_reads_its_rows_where_they_are():
-    """One token a step past the window (W = 40, 90 positions): the window moves a key a step, so
-    its rows are read at an offset and cut again only every 16 to 31 moves (rows.js's SLACK).
-    After every step the patterns and total(l, h, [[c, j]]) are the full patterns cut to the
-    window; what a step's heads() gave is unchanged by the later steps (read at the end)."""
+    """One token a step past the window (W = 40, 90 positions): the window moves a key a step and
+    each new row is written over the slot of the row it lets go (rows.js's ring). After every
+    step the patterns and total(l, h, [[c, j]]) are the full patterns cut to the window; what a
+    step's heads() gave is unchanged by the later steps (read at the end)."""
     L, H, W, N = 1, 2, 40, 90
     A = _patterns(L, H, N, seed=11)
     got = _node(
@@ -194,3 +194,34 @@ def test_held_after_the_context_shrinks():
     for h in range(H):
         for c, row in enumerate(rows[0][h]):
             assert got["heads"]["patterns"][0][h][c] == pytest.approx(row, abs=0)
+
+
+def test_a_result_read_later_through_its_patterns_alone():
+    """What heads() gave, kept only as its patterns and total (as the page keeps them), is
+    unchanged by later steps that write over the slots it reads, with the garbage collector run
+    between the steps (rows.js holds the results weakly)."""
+    L, H, W, N = 1, 2, 6, 30
+    A = _patterns(L, H, N, seed=13)
+    got = _node(
+        "import v8 from 'node:v8'; import vm from 'node:vm';\n"
+        "v8.setFlagsFromString('--expose-gc'); const gc = vm.runInNewContext('gc');\n"
+        + _steps_js(A)
+        + f"const kept = [], w = m.rowWindow({L}, {H}, {W});\n"
+        f"for (let S = 1; S <= {N}; S++) {{\n"
+        "  const { patterns, total, positions } = w.add(row(S), S - 1, 1, 1).heads();\n"
+        "  kept.push({ patterns, total, positions });\n"
+        "  await new Promise((r) => setTimeout(r, 0)); gc();\n"  # WeakRefs hold to a job's end
+        "}\n"
+        "const out = kept.map((g) => ({ positions: g.positions, patterns: g.patterns,\n"
+        f"  total: [...Array({H}).keys()].map((h) => g.positions.map((_, c) =>\n"
+        "    g.total(0, h, [[c, c]]))) }));\n"
+        "console.log(JSON.stringify(out, plain));"
+    )
+    for S in range(1, N + 1):
+        g = got[S - 1]
+        pos, rows = _window(A, S, W)
+        assert g["positions"] == pos
+        for h in range(H):
+            for c, r in enumerate(rows[0][h]):
+                assert g["patterns"][0][h][c] == pytest.approx(r, abs=0), (S, h, c)
+                assert g["total"][h][c] == pytest.approx(r[-1], abs=0), (S, h, c)

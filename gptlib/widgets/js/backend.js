@@ -20,6 +20,14 @@ export function fromBase64(s) {
   return u;
 }
 
+// Give a typed array's memory back now, not at the garbage collector's next full pass (which
+// may come much later): its buffer, detached, holds nothing, nor does any other view of it.
+// Where the browser cannot detach (no ArrayBuffer.prototype.transfer; a SharedArrayBuffer has
+// none), the collector will.
+export const dropArray = (a) => {
+  if (ArrayBuffer.isView(a)) a.buffer.transfer?.(0);
+};
+
 // A byte count for people: "4.2 MB".
 export const megabytes = (n) => `${(n / 1e6).toFixed(1)} MB`;
 

@@ -11,7 +11,7 @@
 //   {type: "encode", id, text} -> {id, result: the ids} (@huggingface/tokenizers, here too);
 //   {type: "release", id} -> {id, result: true}: the session released.
 // A failure answers {id, error, live}: live when the message is written for the reader.
-import { LiveError, megabytes } from "./backend.js";
+import { dropArray as drop, LiveError, megabytes } from "./backend.js";
 import { cacheStepper } from "./page.js";
 import { lazyWeights } from "./q4.js";
 
@@ -46,10 +46,6 @@ async function openCache() {
 
 // The key of a file's bytes in the cache: its URL and its SHA-256.
 const cacheKey = (url, sha) => `${url}?sha256=${sha}`;
-
-// Give an array's memory back now, not at the garbage collector's next full pass (which may come
-// much later): its buffer, detached, holds nothing. Where the browser cannot, the collector will.
-const drop = (a) => a?.buffer.transfer?.(0);
 
 // The body of a response (a stream) into dest, which it must fill exactly; onBytes(k) as the
 // bytes come. Returns null, or what is wrong (its bytes are not the manifest's count).

@@ -1,29 +1,14 @@
 // The attention rows a page keeps for the heads panel: a window of the last W positions of the
 // model's context (the panel's window, separate from the model's n_ctx), with the first key (where
 // many heads put their spare weight) kept beside them. So a run of any length holds at most
-// n_layers * n_heads * W * (W + 1) / 2 weights, and the panel draws at most W rows.
+// n_layers * n_heads * W * (W + 1) weights (see rowWindow), and the panel draws at most W rows.
 //
 // The window of a context of S positions is the key list `positions`: every position while
 // S <= W, else [0, S - W + 1, ..., S - 1] (W of them). A head's pattern over it is lower-
 // triangular: row c is the query positions[c]'s weights on the keys positions[0..c] (its weights
-// on the keys left out, 1 .. S - W, are not kept: such a row sums to less than 1). Each kept row
-// holds at most 2 SLACK - 1 weights more, of keys the window has let go (see SLACK).
+// on the keys left out, 1 .. S - W, are not kept: such a row sums to less than 1).
 
 export const PANEL_WINDOW = 128;
-// A kept row is cut again (copied without the keys the window has let go) once the window's start
-// has moved SLACK to 2 SLACK - 1 positions past the one it was cut for (by its query: the rows of
-// one step are not all cut on the same step); until then it is read at an offset. A window that
-// slides by one position a step would otherwise cut every row it keeps (SmolLM2: 270 heads x 127
-// rows, 50 ms a click); this way a step cuts about 1/SLACK of them.
-const SLACK = 16;
-
-// Row `row` (key 0, then keys from lo0 on) cut to start at lo0 + d: key 0, then lo0 + d on.
-function cutRow(row, d) {
-  const out = new Float32Array(row.length - d);
-  out[0] = row[0];
-  out.set(row.subarray(1 + d), 1);
-  return out;
-}
 
 // The key list of a context of S positions in a window of W (see above).
 export function windowPositions(S, W = PANEL_WINDOW) {
@@ -59,13 +44,23 @@ export const rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstK
 // held(K) -> the positions its rows are of, as far as a context of K positions (the same ids
 // before) can build on them: 0 when it would need rows before the first one kept (K smaller than
 // before: an undo, a restart), which a step must then bring from firstKept(K) on.
+//
+// The rows live in one array, head by head, W slots of W + 1 weights a head: query q's row in
+// slot q mod W, its weight on key 0 first, then its weight on key j >= 1 at 1 + (j mod W) (the
+// keys of a row, key 0 and at most W - 1 more in a row, never share a place). A new row is
+// written over the slot of the row W queries before it, which the window has let go: a step
+// allocates nothing, and a window that slides copies nothing. What heads() returned reads the
+// slots as they were: a slot it reads that a later step writes is first copied (once, for every
+// result still read; a result keeps only the slots it reads).
 export function rowWindow(L, H, W = PANEL_WINDOW) {
-  const lh = L * H;
-  let rows = [], // rows[k][q - from]: [w(q, 0), w(q, lo), ..., w(q, q)], lo = los[q - from]
-    los = [], // the window start each kept row was cut for
+  const lh = L * H,
+    span = W + 1, // a slot's weights
+    perHead = W * span;
+  let ring = null, // ring[k * perHead + (q mod W) * span + col]
     from = 0, // the first query kept
     S = 0, // the positions the rows are of
     entropy = null; // entropy[k]: the last row's
+  const readers = new Set(); // WeakRefs to heads() results that read slots of the ring
 
   // Ready for new rows from query P0 on (of K positions): the rows before it that the window
   // keeps stay. Returns the window's first key after 0 (1 while it holds every position).
@@ -73,22 +68,55 @@ export function rowWindow(L, H, W = PANEL_WINDOW) {
     const need = firstKept(K, W);
     if (P0 <= need || S === 0) {
       if (P0 > need) throw new Error(`rows of queries ${need} to ${P0 - 1} were never given`);
-      rows = Array.from({ length: lh }, () => []);
-      los = [];
       from = need;
     } else {
       if (P0 > S || from > need) throw new Error(`rows of queries ${S} to ${P0 - 1} are missing`);
-      for (const r of rows) r.length = P0 - from;
-      los.length = P0 - from;
-      const drop = need - from; // the rows the window lets go
-      if (drop > 0) {
-        for (const r of rows) r.splice(0, drop);
-        los.splice(0, drop);
-        from = need;
-      }
+      from = Math.max(from, need); // the rows the window lets go
     }
     S = K;
+    ring ??= new Float32Array(lh * perHead);
     return Math.max(1, need);
+  }
+
+  // Before query q's row is written over the row W queries before it: the earlier results of
+  // heads() that read that slot (see heads) get a copy of it, one copy for all of them.
+  function keep(q) {
+    const slot = q % W;
+    let copy = null;
+    for (const ref of readers) {
+      const st = ref.deref();
+      if (!st) {
+        readers.delete(ref); // nothing reads that result any more
+        continue;
+      }
+      const c = st.first + ((slot - (st.q0 % W) + W) % W); // its row in that slot, if any
+      if (c < st.n && st.src[c] === ring) {
+        if (!copy) {
+          copy = new Float32Array(lh * span);
+          for (let k = 0; k < lh; k++) {
+            const at = k * perHead + slot * span;
+            copy.set(ring.subarray(at, at + span), k * span);
+          }
+        }
+        st.src[c] = copy;
+        st.at[c] = 0;
+        st.stride[c] = span;
+        if (--st.unread === 0) readers.delete(ref); // it reads nothing more from the ring
+      }
+    }
+  }
+
+  // Write head k's row of query q: w0 on key 0, then src[at .. at + q - lo] on keys lo .. q.
+  function write(k, q, lo, w0, src, at) {
+    const base = k * perHead + (q % W) * span;
+    ring[base] = w0;
+    let j = lo;
+    while (j <= q) {
+      const col = j % W,
+        n = Math.min(q - j + 1, W - col); // up to the slot's end, then from its start
+      ring.set(src.subarray(at + (j - lo), at + (j - lo) + n), base + 1 + col);
+      j += n;
+    }
   }
 
   return {
@@ -96,17 +124,13 @@ export function rowWindow(L, H, W = PANEL_WINDOW) {
       const K = P + T,
         lo = begin(K - r, K);
       entropy = new Float64Array(lh);
-      for (let k = 0; k < lh; k++) {
-        for (let t = 0; t < r; t++) {
-          const q = K - r + t,
-            o = (k * r + t) * K;
+      for (let t = 0; t < r; t++) {
+        const q = K - r + t;
+        if (q >= from) keep(q);
+        for (let k = 0; k < lh; k++) {
+          const o = (k * r + t) * K;
           if (t === r - 1) entropy[k] = entropyOf(attn.subarray(o, o + q + 1));
-          if (q < from) continue;
-          const row = new Float32Array(q === 0 ? 1 : q - lo + 2);
-          row[0] = attn[o];
-          if (q > 0) row.set(attn.subarray(o + lo, o + q + 1), 1);
-          rows[k].push(row);
-          if (k === 0) los.push(lo);
+          if (q >= from) write(k, q, lo, attn[o], attn, o + lo);
         }
       }
       return this;
@@ -116,14 +140,13 @@ export function rowWindow(L, H, W = PANEL_WINDOW) {
         lo = begin(K - r, K),
         n = windowPositions(K, W).length;
       entropy = Float64Array.from(ent);
-      for (let k = 0; k < lh; k++) {
-        for (let t = 0; t < r; t++) {
-          const q = K - r + t;
-          if (q < from) continue;
-          const c = q === 0 ? 0 : q - lo + 1, // the query's place in the key list
-            o = (k * r + t) * n;
-          rows[k].push(cut.slice(o, o + c + 1));
-          if (k === 0) los.push(lo);
+      for (let t = 0; t < r; t++) {
+        const q = K - r + t;
+        if (q < from) continue;
+        keep(q);
+        for (let k = 0; k < lh; k++) {
+          const o = (k * r + t) * n;
+          write(k, q, lo, cut[o], cut, o + 1);
         }
       }
       return this;
@@ -132,37 +155,47 @@ export function rowWindow(L, H, W = PANEL_WINDOW) {
     heads() {
       if (!S) return null;
       const positions = windowPositions(S, W),
-        lo = Math.max(1, firstKept(S, W)),
-        first = from === 0 ? 0 : 1; // 1: the window's row 0 is query 0's, which sees only key 0
-      // (rows that came in one step are cut again on different steps: by their query)
-      los.forEach((l0, i) => {
-        if (lo - l0 >= SLACK + ((from + i) % SLACK) && from + i > 0) {
-          for (const r of rows) r[i] = cutRow(r[i], lo - l0); // a new array: none is changed
-          los[i] = lo;
-        }
-      });
+        n = positions.length,
+        f = from,
+        first = f === 0 ? 0 : 1; // 1: the window's row 0 is query 0's, which sees only key 0
+      // row c >= first is query positions[c] (positions[first] + c - first), kept in slot
+      // positions[c] mod W: read from the ring until a later step writes that slot, then from a
+      // copy (keep). `readers` holds the state weakly: it goes with the result's last reader.
+      const st = {
+        first,
+        n,
+        q0: positions[first] ?? 0,
+        unread: n - first, // the rows still read from the ring
+        src: new Array(n).fill(ring),
+        at: positions.map((q) => (q % W) * span), // row c's place in its slot's array
+        stride: new Array(n).fill(perHead), // and from one head to the next
+      };
+      if (st.unread > 0) readers.add(new WeakRef(st));
       const query0 = Float32Array.of(1),
-        kept = rows.map((r) => r.slice()), // the rows as they are now, for the reads below
-        shift = los.map((l0, i) => (from + i === 0 ? 0 : lo - l0)); // row i's keys' offset
+        col = Int32Array.from(positions, (p, j) => (j === 0 ? 0 : 1 + (p % W))); // key j's place
       // head k's row c of the window: its weights on positions[0 .. c]
       const rowOf = (k, c) => {
         if (c < first) return query0;
-        const i = c - first;
-        return shift[i] ? cutRow(kept[k][i], shift[i]) : kept[k][i];
+        const a = st.src[c],
+          base = k * st.stride[c] + st.at[c],
+          row = new Float32Array(c + 1);
+        row[0] = a[base];
+        for (let j = 1; j <= c; j++) row[j] = a[base + col[j]];
+        return row;
       };
       const total = (l, h, pairs) => {
-        const rs = kept[l * H + h];
+        const k = l * H + h,
+          { src, at, stride } = st;
         let s = 0;
         for (let r = 0; r < pairs.length; r++) {
           const c = pairs[r][0],
             j = pairs[r][1];
           if (c < first) s += j === 0 ? 1 : 0;
-          else s += rs[c - first][j === 0 ? 0 : j + shift[c - first]];
+          else s += src[c][k * stride[c] + at[c] + col[j]];
         }
         return s;
       };
-      const n = positions.length,
-        cut = new Array(L * H);
+      const cut = new Array(lh);
       const pattern = (k) => {
         cut[k] ??= Array.from({ length: n }, (_, c) => rowOf(k, c));
         return cut[k];

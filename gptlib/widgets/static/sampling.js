@@ -431,13 +431,6 @@ function pageInputs(req, got, config) {
 
 // gptlib/widgets/js/rows.js
 var PANEL_WINDOW = 128;
-var SLACK = 16;
-function cutRow(row, d) {
-  const out = new Float32Array(row.length - d);
-  out[0] = row[0];
-  out.set(row.subarray(1 + d), 1);
-  return out;
-}
 function windowPositions(S, W = PANEL_WINDOW) {
   const lo = Math.max(1, S - W + 1);
   return S === 0 ? [] : [0, ...Array.from({ length: S - lo }, (_, k) => lo + k)];
@@ -450,43 +443,68 @@ function entropyOf(row) {
 var firstKept = (K, W = PANEL_WINDOW) => K > W ? K - W + 1 : 0;
 var rowsWanted = (P, T, W = PANEL_WINDOW) => P + T - Math.max(P, firstKept(P + T, W));
 function rowWindow(L, H, W = PANEL_WINDOW) {
-  const lh = L * H;
-  let rows = [], los = [], from = 0, S = 0, entropy2 = null;
+  const lh = L * H, span = W + 1, perHead = W * span;
+  let ring = null, from = 0, S = 0, entropy2 = null;
+  const readers = /* @__PURE__ */ new Set();
   function begin(P0, K) {
     const need = firstKept(K, W);
     if (P0 <= need || S === 0) {
       if (P0 > need) throw new Error(`rows of queries ${need} to ${P0 - 1} were never given`);
-      rows = Array.from({ length: lh }, () => []);
-      los = [];
       from = need;
     } else {
       if (P0 > S || from > need) throw new Error(`rows of queries ${S} to ${P0 - 1} are missing`);
-      for (const r of rows) r.length = P0 - from;
-      los.length = P0 - from;
-      const drop = need - from;
-      if (drop > 0) {
-        for (const r of rows) r.splice(0, drop);
-        los.splice(0, drop);
-        from = need;
-      }
+      from = Math.max(from, need);
     }
     S = K;
+    ring ?? (ring = new Float32Array(lh * perHead));
     return Math.max(1, need);
+  }
+  function keep(q) {
+    const slot = q % W;
+    let copy = null;
+    for (const ref of readers) {
+      const st = ref.deref();
+      if (!st) {
+        readers.delete(ref);
+        continue;
+      }
+      const c = st.first + (slot - st.q0 % W + W) % W;
+      if (c < st.n && st.src[c] === ring) {
+        if (!copy) {
+          copy = new Float32Array(lh * span);
+          for (let k = 0; k < lh; k++) {
+            const at = k * perHead + slot * span;
+            copy.set(ring.subarray(at, at + span), k * span);
+          }
+        }
+        st.src[c] = copy;
+        st.at[c] = 0;
+        st.stride[c] = span;
+        if (--st.unread === 0) readers.delete(ref);
+      }
+    }
+  }
+  function write(k, q, lo, w0, src, at) {
+    const base = k * perHead + q % W * span;
+    ring[base] = w0;
+    let j = lo;
+    while (j <= q) {
+      const col = j % W, n = Math.min(q - j + 1, W - col);
+      ring.set(src.subarray(at + (j - lo), at + (j - lo) + n), base + 1 + col);
+      j += n;
+    }
   }
   return {
     add(attn, P, T, r = T) {
       const K = P + T, lo = begin(K - r, K);
       entropy2 = new Float64Array(lh);
-      for (let k = 0; k < lh; k++) {
-        for (let t = 0; t < r; t++) {
-          const q = K - r + t, o = (k * r + t) * K;
+      for (let t = 0; t < r; t++) {
+        const q = K - r + t;
+        if (q >= from) keep(q);
+        for (let k = 0; k < lh; k++) {
+          const o = (k * r + t) * K;
           if (t === r - 1) entropy2[k] = entropyOf(attn.subarray(o, o + q + 1));
-          if (q < from) continue;
-          const row = new Float32Array(q === 0 ? 1 : q - lo + 2);
-          row[0] = attn[o];
-          if (q > 0) row.set(attn.subarray(o + lo, o + q + 1), 1);
-          rows[k].push(row);
-          if (k === 0) los.push(lo);
+          if (q >= from) write(k, q, lo, attn[o], attn, o + lo);
         }
       }
       return this;
@@ -494,13 +512,13 @@ function rowWindow(L, H, W = PANEL_WINDOW) {
     addCut(cut, ent, P, T, r = T) {
       const K = P + T, lo = begin(K - r, K), n = windowPositions(K, W).length;
       entropy2 = Float64Array.from(ent);
-      for (let k = 0; k < lh; k++) {
-        for (let t = 0; t < r; t++) {
-          const q = K - r + t;
-          if (q < from) continue;
-          const c = q === 0 ? 0 : q - lo + 1, o = (k * r + t) * n;
-          rows[k].push(cut.slice(o, o + c + 1));
-          if (k === 0) los.push(lo);
+      for (let t = 0; t < r; t++) {
+        const q = K - r + t;
+        if (q < from) continue;
+        keep(q);
+        for (let k = 0; k < lh; k++) {
+          const o = (k * r + t) * n;
+          write(k, q, lo, cut[o], cut, o + 1);
         }
       }
       return this;
@@ -508,30 +526,39 @@ function rowWindow(L, H, W = PANEL_WINDOW) {
     held: (K = S) => from <= firstKept(K, W) ? S : 0,
     heads() {
       if (!S) return null;
-      const positions = windowPositions(S, W), lo = Math.max(1, firstKept(S, W)), first = from === 0 ? 0 : 1;
-      los.forEach((l0, i) => {
-        if (lo - l0 >= SLACK + (from + i) % SLACK && from + i > 0) {
-          for (const r of rows) r[i] = cutRow(r[i], lo - l0);
-          los[i] = lo;
-        }
-      });
-      const query0 = Float32Array.of(1), kept = rows.map((r) => r.slice()), shift = los.map((l0, i) => from + i === 0 ? 0 : lo - l0);
+      const positions = windowPositions(S, W), n = positions.length, f = from, first = f === 0 ? 0 : 1;
+      const st = {
+        first,
+        n,
+        q0: positions[first] ?? 0,
+        unread: n - first,
+        // the rows still read from the ring
+        src: new Array(n).fill(ring),
+        at: positions.map((q) => q % W * span),
+        // row c's place in its slot's array
+        stride: new Array(n).fill(perHead)
+        // and from one head to the next
+      };
+      if (st.unread > 0) readers.add(new WeakRef(st));
+      const query0 = Float32Array.of(1), col = Int32Array.from(positions, (p, j) => j === 0 ? 0 : 1 + p % W);
       const rowOf = (k, c) => {
         if (c < first) return query0;
-        const i = c - first;
-        return shift[i] ? cutRow(kept[k][i], shift[i]) : kept[k][i];
+        const a = st.src[c], base = k * st.stride[c] + st.at[c], row = new Float32Array(c + 1);
+        row[0] = a[base];
+        for (let j = 1; j <= c; j++) row[j] = a[base + col[j]];
+        return row;
       };
       const total = (l, h, pairs) => {
-        const rs = kept[l * H + h];
+        const k = l * H + h, { src, at, stride } = st;
         let s = 0;
         for (let r = 0; r < pairs.length; r++) {
           const c = pairs[r][0], j = pairs[r][1];
           if (c < first) s += j === 0 ? 1 : 0;
-          else s += rs[c - first][j === 0 ? 0 : j + shift[c - first]];
+          else s += src[c][k * stride[c] + at[c] + col[j]];
         }
         return s;
       };
-      const n = positions.length, cut = new Array(L * H);
+      const cut = new Array(lh);
       const pattern = (k) => {
         cut[k] ?? (cut[k] = Array.from({ length: n }, (_, c) => rowOf(k, c)));
         return cut[k];
@@ -552,7 +579,7 @@ function rowWindow(L, H, W = PANEL_WINDOW) {
 // gptlib/widgets/js/page.js
 var VERSION = 5;
 var CONFIRM_ABOVE = 2e7;
-var WORKER_SOURCE = true ? 'var k=class extends Error{};var F=t=>`${(t/1e6).toFixed(1)} MB`;function fe(t,n,e,r,o){return[...Array(r).keys()].map(s=>({ids:Array.from(t.slice(s*o,(s+1)*o),Number),probs:Array.from(n.slice(s*o,(s+1)*o),l=>Math.exp(l-e[s]))}))}var Be=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);function de(t,n,e,r){let o=r.d_head,s=r.n_kv_heads,l=r.n_layers*2*s*o,a=n.length/l,y=Math.floor(e.head/(r.n_heads/s)),u=d=>{let i=new Float32Array(a*o),f=((e.layer*2+d)*s+y)*o;for(let h=0;h<a;h++)i.set(n.subarray(h*l+f,h*l+f+o),h*o);return i};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function pe(t,n=128){let e=Math.max(1,t-n+1);return t===0?[]:[0,...Array.from({length:t-e},(r,o)=>e+o)]}function be(t){let n=0;for(let e of t)e>0&&(n-=e*Math.log(e));return n}var X=(t,n=128)=>t>n?t-n+1:0,me=(t,n,e=128)=>t+n-Math.max(t,X(t+n,e));var ot=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Te(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function Me(t,n,e,r,o=Number.POSITIVE_INFINITY){let s=n===r?Te(t,e):0;return s=Math.min(s,o,e.length-1),{keep:s,feed:e.slice(s)}}function Se(t,n=64){let e=new Float32Array(t*n);return{past:r=>e.subarray(0,r*t),put(r,o){let s=r*t+o.length;if(s>e.length){let l=Math.max(1,e.length/t);for(;l*t<s;)l=Math.ceil(l*1.5);let a=new Float32Array(l*t);a.set(e.subarray(0,r*t)),e=a}e.set(o,r*t)},get capacity(){return e.length/t}}}var ye=8e6;function Oe(t,n,e,r=ye){let o=[],s=r/e,l=t+n,a=t;for(;a<l;){let y=Math.max(1,Math.floor((-a+Math.sqrt(a*a+4*s))/2)),u=Math.min(l,a+y);o.push([a,u]),a=u}return o}function we(t,n,e,r=ye){let o=e.config,s=o.n_layers,l=o.n_heads,a=o.n_kv_heads,y=o.d_head,u=o.d_vocab,d=e.lens_top,i=new Float32Array(s*l).fill(1),f=Se(s*2*a*y),h=[],b="",m=c=>BigInt64Array.from(c,x=>BigInt(x)),w=c=>new t.Tensor("int64",m(c),[c.length]);return async(c,x={})=>{let{mask:p=null,lens:g=null,targets:N=null,rows:$=!1,head:_=null}=x,B=c.slice(-o.n_ctx),te=p?Float32Array.from(p):i,ne=te.join(","),D=x.most??Number.POSITIVE_INFINITY;if(_){if(!(_.position>=0&&_.position<B.length))throw new k(`the query position must be in [0, ${B.length})`);D=Math.min(D,_.position)}let{keep:Ae,feed:oe}=Me(h,b,B,ne,D),T=Ae,z=oe.length,S=T+z,re=g||[],se=N||[],I=$?me(T,z):0,ve=Math.max(1,X(S)),ae=$?pe(S).length:0,G=$?new Float32Array(s*l*I*ae):null,le=$?new Float64Array(s*l):null,We=Oe(T,z,s*l,r),V=T,H=null,ie=null;try{for(let[v,O]of We){let C=O===S,Q=Math.max(v,S-I),J=Array.from({length:Math.max(0,O-Q)},(M,A)=>Q-v+A),ce=_&&v<=_.position&&_.position<O,he=ce?[_.layer,_.head,_.position-v,_.target]:[],W=await n.run({ids:new t.Tensor("int64",m(oe.slice(v-T,O-T)),[1,O-v]),past:new t.Tensor("float32",f.past(v),[v,s,2,a,y]),head_mask:new t.Tensor("float32",te,[s,l]),lens:w(C?re:[]),targets:w(C?se:[]),queries:w(J),head:new t.Tensor("int64",m(he),[he.length/4,4])});try{if($){let M=W.attn.data;for(let A=0;A<s*l;A++)for(let E=0;E<J.length;E++){let P=Q+E,R=(A*J.length+E)*O,ue=(A*I+(P-(S-I)))*ae;G[ue]=M[R],P>0&&G.set(M.subarray(R+ve,R+P+1),ue+1),P===S-1&&(le[A]=be(M.subarray(R,R+P+1)))}}if(C&&(H={logits:W.logits.data.slice(0,u),cut:G,entropy:le,P:T,T:z,R:I,lens:g?fe(W.lens_ids.data,W.lens_logits.data,W.lens_lse.data,re.length,d):null,direct:se.length?W.direct.data.slice():null}),ce){let M=Object.entries(W).filter(([A])=>A.startsWith("head_"));ie=Object.fromEntries(M.map(([A,E])=>[A,{data:E.data.slice()}]))}f.put(v,W.kv.data),V=O,C&&_&&(H.head=de(ie,f.past(S),_,o))}finally{for(let M of Object.values(W))M.dispose?.()}}}finally{V>T&&(h=B.slice(0,V),b=ne)}return H}}function qe(t){let n=t&32768?-1:1,e=t>>10&31,r=t&1023;return e===0?n*r*2**-24:e===31?r?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+r)*2**(e-25)}var Y=new Float64Array(65536);for(let t=0;t<65536;t++)Y[t]=qe(t);var Ee={Q4_1:20,Q8_0:34};function Ne(t,n,e){let r=Ee[n.type];if(!r)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let o=n.rows*n.cols;if(n.blocks_bytes!==o/32*r||n.bytes!==o*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,y=a/32,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,i=new Float32Array(16),f=(b,m,w)=>{let c=b*r,x=Y[u[c]|u[c+1]<<8];if(r===20){let p=Y[u[c+2]|u[c+3]<<8];for(let g=0;g<16;g++)i[g]=d(d(x*g)+p);for(let g=0;g<16;g++){let N=u[c+4+g];m[w+g]=i[N&15],m[w+g+16]=i[N>>4]}}else for(let p=0;p<32;p++)m[w+p]=d((u[c+2+p]<<24>>24)*x)};if(!n.transpose){for(let b=0;b<o/32;b++)f(b,e,s+b*32);return}let h=new Float32Array(1024);for(let b=0;b<l;b+=32){let m=Math.min(32,l-b);for(let w=0;w<y;w++){for(let c=0;c<m;c++)f((b+c)*y+w,h,c*32);for(let c=0;c<32;c++){let x=s+(w*32+c)*l+b;for(let p=0;p<m;p++)e[x+p]=h[p*32+c]}}}}function ge(t,n){let e=n.tensors,r=new Map(e.map((d,i)=>[d.offset,i])),o=new Set,s=0,l=Math.max(...e.map(d=>d.bytes)),a=new Float32Array(l/4),y=d=>{let i=e[d],f=a.subarray(0,i.bytes/4),h=performance.now();return Ne(t,{...i,offset:0},f),s+=performance.now()-h,o.add(d),new Uint8Array(f.buffer,0,i.bytes)};class u extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(i=0,f=n.bytes){let h=r.get(i);if(h!==void 0&&e[h].offset+e[h].bytes===f)return y(h);let b=new Uint8Array(f-i);return e.forEach((m,w)=>{let c=Math.max(i,m.offset),x=Math.min(f,m.offset+m.bytes);c<x&&b.set(y(w).subarray(c-m.offset,x-m.offset),c-i)}),b}}return{data:new u(0),served:()=>o.size===e.length,ms:()=>s,release:()=>{a.buffer.transfer?.(0),a=new Float32Array(0)}}}var Z={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Ie="gptlib-live-models",L={},j=(t,n)=>{L[t]=(L[t]||0)+performance.now()-n};async function _e(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return j("sha256",n),Array.from(e,r=>r.toString(16).padStart(2,"0")).join("")}async function Pe(){try{return globalThis.caches?await caches.open(Ie):null}catch{return null}}var Re=(t,n)=>`${t}?sha256=${n}`,xe=t=>t?.buffer.transfer?.(0);async function ke(t,n,e,r){let o=0,s=t.getReader();for(;;){let{done:l,value:a}=await s.read();if(l)break;if(o+a.length>n.bytes)return await s.cancel(),`${n.file} has more bytes than the manifest\'s ${n.bytes}`;e.set(a,o),o+=a.length,r(a.length)}return o===n.bytes?null:`${n.file} has ${o} bytes, the manifest says ${n.bytes}`}async function Fe(t,n,e,r,o,s){let l=Re(n,e.sha256),a=r.subarray(o,o+e.bytes),y=t&&await t.match(l).catch(()=>null);if(y?.body){let i=0;if(!await ke(y.body,e,a,h=>{i+=h,s(h)}).catch(h=>h.message)&&await _e(a)===e.sha256)return;s(-i),await t.delete(l)}let u;try{u=await fetch(n)}catch(i){throw new k(`could not fetch ${e.file} (${n}): ${i.message}`)}if(!u.ok)throw new k(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=await ke(u.body,e,a,s);if(d)throw new k(d);if(globalThis.crypto?.subtle&&await _e(a)!==e.sha256)throw new k(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let i of await t.keys())i.url.startsWith(`${n}?sha256=`)&&await t.delete(i);await t.put(l,new Response(a))}catch{}}async function ee(t,n,e,r){let o;try{o=new Uint8Array(e.bytes)}catch(a){throw new k(`This tab cannot hold ${F(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(Fe(t,new URL(a.file,n).href,a,o,s,r)),s+=a.bytes;return await Promise.all(l),o}var U=null,q=null,K=null,$e=Promise.resolve();async function je({base:t,manifestUrl:n,manifest:e,threads:r=1},o){if(q)throw new Error("this worker holds a session already");L={};let s=performance.now(),l=await Pe(),a=e.weights?.blocks,y={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},u=e.onnx.bytes+(a?a.bytes:0)+y.bytes,d=0,i=$=>{d+=$,o(`downloading ${e.name}: ${F(d)} of ${F(u)}`,d/u)};i(0);let[f,h,b,m,w]=await Promise.all([import(t+Z.ort),import(t+Z.tokenizers),ee(l,n,y,i),ee(l,n,e.onnx,i),a?ee(l,n,a,i):null]);j("files",s);let c=performance.now(),x=new h.Tokenizer(JSON.parse(new TextDecoder().decode(b)),{});j("tokenizer",c);let p=w?ge(w,e.weights):null,g={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};p&&(g.externalData=[{path:e.weights.file,data:p.data}]),f.env.wasm.numThreads=r,f.env.wasm.proxy=!1,f.env.wasm.wasmPaths=t+Z.ortDir,o("unpacking the 4-bit weights into onnxruntime-web",1),c=performance.now();try{if(q=await f.InferenceSession.create(m,g),p&&!p.served())throw new Error("it did not read every weight from the external data")}catch($){let _=q;throw q=null,await _?.release(),new k(`onnxruntime-web could not load ${e.name} in this tab (${$.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{g.externalData=null,p?.release(),xe(w),xe(m)}return j("session",c),p&&(L.unpack=p.ms()),j("total",s),U=we(f,q,e),K=x,{phases:Object.fromEntries(Object.entries(L).map(([$,_])=>[$,Math.round(_)])),threads:f.env.wasm.numThreads}}async function Le(t){let n=(e,r=[])=>self.postMessage({id:t.id,...e},r);try{if(t.type==="start")n({result:await je(t,(e,r)=>n({type:"progress",text:e,fraction:r}))});else if(t.type==="run"){if(!U)throw new k("the live model is not started (or was released)");let e=await U(t.ids,t.options||{}),r=[e.logits.buffer];e.cut&&r.push(e.cut.buffer,e.entropy.buffer),e.direct&&r.push(e.direct.buffer),n({result:e},r)}else if(t.type==="encode"){if(!K)throw new k("the live model is not started (or was released)");n({result:K.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=U=K=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof k})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{$e=$e.then(()=>Le(t.data))});\n' : null;
+var WORKER_SOURCE = true ? 'var k=class extends Error{};var N=t=>{ArrayBuffer.isView(t)&&t.buffer.transfer?.(0)},j=t=>`${(t/1e6).toFixed(1)} MB`;function de(t,n,e,o,r){return[...Array(o).keys()].map(s=>({ids:Array.from(t.slice(s*r,(s+1)*r),Number),probs:Array.from(n.slice(s*r,(s+1)*r),l=>Math.exp(l-e[s]))}))}var Le=new Uint8Array([0,97,115,109,1,0,0,0,1,5,1,96,0,1,123,3,2,1,0,10,10,1,8,0,65,0,253,15,253,98,11]);function pe(t,n,e,o){let r=o.d_head,s=o.n_kv_heads,l=o.n_layers*2*s*r,a=n.length/l,w=Math.floor(e.head/(o.n_heads/s)),u=d=>{let i=new Float32Array(a*r),h=((e.layer*2+d)*s+w)*r;for(let f=0;f<a;f++)i.set(n.subarray(f*l+h,f*l+h+r),f*r);return i};return{q:t.head_q.data.slice(),W_O:t.head_W_O.data.slice(),lnScale:t.head_ln_scale.data[0],lnW:t.head_ln_w.data.slice(),unembed:t.head_W_U.data.slice(),k:u(0),v:u(1)}}function be(t,n=128){let e=Math.max(1,t-n+1);return t===0?[]:[0,...Array.from({length:t-e},(o,r)=>e+r)]}function ye(t){let n=0;for(let e of t)e>0&&(n-=e*Math.log(e));return n}var Y=(t,n=128)=>t>n?t-n+1:0,we=(t,n,e=128)=>t+n-Math.max(t,Y(t+n,e));var rt=typeof globalThis.__GPTLIB_PAGE_WORKER__=="string"?globalThis.__GPTLIB_PAGE_WORKER__:null;function Te(t,n){let e=0;for(;e<t.length&&e<n.length&&t[e]===n[e];)e++;return e}function We(t,n,e,o,r=Number.POSITIVE_INFINITY){let s=n===o?Te(t,e):0;return s=Math.min(s,r,e.length-1),{keep:s,feed:e.slice(s)}}function Oe(t,n=64){let e=new Float32Array(t*n);return{past:o=>e.subarray(0,o*t),put(o,r){let s=o*t+r.length;if(s>e.length){let l=Math.max(1,e.length/t);for(;l*t<s;)l=Math.ceil(l*1.5);let a=new Float32Array(l*t);a.set(e.subarray(0,o*t)),N(e),e=a}e.set(r,o*t)},get capacity(){return e.length/t}}}var me=8e6;function Se(t,n,e,o=me){let r=[],s=o/e,l=t+n,a=t;for(;a<l;){let w=Math.max(1,Math.floor((-a+Math.sqrt(a*a+4*s))/2)),u=Math.min(l,a+w);r.push([a,u]),a=u}return r}function ge(t,n,e,o=me){let r=e.config,s=r.n_layers,l=r.n_heads,a=r.n_kv_heads,w=r.d_head,u=r.d_vocab,d=e.lens_top,i=new Float32Array(s*l).fill(1),h=Oe(s*2*a*w),f=[],b="",y=c=>BigInt64Array.from(c,x=>BigInt(x)),m=c=>new t.Tensor("int64",y(c),[c.length]);return async(c,x={})=>{let{mask:p=null,lens:g=null,targets:I=null,rows:$=!1,head:_=null}=x,z=c.slice(-r.n_ctx),ne=p?Float32Array.from(p):i,re=ne.join(","),K=x.most??Number.POSITIVE_INFINITY;if(_){if(!(_.position>=0&&_.position<z.length))throw new k(`the query position must be in [0, ${z.length})`);K=Math.min(K,_.position)}let{keep:$e,feed:oe}=We(f,b,z,re,K),W=$e,U=oe.length,O=W+U,se=g||[],ae=I||[],P=$?we(W,U):0,ve=Math.max(1,Y(O)),le=$?be(O).length:0,H=$?new Float32Array(s*l*P*le):null,ie=$?new Float64Array(s*l):null,Me=Se(W,U,s*l,o),V=W,Q=null,ce=null;try{for(let[M,S]of Me){let C=S===O,J=Math.max(M,O-P),X=Array.from({length:Math.max(0,S-J)},(v,A)=>J-M+A),fe=_&&M<=_.position&&_.position<S,ue=fe?[_.layer,_.head,_.position-M,_.target]:[],T=await n.run({ids:new t.Tensor("int64",y(oe.slice(M-W,S-W)),[1,S-M]),past:new t.Tensor("float32",h.past(M),[M,s,2,a,w]),head_mask:new t.Tensor("float32",ne,[s,l]),lens:m(C?se:[]),targets:m(C?ae:[]),queries:m(X),head:new t.Tensor("int64",y(ue),[ue.length/4,4])});try{if($){let v=T.attn.data;for(let A=0;A<s*l;A++)for(let E=0;E<X.length;E++){let R=J+E,F=(A*X.length+E)*S,he=(A*P+(R-(O-P)))*le;H[he]=v[F],R>0&&H.set(v.subarray(F+ve,F+R+1),he+1),R===O-1&&(ie[A]=ye(v.subarray(F,F+R+1)))}}if(C&&(Q={logits:T.logits.data.slice(0,u),cut:H,entropy:ie,P:W,T:U,R:P,lens:g?de(T.lens_ids.data,T.lens_logits.data,T.lens_lse.data,se.length,d):null,direct:ae.length?T.direct.data.slice():null}),fe){let v=Object.entries(T).filter(([A])=>A.startsWith("head_"));ce=Object.fromEntries(v.map(([A,E])=>[A,{data:E.data.slice()}]))}h.put(M,T.kv.data),V=S,C&&_&&(Q.head=pe(ce,h.past(O),_,r))}finally{for(let v of Object.values(T)){let A=v.location==="cpu"?v.data:null;v.dispose?.(),N(A)}}}}finally{V>W&&(f=z.slice(0,V),b=re)}return Q}}function qe(t){let n=t&32768?-1:1,e=t>>10&31,o=t&1023;return e===0?n*o*2**-24:e===31?o?Number.NaN:n*Number.POSITIVE_INFINITY:n*(1024+o)*2**(e-25)}var Z=new Float64Array(65536);for(let t=0;t<65536;t++)Z[t]=qe(t);var Ee={Q4_1:20,Q8_0:34};function Ne(t,n,e){let o=Ee[n.type];if(!o)throw new Error(`${n.name}: blocks of type ${n.type}; Q4_1 or Q8_0 expected`);let r=n.rows*n.cols;if(n.blocks_bytes!==r/32*o||n.bytes!==r*4||n.cols%32)throw new Error(`${n.name}: the table\'s sizes do not agree with its shape`);if(n.blocks_offset+n.blocks_bytes>t.length||(n.offset+n.bytes)/4>e.length)throw new Error(`${n.name}: its bytes lie outside the files`);let s=n.offset/4,l=n.rows,a=n.cols,w=a/32,u=t.subarray(n.blocks_offset,n.blocks_offset+n.blocks_bytes),d=Math.fround,i=new Float32Array(16),h=(b,y,m)=>{let c=b*o,x=Z[u[c]|u[c+1]<<8];if(o===20){let p=Z[u[c+2]|u[c+3]<<8];for(let g=0;g<16;g++)i[g]=d(d(x*g)+p);for(let g=0;g<16;g++){let I=u[c+4+g];y[m+g]=i[I&15],y[m+g+16]=i[I>>4]}}else for(let p=0;p<32;p++)y[m+p]=d((u[c+2+p]<<24>>24)*x)};if(!n.transpose){for(let b=0;b<r/32;b++)h(b,e,s+b*32);return}let f=new Float32Array(1024);for(let b=0;b<l;b+=32){let y=Math.min(32,l-b);for(let m=0;m<w;m++){for(let c=0;c<y;c++)h((b+c)*w+m,f,c*32);for(let c=0;c<32;c++){let x=s+(m*32+c)*l+b;for(let p=0;p<y;p++)e[x+p]=f[p*32+c]}}}}function _e(t,n){let e=n.tensors,o=new Map(e.map((d,i)=>[d.offset,i])),r=new Set,s=0,l=Math.max(...e.map(d=>d.bytes)),a=new Float32Array(l/4),w=d=>{let i=e[d],h=a.subarray(0,i.bytes/4),f=performance.now();return Ne(t,{...i,offset:0},h),s+=performance.now()-f,r.add(d),new Uint8Array(h.buffer,0,i.bytes)};class u extends Uint8Array{get byteLength(){return n.bytes}get length(){return n.bytes}subarray(i=0,h=n.bytes){let f=o.get(i);if(f!==void 0&&e[f].offset+e[f].bytes===h)return w(f);let b=new Uint8Array(h-i);return e.forEach((y,m)=>{let c=Math.max(i,y.offset),x=Math.min(h,y.offset+y.bytes);c<x&&b.set(w(m).subarray(c-y.offset,x-y.offset),c-i)}),b}}return{data:new u(0),served:()=>r.size===e.length,ms:()=>s,release:()=>{a.buffer.transfer?.(0),a=new Float32Array(0)}}}var ee={ort:"vendor/onnxruntime-web/ort.wasm.min.mjs",ortDir:"vendor/onnxruntime-web/",tokenizers:"vendor/tokenizers/tokenizers.min.mjs"},Ie="gptlib-live-models",L={},B=(t,n)=>{L[t]=(L[t]||0)+performance.now()-n};async function xe(t){let n=performance.now(),e=new Uint8Array(await crypto.subtle.digest("SHA-256",t));return B("sha256",n),Array.from(e,o=>o.toString(16).padStart(2,"0")).join("")}async function Pe(){try{return globalThis.caches?await caches.open(Ie):null}catch{return null}}var Re=(t,n)=>`${t}?sha256=${n}`;async function ke(t,n,e,o){let r=0,s=t.getReader();for(;;){let{done:l,value:a}=await s.read();if(l)break;if(r+a.length>n.bytes)return await s.cancel(),`${n.file} has more bytes than the manifest\'s ${n.bytes}`;e.set(a,r),r+=a.length,o(a.length)}return r===n.bytes?null:`${n.file} has ${r} bytes, the manifest says ${n.bytes}`}async function Fe(t,n,e,o,r,s){let l=Re(n,e.sha256),a=o.subarray(r,r+e.bytes),w=t&&await t.match(l).catch(()=>null);if(w?.body){let i=0;if(!await ke(w.body,e,a,f=>{i+=f,s(f)}).catch(f=>f.message)&&await xe(a)===e.sha256)return;s(-i),await t.delete(l)}let u;try{u=await fetch(n)}catch(i){throw new k(`could not fetch ${e.file} (${n}): ${i.message}`)}if(!u.ok)throw new k(`could not fetch ${e.file} (${n}): HTTP ${u.status}`);let d=await ke(u.body,e,a,s);if(d)throw new k(d);if(globalThis.crypto?.subtle&&await xe(a)!==e.sha256)throw new k(`${e.file} does not match its SHA-256 in the manifest`);if(t)try{for(let i of await t.keys())i.url.startsWith(`${n}?sha256=`)&&await t.delete(i);await t.put(l,new Response(a))}catch{}}async function te(t,n,e,o){let r;try{r=new Uint8Array(e.bytes)}catch(a){throw new k(`This tab cannot hold ${j(e.bytes)}: ${a.message}.`)}let s=0,l=[];for(let a of e.pieces)l.push(Fe(t,new URL(a.file,n).href,a,r,s,o)),s+=a.bytes;return await Promise.all(l),r}var D=null,q=null,G=null,Ae=Promise.resolve();async function je({base:t,manifestUrl:n,manifest:e,threads:o=1},r){if(q)throw new Error("this worker holds a session already");L={};let s=performance.now(),l=await Pe(),a=e.weights?.blocks,w={bytes:e.tokenizer.bytes,pieces:[e.tokenizer]},u=e.onnx.bytes+(a?a.bytes:0)+w.bytes,d=0,i=$=>{d+=$,r(`downloading ${e.name}: ${j(d)} of ${j(u)}`,d/u)};i(0);let[h,f,b,y,m]=await Promise.all([import(t+ee.ort),import(t+ee.tokenizers),te(l,n,w,i),te(l,n,e.onnx,i),a?te(l,n,a,i):null]);B("files",s);let c=performance.now(),x=new f.Tokenizer(JSON.parse(new TextDecoder().decode(b)),{});B("tokenizer",c);let p=m?_e(m,e.weights):null,g={executionProviders:["wasm"],graphOptimizationLevel:e.onnx.optimized?"disabled":"all",extra:{session:{disable_prepacking:"1"}}};p&&(g.externalData=[{path:e.weights.file,data:p.data}]),h.env.wasm.numThreads=o,h.env.wasm.proxy=!1,h.env.wasm.wasmPaths=t+ee.ortDir,r("unpacking the 4-bit weights into onnxruntime-web",1),c=performance.now();try{if(q=await h.InferenceSession.create(y,g),p&&!p.served())throw new Error("it did not read every weight from the external data")}catch($){let _=q;throw q=null,await _?.release(),new k(`onnxruntime-web could not load ${e.name} in this tab (${$.message}); a phone or a small tablet may lack the memory. What is shown is the stored analysis.`)}finally{g.externalData=null,p?.release(),N(m),N(y)}return B("session",c),p&&(L.unpack=p.ms()),B("total",s),D=ge(h,q,e),G=x,{phases:Object.fromEntries(Object.entries(L).map(([$,_])=>[$,Math.round(_)])),threads:h.env.wasm.numThreads}}async function Be(t){let n=(e,o=[])=>self.postMessage({id:t.id,...e},o);try{if(t.type==="start")n({result:await je(t,(e,o)=>n({type:"progress",text:e,fraction:o}))});else if(t.type==="run"){if(!D)throw new k("the live model is not started (or was released)");let e=await D(t.ids,t.options||{}),o=[e.logits.buffer];e.cut&&o.push(e.cut.buffer,e.entropy.buffer),e.direct&&o.push(e.direct.buffer),n({result:e},o)}else if(t.type==="encode"){if(!G)throw new k("the live model is not started (or was released)");n({result:G.encode(t.text,{add_special_tokens:!1}).ids})}else if(t.type==="release"){let e=q;q=D=G=null,e&&await e.release(),n({result:!0})}else throw new Error(`unknown message ${t.type}`)}catch(e){n({error:e?.message||String(e),live:e instanceof k})}}typeof WorkerGlobalScope<"u"&&self instanceof WorkerGlobalScope&&(self.onmessage=t=>{Ae=Ae.then(()=>Be(t.data))});\n' : null;
 var FILE_PAGE = "The live model cannot start here: this page was opened from a file (file://), and browsers do not let such pages load WebAssembly. Serve the book over http (for instance `python -m http.server` in the built book's folder) or run the notebook in Jupyter or Colab. What is shown is the stored analysis.";
 var NO_HOST = "The live model needs a running kernel (Jupyter, Colab) or the HTML book served over http, and neither is here. What is shown is the stored analysis.";
 var NO_WASM = "The live model cannot start here: this browser has no WebAssembly (or Web Workers), or it is switched off. What is shown is the stored analysis.";
