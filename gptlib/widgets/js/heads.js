@@ -254,32 +254,51 @@ const scoreText = (scores, l, h, digits) =>
 
 // The text as tokens; hovering one calls onEnter(i) and onLeave(). Returns the tokens' spans.
 // A long text shows its first and last tokens around a button that puts the others back; the
-// positions a window leaves out (`pos`) are marked after the first token.
+// positions a window leaves out (`pos`) are marked after the first token. The spans of the last
+// draw are used again (their texts changed in place) while the text has as many tokens laid out
+// the same way, as it has click after click once the panel's window is full.
 function drawText(box, tokens, onEnter, onLeave, pos = null) {
+  // Sub-word tokens carry their own spaces (" cat"); whole words get one between them.
+  const spaced = !tokens.some((t) => /^\s|\s$/.test(t)),
+    gapped = !!pos && pos.length > 1 && pos[1] > 1,
+    gapText = gapped ? ` \u2026 (tokens 1 to ${pos[1] - 1} left out) \u2026 ` : "";
+  const text = (t) => t.replace(/\n/g, "\u21b5\n"),
+    title = (i) => `token ${named(tokens, i, pos)}`;
+  const kept = box.__words;
+  if (
+    kept?.words.length === tokens.length &&
+    kept.spaced === spaced &&
+    kept.gapped === gapped &&
+    box.contains(kept.words[0])
+  ) {
+    kept.words.forEach((w, i) => {
+      const tx = text(tokens[i]),
+        ti = title(i);
+      if (w.textContent !== tx) w.textContent = tx;
+      if (w.title !== ti) w.title = ti;
+      w.style.background = w.style.color = ""; // a focus of the last draw
+      w.classList.remove("gptlib-attn-hot");
+    });
+    if (gapped) kept.gap.textContent = gapText;
+    return kept.words;
+  }
   const words = tokens.map((t, i) => {
-    const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "\u21b5\n"));
-    s.title = `token ${named(tokens, i, pos)}`;
+    const s = make("span", "gptlib-attn-tok", text(t));
+    s.title = title(i);
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
   });
-  // Sub-word tokens carry their own spaces (" cat"); whole words get one between them.
-  const spaced = !tokens.some((t) => /^\s|\s$/.test(t));
   const items = words.map((w, i) => {
     if (!spaced || i === 0) return w;
     const s = make("span");
     s.append(" ", w);
     return s;
   });
-  if (pos && pos.length > 1 && pos[1] > 1) {
-    const gap = make(
-      "span",
-      "gptlib-attn-gap",
-      ` \u2026 (tokens 1 to ${pos[1] - 1} left out) \u2026 `,
-    );
-    items.splice(1, 0, gap);
-  }
+  const gap = gapped ? make("span", "gptlib-attn-gap", gapText) : null;
+  if (gap) items.splice(1, 0, gap);
   box.replaceChildren(...collapse(items));
+  box.__words = { words, spaced, gapped, gap };
   return words;
 }
 

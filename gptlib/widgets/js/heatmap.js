@@ -15,7 +15,14 @@ export function patternCanvas(P, T, LUT) {
   canvas.height = T;
   const ctx = canvas.getContext("2d");
   const img = ctx.createImageData(T, T);
-  const d = img.data;
+  paintPattern(img.data, P, T, LUT);
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
+// The pixels (RGBA, T x T) of a pattern: row i's cells 0..i coloured through LUT, the others
+// left as they are (transparent in a new image).
+function paintPattern(d, P, T, LUT) {
   for (let i = 0; i < T; i++) {
     const row = P[i];
     for (let j = 0; j <= i; j++) {
@@ -27,8 +34,6 @@ export function patternCanvas(P, T, LUT) {
       d[o + 3] = 255;
     }
   }
-  ctx.putImageData(img, 0, 0);
-  return canvas;
 }
 
 // A token with its position, as hover texts and the focus line name it: 3 "␣the".
@@ -43,10 +48,22 @@ function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
 function axisLabel(cls, tokens, i, k, what, pos) {
+  return setLabel(
+    make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse")),
+    tokens,
+    i,
+    k,
+    what,
+    pos,
+  );
+}
+// A label's text and hover text, changed only where they differ (a label kept from the last draw).
+function setLabel(e, tokens, i, k, what, pos) {
   const text =
-    k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
-  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i, pos)}`;
+      k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "",
+    title = `${what} ${named(tokens, i, pos)}`;
+  if (e.textContent !== text) e.textContent = text;
+  if (e.title !== title) e.title = title;
   return e;
 }
 
@@ -84,34 +101,60 @@ function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
 
 // The enlarged head for long texts: the cells are the pixels of one canvas (T * T elements would
 // take the page seconds to lay out); the labels stay elements, and a band marks the hovered
-// query. onQuery(i) is called as the pointer moves over row i. Returns {rows, band}.
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
+// query. onQuery(i) is called as the pointer moves over row i. The elements are kept in d.kit and
+// used again while the text's length and the cell size stay (a click past the panel's window
+// changes the labels' texts and the pixels, not the elements: making the 2 T labels and the
+// canvas again took a click of SmolLM2's about 10 ms, and as long again to style). Returns
+// {rows, band, keys}.
+function canvasHeatmap(d, grid, tokens, A, cell, pal, onQuery, pos) {
   const T = tokens.length,
     k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
-  grid.style.gridTemplateRows = "";
-  grid.style.gridAutoRows = "auto";
-  const keyRow = make("div", "gptlib-attn-keys");
-  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
-  keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
-  const queries = make("div", "gptlib-attn-queries");
-  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
-  queries.append(...rows.map((r) => r[0]));
-  const canvas = patternCanvas(A, T, pal.lut);
-  canvas.style.width = canvas.style.height = `${T * cell}px`;
-  const band = make("div", "gptlib-attn-band");
-  band.style.height = `${cell}px`;
-  const box = make("div", "gptlib-attn-canvas");
-  box.append(canvas, band);
-  canvas.addEventListener("mousemove", (e) => {
-    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
-    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j, pos);
-    onQuery(i);
-  });
-  grid.replaceChildren(make("div", ""), keyRow, queries, box);
-  return { rows, band };
+  let kit = d.kit;
+  if (!kit || kit.T !== T || kit.cell !== cell || kit.box.parentNode !== grid) {
+    grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+    grid.style.gridTemplateRows = "";
+    grid.style.gridAutoRows = "auto";
+    const keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
+    const keyRow = make("div", "gptlib-attn-keys");
+    keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+    keyRow.append(...keys);
+    const labels = tokens.map((_t, i) => queryLabel(tokens, i, k, pos));
+    const queries = make("div", "gptlib-attn-queries");
+    queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+    queries.append(...labels);
+    const canvas = document.createElement("canvas");
+    canvas.width = canvas.height = T;
+    canvas.style.width = canvas.style.height = `${T * cell}px`;
+    const ctx = canvas.getContext("2d");
+    const band = make("div", "gptlib-attn-band");
+    band.style.height = `${cell}px`;
+    const box = make("div", "gptlib-attn-canvas");
+    box.append(canvas, band);
+    kit = d.kit = { T, cell, keys, labels, canvas, ctx, img: ctx.createImageData(T, T), band, box };
+    canvas.addEventListener("mousemove", (e) => {
+      const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+      const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+      canvas.title = cellTitle(d.tokens, d.A, i, j, d.positions);
+      kit.onQuery(i);
+    });
+    grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  } else {
+    for (let j = 0; j < T; j++) {
+      const e = kit.keys[j];
+      setLabel(e, tokens, j, k, "key", pos);
+      e.style.background = e.style.color = ""; // a focus of the last draw
+    }
+    for (let i = 0; i < T; i++) {
+      const e = kit.labels[i];
+      setLabel(e, tokens, i, k, "query", pos);
+      e.style.outline = e.style.fontWeight = "";
+    }
+    kit.band.style.display = "none";
+  }
+  kit.onQuery = onQuery;
+  paintPattern(kit.img.data, A, T, pal.lut); // the same cells each time: row i's 0..i
+  kit.ctx.putImageData(kit.img, 0, 0);
+  return { rows: kit.labels.map((q) => [q]), band: kit.band, keys: kit.keys };
 }
 
 // What the panel has drawn of the enlarged head: the text's spans (`words`), the heatmap's key
@@ -154,20 +197,16 @@ export function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null, width = 0
     const k = labelEvery(cell);
     v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell - 2) : 10}px`;
     Object.assign(d, { tokens, positions: pos, A, cellPx: cell, band: null, focused: null });
-    d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
     if (T > CANVAS_FROM) {
-      ({ rows: d.rows, band: d.band } = canvasHeatmap(
-        v.grid,
-        tokens,
-        A,
-        cell,
-        d.keys,
-        pal,
-        onQuery,
-        pos,
-      ));
+      ({
+        rows: d.rows,
+        band: d.band,
+        keys: d.keys,
+      } = canvasHeatmap(d, v.grid, tokens, A, cell, pal, onQuery, pos));
     } else {
+      d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
       d.rows = cellHeatmap(v.grid, tokens, A, cell, d.keys, pal, pos);
+      d.kit = null;
     }
   };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));

@@ -624,13 +624,7 @@ function chartRows(d, g, n, label2, V) {
 
 // gptlib/widgets/js/heatmap.js
 var CANVAS_FROM = 24;
-function patternCanvas(P, T, LUT) {
-  const canvas = document.createElement("canvas");
-  canvas.width = T;
-  canvas.height = T;
-  const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(T, T);
-  const d = img.data;
+function paintPattern(d, P, T, LUT) {
   for (let i = 0; i < T; i++) {
     const row = P[i];
     for (let j = 0; j <= i; j++) {
@@ -641,17 +635,25 @@ function patternCanvas(P, T, LUT) {
       d[o + 3] = 255;
     }
   }
-  ctx.putImageData(img, 0, 0);
-  return canvas;
 }
 var named = (tokens, i, pos = null) => `${pos ? pos[i] : i} “${show(tokens[i])}”`;
 function labelEvery(cell) {
   return cell >= 11 ? 1 : Math.ceil(13 / cell);
 }
 function axisLabel(cls, tokens, i, k, what, pos) {
-  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "";
-  const e = make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse"), text);
-  e.title = `${what} ${named(tokens, i, pos)}`;
+  return setLabel(
+    make("div", cls + (k === 1 ? "" : " gptlib-attn-sparse")),
+    tokens,
+    i,
+    k,
+    what,
+    pos
+  );
+}
+function setLabel(e, tokens, i, k, what, pos) {
+  const text = k === 1 ? show(tokens[i]) : i % k === 0 ? `${pos ? pos[i] : i} ${show(tokens[i])}` : "", title = `${what} ${named(tokens, i, pos)}`;
+  if (e.textContent !== text) e.textContent = text;
+  if (e.title !== title) e.title = title;
   return e;
 }
 function queryLabel(tokens, i, k, pos) {
@@ -678,32 +680,54 @@ function cellHeatmap(grid, tokens, A, cell, keys, pal, pos) {
   grid.replaceChildren(make("div", ""), ...keys, ...rows.flat());
   return rows;
 }
-function canvasHeatmap(grid, tokens, A, cell, keys, pal, onQuery, pos) {
+function canvasHeatmap(d, grid, tokens, A, cell, pal, onQuery, pos) {
   const T = tokens.length, k = labelEvery(cell);
-  grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
-  grid.style.gridTemplateRows = "";
-  grid.style.gridAutoRows = "auto";
-  const keyRow = make("div", "gptlib-attn-keys");
-  keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
-  keyRow.append(...keys);
-  const rows = tokens.map((_t, i) => [queryLabel(tokens, i, k, pos)]);
-  const queries = make("div", "gptlib-attn-queries");
-  queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
-  queries.append(...rows.map((r) => r[0]));
-  const canvas = patternCanvas(A, T, pal.lut);
-  canvas.style.width = canvas.style.height = `${T * cell}px`;
-  const band = make("div", "gptlib-attn-band");
-  band.style.height = `${cell}px`;
-  const box = make("div", "gptlib-attn-canvas");
-  box.append(canvas, band);
-  canvas.addEventListener("mousemove", (e) => {
-    const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
-    const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
-    canvas.title = cellTitle(tokens, A, i, j, pos);
-    onQuery(i);
-  });
-  grid.replaceChildren(make("div", ""), keyRow, queries, box);
-  return { rows, band };
+  let kit = d.kit;
+  if (!kit || kit.T !== T || kit.cell !== cell || kit.box.parentNode !== grid) {
+    grid.style.gridTemplateColumns = `max-content ${T * cell}px`;
+    grid.style.gridTemplateRows = "";
+    grid.style.gridAutoRows = "auto";
+    const keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
+    const keyRow = make("div", "gptlib-attn-keys");
+    keyRow.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+    keyRow.append(...keys);
+    const labels = tokens.map((_t, i) => queryLabel(tokens, i, k, pos));
+    const queries = make("div", "gptlib-attn-queries");
+    queries.style.gridTemplateRows = `repeat(${T}, ${cell}px)`;
+    queries.append(...labels);
+    const canvas = document.createElement("canvas");
+    canvas.width = canvas.height = T;
+    canvas.style.width = canvas.style.height = `${T * cell}px`;
+    const ctx = canvas.getContext("2d");
+    const band = make("div", "gptlib-attn-band");
+    band.style.height = `${cell}px`;
+    const box = make("div", "gptlib-attn-canvas");
+    box.append(canvas, band);
+    kit = d.kit = { T, cell, keys, labels, canvas, ctx, img: ctx.createImageData(T, T), band, box };
+    canvas.addEventListener("mousemove", (e) => {
+      const i = Math.min(T - 1, Math.max(0, Math.floor(e.offsetY / cell)));
+      const j = Math.min(T - 1, Math.max(0, Math.floor(e.offsetX / cell)));
+      canvas.title = cellTitle(d.tokens, d.A, i, j, d.positions);
+      kit.onQuery(i);
+    });
+    grid.replaceChildren(make("div", ""), keyRow, queries, box);
+  } else {
+    for (let j = 0; j < T; j++) {
+      const e = kit.keys[j];
+      setLabel(e, tokens, j, k, "key", pos);
+      e.style.background = e.style.color = "";
+    }
+    for (let i = 0; i < T; i++) {
+      const e = kit.labels[i];
+      setLabel(e, tokens, i, k, "query", pos);
+      e.style.outline = e.style.fontWeight = "";
+    }
+    kit.band.style.display = "none";
+  }
+  kit.onQuery = onQuery;
+  paintPattern(kit.img.data, A, T, pal.lut);
+  kit.ctx.putImageData(kit.img, 0, 0);
+  return { rows: kit.labels.map((q) => [q]), band: kit.band, keys: kit.keys };
 }
 function heatmapState() {
   return {
@@ -730,20 +754,16 @@ function drawHeatmap(d, v, tokens, A, pal, onQuery, pos = null, width = 0) {
     const k = labelEvery(cell2);
     v.grid.style.fontSize = `${k === 1 ? Math.min(12, cell2 - 2) : 10}px`;
     Object.assign(d, { tokens, positions: pos, A, cellPx: cell2, band: null, focused: null });
-    d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
     if (T > CANVAS_FROM) {
-      ({ rows: d.rows, band: d.band } = canvasHeatmap(
-        v.grid,
-        tokens,
-        A,
-        cell2,
-        d.keys,
-        pal,
-        onQuery,
-        pos
-      ));
+      ({
+        rows: d.rows,
+        band: d.band,
+        keys: d.keys
+      } = canvasHeatmap(d, v.grid, tokens, A, cell2, pal, onQuery, pos));
     } else {
+      d.keys = tokens.map((_t, j) => axisLabel("gptlib-attn-key", tokens, j, k, "key", pos));
       d.rows = cellHeatmap(v.grid, tokens, A, cell2, d.keys, pal, pos);
+      d.kit = null;
     }
   };
   const cell = Math.max(least, Math.min(22, Math.floor(budget / T)));
@@ -1200,29 +1220,37 @@ function scoreKey(s) {
 }
 var scoreText = (scores, l, h, digits) => scores.map((s) => `${s.name} score ${s.values[l][h].toFixed(digits)}`).join(", ");
 function drawText(box, tokens, onEnter, onLeave, pos = null) {
+  const spaced = !tokens.some((t) => /^\s|\s$/.test(t)), gapped = !!pos && pos.length > 1 && pos[1] > 1, gapText = gapped ? ` … (tokens 1 to ${pos[1] - 1} left out) … ` : "";
+  const text = (t) => t.replace(/\n/g, "↵\n"), title = (i) => `token ${named(tokens, i, pos)}`;
+  const kept = box.__words;
+  if (kept?.words.length === tokens.length && kept.spaced === spaced && kept.gapped === gapped && box.contains(kept.words[0])) {
+    kept.words.forEach((w, i) => {
+      const tx = text(tokens[i]), ti = title(i);
+      if (w.textContent !== tx) w.textContent = tx;
+      if (w.title !== ti) w.title = ti;
+      w.style.background = w.style.color = "";
+      w.classList.remove("gptlib-attn-hot");
+    });
+    if (gapped) kept.gap.textContent = gapText;
+    return kept.words;
+  }
   const words = tokens.map((t, i) => {
-    const s = make("span", "gptlib-attn-tok", t.replace(/\n/g, "↵\n"));
-    s.title = `token ${named(tokens, i, pos)}`;
+    const s = make("span", "gptlib-attn-tok", text(t));
+    s.title = title(i);
     s.addEventListener("mouseenter", () => onEnter(i));
     s.addEventListener("mouseleave", onLeave);
     return s;
   });
-  const spaced = !tokens.some((t) => /^\s|\s$/.test(t));
   const items = words.map((w, i) => {
     if (!spaced || i === 0) return w;
     const s = make("span");
     s.append(" ", w);
     return s;
   });
-  if (pos && pos.length > 1 && pos[1] > 1) {
-    const gap = make(
-      "span",
-      "gptlib-attn-gap",
-      ` … (tokens 1 to ${pos[1] - 1} left out) … `
-    );
-    items.splice(1, 0, gap);
-  }
+  const gap = gapped ? make("span", "gptlib-attn-gap", gapText) : null;
+  if (gap) items.splice(1, 0, gap);
   box.replaceChildren(...collapse(items));
+  box.__words = { words, spaced, gapped, gap };
   return words;
 }
 function paintOverview(grid, v, data, scores, pal, root) {
