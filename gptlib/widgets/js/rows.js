@@ -1,7 +1,9 @@
 // The attention rows a page keeps for the heads panel: a window of the last W positions of the
 // model's context (the panel's window, separate from the model's n_ctx), with the first key (where
-// many heads put their spare weight) kept beside them. So a run of any length holds at most
-// n_layers * n_heads * W * (W + 1) weights (see rowWindow), and the panel draws at most W rows.
+// many heads put their spare weight) kept beside them. So a run of any length holds
+// n_layers * n_heads * W * (W + 1) weights (see rowWindow; and, for each result of heads() still
+// held, copies of the slots it reads that were written since: at most W of them), and the panel
+// draws at most W rows.
 //
 // The window of a context of S positions is the key list `positions`: every position while
 // S <= W, else [0, S - W + 1, ..., S - 1] (W of them). A head's pattern over it is lower-
