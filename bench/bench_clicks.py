@@ -14,35 +14,23 @@ A bundle is a file that ``scripts/build_widgets.py`` wrote (another checkout's
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from bench_live import ROOT, _browser_support, load, page_html
+from bench_live import (
+    ROOT,
+    _browser_support,
+    greedy_clicks,
+    greedy_run,
+    load,
+    page_html,
+    start_model,
+)
 
-CLICKS = {"short": 10, "long": 12}  # clicks at each context; the first two are not counted
+CLICKS = {"short": 10, "long": 12}  # the clicks at each context
+SKIP = 2  # the first of each set, not counted (the page's first draws of a new length)
 RUN_N = 150  # the tokens run between the two sets of clicks
-
-
-def clicks(page, play, n: int) -> list[tuple[float, float, float]]:
-    """n greedy clicks; (actMs, shownMs, the step's ms) of each after the first two."""
-    out = []
-    for k in range(n):
-        n_ids = len(json.loads(play.get_attribute("data-ids")))
-        page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.shownMs; }")
-        play.locator(".gptlib-play-greedy").click()
-        page.wait_for_function(
-            "(n) => { const r = document.querySelector('.gptlib-play');"
-            " return JSON.parse(r.dataset.ids).length !== n && r.dataset.busy === '0'"
-            " && r.dataset.shownMs !== undefined; }",
-            arg=n_ids,
-            timeout=120_000,
-        )
-        if k >= 2:
-            keys = ("act-ms", "shown-ms", "ms")
-            out.append(tuple(float(play.get_attribute(f"data-{a}")) for a in keys))
-    return out
 
 
 def one_bundle(pw, support, static: Path, model, tok, bundle: Path) -> dict[str, list]:
@@ -69,26 +57,10 @@ def one_bundle(pw, support, static: Path, model, tok, bundle: Path) -> dict[str,
                 page.goto(url + "/index.html", wait_until="networkidle")
                 play = page.locator(".gptlib-play")
                 play.wait_for(timeout=60_000)
-                play.locator(".gptlib-play-start").click()
-                play.locator(".gptlib-play-confirm-yes").click()
-                page.wait_for_function(
-                    "() => document.querySelector('.gptlib-play').dataset.firstMs !== undefined",
-                    timeout=300_000,
-                )
-                got = {"short": clicks(page, play, CLICKS["short"])}
-                play.locator(".gptlib-play-run-n").fill(str(RUN_N))
-                play.locator(".gptlib-play-run-greedy").check()
-                page.evaluate(
-                    "() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }"
-                )
-                play.locator(".gptlib-play-run").click()
-                page.wait_for_function(
-                    "() => { const r = document.querySelector('.gptlib-play');"
-                    " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
-                    timeout=300_000,
-                )
-                got["long"] = clicks(page, play, CLICKS["long"])
-                got["tokens"] = len(json.loads(play.get_attribute("data-ids")))
+                start_model(page, play)
+                got = {"short": greedy_clicks(page, play, CLICKS["short"])[SKIP:]}
+                greedy_run(page, play, RUN_N)
+                got["long"] = greedy_clicks(page, play, CLICKS["long"])[SKIP:]
         finally:
             ctx.close()
     return got

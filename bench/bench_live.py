@@ -306,26 +306,7 @@ def in_browser(
             # lens closed: playground_draw.js's lensIsCheap), then with every panel open (the
             # heads' panel and the lens; one head's panel stays closed), then a run of N tokens
             # (the page's script, to the frame drawn that shows its result) for each click
-            def greedy_clicks() -> list[tuple[float, float]]:
-                out = []
-                for _ in range(steps):
-                    n_ids = len(json.loads(play.get_attribute("data-ids")))
-                    page.evaluate(
-                        "() => { delete document.querySelector('.gptlib-play').dataset.shownMs; }"
-                    )
-                    play.locator(".gptlib-play-greedy").click()
-                    page.wait_for_function(
-                        "(n) => { const r = document.querySelector('.gptlib-play');"
-                        " return JSON.parse(r.dataset.ids).length !== n"
-                        " && r.dataset.busy === '0' && r.dataset.shownMs !== undefined; }",
-                        arg=n_ids,
-                        timeout=120_000,
-                    )
-                    act, shown = (play.get_attribute(f"data-{k}-ms") for k in ("act", "shown"))
-                    out.append((float(act), float(shown)))
-                return out
-
-            as_opened = greedy_clicks()
+            as_opened = greedy_clicks(page, play, steps)
             lens_was_open = page.evaluate(
                 "() => { const d = document.querySelector('.gptlib-play-lens-panel');"
                 " const was = d.open; d.open = true; return was; }"
@@ -335,15 +316,8 @@ def in_browser(
                 " return r.__gptlib && r.__gptlib.lens && r.dataset.busy === '0'; }",
                 timeout=120_000,
             )
-            clicks = greedy_clicks()
-            play.locator(".gptlib-play-run-n").fill(str(RUN_N))
-            play.locator(".gptlib-play-run-greedy").check()
-            play.locator(".gptlib-play-run").click()
-            page.wait_for_function(
-                "() => { const r = document.querySelector('.gptlib-play');"
-                " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
-                timeout=300_000,
-            )
+            clicks = greedy_clicks(page, play, steps)
+            greedy_run(page, play, RUN_N)
             run_ms = float(play.get_attribute("data-run-ms"))
             run_steps = int(play.get_attribute("data-run-steps"))
             run_step_ms = play.get_attribute("data-run-step-ms")  # None where not reported
@@ -360,10 +334,10 @@ def in_browser(
         "first_s": first / 1000,
         "wall_first_s": wall,
         "step_ms": statistics.median(times),
-        "click_ms": statistics.median(a for a, _ in clicks),
-        "click_as_opened_ms": statistics.median(a for a, _ in as_opened),
-        "click_shown_ms": statistics.median(s for _, s in clicks),
-        "click_as_opened_shown_ms": statistics.median(s for _, s in as_opened),
+        "click_ms": statistics.median(c[0] for c in clicks),
+        "click_as_opened_ms": statistics.median(c[0] for c in as_opened),
+        "click_shown_ms": statistics.median(c[1] for c in clicks),
+        "click_as_opened_shown_ms": statistics.median(c[1] for c in as_opened),
         "lens_opened": bool(lens_was_open),
         "pair": {k: statistics.median(v) for k, v in pair.items()},
         "run_ms": run_ms,
@@ -426,6 +400,41 @@ def start_model(page, play) -> float:
     return time.perf_counter() - t0
 
 
+def greedy_clicks(page, play, n: int) -> list[tuple[float, float, float]]:
+    """n clicks of the started playground's "greedy": for each, the page's times in ms (the
+    click's script, to the frame that shows it, and the backend's step)."""
+    out = []
+    for _ in range(n):
+        n_ids = len(json.loads(play.get_attribute("data-ids")))
+        page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.shownMs; }")
+        play.locator(".gptlib-play-greedy").click()
+        page.wait_for_function(
+            "(n) => { const r = document.querySelector('.gptlib-play');"
+            " return JSON.parse(r.dataset.ids).length !== n"
+            " && r.dataset.busy === '0' && r.dataset.shownMs !== undefined; }",
+            arg=n_ids,
+            timeout=120_000,
+        )
+        out.append(
+            tuple(float(play.get_attribute(f"data-{k}")) for k in ("act-ms", "shown-ms", "ms"))
+        )
+    return out
+
+
+def greedy_run(page, play, n: int) -> None:
+    """A greedy run of n tokens (the playground's "generate"), waited for to its end; the page
+    reports its times (data-run-*)."""
+    page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }")
+    play.locator(".gptlib-play-run-n").fill(str(n))
+    play.locator(".gptlib-play-run-greedy").check()
+    play.locator(".gptlib-play-run").click()
+    page.wait_for_function(
+        "() => { const r = document.querySelector('.gptlib-play');"
+        " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
+        timeout=max(300_000, n * 2_000),
+    )
+
+
 def second_start(page, play, profile: str, sizes: list) -> dict:
     """The page reloaded and its model started again, its files from the browser's Cache API:
     the renderer's peak over the reload and the start (MB), the time to the first result (the
@@ -455,18 +464,10 @@ def long_run(page, play, profile: str, n: int) -> dict:
         page.wait_for_function(
             "() => document.querySelector('.gptlib-play').dataset.busy === '0'", timeout=120_000
         )
-    page.evaluate("() => { delete document.querySelector('.gptlib-play').dataset.runSteps; }")
     before = renderer_rss_mb(profile) or 0.0
-    play.locator(".gptlib-play-run-n").fill(str(n))
-    play.locator(".gptlib-play-run-greedy").check()
     t0 = time.perf_counter()
     with RendererPeak(profile) as peak:
-        play.locator(".gptlib-play-run").click()
-        page.wait_for_function(
-            "() => { const r = document.querySelector('.gptlib-play');"
-            " return r.dataset.runSteps !== undefined && r.dataset.busy === '0'; }",
-            timeout=max(300_000, n * 2_000),
-        )
+        greedy_run(page, play, n)
     wall = time.perf_counter() - t0
     after = renderer_rss_mb(profile) or 0.0
     step_ms = play.get_attribute("data-run-step-ms")

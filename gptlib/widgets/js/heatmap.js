@@ -8,18 +8,6 @@ import { make, show } from "./dom.js";
 // element, took a click 10 to 18 ms to make and as long again to lay out
 const CANVAS_FROM = 24;
 
-// A pattern as the pixels of a canvas T x T (masked cells stay transparent: the theme shows through).
-export function patternCanvas(P, T, LUT) {
-  const canvas = document.createElement("canvas");
-  canvas.width = T;
-  canvas.height = T;
-  const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(T, T);
-  paintPattern(img.data, P, T, LUT);
-  ctx.putImageData(img, 0, 0);
-  return canvas;
-}
-
 // The pixels (RGBA, T x T) of a pattern: row i's cells 0..i coloured through LUT, the others
 // left as they are (transparent in a new image).
 function paintPattern(d, P, T, LUT) {
