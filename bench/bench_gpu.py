@@ -1,21 +1,31 @@
 """GPU figures for bench/README.md: training MFU in bf16 and KV-cache decoding against HF.
 
-    python bench/bench_gpu.py            # on a CUDA machine (an H100 for the book's figures)
-    python bench/bench_gpu.py --smoke    # a tiny CPU run that only checks the script works
+    python bench/bench_gpu.py [--json F]   # on a CUDA machine (an H100 or H200 for the book)
+    python bench/bench_gpu.py --smoke      # a tiny CPU run that only checks the script works
 
 1. Training MFU: a GPT-2-small-sized gptlib model (124M parameters, n_ctx 1024), AdamW, bf16
    autocast where ``torch.cuda.is_bf16_supported()``, optionally ``torch.compile``.
    MFU = training FLOPs per token (``gptlib.flops``: 6 N_mm + 12 n_layers n_ctx d_attn) x tokens/s
    / peak FLOP/s, with the peak given on the command line (989e12 for a dense bf16 H100 SXM) and
-   the matmul rate (``gptlib.flops.matmul_flops_per_s``) measured in the same run.
+   the matmul rate (``gptlib.flops.matmul_flops_per_s``) measured in the same run. Three
+   variants, in this order: eager with PyTorch's choice of attention kernel, eager with SDPA's
+   flash kernel required, and compiled with it required (a variant that cannot run says why).
 2. Decoding: tokens/s generating 512 tokens greedily with gptlib's KV cache vs HF
-   ``GPT2LMHeadModel.generate(use_cache=True)`` on the same random weights, batch 1.
+   ``GPT2LMHeadModel.generate(use_cache=True)`` on the same random weights, batch 1 (measured
+   before the compiled variant, whose compilation may take the most time).
+
+``--json F`` writes every figure to F as it is measured, so a run stopped early keeps the ones
+before.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -36,8 +46,21 @@ def tflops(rate: float) -> str:
     return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
 
 
+def flash_only():
+    """A context in which SDPA must use its flash kernel (it raises where that cannot run)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
 def train_mfu(
-    cfg: GPTConfig, dev: torch.device, batch: int, steps: int, compile_: bool, peak: float
+    cfg: GPTConfig,
+    dev: torch.device,
+    batch: int,
+    steps: int,
+    compile_: bool,
+    peak: float,
+    flash: bool = False,
 ) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg).to(dev)
@@ -47,7 +70,7 @@ def train_mfu(
     x, y = ids[:, :-1], ids[:, 1:]
 
     def step():
-        with autocast(dev):
+        with autocast(dev), flash_only() if flash else contextlib.nullcontext():
             logits = step_model(x)
             loss = torch.nn.functional.cross_entropy(
                 logits.float().view(-1, cfg.d_vocab), y.reshape(-1)
@@ -67,6 +90,10 @@ def train_mfu(
         "model_flops_per_s": flops_per_token * tokens_per_s,
         "mfu": flops_per_token * tokens_per_s / peak,
         "step_s": t,
+        "batch": batch,
+        "n_ctx": cfg.n_ctx,
+        "compile": compile_,
+        "flash_required": flash,
     }
 
 
@@ -116,6 +143,13 @@ def decode_rate(cfg: GPTConfig, dev: torch.device, n_new: int) -> dict:
     }
 
 
+def save(path: Path | None, results: dict) -> None:
+    if path is not None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -127,11 +161,12 @@ def main() -> None:
         "--peak",
         type=float,
         default=989e12,
-        help="peak dense bf16 FLOP/s of the GPU (H100 SXM: 989e12)",
+        help="peak dense bf16 FLOP/s of the GPU (H100 and H200 SXM: 989e12)",
     )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json", type=Path, help="write the figures here as they are measured")
     args = ap.parse_args()
 
     if args.smoke:
@@ -140,37 +175,69 @@ def main() -> None:
             GPTConfig.preset("tiny"),
             GPTConfig.preset("tiny", n_ctx=128),
         )
-        args.batch, args.steps, n_new, compile_ = 2, 2, 32, False
+        args.batch, args.steps, n_new = 2, 2, 32
+        variants = [("eager", False, False), ("eager, flash", False, True)]
     else:
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: run with --smoke on a CPU")
         dev = torch.device("cuda")
         cfg = GPTConfig.preset("gpt2")
         dcfg = GPTConfig.preset("gpt2")
-        n_new, compile_ = 512, not args.no_compile
-        torch.backends.cuda.matmul.allow_tf32 = True
+        n_new = 512
         print(torch.cuda.get_device_name(), "bf16:", torch.cuda.is_bf16_supported())
+        variants = [("eager", False, False), ("eager, flash", False, True)]
+        if not args.no_compile:
+            variants.append(("compiled, flash", True, True))
 
+    results = {
+        "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "training": {},
+    }
     dtype = autocast_dtype(dev) or torch.float32
     n, products = (256, 3) if args.smoke else (8192, 50)
     rate = matmul_flops_per_s(n, repeats=3, device=dev, dtype=dtype, products=products)
-    print(f"measured {dtype} matmul rate: {tflops(rate)}")
-    peak = (
-        rate if args.smoke else args.peak
-    )  # a CPU has no data-sheet peak: the smoke run uses the measured rate
-    r = train_mfu(cfg, dev, args.batch, args.steps, compile_, peak)
-    print(
-        f"training: {r['tokens_per_s']:.0f} tokens/s, {tflops(r['model_flops_per_s'])} of model "
-        "FLOPs, "
-        f"MFU {100 * r['mfu']:.1f}% of the {tflops(peak)} peak "
-        f"({100 * r['model_flops_per_s'] / rate:.1f}% of the measured matmul rate)"
-    )
+    print(f"measured {dtype} matmul rate: {tflops(rate)}", flush=True)
+    # a CPU has no data-sheet peak: the smoke run uses the measured rate
+    peak = rate if args.smoke else args.peak
+    results.update(matmul_flops_per_s=rate, matmul_dtype=str(dtype), peak_flops_per_s=peak)
+    save(args.json, results)
+
+    def train(name: str, compile_: bool, flash: bool) -> None:
+        try:
+            r = train_mfu(cfg, dev, args.batch, args.steps, compile_, peak, flash)
+        except Exception as e:  # a variant that cannot run here (no flash kernel, say)
+            results["training"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            print(f"training, {name}: could not run ({type(e).__name__}: {e})"[:300], flush=True)
+        else:
+            r["of_matmul_rate"] = r["model_flops_per_s"] / rate
+            results["training"][name] = r
+            print(
+                f"training, {name}: {r['tokens_per_s']:.0f} tokens/s, "
+                f"{tflops(r['model_flops_per_s'])} of model FLOPs, MFU {100 * r['mfu']:.1f}% "
+                f"of the {tflops(peak)} peak ({100 * r['of_matmul_rate']:.1f}% of the measured "
+                "matmul rate)",
+                flush=True,
+            )
+        save(args.json, results)
+
+    for name, compile_, flash in variants:
+        if compile_:
+            continue
+        train(name, compile_, flash)
     d = decode_rate(dcfg, dev, n_new)
+    results["decoding"] = {"n_new": n_new, **d}
+    save(args.json, results)
     print(
         f"decoding {n_new} tokens: gptlib {d['gptlib_tok_s']:.0f} tok/s, HF generate "
         f"{d['hf_tok_s']:.0f} tok/s, "
-        f"ratio {d['ratio']:.2f}x, identical tokens: {d['same_tokens']}"
+        f"ratio {d['ratio']:.2f}x, identical tokens: {d['same_tokens']}",
+        flush=True,
     )
+    for name, compile_, flash in variants:
+        if compile_:
+            train(name, compile_, flash)
 
 
 if __name__ == "__main__":

@@ -241,6 +241,7 @@ def repeat_kv(k: Tensor, group: int) -> Tensor:
 # The kernel that replaces attend's own within gptlib.inference.use_tiled_attention (None: none):
 # a context variable, so the choice holds in that block and thread only, and no module is patched.
 KERNEL: ContextVar = ContextVar("attention_kernel", default=None)
+kernels_open = 0  # the use_tiled_attention blocks open, in any thread (see attend)
 
 
 def attend(
@@ -267,7 +268,9 @@ def attend(
     finite inputs; for a non-finite query or first key the fused kernel may give the row 0 where
     the formula gives NaN, which a layer restores with :func:`non_finite_rows`.
     """
-    kernel = KERNEL.get()
+    # torch.compile traces a module global (and guards on its value) but stops its graph at a
+    # ContextVar's get: KERNEL is read only while some block has set it
+    kernel = KERNEL.get() if kernels_open else None
     if kernel is not None:  # use_tiled_attention's
         return kernel(
             q, k, v, fused=fused, causal=causal, dropout=dropout, hook_pattern=hook_pattern

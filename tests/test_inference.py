@@ -159,6 +159,30 @@ def test_use_tiled_attention_on_models(tiny_gpt, tiny_modern):
     assert attention.attend.__module__ == "gptlib.attention"  # restored
 
 
+def test_use_tiled_attention_holds_in_its_thread_and_closes_after_an_error(tiny_gpt):
+    import threading
+
+    from gptlib import attention
+
+    model, ids = tiny_gpt(), torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad(), use_tiled_attention(2, 2) as tiled:
+        other = threading.Thread(target=model, args=(ids,))
+        other.start()
+        other.join()  # the other thread's layers used attend's own kernel
+        assert tiled.traffic.total == 0
+        model(ids)
+        assert tiled.traffic.total > 0
+    with pytest.raises(RuntimeError, match="inside"), use_tiled_attention(2, 2):
+        raise RuntimeError("inside the block")
+    assert attention.kernels_open == 0 and attention.KERNEL.get() is None
+
+
+def test_the_model_traces_as_one_graph_for_torch_compile(tiny_gpt):
+    # a graph break (a ContextVar read in attend was one per layer) costs a compiled model speed
+    explained = torch._dynamo.explain(tiny_gpt().eval())(torch.tensor([[1, 5, 9, 2, 7]]))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
 def test_tiled_attention_refuses_bad_input():
     q, k, v = qkv(4)
     with pytest.raises(ValueError, match="block_q"):

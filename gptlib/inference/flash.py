@@ -17,6 +17,7 @@ Theta(T d + T^2) (:func:`standard_attention`).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from torch import Tensor, nn
 
 from ..attention import causal_mask, repeat_kv
 from ..runtime import check_int, check_positive_int
+
+_OPEN = threading.Lock()  # guards gptlib.attention.kernels_open
 
 __all__ = [
     "online_softmax_update",
@@ -346,8 +349,12 @@ def use_tiled_attention(block_q: int = 16, block_k: int = 16) -> Iterator[TiledA
     kernel = TiledAttention(
         check_int("block_q", block_q, lo=1), check_int("block_k", block_k, lo=1)
     )
+    with _OPEN:
+        attention.kernels_open += 1
     token = attention.KERNEL.set(kernel)
     try:
         yield kernel
     finally:
         attention.KERNEL.reset(token)
+        with _OPEN:
+            attention.kernels_open -= 1
