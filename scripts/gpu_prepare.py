@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import email.parser
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20  # what one call may carry, working tree included
 MARGIN = 4 * 2**20  # kept free under LIMIT
+RUNNER = "run_chapters_cuda.py"  # its NEEDS: what each chapter reads
 
 # The device image's Python packages (its documentation's list, read 2026-11-17): carried only
 # when missing. Versions there differ from requirements.txt's (torch 2.11.0, numpy 2.5.2,
@@ -252,6 +254,17 @@ def detached() -> list[str]:
     return [line.lstrip("/") for line in block.split() if line.strip()]
 
 
+def input_groups() -> list[list[str]]:
+    """The files in the repository that each chapter needs (scripts/run_chapters_cuda.py)."""
+    spec = importlib.util.spec_from_file_location("runner", Path(__file__).with_name(RUNNER))
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return [
+        [n for n in needs if not n.startswith("asset:") and n != "smollm2"]
+        for needs in runner.NEEDS.values()
+    ]
+
+
 def detach(carried: int) -> list[str]:
     """Untrack the largest tracked files until the tree and ``carried`` fit under LIMIT."""
     if detached():
@@ -268,6 +281,10 @@ def detach(carried: int) -> list[str]:
         total -= p.stat().st_size
     if not names:
         return []
+    # a chapter that loses one input loses them all: take the rest of each such group too
+    for group in input_groups():
+        if set(group) & set(names):
+            names += [n for n in group if n not in names and (ROOT / n).is_file()]
     hook = git_path("hooks/pre-commit")
     if hook.exists():
         raise SystemExit(f"{hook} exists: remove it or detach by hand")

@@ -96,6 +96,19 @@ def test_detach_takes_the_largest_files_out_of_the_index_and_restore_puts_them_b
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
     assert prep.restore() == []  # a second restore has nothing to do
 
+    # a chapter that would lose one of its inputs loses them all
+    monkeypatch.setattr(prep, "input_groups", lambda: [["models/big.bin", "models/mid.bin"]])
+    assert prep.detach(carried=100) == ["models/big.bin", "models/mid.bin"]
+    assert [p.name for p in prep.travelling()] == ["small.txt"]
+    assert prep.restore() == ["models/big.bin", "models/mid.bin"]
+    assert git(repo, "status", "--porcelain").stdout == ""
+
+
+def test_the_groups_are_the_runners_inputs_in_the_repository():
+    assert [f"models/rlhf/{k}.safetensors" for k in ("sft", "reward_model", "ppo", "dpo")] in (
+        prep.input_groups()
+    )
+
 
 def test_detach_refuses_a_working_tree_with_changes(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
