@@ -77,24 +77,34 @@ def sanitizers() -> list[tuple[re.Pattern, str]]:
 
 
 def cell_text(cell) -> str:
-    """The text a code cell printed: streams, and the text/plain of results and errors."""
-    parts = []
+    """The text a code cell printed: its streams joined as printed (a kernel may split one
+    print over several outputs), then the text/plain of results and errors, a line each."""
+    text = ""
+
+    def line_break():
+        return "\n" if text and not text.endswith("\n") else ""
+
     for o in cell.get("outputs", []):
-        if o.get("output_type") == "stream":
-            parts.append(o.get("text", ""))
-        elif o.get("output_type") in ("execute_result", "display_data"):
+        kind, part = o.get("output_type"), None
+        if kind == "stream":
+            text += as_str(o.get("text", ""))
+            continue
+        if kind in ("execute_result", "display_data"):
             data = o.get("data", {})
             if "text/plain" in data and not any(k.startswith("image/") for k in data):
-                parts.append(data["text/plain"])
-        elif o.get("output_type") == "error":
-            parts.append(f"{o.get('ename')}: {o.get('evalue')}\n")
-    text = ""
-    for part in parts:
-        part = part if isinstance(part, str) else "".join(part)
-        text += part if part.endswith("\n") else part + "\n"
+                part = as_str(data["text/plain"])
+        elif kind == "error":
+            part = f"{o.get('ename')}: {o.get('evalue')}"
+        if part is not None:
+            text += line_break() + part
+    text += line_break()
     for regex, replace in sanitizers():
         text = regex.sub(replace, text)
     return text
+
+
+def as_str(text) -> str:
+    return text if isinstance(text, str) else "".join(text)
 
 
 def run_one(path: Path, out: Path, timeout: int) -> dict:
