@@ -23,45 +23,53 @@ out=${OUT:-$PWD/test-artifacts/gpu-check}
 py=${PYTHON:-python3}
 site=${GPU_SITE:-/tmp/site}
 mkdir -p "$out"
-exec > >(tee -a "$out/log.txt") 2>&1
-echo "== $(date -u +%FT%TZ) gpu_check.sh $what on $(nproc) CPUs"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
-if [ -d .whl ] && [ ! -e "$site/.done" ]; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" .whl/*.whl || exit 1
-    touch "$site/.done"
-fi
-[ -d "$site" ] && export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -d .gpu/cache ] && export GPTLIB_CACHE_DIR="$PWD/.gpu/cache"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-cuda=$("$py" -c 'import torch; print(int(torch.cuda.is_available()))') || exit 1
-status=0
+main() {
+    echo "== $(date -u +%FT%TZ) gpu_check.sh $what on $(nproc) CPUs"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    fi
 
-if [ "$what" = all ] || [ "$what" = unit ]; then
-    echo "== unit tests (at most 90 s)"
-    timeout -k 5 90 "$py" -m pytest -q -p no:cacheprovider -n 4 -m "not browser and not slow" \
-        tests/ --ignore-glob='tests/test_browser*' --ignore=tests/test_book_ext.py \
-        --ignore=tests/test_colab_setup.py --ignore=tests/test_notebook_style.py \
-        --ignore=tests/test_gpu_prepare.py --ignore=tests/test_export_inputs.py \
-        -rs 2>&1 | tail -40 | tee "$out/unit.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
+    if [ -d .whl ] && [ ! -e "$site/.done" ]; then
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$site" .whl/*.whl || return 1
+        touch "$site/.done"
+    fi
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if [ -d "$site" ]; then export PYTHONPATH="$site:$PYTHONPATH"; fi
+    if [ -d .gpu/cache ]; then export GPTLIB_CACHE_DIR="$PWD/.gpu/cache"; fi
+    export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+    cuda=$("$py" -c 'import torch; print(int(torch.cuda.is_available()))') || return 1
+    status=0
 
-if [ "$what" = all ] || [ "$what" = chapters ]; then
-    echo "== chapters (at most ${CHAPTERS_S:-200} s)"
-    "$py" scripts/run_chapters_cuda.py --out "$out/run" --jobs "${JOBS:-4}" \
-        --deadline "${CHAPTERS_S:-200}" || status=1
-    mv -f "$out/run/summary.json" "$out/run/diffs.txt" "$out/" 2>/dev/null
-    tar czf "$out/notebooks.tar.gz" -C "$out/run" notebooks && rm -rf "$out/run"
-fi
+    if [ "$what" = all ] || [ "$what" = unit ]; then
+        echo "== unit tests (at most 90 s)"
+        timeout -k 5 90 "$py" -m pytest -q -p no:cacheprovider -n 4 -m "not browser and not slow" \
+            tests/ --ignore-glob='tests/test_browser*' --ignore=tests/test_book_ext.py \
+            --ignore=tests/test_colab_setup.py --ignore=tests/test_notebook_style.py \
+            --ignore=tests/test_gpu_prepare.py --ignore=tests/test_export_inputs.py \
+            -rs 2>&1 | tail -40 | tee "$out/unit.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
-    echo "== bench/bench_gpu.py (at most ${BENCH_S:-240} s)"
-    smoke=; [ "$cuda" = 1 ] || smoke=--smoke
-    timeout -k 5 "${BENCH_S:-240}" "$py" bench/bench_gpu.py $smoke --json "$out/bench_gpu.json" \
-        2>&1 | tee "$out/bench_gpu.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
-echo "== done, status $status"
-exit $status
+    if [ "$what" = all ] || [ "$what" = chapters ]; then
+        echo "== chapters (at most ${CHAPTERS_S:-200} s)"
+        timeout -k 5 $((${CHAPTERS_S:-200} + 30)) "$py" scripts/run_chapters_cuda.py \
+            --out "$out/run" --jobs "${JOBS:-4}" --deadline "${CHAPTERS_S:-200}" || status=1
+        mv -f "$out/run/summary.json" "$out/run/diffs.txt" "$out/" 2>/dev/null
+        tar czf "$out/notebooks.tar.gz" -C "$out/run" notebooks && rm -rf "$out/run"
+    fi
+
+    if [ "$what" = all ] || [ "$what" = bench ]; then
+        echo "== bench/bench_gpu.py (at most ${BENCH_S:-240} s)"
+        smoke=; [ "$cuda" = 1 ] || smoke=--smoke
+        timeout -k 5 "${BENCH_S:-240}" "$py" bench/bench_gpu.py $smoke \
+            --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    fi
+    echo "== done, status $status"
+    return $status
+}
+
+main 2>&1 | tee -a "$out/log.txt"
+exit "${PIPESTATUS[0]}"

@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # IPython's colours in a traceback
 
 # Inputs a chapter reads that may stay behind when the repository travels: paths in the
 # repository, gptlib.assets names (in GPTLIB_CACHE_DIR), or "smollm2", the export of
@@ -127,7 +128,7 @@ def run_one(path: Path, out: Path, timeout: int) -> dict:
         client.execute()
     except CellExecutionError as e:
         record["status"] = "failed"
-        record["traceback_end"] = str(e).splitlines()[-25:]
+        record["traceback_end"] = ANSI.sub("", str(e)).splitlines()[-25:]
     except Exception as e:  # a kernel that died, a cell past its timeout
         record["status"] = "failed"
         record["traceback_end"] = [f"{type(e).__name__}: {e}"]
