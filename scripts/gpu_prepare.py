@@ -40,6 +40,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20  # what one call may carry, working tree included
@@ -190,7 +191,7 @@ def build_wheelhouse(into: Path, python: str) -> list[Path]:
             except PackageNotFoundError:
                 spec = str(req.specifier)
         path = find_wheel(into, name) or download(req.name, spec, python, into)
-        if spec.startswith("==") and parse_wheel_filename(path.name)[1] != _v(spec[2:]):
+        if spec.startswith("==") and parse_wheel_filename(path.name)[1] != Version(spec[2:]):
             path.unlink()  # a stale version from an earlier run
             path = download(req.name, spec, python, into)
         wheels.append(path)
@@ -199,12 +200,6 @@ def build_wheelhouse(into: Path, python: str) -> list[Path]:
     for name in stray:  # two versions of one package would stop the install there
         (into / name).unlink()
     return sorted(wheels)
-
-
-def _v(text: str):
-    from packaging.version import Version
-
-    return Version(text)
 
 
 def check_tags(wheels: list[Path], python: str) -> None:
@@ -293,11 +288,12 @@ def detach(carried: int) -> list[str]:
     exclude.parent.mkdir(parents=True, exist_ok=True)
     old = exclude.read_text() if exclude.exists() else ""
     block = "\n".join([EXCLUDE_BEGIN, *("/" + n for n in names), EXCLUDE_END])
-    exclude.write_text(old + ("" if old.endswith("\n") or not old else "\n") + block + "\n")
+    write(exclude, old + ("" if old.endswith("\n") or not old else "\n") + block + "\n")
     hook.parent.mkdir(parents=True, exist_ok=True)
-    hook.write_text(
+    write(
+        hook,
         f"#!/bin/sh\n{HOOK_MARK}\necho 'files are detached for the GPU call: run "
-        "python scripts/gpu_prepare.py --restore before committing' >&2\nexit 1\n"
+        "python scripts/gpu_prepare.py --restore before committing' >&2\nexit 1\n",
     )
     hook.chmod(0o755)
     return names
@@ -310,7 +306,7 @@ def restore() -> list[str]:
         exclude = git_path("info/exclude")
         text = exclude.read_text()
         head, rest = text.split(EXCLUDE_BEGIN, 1)
-        exclude.write_text(head + rest.split(EXCLUDE_END, 1)[1].lstrip("\n"))
+        write(exclude, head + rest.split(EXCLUDE_END, 1)[1].lstrip("\n"))
     hook = git_path("hooks/pre-commit")
     if hook.exists() and HOOK_MARK in hook.read_text():
         hook.unlink()
@@ -318,6 +314,13 @@ def restore() -> list[str]:
     if left:
         raise SystemExit(f"not restored cleanly:\n{left}")
     return names
+
+
+def write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (a file beside it, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def mib(n: int) -> str:
