@@ -281,7 +281,8 @@ def main() -> int:
     write_json(args.out / "summary.json", summary)
     with open(args.out / "diffs.txt", "w") as f:
         for p in sorted((args.out / "notebooks").glob("*.diff.txt")):
-            f.write(p.read_text())
+            text = p.read_text()
+            f.write(text + "\n" if text else "")
     bad = sorted(s for s, r in records.items() if r["status"] not in ("ok", "skipped"))
     print("not ok:", bad or "none", flush=True)
     return 1 if bad else 0
