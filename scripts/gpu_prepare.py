@@ -84,7 +84,7 @@ DEVICE_PACKAGES = frozenset(
 ROOTS = ("nbclient", "nbformat", "ipykernel", "ipywidgets", "anywidget", "gguf")
 
 # The assets Chapters 0-11 and 14 read (gptlib.assets names); SmolLM2's files stay behind.
-ASSETS = ("gpt2-ranks", "brown")
+CARRIED_ASSETS = ("gpt2-ranks", "brown")
 
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -218,7 +218,7 @@ def gather_assets(into: Path) -> list[Path]:
 
     into.mkdir(parents=True, exist_ok=True)
     out = []
-    for name in ASSETS:
+    for name in CARRIED_ASSETS:
         src = asset_path(name)  # raises, naming the make target, when it was never fetched
         dst = into / src.name
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
